@@ -1,0 +1,81 @@
+# engram - plain Makefile.
+#   make                 library (static + shared), CLI, tests, benchmarks in build/
+#   make test            the whole suite (tests/run.sh): plain, ASan+UBSan and TSan builds
+#   make run             build the demo model and run the main job on it
+#   make SANITIZE=address,undefined   a sanitizer build in build-san-address,undefined/
+#   make WERROR=1        warnings are errors (CI)
+#
+# Exact code paths (hash, row decode, BF16 rounding) must not be compiled with
+# fast-math or FP contraction: -fno-fast-math -ffp-contract=off below are for
+# every file.  SIMD kernels use target attributes and run-time dispatch, so the
+# build never uses -march=native and the binaries run on any x86-64.
+
+CC      ?= cc
+OPT     ?= -O2
+BUILD   ?= build
+SANITIZE ?=
+WERROR  ?=
+
+WARN = -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+       -Wformat=2 -Wvla -Wpointer-arith -Wundef -Wcast-qual -Wwrite-strings
+ifeq ($(WERROR),1)
+WARN += -Werror
+endif
+
+CFLAGS_ALL = -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -fno-fast-math -ffp-contract=off \
+             -fvisibility=hidden $(WARN) -Iinclude -Isrc $(CFLAGS)
+LDLIBS_ALL = -lpthread -lm $(LDLIBS)
+
+ifneq ($(SANITIZE),)
+BUILD := build-san-$(SANITIZE)
+CFLAGS_ALL += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+
+LIB_SRC  = $(wildcard src/*.c)
+LIB_OBJ  = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
+TEST_SRC = $(wildcard tests/test_*.c)
+TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+BENCH_SRC = $(wildcard bench/*.c)
+BENCHES  = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+.PHONY: all lib test run bench clean deps
+all: lib $(BUILD)/engram $(TESTS) $(BENCHES)
+lib: $(BUILD)/libengram.a $(BUILD)/libengram.so
+
+$(BUILD)/obj/%.o: src/%.c include/engram.h $(wildcard src/*.h) Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DENGRAM_BUILDING -c $< -o $@
+
+$(BUILD)/libengram.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libengram.so: $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libengram.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/engram: programs/engram.c $(wildcard programs/*.h) $(BUILD)/libengram.a
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ programs/engram.c $(BUILD)/libengram.a $(LDLIBS_ALL)
+
+$(BUILD)/tests/%: tests/%.c tests/testutil.h $(BUILD)/libengram.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libengram.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
+
+deps:
+	@sh tools/deps.sh
+
+test:
+	@sh tests/run.sh
+
+run: all
+	@sh tools/run.sh
+
+bench: all
+	$(BUILD)/bench/bench_core
+
+clean:
+	rm -rf build build-san-*

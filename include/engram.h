@@ -1,0 +1,291 @@
+/*
+ * engram.h - the public interface of libengram.
+ *
+ * Engram is the on-disk hashed n-gram memory of DeepSeek V4.1 Flash: for every
+ * token the last 4 tokens are hashed (through a compressed vocabulary) into 24
+ * rows of each of two tables; the 264-byte rows are read from the SSD and
+ * decoded from E4M3 + E8M0 to BF16.  This header covers the model file, the
+ * layout, the hash and the row codec.
+ *
+ * Conventions (they hold for every function below):
+ *  - Functions that can fail return 0 on success or a negative errno value;
+ *    engram_strerror() turns it into text.  Those that take an engram_error *
+ *    (which may be NULL) also fill it with a message naming the field, tensor,
+ *    token or row that failed and, for file errors, the byte offset.
+ *  - A failed call leaves every output and every piece of caller state
+ *    (history, buffers) exactly as it was: inputs are validated first.
+ *  - The library never exits, aborts or prints.
+ *  - Every buffer is owned by the caller unless a comment says otherwise.
+ *  - Opaque handles come from engram_*_open / _new and are released by the
+ *    matching _close / _free, which accept NULL.
+ *
+ * Error codes used:
+ *   -EINVAL  bad argument (token >= vocab, history id out of range, bad table
+ *            index, ...)
+ *   -EBADMSG malformed or inconsistent file (GGUF structure or Engram layout)
+ *   -EDOM    a table row that decodes to NaN or a non-finite value
+ *   -EIO     short read (file shorter than the header promises) or device error
+ *   -ENOMEM  allocation failed
+ *   -ENOTSUP a valid GGUF that is not an Engram model of the supported dialect
+ *   other    errno from the system call that failed (open, pread, ...)
+ */
+#ifndef ENGRAM_H
+#define ENGRAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Everything declared here is exported from libengram.so; the rest of the
+ * library is built with hidden visibility. */
+#pragma GCC visibility push(default)
+
+#define ENGRAM_VERSION "0.1.0"
+
+/* DeepSeek V4.1 Flash geometry (SPEC.md section 2). */
+#define ENGRAM_TABLES 2        /* table 0 = model layer 1, table 1 = layer 14 */
+#define ENGRAM_NGRAM 4         /* current token + 3 previous                  */
+#define ENGRAM_HEADS 8         /* hash heads per n-gram order                 */
+#define ENGRAM_COLUMNS 24      /* (NGRAM - 1) * HEADS rows per token per table */
+#define ENGRAM_ROWS_PER_TOKEN 48 /* TABLES * COLUMNS                          */
+#define ENGRAM_ROW_VALUES 256
+#define ENGRAM_ROW_BYTES 264   /* 256 E4M3FN codes + 8 E8M0 scales            */
+#define ENGRAM_HISTORY 3
+#define ENGRAM_DEAD (-1)       /* history entry before the start / masked     */
+
+#define ENGRAM_NO_OFFSET UINT64_MAX
+#define ENGRAM_NO_ROW UINT64_MAX
+
+/* ------------------------------------------------------------------ errors */
+
+typedef struct engram_error {
+    int code;          /* the negative errno the call returned              */
+    uint64_t offset;   /* byte offset in the file, or ENGRAM_NO_OFFSET      */
+    uint64_t row;      /* table-local row that failed, or ENGRAM_NO_ROW     */
+    char msg[256];     /* one line, no trailing newline                     */
+} engram_error;
+
+/* Text for a code returned by this library (negative errno); never NULL. */
+const char *engram_strerror(int code);
+
+/* ------------------------------------------------------------------ layout */
+
+/*
+ * The hashing layout carried by the deepseek41.engram.* keys.  Small and
+ * transparent; token_map points into memory owned by whoever produced the
+ * layout (the model, or the caller when building one).
+ */
+typedef struct engram_layout {
+    uint32_t vocab;              /* token_map length (raw vocabulary size)   */
+    uint32_t compressed_vocab;   /* V'                                       */
+    uint32_t pad_id;             /* compressed pad id, < V'                  */
+    uint32_t rows[ENGRAM_TABLES];                   /* = sum of the primes  */
+    uint32_t primes[ENGRAM_TABLES][ENGRAM_COLUMNS];  /* column order         */
+    uint64_t multipliers[ENGRAM_TABLES][ENGRAM_NGRAM]; /* lag 0 first        */
+    const uint32_t *token_map;   /* [vocab] raw id -> compressed id          */
+} engram_layout;
+
+/*
+ * Checks every rule of SPEC.md section 3 that does not need the file:
+ * multipliers odd and <= INT64_MAX / V', primes >= 2, sum of primes = rows,
+ * token_map entries and pad_id < V'.  0 or -EBADMSG with err naming the rule.
+ */
+int engram_layout_validate(const engram_layout *layout, engram_error *err);
+
+/*
+ * Bucket counts by the shared-`seen` allocation of SPEC.md section 5: for
+ * each of n_layers layers, for each order 2..ngram, for each of heads heads,
+ * the smallest prime above the previous one (starting at base - 1) that no
+ * earlier column took.  Writes n_layers * (ngram - 1) * heads primes to out
+ * (column order, layer-major).  0, or -EINVAL (bad sizes) / -ERANGE (a prime
+ * would exceed UINT32_MAX).  Memory: O(n_layers * ngram * heads).
+ */
+int engram_layout_primes(uint32_t base, int n_layers, int ngram, int heads,
+                         uint32_t *out, size_t out_len);
+
+/* ------------------------------------------------------------------ hash */
+
+/* Rolling hash state of one sequence: 3 compressed ids, newest first,
+ * ENGRAM_DEAD before the start or after a masked position.  Copying the
+ * struct snapshots the whole hash state. */
+typedef struct engram_history {
+    int32_t id[ENGRAM_HISTORY];
+} engram_history;
+
+void engram_history_reset(engram_history *h);
+
+/* Opaque: the layout plus precomputed reduction constants and its own copy of
+ * the token map (vocab * 4 bytes; nothing else grows with the input). */
+typedef struct engram_hasher engram_hasher;
+
+/* Validates the layout (as engram_layout_validate) and copies what it needs:
+ * the hasher does not keep pointers into *layout. */
+int engram_hasher_new(const engram_layout *layout, engram_hasher **out,
+                      engram_error *err);
+void engram_hasher_free(engram_hasher *h);
+
+/*
+ * Hashes n tokens (SPEC.md section 6).  rows receives n * 48 table-local row
+ * ids, per token table 0's 24 columns then table 1's (order-major: orders
+ * 2,3,4 x 8 heads).  mask may be NULL (nothing masked); mask[i] == 0 masks
+ * token i (it hashes as all pad and becomes a dead history entry).  Tokens
+ * and history are validated before anything is written: on -EINVAL (token >=
+ * vocab, or a history entry neither ENGRAM_DEAD nor < V'), rows and *hist
+ * are unchanged and err names the token position.  No heap memory.
+ */
+int engram_hash_tokens(const engram_hasher *h, engram_history *hist,
+                       const uint32_t *tokens, const uint8_t *mask, size_t n,
+                       uint32_t *rows, engram_error *err);
+
+/* One decode step: the same as engram_hash_tokens with n = 1. */
+int engram_hash_token(const engram_hasher *h, engram_history *hist,
+                      uint32_t token, int masked,
+                      uint32_t rows[ENGRAM_ROWS_PER_TOKEN]);
+
+/* Rebuilds the history from the last min(n, 3) tokens of a sequence (all
+ * unmasked) through the token map, as a restored session would.  -EINVAL on
+ * a token >= vocab (history unchanged). */
+int engram_history_from_tokens(const engram_hasher *h, engram_history *hist,
+                               const uint32_t *tokens, size_t n);
+
+/* The layout the hasher was built from (token_map points into the hasher). */
+const engram_layout *engram_hasher_layout(const engram_hasher *h);
+
+/* ------------------------------------------------------------------ rows */
+
+typedef enum engram_simd {
+    ENGRAM_SIMD_AUTO = 0,   /* the best one this CPU has (chosen once)     */
+    ENGRAM_SIMD_SCALAR,     /* portable reference                          */
+    ENGRAM_SIMD_AVX2,
+    ENGRAM_SIMD_AVX512
+} engram_simd;
+
+/* 1 if this CPU (and build) can run the given implementation. */
+int engram_simd_supported(engram_simd s);
+/* The implementation ENGRAM_SIMD_AUTO resolves to; honours the environment
+ * variable ENGRAM_SIMD=scalar|avx2|avx512 (read once). */
+engram_simd engram_simd_selected(void);
+const char *engram_simd_name(engram_simd s);
+
+/*
+ * Decode n raw rows (n * 264 bytes, SPEC.md section 7) into n * 256 BF16
+ * values (uint16 bit patterns) or float32 values (each exactly a BF16).
+ * All rows are checked first: if one is invalid the call returns -EDOM,
+ * writes nothing to out, and sets *bad (if not NULL) to its index.
+ * -EINVAL if s is not supported here.  No heap memory.
+ */
+int engram_rows_decode_bf16(engram_simd s, const uint8_t *raw, size_t n,
+                            uint16_t *out, size_t *bad);
+int engram_rows_decode_f32(engram_simd s, const uint8_t *raw, size_t n,
+                           float *out, size_t *bad);
+
+/* Checks n raw rows; 0 if all decode, else -EDOM with *bad = index of the
+ * first invalid one.  Uses the selected SIMD kernels' fast check.  */
+int engram_rows_check(const uint8_t *raw, size_t n, size_t *bad);
+
+/* 0 if the raw row decodes, -EDOM if not (NaN code, NaN scale or overflow).
+ * If why is not NULL it receives a short static reason. */
+int engram_row_check(const uint8_t raw[ENGRAM_ROW_BYTES], const char **why);
+
+/* ------------------------------------------------------------------ model */
+
+typedef struct engram_model engram_model;
+
+typedef struct engram_table_info {
+    const char *name;     /* tensor name, e.g. "blk.1.engram_embd.weight"   */
+    int layer;            /* model layer index (1 or 14)                    */
+    uint64_t rows;
+    uint64_t offset;      /* absolute byte offset of row 0 in the file      */
+    uint64_t bytes;       /* rows * 264                                     */
+} engram_table_info;
+
+typedef struct engram_model_info {
+    const char *path;
+    const char *architecture;   /* general.architecture, "" if absent       */
+    uint32_t gguf_version;
+    uint64_t file_bytes;
+    uint64_t n_tensors, n_kv;
+    uint32_t alignment;
+    engram_table_info table[ENGRAM_TABLES];
+    int has_projection;         /* engram_kv / q_norm / k_norm all present  */
+    uint32_t width;             /* hidden width from engram_kv, 0 if absent */
+    /* Placement rule of the reference engine: the two tables are the last
+     * tensors of the file, table 0 first, table 0 at a page-aligned offset. */
+    int tables_last, table0_page_aligned;
+} engram_model_info;
+
+/*
+ * Opens a ds4-dialect DeepSeek V4.1 Engram GGUF: parses the header through
+ * a bounds-checked cursor, validates the layout against SPEC.md section 3,
+ * and keeps a read-only descriptor for row reads.  The tables are never
+ * mapped or read whole.  Memory: the token map (vocab * 4 bytes) plus
+ * metadata bookkeeping, independent of table size.  -EBADMSG / -ENOTSUP /
+ * -EIO / errno with err naming the key or tensor and the byte offset.
+ */
+int engram_model_open(const char *path, engram_model **out, engram_error *err);
+void engram_model_close(engram_model *m);
+
+const engram_layout *engram_model_layout(const engram_model *m);
+const engram_hasher *engram_model_hasher(const engram_model *m);
+void engram_model_get_info(const engram_model *m, engram_model_info *info);
+
+/*
+ * Reads n raw rows of table t (table-local ids) into raw (n * 264 bytes) with
+ * plain positional reads.  Row ids are validated first (-EINVAL naming the
+ * row, nothing read).  -EIO on a short read.  This is the exact single-row
+ * path; the batched uncached engine is built on top of the same file.
+ */
+int engram_model_read_raw(const engram_model *m, int t, const uint32_t *rows,
+                          size_t n, uint8_t *raw, engram_error *err);
+
+/* Reads and decodes n rows (n * 256 outputs).  As read_raw, plus -EDOM
+ * naming the first invalid row (out unchanged).  Temporary memory: n * 264
+ * bytes (the raw rows, so that out is written only once all are valid). */
+int engram_model_read_f32(const engram_model *m, int t, const uint32_t *rows,
+                          size_t n, float *out, engram_error *err);
+int engram_model_read_bf16(const engram_model *m, int t, const uint32_t *rows,
+                           size_t n, uint16_t *out, engram_error *err);
+
+/* Duplicates the model's table descriptor (O_CLOEXEC, read-only) for callers
+ * that scan the table themselves (engram verify).  Caller closes it. */
+int engram_model_dup_fd(const engram_model *m);
+
+/* ------------------------------------------------------------------ build */
+
+typedef enum engram_fill {
+    ENGRAM_FILL_ZERO = 0,  /* tables left as holes (sparse files, all zeros) */
+    ENGRAM_FILL_RANDOM,    /* every row random valid bytes from the seed      */
+    ENGRAM_FILL_SPARSE     /* holes, with every 4096th row random             */
+} engram_fill;
+
+typedef struct engram_build_opts {
+    engram_layout layout;  /* validated; token_map is read, not kept        */
+    uint32_t width;        /* hidden width for engram_kv / norms; 0 = none  */
+    engram_fill fill;
+    uint64_t seed;
+    int gguf_version;      /* 3 (default when 0) or 2                       */
+    /* Progress callback for long writes (may be NULL): done/total bytes. */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
+} engram_build_opts;
+
+/*
+ * Writes a complete ds4-dialect model: the layout keys, the projection
+ * weights when width > 0, and the two tables last, table 0 page aligned.
+ * Deterministic for a seed.  Zero-filled tables are holes, so a full-size
+ * V4.1 model (2 x ~101 GB apparent) costs almost no disk.  The file is
+ * written to a temporary name and renamed into place on success.
+ */
+int engram_build_model(const char *path, const engram_build_opts *opts,
+                       engram_error *err);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ENGRAM_H */

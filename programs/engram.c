@@ -1,0 +1,898 @@
+/*
+ * engram - command-line tool over libengram's public API.
+ *
+ * Exit codes (all commands):
+ *   0  success
+ *   1  the data is invalid: a malformed model, an invalid row, a bad token
+ *      (verify: at least one invalid row was found)
+ *   2  usage error
+ *   3  system error (open, read, memory)
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engram.h"
+
+enum { EXIT_DATA = 1, EXIT_USAGE = 2, EXIT_SYSTEM = 3 };
+
+static const char *prog = "engram";
+
+static int fail_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail_usage(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s: ", prog);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n(try '%s --help')\n", prog);
+    return EXIT_USAGE;
+}
+
+/* Maps a library error to an exit code after printing it. */
+static int fail_lib(int rc, const engram_error *err, const char *what)
+{
+    const char *msg = err && err->msg[0] ? err->msg : engram_strerror(rc);
+    fprintf(stderr, "%s: %s: %s\n", prog, what, msg);
+    switch (rc) {
+    case -EBADMSG: case -EDOM: case -ENOTSUP: case -EINVAL: case -ERANGE:
+        return EXIT_DATA;
+    default:
+        return EXIT_SYSTEM;
+    }
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+    if (!s || !*s || *s == '-' || *s == '+')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int has_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return 1;
+    return 0;
+}
+
+/* Reads a whole file (or "-" for stdin); the caller frees *buf. */
+static int slurp(const char *path, char **buf, size_t *len)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f)
+        return -errno;
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap + 1);
+    while (b) {
+        size_t got = fread(b + n, 1, cap - n, f);
+        n += got;
+        if (n < cap)
+            break;
+        char *nb = realloc(b, 2 * cap + 1);
+        if (!nb) {
+            free(b);
+            b = NULL;
+            break;
+        }
+        b = nb;
+        cap *= 2;
+    }
+    int rc = b ? (ferror(f) ? -EIO : 0) : -ENOMEM;
+    if (f != stdin)
+        fclose(f);
+    if (rc < 0) {
+        free(b);
+        return rc;
+    }
+    b[n] = '\0';
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+/* Whitespace-separated decimal numbers <= max into a new u32 array. */
+static int read_numbers(const char *path, uint64_t max, uint32_t **out, size_t *count,
+                        const char *what)
+{
+    char *text = NULL;
+    size_t len;
+    int rc = slurp(path, &text, &len);
+    if (rc < 0) {
+        fprintf(stderr, "%s: cannot read %s file '%s': %s\n", prog, what, path, strerror(-rc));
+        return EXIT_SYSTEM;
+    }
+    size_t cap = 1024, n = 0;
+    uint32_t *v = malloc(cap * sizeof *v);
+    char *p = text;
+    int status = v ? 0 : EXIT_SYSTEM;
+    while (status == 0) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+            p++;
+        if (!*p)
+            break;
+        char *start = p;
+        while (*p && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
+            p++;
+        char save = *p;
+        *p = '\0';
+        uint64_t x;
+        if (parse_u64(start, max, &x) < 0) {
+            fprintf(stderr, "%s: %s file '%s': item %zu ('%.40s') is not a decimal number <= %" PRIu64 "\n",
+                    prog, what, path, n, start, max);
+            status = EXIT_DATA;
+            break;
+        }
+        *p = save;
+        if (n == cap) {
+            uint32_t *nv = realloc(v, 2 * cap * sizeof *v);
+            if (!nv) {
+                status = EXIT_SYSTEM;
+                break;
+            }
+            v = nv;
+            cap *= 2;
+        }
+        v[n++] = (uint32_t)x;
+    }
+    free(text);
+    if (status) {
+        free(v);
+        return status;
+    }
+    *out = v;
+    *count = n;
+    return 0;
+}
+
+static int open_model(const char *path, engram_model **m)
+{
+    engram_error err = {0};
+    int rc = engram_model_open(path, m, &err);
+    return rc < 0 ? fail_lib(rc, &err, path) : 0;
+}
+
+/* Fast decimal output for large hash dumps. */
+struct outbuf {
+    char buf[1 << 16];
+    size_t n;
+};
+
+static void out_flush(struct outbuf *o)
+{
+    fwrite(o->buf, 1, o->n, stdout);
+    o->n = 0;
+}
+
+static void out_u32(struct outbuf *o, uint32_t v, char sep)
+{
+    if (o->n + 12 > sizeof o->buf)
+        out_flush(o);
+    char tmp[10];
+    int k = 0;
+    do {
+        tmp[k++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (k)
+        o->buf[o->n++] = tmp[--k];
+    o->buf[o->n++] = sep;
+}
+
+/* ---------------------------------------------------------------- info */
+
+static const char *info_help =
+    "usage: engram info MODEL [--json]\n"
+    "Prints the model's GGUF header summary, Engram layout (vocab, V', pad, per-table\n"
+    "rows, bytes, offsets, primes, multipliers) and whether the file meets the\n"
+    "reference engine's placement rule (tables last, table 0 page-aligned).\n";
+
+static void primes_summary(const uint32_t *p, uint32_t *mn, uint32_t *mx, uint64_t *sum)
+{
+    *mn = UINT32_MAX;
+    *mx = 0;
+    *sum = 0;
+    for (int c = 0; c < ENGRAM_COLUMNS; c++) {
+        *mn = p[c] < *mn ? p[c] : *mn;
+        *mx = p[c] > *mx ? p[c] : *mx;
+        *sum += p[c];
+    }
+}
+
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+static int cmd_info(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(info_help, stdout);
+        return 0;
+    }
+    const char *path = NULL;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (argv[i][0] == '-')
+            return fail_usage("info: unknown option '%s'", argv[i]);
+        else if (!path)
+            path = argv[i];
+        else
+            return fail_usage("info: more than one MODEL");
+    }
+    if (!path)
+        return fail_usage("info: MODEL is required");
+    engram_model *m;
+    int st = open_model(path, &m);
+    if (st)
+        return st;
+    engram_model_info in;
+    engram_model_get_info(m, &in);
+    const engram_layout *l = engram_model_layout(m);
+    int placement = in.tables_last && in.table0_page_aligned;
+    if (json) {
+        printf("{\"path\":");
+        json_str(in.path);
+        printf(",\"architecture\":");
+        json_str(in.architecture);
+        printf(",\"gguf_version\":%u,\"file_bytes\":%" PRIu64 ",\"tensors\":%" PRIu64
+               ",\"keys\":%" PRIu64 ",\"alignment\":%u",
+               in.gguf_version, in.file_bytes, in.n_tensors, in.n_kv, in.alignment);
+        printf(",\"vocab\":%u,\"compressed_vocab\":%u,\"pad_id\":%u", l->vocab,
+               l->compressed_vocab, l->pad_id);
+        printf(",\"tables\":[");
+        for (int t = 0; t < ENGRAM_TABLES; t++) {
+            const engram_table_info *ti = &in.table[t];
+            uint32_t mn, mx;
+            uint64_t sum;
+            primes_summary(l->primes[t], &mn, &mx, &sum);
+            printf("%s{\"index\":%d,\"layer\":%d,\"tensor\":", t ? "," : "", t, ti->layer);
+            json_str(ti->name);
+            printf(",\"rows\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"offset\":%" PRIu64,
+                   ti->rows, ti->bytes, ti->offset);
+            printf(",\"primes\":[");
+            for (int c = 0; c < ENGRAM_COLUMNS; c++)
+                printf("%s%u", c ? "," : "", l->primes[t][c]);
+            printf("],\"primes_min\":%u,\"primes_max\":%u,\"primes_sum\":%" PRIu64, mn, mx, sum);
+            printf(",\"multipliers\":[");
+            for (int j = 0; j < ENGRAM_NGRAM; j++)
+                printf("%s%" PRIu64, j ? "," : "", l->multipliers[t][j]);
+            printf("]}");
+        }
+        printf("],\"projection\":%s,\"width\":%u", in.has_projection ? "true" : "false", in.width);
+        printf(",\"placement\":{\"tables_last\":%s,\"table0_page_aligned\":%s,\"reference_ok\":%s}",
+               in.tables_last ? "true" : "false", in.table0_page_aligned ? "true" : "false",
+               placement ? "true" : "false");
+        printf(",\"simd\":\"%s\"}\n", engram_simd_name(engram_simd_selected()));
+    } else {
+        printf("file:            %s (%" PRIu64 " bytes)\n", in.path, in.file_bytes);
+        printf("gguf:            v%u, %" PRIu64 " tensors, %" PRIu64 " keys, alignment %u\n",
+               in.gguf_version, in.n_tensors, in.n_kv, in.alignment);
+        printf("architecture:    %s (encoding e4m3_e8m0_32_row264)\n", in.architecture);
+        printf("vocab:           %u raw ids -> %u compressed ids, pad_id %u\n", l->vocab,
+               l->compressed_vocab, l->pad_id);
+        for (int t = 0; t < ENGRAM_TABLES; t++) {
+            const engram_table_info *ti = &in.table[t];
+            uint32_t mn, mx;
+            uint64_t sum;
+            primes_summary(l->primes[t], &mn, &mx, &sum);
+            printf("table %d:         layer %d, %s\n", t, ti->layer, ti->name);
+            printf("  rows:          %" PRIu64 " (%" PRIu64 " bytes, %.2f GiB) at offset %" PRIu64 "\n",
+                   ti->rows, ti->bytes, (double)ti->bytes / (1024.0 * 1024 * 1024), ti->offset);
+            printf("  primes:        24 columns, %u .. %u, first %u %u %u, sum %" PRIu64 "\n", mn, mx,
+                   l->primes[t][0], l->primes[t][1], l->primes[t][2], sum);
+            printf("  multipliers:   %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+                   l->multipliers[t][0], l->multipliers[t][1], l->multipliers[t][2],
+                   l->multipliers[t][3]);
+        }
+        if (in.has_projection)
+            printf("projection:      engram_kv F16 [6144, %u], q_norm/k_norm F32 [%u, 4], width %u\n",
+                   5 * in.width, in.width, in.width);
+        else
+            printf("projection:      absent (layout and tables only)\n");
+        printf("placement:       tables last: %s; table 0 page-aligned: %s -> %s\n",
+               in.tables_last ? "yes" : "no", in.table0_page_aligned ? "yes" : "no",
+               placement ? "meets the reference engine's rule"
+                         : "does NOT meet the reference engine's rule");
+        printf("row decoder:     %s\n", engram_simd_name(engram_simd_selected()));
+    }
+    engram_model_close(m);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- hash */
+
+static const char *hash_help =
+    "usage: engram hash MODEL --tokens FILE [--mask FILE] [--history A,B,C] [--summary]\n"
+    "FILE holds whitespace-separated decimal token ids ('-' = stdin).  The mask file\n"
+    "holds one 0/1 per token (0 = masked: hashed as all pad, no history).  --history\n"
+    "sets the starting hash state: 3 compressed ids, newest first, -1 for dead\n"
+    "(default -1,-1,-1).  Prints one line per token: 48 row ids (table 0's 24\n"
+    "columns, then table 1's; table-local, as `engram rows` takes them).\n"
+    "--summary prints statistics instead: tokens, hashing speed, distinct rows.\n";
+
+static int parse_history(const char *s, engram_history *h)
+{
+    char *copy = strdup(s), *save = NULL;
+    int n = 0, rc = copy ? 0 : -1;
+    for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && rc == 0;
+         tok = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (n >= ENGRAM_HISTORY)
+            rc = -1;
+        else if (!strcmp(tok, "-1"))
+            h->id[n++] = ENGRAM_DEAD;
+        else if (parse_u64(tok, INT32_MAX, &v) == 0)
+            h->id[n++] = (int32_t)v;
+        else
+            rc = -1;
+    }
+    free(copy);
+    return rc == 0 && n == ENGRAM_HISTORY ? 0 : -1;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void hash_summary(const engram_hasher *h, const uint32_t *tokens, const uint8_t *mask,
+                         size_t n, const engram_history *start, const uint32_t *rows)
+{
+    /* Speed: re-hash the stream a few times and keep the best pass. */
+    double best = 1e30;
+    uint32_t *scratch = malloc((n ? n : 1) * ENGRAM_ROWS_PER_TOKEN * sizeof *scratch);
+    for (int rep = 0; rep < 5 && scratch && n; rep++) {
+        engram_history hh = *start;
+        double t0 = now_s();
+        engram_hash_tokens(h, &hh, tokens, mask, n, scratch, NULL);
+        double dt = now_s() - t0;
+        best = dt < best ? dt : best;
+    }
+    size_t masked = 0;
+    for (size_t i = 0; mask && i < n; i++)
+        masked += !mask[i];
+    printf("tokens:          %zu (%zu masked)\n", n, masked);
+    printf("row requests:    %zu (48 per token)\n", n * ENGRAM_ROWS_PER_TOKEN);
+    for (int t = 0; t < ENGRAM_TABLES && scratch; t++) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            for (int c = 0; c < ENGRAM_COLUMNS; c++)
+                scratch[k++] = rows[i * ENGRAM_ROWS_PER_TOKEN + t * ENGRAM_COLUMNS + c];
+        qsort(scratch, k, sizeof *scratch, cmp_u32);
+        size_t distinct = k ? 1 : 0;
+        for (size_t i = 1; i < k; i++)
+            distinct += scratch[i] != scratch[i - 1];
+        printf("table %d:         %zu distinct rows of %zu requests (%.1f%% repeated)\n", t,
+               distinct, k, k ? 100.0 * (double)(k - distinct) / (double)k : 0.0);
+    }
+    if (n && best < 1e30)
+        printf("hash speed:      %.2f M tokens/s on one core (%.1f ns/token, best of 5)\n",
+               (double)n / best / 1e6, best / (double)n * 1e9);
+    free(scratch);
+}
+
+static int cmd_hash(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(hash_help, stdout);
+        return 0;
+    }
+    const char *path = NULL, *tok_path = NULL, *mask_path = NULL, *hist = NULL;
+    int summary = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--tokens") || !strcmp(a, "--mask") || !strcmp(a, "--history")) {
+            if (i + 1 >= argc)
+                return fail_usage("hash: %s needs a value", a);
+            const char **dst = a[2] == 't' ? &tok_path : a[2] == 'm' ? &mask_path : &hist;
+            *dst = argv[++i];
+        } else if (!strcmp(a, "--summary")) {
+            summary = 1;
+        } else if (a[0] == '-') {
+            return fail_usage("hash: unknown option '%s'", a);
+        } else if (!path) {
+            path = a;
+        } else {
+            return fail_usage("hash: more than one MODEL");
+        }
+    }
+    if (!path || !tok_path)
+        return fail_usage("hash: MODEL and --tokens FILE are required");
+    engram_history h;
+    engram_history_reset(&h);
+    if (hist && parse_history(hist, &h) < 0)
+        return fail_usage("hash: --history takes 3 comma-separated ids (newest first, -1 = dead)");
+
+    uint32_t *tokens = NULL, *maskv = NULL, *rows = NULL;
+    uint8_t *mask = NULL;
+    size_t n = 0, nm = 0;
+    engram_model *m = NULL;
+    int st = read_numbers(tok_path, UINT32_MAX, &tokens, &n, "token");
+    if (!st && mask_path) {
+        st = read_numbers(mask_path, 1, &maskv, &nm, "mask");
+        if (!st && nm != n) {
+            fprintf(stderr, "%s: mask file has %zu entries for %zu tokens\n", prog, nm, n);
+            st = EXIT_DATA;
+        }
+        if (!st && !(mask = malloc(n ? n : 1)))
+            st = EXIT_SYSTEM;
+        for (size_t i = 0; !st && i < n; i++)
+            mask[i] = (uint8_t)maskv[i];
+    }
+    if (!st)
+        st = open_model(path, &m);
+    if (!st && !(rows = malloc((n ? n : 1) * ENGRAM_ROWS_PER_TOKEN * sizeof *rows)))
+        st = EXIT_SYSTEM;
+    if (!st) {
+        engram_error err = {0};
+        engram_history start = h;
+        int rc = engram_hash_tokens(engram_model_hasher(m), &h, tokens, mask, n, rows, &err);
+        if (rc < 0) {
+            st = fail_lib(rc, &err, "hash");
+        } else if (summary) {
+            hash_summary(engram_model_hasher(m), tokens, mask, n, &start, rows);
+        } else {
+            struct outbuf *o = malloc(sizeof *o);
+            if (!o) {
+                st = EXIT_SYSTEM;
+            } else {
+                o->n = 0;
+                for (size_t i = 0; i < n; i++)
+                    for (int c = 0; c < ENGRAM_ROWS_PER_TOKEN; c++)
+                        out_u32(o, rows[i * ENGRAM_ROWS_PER_TOKEN + c],
+                                c + 1 < ENGRAM_ROWS_PER_TOKEN ? ' ' : '\n');
+                out_flush(o);
+                free(o);
+            }
+        }
+    }
+    engram_model_close(m);
+    free(tokens);
+    free(maskv);
+    free(mask);
+    free(rows);
+    return st;
+}
+
+/* ---------------------------------------------------------------- rows */
+
+static const char *rows_help =
+    "usage: engram rows MODEL --table T (ROW... | --rows FILE)\n"
+    "Decodes rows of table T (0 = layer 1, 1 = layer 14); ROW ids are table-local,\n"
+    "as `engram hash` prints them; FILE holds whitespace-separated ids.  Prints one\n"
+    "line per row: the 256 decoded values (%.9g, single spaces).  If any requested\n"
+    "row is out of range or does not decode, nothing is printed and the command\n"
+    "exits 1 naming the row and the reason.\n";
+
+static int cmd_rows(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(rows_help, stdout);
+        return 0;
+    }
+    const char *path = NULL, *rows_path = NULL;
+    int64_t table = -1;
+    uint32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    int st = 0;
+    for (int i = 1; i < argc && !st; i++) {
+        const char *a = argv[i];
+        uint64_t v;
+        if (!strcmp(a, "--table")) {
+            if (i + 1 >= argc || parse_u64(argv[i + 1], ENGRAM_TABLES - 1, &v) < 0)
+                st = fail_usage("rows: --table takes 0 or 1");
+            else
+                table = (int64_t)v, i++;
+        } else if (!strcmp(a, "--rows")) {
+            if (i + 1 >= argc)
+                st = fail_usage("rows: --rows needs a FILE");
+            else
+                rows_path = argv[++i];
+        } else if (a[0] == '-') {
+            st = fail_usage("rows: unknown option '%s'", a);
+        } else if (!path) {
+            path = a;
+        } else if (parse_u64(a, UINT32_MAX, &v) == 0) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                uint32_t *nv = realloc(ids, cap * sizeof *ids);
+                if (!nv) {
+                    st = EXIT_SYSTEM;
+                    break;
+                }
+                ids = nv;
+            }
+            ids[n++] = (uint32_t)v;
+        } else {
+            st = fail_usage("rows: '%s' is not a row id", a);
+        }
+    }
+    if (!st && (!path || table < 0 || (n == 0) == !rows_path))
+        st = fail_usage("rows: MODEL, --table T and either ROW ids or --rows FILE are required");
+    if (!st && rows_path)
+        st = read_numbers(rows_path, UINT32_MAX, &ids, &n, "row");
+    engram_model *m = NULL;
+    float *vals = NULL;
+    if (!st)
+        st = open_model(path, &m);
+    if (!st && !(vals = malloc((n ? n : 1) * ENGRAM_ROW_VALUES * sizeof *vals)))
+        st = EXIT_SYSTEM;
+    if (!st) {
+        engram_error err = {0};
+        int rc = engram_model_read_f32(m, (int)table, ids, n, vals, &err);
+        if (rc < 0) {
+            st = fail_lib(rc, &err, "rows");
+        } else {
+            for (size_t r = 0; r < n; r++)
+                for (int i = 0; i < ENGRAM_ROW_VALUES; i++)
+                    printf("%.9g%c", (double)vals[r * ENGRAM_ROW_VALUES + i],
+                           i + 1 < ENGRAM_ROW_VALUES ? ' ' : '\n');
+        }
+    }
+    engram_model_close(m);
+    free(ids);
+    free(vals);
+    return st;
+}
+
+/* ---------------------------------------------------------------- verify */
+
+static const char *verify_help =
+    "usage: engram verify MODEL [--table T]\n"
+    "Scans whole tables with large sequential reads and lists every row that would\n"
+    "be rejected (NaN code, NaN scale, non-finite value), one line each:\n"
+    "  table T row R: REASON\n"
+    "then one summary line per table.  Holes of sparse files (all zero, valid) are\n"
+    "skipped without reading.  Read data is dropped from the page cache as it goes.\n"
+    "A progress bar is drawn on stderr when it is a terminal.  Exits 1 if any row\n"
+    "is invalid.\n";
+
+#define VERIFY_CHUNK_ROWS 16384u /* 4.3 MB per read */
+
+struct scan_stats {
+    uint64_t bad, read_bytes, hole_bytes;
+};
+
+static void progress_bar(int t, uint64_t done, uint64_t total, double t0)
+{
+    double frac = total ? (double)done / (double)total : 1.0;
+    double dt = now_s() - t0;
+    int w = 40, k = (int)(frac * w);
+    fprintf(stderr, "\rtable %d [", t);
+    for (int i = 0; i < w; i++)
+        fputc(i < k ? '#' : '.', stderr);
+    fprintf(stderr, "] %5.1f%% %8.1f MB/s", 100.0 * frac, dt > 0 ? (double)done / dt / 1e6 : 0.0);
+    fflush(stderr);
+}
+
+static int scan_table(int fd, int t, const engram_table_info *ti, uint8_t *buf, int tty,
+                      struct scan_stats *s)
+{
+    uint64_t row = 0;
+    double t0 = now_s(), last = 0;
+    while (row < ti->rows) {
+        uint64_t off = ti->offset + row * ENGRAM_ROW_BYTES;
+        /* Skip holes: they read as zeros, and zero rows are valid. */
+        off_t data = lseek(fd, (off_t)off, SEEK_DATA);
+        if (data < 0 && errno == ENXIO)
+            data = (off_t)(ti->offset + ti->bytes);
+        if (data > (off_t)off) {
+            uint64_t skip_rows = ((uint64_t)data - off) / ENGRAM_ROW_BYTES;
+            if (skip_rows > ti->rows - row)
+                skip_rows = ti->rows - row;
+            row += skip_rows;
+            s->hole_bytes += skip_rows * ENGRAM_ROW_BYTES;
+            if (skip_rows)
+                continue;
+        }
+        uint64_t k = ti->rows - row < VERIFY_CHUNK_ROWS ? ti->rows - row : VERIFY_CHUNK_ROWS;
+        size_t bytes = (size_t)k * ENGRAM_ROW_BYTES;
+        off = ti->offset + row * ENGRAM_ROW_BYTES;
+        size_t got = 0;
+        while (got < bytes) {
+            ssize_t r = pread(fd, buf + got, bytes - got, (off_t)(off + got));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                int e = r < 0 ? errno : EIO;
+                fprintf(stderr, "%s%s: table %d: read at offset %" PRIu64 " failed: %s\n",
+                        tty ? "\n" : "", prog, t, off + got, strerror(e));
+                return EXIT_SYSTEM;
+            }
+            got += (size_t)r;
+        }
+        posix_fadvise(fd, (off_t)off, (off_t)bytes, POSIX_FADV_DONTNEED);
+        s->read_bytes += bytes;
+        size_t at = 0, bad;
+        while (at < k && engram_rows_check(buf + at * ENGRAM_ROW_BYTES, k - at, &bad) == -EDOM) {
+            const char *why = "invalid";
+            engram_row_check(buf + (at + bad) * ENGRAM_ROW_BYTES, &why);
+            if (tty)
+                fputc('\n', stderr);
+            printf("table %d row %" PRIu64 ": %s\n", t, row + at + bad, why);
+            s->bad++;
+            at += bad + 1;
+        }
+        row += k;
+        if (tty && now_s() - last > 0.2) {
+            last = now_s();
+            progress_bar(t, row * ENGRAM_ROW_BYTES, ti->bytes, t0);
+        }
+    }
+    if (tty) {
+        progress_bar(t, ti->bytes, ti->bytes, t0);
+        fputc('\n', stderr);
+    }
+    return 0;
+}
+
+static int cmd_verify(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(verify_help, stdout);
+        return 0;
+    }
+    const char *path = NULL;
+    int only = -1;
+    for (int i = 1; i < argc; i++) {
+        uint64_t v;
+        if (!strcmp(argv[i], "--table")) {
+            if (i + 1 >= argc || parse_u64(argv[i + 1], ENGRAM_TABLES - 1, &v) < 0)
+                return fail_usage("verify: --table takes 0 or 1");
+            only = (int)v;
+            i++;
+        } else if (argv[i][0] == '-') {
+            return fail_usage("verify: unknown option '%s'", argv[i]);
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            return fail_usage("verify: more than one MODEL");
+        }
+    }
+    if (!path)
+        return fail_usage("verify: MODEL is required");
+    engram_model *m;
+    int st = open_model(path, &m);
+    if (st)
+        return st;
+    engram_model_info in;
+    engram_model_get_info(m, &in);
+    int fd = engram_model_dup_fd(m);
+    uint8_t *buf = malloc((size_t)VERIFY_CHUNK_ROWS * ENGRAM_ROW_BYTES);
+    int tty = isatty(2);
+    uint64_t total_bad = 0;
+    if (fd < 0 || !buf) {
+        fprintf(stderr, "%s: %s\n", prog, fd < 0 ? strerror(-fd) : "out of memory");
+        st = EXIT_SYSTEM;
+    }
+    for (int t = 0; t < ENGRAM_TABLES && !st; t++) {
+        if (only >= 0 && t != only)
+            continue;
+        struct scan_stats s = {0};
+        double t0 = now_s();
+        st = scan_table(fd, t, &in.table[t], buf, tty, &s);
+        double dt = now_s() - t0;
+        if (st)
+            break;
+        total_bad += s.bad;
+        printf("table %d: %" PRIu64 " rows, %" PRIu64 " invalid; read %.3f GB in %.2f s (%.1f MB/s), %.3f GB of holes skipped\n",
+               t, in.table[t].rows, s.bad, (double)s.read_bytes / 1e9, dt,
+               dt > 0 ? (double)s.read_bytes / dt / 1e6 : 0.0, (double)s.hole_bytes / 1e9);
+    }
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    engram_model_close(m);
+    if (!st && total_bad)
+        st = EXIT_DATA;
+    return st;
+}
+
+/* ---------------------------------------------------------------- build */
+
+static const char *build_help =
+    "usage: engram build OUT.gguf [--base B] [--width W] [--fill zero|random|sparse]\n"
+    "                    [--seed S] [--vocab N] [--compressed-vocab N] [--gguf-version 2|3]\n"
+    "Writes a ds4-dialect V4.1 model with the published V4.1 multipliers (SPEC.md\n"
+    "section 5, V' = 99092) and primes by the shared-seen allocation from --base\n"
+    "(default 16000000, the full size: 2 x ~101 GB, written sparse with --fill zero\n"
+    "or sparse).  The token map is synthetic: raw id t -> t mod V' (issue #4 brings\n"
+    "the tokenizer-derived map).  --width W adds engram_kv/q_norm/k_norm weights.\n";
+
+/* V4.1 multipliers for V' = 99092 (SPEC.md section 5, known answers). */
+static const uint64_t v41_multipliers[ENGRAM_TABLES][ENGRAM_NGRAM] = {
+    {76632096046245ull, 4839876093313ull, 35959672319349ull, 73987337458391ull},
+    {67716810739261ull, 51510806800915ull, 30921347202721ull, 82619226485591ull},
+};
+
+static void build_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    double *t0 = ctx;
+    progress_bar(0, done, total, *t0);
+}
+
+static int cmd_build(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(build_help, stdout);
+        return 0;
+    }
+    const char *out = NULL;
+    uint64_t base = 16000000, width = 0, seed = 1, vocab = 129280, cvocab = 99092, ver = 3;
+    engram_fill fill = ENGRAM_FILL_ZERO;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        struct { const char *name; uint64_t *dst; uint64_t max; } num[] = {
+            {"--base", &base, UINT32_MAX}, {"--width", &width, 1u << 20},
+            {"--seed", &seed, UINT64_MAX}, {"--vocab", &vocab, 1u << 24},
+            {"--compressed-vocab", &cvocab, 1u << 24}, {"--gguf-version", &ver, 3},
+        };
+        int matched = 0;
+        for (size_t k = 0; k < sizeof num / sizeof num[0] && !matched; k++) {
+            if (strcmp(a, num[k].name))
+                continue;
+            matched = 1;
+            if (i + 1 >= argc || parse_u64(argv[i + 1], num[k].max, num[k].dst) < 0)
+                return fail_usage("build: %s needs a number <= %" PRIu64, a, num[k].max);
+            i++;
+        }
+        if (matched)
+            continue;
+        if (!strcmp(a, "--fill")) {
+            const char *f = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(f, "zero"))
+                fill = ENGRAM_FILL_ZERO;
+            else if (!strcmp(f, "random"))
+                fill = ENGRAM_FILL_RANDOM;
+            else if (!strcmp(f, "sparse"))
+                fill = ENGRAM_FILL_SPARSE;
+            else
+                return fail_usage("build: --fill takes zero, random or sparse");
+        } else if (a[0] == '-') {
+            return fail_usage("build: unknown option '%s'", a);
+        } else if (!out) {
+            out = a;
+        } else {
+            return fail_usage("build: more than one OUT");
+        }
+    }
+    if (!out)
+        return fail_usage("build: OUT.gguf is required");
+    if (ver < 2 || cvocab == 0 || vocab == 0 || base < 2)
+        return fail_usage("build: bad --gguf-version, --vocab, --compressed-vocab or --base");
+
+    engram_build_opts o;
+    memset(&o, 0, sizeof o);
+    engram_layout *l = &o.layout;
+    l->vocab = (uint32_t)vocab;
+    l->compressed_vocab = (uint32_t)cvocab;
+    uint32_t *map = malloc(vocab * sizeof *map);
+    if (!map)
+        return EXIT_SYSTEM;
+    for (uint64_t t = 0; t < vocab; t++)
+        map[t] = (uint32_t)(t % cvocab);
+    l->token_map = map;
+    l->pad_id = map[2 % vocab]; /* raw pad token 2 */
+    memcpy(l->multipliers, v41_multipliers, sizeof v41_multipliers);
+    uint32_t primes[ENGRAM_TABLES * ENGRAM_COLUMNS];
+    int rc = engram_layout_primes((uint32_t)base, ENGRAM_TABLES, ENGRAM_NGRAM, ENGRAM_HEADS, primes,
+                                  ENGRAM_TABLES * ENGRAM_COLUMNS);
+    if (rc < 0) {
+        free(map);
+        return fail_lib(rc, NULL, "build: primes");
+    }
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        uint64_t sum = 0;
+        for (int c = 0; c < ENGRAM_COLUMNS; c++) {
+            l->primes[t][c] = primes[t * ENGRAM_COLUMNS + c];
+            sum += l->primes[t][c];
+        }
+        if (sum > UINT32_MAX) {
+            free(map);
+            return fail_usage("build: --base too large: a table would exceed 2^32 rows");
+        }
+        l->rows[t] = (uint32_t)sum;
+    }
+    o.width = (uint32_t)width;
+    o.fill = fill;
+    o.seed = seed;
+    o.gguf_version = (int)ver;
+    double t0 = now_s();
+    if (isatty(2)) {
+        o.progress = build_progress;
+        o.progress_ctx = &t0;
+    }
+    engram_error err = {0};
+    rc = engram_build_model(out, &o, &err);
+    if (o.progress)
+        fputc('\n', stderr);
+    free(map);
+    if (rc < 0)
+        return fail_lib(rc, &err, out);
+    printf("wrote %s: rows %u + %u, width %u, fill %s, seed %" PRIu64 " (%.2f s)\n", out,
+           l->rows[0], l->rows[1], o.width,
+           fill == ENGRAM_FILL_ZERO ? "zero" : fill == ENGRAM_FILL_RANDOM ? "random" : "sparse", seed,
+           now_s() - t0);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- main */
+
+static const char *main_help =
+    "usage: engram COMMAND [ARGS]   (engram COMMAND --help for each)\n"
+    "commands:\n"
+    "  info MODEL [--json]                 model, layout and placement summary\n"
+    "  hash MODEL --tokens FILE [...]      row ids of a token stream\n"
+    "  rows MODEL --table T ROW...         decoded rows\n"
+    "  verify MODEL [--table T]            scan tables for rows that do not decode\n"
+    "  build OUT.gguf [...]                write a V4.1-layout model (tests, demos)\n"
+    "  version                             print the version\n"
+    "exit codes: 0 ok, 1 invalid data (model, row, token), 2 usage, 3 system error\n";
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return fail_usage("a COMMAND is required");
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        fputs(main_help, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("engram %s\n", ENGRAM_VERSION);
+        return 0;
+    }
+    static const struct {
+        const char *name;
+        int (*fn)(int, char **);
+    } cmds[] = {
+        {"info", cmd_info}, {"hash", cmd_hash}, {"rows", cmd_rows},
+        {"verify", cmd_verify}, {"build", cmd_build},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(cmd, cmds[i].name)) {
+            int rc = cmds[i].fn(argc - 1, argv + 1);
+            if (fflush(stdout) != 0 && rc == 0) {
+                fprintf(stderr, "%s: write to stdout failed\n", prog);
+                rc = EXIT_SYSTEM;
+            }
+            return rc;
+        }
+    return fail_usage("unknown command '%s'", cmd);
+}

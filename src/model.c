@@ -1,0 +1,245 @@
+/* model.c - an open Engram model: GGUF header, validated layout, table
+ * placement and the exact single-row read path. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf.h"
+#include "hash.h"
+#include "layout.h"
+#include "util.h"
+
+#define PAGE_ALIGN 4096u
+
+struct engram_model {
+    gguf_file *g;
+    engram_layout layout;
+    uint32_t *map;
+    engram_hasher *hasher;
+    engram_model_info info;
+    char *path;
+    char table_name[ENGRAM_TABLES][48];
+};
+
+static int check_tensor(const gguf_tensor *t, uint32_t type, uint64_t d0, uint64_t d1,
+                        engram_error *err)
+{
+    if (t->type != type || t->n_dims != 2 || t->dims[0] != d0 || t->dims[1] != d1)
+        return err_set(err, -EBADMSG, t->info_offset,
+                       "tensor '%s' (info at offset %llu): %s [%llu, %llu]%s, expected %s [%llu, %llu]",
+                       t->name, (unsigned long long)t->info_offset,
+                       ggml_type_name(t->type) ? ggml_type_name(t->type) : "?",
+                       (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
+                       t->n_dims != 2 ? " (not 2-D)" : "", ggml_type_name(type),
+                       (unsigned long long)d0, (unsigned long long)d1);
+    return 0;
+}
+
+/* engram_kv [6144, 5W] F16, q_norm / k_norm [W, 4] F32: all or none. */
+static int check_projection(struct engram_model *m, engram_error *err)
+{
+    static const char *const parts[3] = {"engram_kv", "engram_q_norm", "engram_k_norm"};
+    int present = 0, rc;
+    uint32_t width = 0;
+    for (int t = 0; t < ENGRAM_TABLES; t++)
+        for (int p = 0; p < 3; p++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", engram_table_layer[t], parts[p]);
+            present += gguf_find_tensor(m->g, name) != NULL;
+        }
+    if (present == 0)
+        return 0;
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.engram_kv.weight", engram_table_layer[t]);
+        const gguf_tensor *kv = gguf_find_tensor(m->g, name);
+        if (!kv)
+            return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
+                           "projection weights are incomplete: missing tensor '%s'", name);
+        uint64_t w = kv->dims[1] / 5;
+        if (kv->n_dims != 2 || kv->dims[1] % 5 != 0 || w == 0 || w > UINT32_MAX)
+            return err_set(err, -EBADMSG, kv->info_offset,
+                           "tensor '%s' (info at offset %llu): second dimension %llu is not 5 x width",
+                           name, (unsigned long long)kv->info_offset,
+                           (unsigned long long)kv->dims[1]);
+        if (t == 0)
+            width = (uint32_t)w;
+        if ((rc = check_tensor(kv, GGML_F16, ENGRAM_COLUMNS * ENGRAM_ROW_VALUES,
+                               5ull * width, err)) < 0)
+            return rc;
+        for (int p = 1; p < 3; p++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", engram_table_layer[t], parts[p]);
+            const gguf_tensor *n = gguf_find_tensor(m->g, name);
+            if (!n)
+                return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
+                               "projection weights are incomplete: missing tensor '%s'", name);
+            if ((rc = check_tensor(n, GGML_F32, width, 4, err)) < 0)
+                return rc;
+        }
+    }
+    m->info.has_projection = 1;
+    m->info.width = width;
+    return 0;
+}
+
+static int check_tables(struct engram_model *m, engram_error *err)
+{
+    const gguf_tensor *tab[ENGRAM_TABLES];
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        snprintf(m->table_name[t], sizeof m->table_name[t], "blk.%d.engram_embd.weight",
+                 engram_table_layer[t]);
+        tab[t] = gguf_find_tensor(m->g, m->table_name[t]);
+        if (!tab[t])
+            return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "missing table tensor '%s'",
+                           m->table_name[t]);
+        int rc = check_tensor(tab[t], GGML_I8, ENGRAM_ROW_BYTES, m->layout.rows[t], err);
+        if (rc < 0)
+            return rc;
+        engram_table_info *ti = &m->info.table[t];
+        ti->name = m->table_name[t];
+        ti->layer = engram_table_layer[t];
+        ti->rows = m->layout.rows[t];
+        ti->offset = tab[t]->offset;
+        ti->bytes = tab[t]->bytes; /* = rows * 264, inside the file (gguf.c) */
+    }
+    int last = tab[0]->offset < tab[1]->offset;
+    for (uint64_t i = 0; i < m->g->n_tensors && last; i++) {
+        const gguf_tensor *t = &m->g->tensors[i];
+        if (t != tab[0] && t != tab[1] && t->offset >= tab[0]->offset)
+            last = 0;
+    }
+    m->info.tables_last = last;
+    m->info.table0_page_aligned = tab[0]->offset % PAGE_ALIGN == 0;
+    return 0;
+}
+
+int engram_model_open(const char *path, engram_model **out, engram_error *err)
+{
+    if (!path || !out)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    struct engram_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->path = strdup(path))) {
+        free(m);
+        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+    }
+    int rc = gguf_open(path, &m->g, err);
+    if (rc == 0)
+        rc = layout_from_gguf(m->g, &m->layout, &m->map, err);
+    if (rc == 0)
+        rc = check_tables(m, err);
+    if (rc == 0)
+        rc = check_projection(m, err);
+    if (rc == 0)
+        rc = engram_hasher_new(&m->layout, &m->hasher, err);
+    if (rc < 0) {
+        engram_model_close(m);
+        return rc;
+    }
+    engram_model_info *i = &m->info;
+    const gguf_kv *arch = gguf_find_kv(m->g, "general.architecture");
+    i->path = m->path;
+    i->architecture = arch && arch->type == GGUF_STRING ? arch->str : "";
+    i->gguf_version = m->g->version;
+    i->file_bytes = m->g->size;
+    i->n_tensors = m->g->n_tensors;
+    i->n_kv = m->g->n_kv;
+    i->alignment = m->g->alignment;
+    *out = m;
+    return 0;
+}
+
+void engram_model_close(engram_model *m)
+{
+    if (!m)
+        return;
+    engram_hasher_free(m->hasher);
+    free(m->map);
+    gguf_close(m->g);
+    free(m->path);
+    free(m);
+}
+
+const engram_layout *engram_model_layout(const engram_model *m) { return &m->layout; }
+const engram_hasher *engram_model_hasher(const engram_model *m) { return m->hasher; }
+
+void engram_model_get_info(const engram_model *m, engram_model_info *info)
+{
+    *info = m->info;
+}
+
+int engram_model_dup_fd(const engram_model *m)
+{
+    int fd = fcntl(m->g->fd, F_DUPFD_CLOEXEC, 0);
+    return fd < 0 ? -errno : fd;
+}
+
+static int check_rows(const engram_model *m, int t, const uint32_t *rows, size_t n,
+                      engram_error *err)
+{
+    if (t < 0 || t >= ENGRAM_TABLES)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", t);
+    if (n > 0 && !rows)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    for (size_t i = 0; i < n; i++)
+        if (rows[i] >= m->layout.rows[t])
+            return err_set_row(err, -EINVAL, rows[i], "row %u of table %d: out of range (table has %u rows)",
+                               rows[i], t, m->layout.rows[t]);
+    return 0;
+}
+
+int engram_model_read_raw(const engram_model *m, int t, const uint32_t *rows, size_t n,
+                          uint8_t *raw, engram_error *err)
+{
+    int rc = check_rows(m, t, rows, n, err);
+    if (rc < 0)
+        return rc;
+    uint64_t base = m->info.table[t].offset;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t off = base + (uint64_t)rows[i] * ENGRAM_ROW_BYTES;
+        rc = pread_full(m->g->fd, raw + i * ENGRAM_ROW_BYTES, ENGRAM_ROW_BYTES, off);
+        if (rc < 0)
+            return err_set_row(err, rc, rows[i], "row %u of table %d (file offset %llu): %s",
+                               rows[i], t, (unsigned long long)off, engram_strerror(rc));
+    }
+    return 0;
+}
+
+/* Temporary memory: n * 264 bytes, so that out stays untouched on error. */
+static int read_decoded(const engram_model *m, int t, const uint32_t *rows, size_t n, void *out,
+                        int f32, engram_error *err)
+{
+    int rc = check_rows(m, t, rows, n, err);
+    if (rc < 0 || n == 0)
+        return rc;
+    uint8_t *raw = malloc(n * ENGRAM_ROW_BYTES);
+    if (!raw)
+        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for %zu rows", n);
+    rc = engram_model_read_raw(m, t, rows, n, raw, err);
+    if (rc == 0) {
+        size_t bad = 0;
+        rc = f32 ? engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, n, out, &bad)
+                 : engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, n, out, &bad);
+        if (rc == -EDOM) {
+            const char *why = "invalid";
+            engram_row_check(raw + bad * ENGRAM_ROW_BYTES, &why);
+            err_set_row(err, rc, rows[bad], "row %u of table %d: %s", rows[bad], t, why);
+        }
+    }
+    free(raw);
+    return rc;
+}
+
+int engram_model_read_f32(const engram_model *m, int t, const uint32_t *rows, size_t n,
+                          float *out, engram_error *err)
+{
+    return read_decoded(m, t, rows, n, out, 1, err);
+}
+
+int engram_model_read_bf16(const engram_model *m, int t, const uint32_t *rows, size_t n,
+                           uint16_t *out, engram_error *err)
+{
+    return read_decoded(m, t, rows, n, out, 0, err);
+}

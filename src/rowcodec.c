@@ -1,0 +1,225 @@
+/*
+ * rowcodec.c - scalar reference decoder, row validation and the run-time
+ * choice of SIMD kernels.
+ *
+ * The scalar path builds the float32 bit pattern with integer arithmetic so
+ * the result cannot depend on the caller's floating-point environment
+ * (FTZ/DAZ set by an engine would otherwise flush the subnormal values that
+ * small scales produce).  Compiled without fast-math, like the whole library.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rowcodec.h"
+
+static inline uint16_t bf16_rne(uint32_t f32_bits)
+{
+    return (uint16_t)((f32_bits + 0x7fffu + ((f32_bits >> 16) & 1u)) >> 16);
+}
+
+uint16_t row_decode_value(uint8_t code, uint8_t scale)
+{
+    uint32_t sign = (uint32_t)(code & 0x80) << 24;
+    uint32_t mag = code & 0x7fu;
+    if (mag == 0)
+        return (uint16_t)(sign >> 16);
+    uint32_t e = mag >> 3, m = mag & 7u;
+    uint32_t M = e ? 8 + m : m;                        /* value = M * 2^E  */
+    int E = (e ? (int)e - 10 : -9) + (int)scale - 127;
+    int L = 32 - __builtin_clz(M);                     /* bits in M, 1..4  */
+    int exp = E + L - 1;                               /* value in [2^exp, 2^(exp+1)) */
+    uint32_t bits;
+    if (exp >= -126)
+        bits = (uint32_t)(exp + 127) << 23 | ((M << (24 - L)) & 0x7fffffu);
+    else
+        bits = M << (E + 149);                         /* exact f32 subnormal */
+    return bf16_rne(bits | sign);
+}
+
+int engram_row_check(const uint8_t raw[ENGRAM_ROW_BYTES], const char **why)
+{
+    for (int b = 0; b < ENGRAM_ROW_VALUES / ROW_BLOCK; b++) {
+        uint8_t s = raw[ENGRAM_ROW_VALUES + b];
+        if (s == 255) {
+            if (why)
+                *why = "NaN scale (E8M0 0xFF)";
+            return -EDOM;
+        }
+        for (int i = 0; i < ROW_BLOCK; i++) {
+            uint8_t mag = raw[b * ROW_BLOCK + i] & 0x7f;
+            if (mag == 0x7f) {
+                if (why)
+                    *why = "NaN code (E4M3 0x7F/0xFF)";
+                return -EDOM;
+            }
+            /* |v| < 2^(e-6) for e > 0: the product overflows float32 iff
+             * e - 7 + s - 127 >= 128. */
+            if ((mag >> 3) + s >= 262) {
+                if (why)
+                    *why = "value overflows float32 (non-finite)";
+                return -EDOM;
+            }
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ scalar */
+
+static int scalar_fast_ok(const uint8_t *row)
+{
+    (void)row;
+    return 0; /* the scalar kernel handles every row through the reference */
+}
+
+static void scalar_bf16(const uint8_t *row, uint16_t *out)
+{
+    for (int i = 0; i < ENGRAM_ROW_VALUES; i++)
+        out[i] = row_decode_value(row[i], row[ENGRAM_ROW_VALUES + i / ROW_BLOCK]);
+}
+
+static void scalar_f32(const uint8_t *row, float *out)
+{
+    for (int i = 0; i < ENGRAM_ROW_VALUES; i++) {
+        uint32_t bits = (uint32_t)row_decode_value(row[i], row[ENGRAM_ROW_VALUES + i / ROW_BLOCK])
+                        << 16;
+        memcpy(&out[i], &bits, 4);
+    }
+}
+
+const struct row_kernels row_kernels_scalar = {scalar_fast_ok, scalar_bf16, scalar_f32};
+
+/* ------------------------------------------------------------ dispatch */
+
+static const struct row_kernels *kernels_for(engram_simd s)
+{
+    switch (s) {
+    case ENGRAM_SIMD_SCALAR: return &row_kernels_scalar;
+    case ENGRAM_SIMD_AVX2: return row_kernels_avx2.bf16 ? &row_kernels_avx2 : NULL;
+    case ENGRAM_SIMD_AVX512: return row_kernels_avx512.bf16 ? &row_kernels_avx512 : NULL;
+    default: return NULL;
+    }
+}
+
+int engram_simd_supported(engram_simd s)
+{
+    if (s == ENGRAM_SIMD_AUTO || s == ENGRAM_SIMD_SCALAR)
+        return 1;
+    if (!kernels_for(s))
+        return 0;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (s == ENGRAM_SIMD_AVX2)
+        return __builtin_cpu_supports("avx2") != 0;
+    if (s == ENGRAM_SIMD_AVX512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#endif
+    return 0;
+}
+
+const char *engram_simd_name(engram_simd s)
+{
+    switch (s) {
+    case ENGRAM_SIMD_AUTO: return "auto";
+    case ENGRAM_SIMD_SCALAR: return "scalar";
+    case ENGRAM_SIMD_AVX2: return "avx2";
+    case ENGRAM_SIMD_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+static engram_simd selected = ENGRAM_SIMD_SCALAR;
+static pthread_once_t select_once = PTHREAD_ONCE_INIT;
+
+static void select_simd(void)
+{
+    const char *env = getenv("ENGRAM_SIMD");
+    engram_simd want = ENGRAM_SIMD_AUTO;
+    if (env) {
+        if (strcmp(env, "scalar") == 0)
+            want = ENGRAM_SIMD_SCALAR;
+        else if (strcmp(env, "avx2") == 0)
+            want = ENGRAM_SIMD_AVX2;
+        else if (strcmp(env, "avx512") == 0)
+            want = ENGRAM_SIMD_AVX512;
+    }
+    if (want != ENGRAM_SIMD_AUTO && engram_simd_supported(want)) {
+        selected = want;
+        return;
+    }
+    if (engram_simd_supported(ENGRAM_SIMD_AVX512))
+        selected = ENGRAM_SIMD_AVX512;
+    else if (engram_simd_supported(ENGRAM_SIMD_AVX2))
+        selected = ENGRAM_SIMD_AVX2;
+    else
+        selected = ENGRAM_SIMD_SCALAR;
+}
+
+engram_simd engram_simd_selected(void)
+{
+    pthread_once(&select_once, select_simd);
+    return selected;
+}
+
+static const struct row_kernels *resolve(engram_simd s)
+{
+    if (s == ENGRAM_SIMD_AUTO)
+        s = engram_simd_selected();
+    else if (!engram_simd_supported(s))
+        return NULL;
+    return kernels_for(s);
+}
+
+/* Every row is checked before anything is written (validate, then mutate). */
+static int check_rows(const struct row_kernels *k, const uint8_t *raw, size_t n, size_t *bad)
+{
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *row = raw + r * ENGRAM_ROW_BYTES;
+        if (!k->fast_ok(row) && engram_row_check(row, NULL) < 0) {
+            if (bad)
+                *bad = r;
+            return -EDOM;
+        }
+    }
+    return 0;
+}
+
+int engram_rows_check(const uint8_t *raw, size_t n, size_t *bad)
+{
+    if (n > 0 && !raw)
+        return -EINVAL;
+    return check_rows(resolve(ENGRAM_SIMD_AUTO), raw, n, bad);
+}
+
+int engram_rows_decode_bf16(engram_simd s, const uint8_t *raw, size_t n, uint16_t *out,
+                            size_t *bad)
+{
+    const struct row_kernels *k = resolve(s);
+    if (!k || (n > 0 && (!raw || !out)))
+        return -EINVAL;
+    int rc = check_rows(k, raw, n, bad);
+    if (rc < 0)
+        return rc;
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *row = raw + r * ENGRAM_ROW_BYTES;
+        (k->fast_ok(row) ? k : &row_kernels_scalar)->bf16(row, out + r * ENGRAM_ROW_VALUES);
+    }
+    return 0;
+}
+
+int engram_rows_decode_f32(engram_simd s, const uint8_t *raw, size_t n, float *out, size_t *bad)
+{
+    const struct row_kernels *k = resolve(s);
+    if (!k || (n > 0 && (!raw || !out)))
+        return -EINVAL;
+    int rc = check_rows(k, raw, n, bad);
+    if (rc < 0)
+        return rc;
+    for (size_t r = 0; r < n; r++) {
+        const uint8_t *row = raw + r * ENGRAM_ROW_BYTES;
+        (k->fast_ok(row) ? k : &row_kernels_scalar)->f32(row, out + r * ENGRAM_ROW_VALUES);
+    }
+    return 0;
+}

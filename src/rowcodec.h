@@ -1,0 +1,46 @@
+/* rowcodec.h - E4M3FN x E8M0 row decoding (SPEC.md section 7), internals. */
+#ifndef ENGRAM_ROWCODEC_H
+#define ENGRAM_ROWCODEC_H
+
+#include <stdint.h>
+
+#include "engram.h"
+
+#define ROW_BLOCK 32   /* values per E8M0 scale */
+
+/* Scales in [FAST_SCALE_MIN, FAST_SCALE_MAX] cannot produce a subnormal
+ * (smallest magnitude 2^-9 * 2^(s-127) >= 2^-126 iff s >= 10) nor an
+ * overflow (largest 448 < 2^9, 2^8.8 * 2^(s-127) < 2^128 iff s <= 246):
+ * rows whose scales all lie there and that hold no NaN code decode with
+ * plain exponent arithmetic, no rounding.  Other rows take the scalar path. */
+#define FAST_SCALE_MIN 10
+#define FAST_SCALE_MAX 246
+
+static inline int row_scales_fast(const uint8_t *row)
+{
+    int ok = 1;
+    for (int b = 0; b < ENGRAM_ROW_VALUES / ROW_BLOCK; b++) {
+        unsigned s = row[ENGRAM_ROW_VALUES + b];
+        ok &= (s >= FAST_SCALE_MIN) & (s <= FAST_SCALE_MAX);
+    }
+    return ok;
+}
+
+/* One implementation of the row kernels. */
+struct row_kernels {
+    /* 1 if the row has no NaN code and all scales are in the fast range. */
+    int (*fast_ok)(const uint8_t *row);
+    /* Decode a fast_ok row. */
+    void (*bf16)(const uint8_t *row, uint16_t *out);
+    void (*f32)(const uint8_t *row, float *out);
+};
+
+extern const struct row_kernels row_kernels_scalar;
+/* NULL members when the build has no such kernels. */
+extern const struct row_kernels row_kernels_avx2;
+extern const struct row_kernels row_kernels_avx512;
+
+/* Scalar reference for one value; the row must pass engram_row_check. */
+uint16_t row_decode_value(uint8_t code, uint8_t scale);
+
+#endif

@@ -1,0 +1,43 @@
+/* util.h - small internal helpers shared by the library's modules. */
+#ifndef ENGRAM_UTIL_H
+#define ENGRAM_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "engram.h"
+
+/* Fills err (if not NULL) and returns code, so callers can `return err_set(...)`. */
+int err_set(engram_error *err, int code, uint64_t offset, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Same, also naming a table-local row. */
+int err_set_row(engram_error *err, int code, uint64_t row, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* pread until n bytes arrive: retries EINTR, 0 bytes before n = -EIO.
+ * Returns 0 or a negative errno. */
+int pread_full(int fd, void *buf, size_t n, uint64_t off);
+/* pwrite until n bytes are written; 0 or a negative errno. */
+int pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
+
+/* Overflow-checked arithmetic: 0 on success, -1 on overflow. */
+static inline int mul_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+static inline int add_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+/* splitmix64: the deterministic generator behind seeded fills and tests. */
+static inline uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+#endif
