@@ -1,0 +1,151 @@
+/* testutil.h - tiny test harness shared by the test programs: CHECK macros,
+ * a private temporary directory, and small-model helpers.  Each test
+ * program exits 0 on pass and 1 on failure. */
+#ifndef ENGRAM_TESTUTIL_H
+#define ENGRAM_TESTUTIL_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engram.h"
+
+static int tu_failures, tu_checks;
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        tu_checks++;                                                                 \
+        if (!(cond)) {                                                               \
+            tu_failures++;                                                           \
+            if (tu_failures <= 50)                                                   \
+                fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                            \
+    } while (0)
+
+#define CHECK_EQ(a, b)                                                               \
+    do {                                                                             \
+        unsigned long long va_ = (unsigned long long)(a), vb_ = (unsigned long long)(b); \
+        tu_checks++;                                                                 \
+        if (va_ != vb_) {                                                            \
+            tu_failures++;                                                           \
+            if (tu_failures <= 50)                                                   \
+                fprintf(stderr, "%s:%d: CHECK_EQ failed: %s = %llu, %s = %llu\n",   \
+                        __FILE__, __LINE__, #a, va_, #b, vb_);                       \
+        }                                                                            \
+    } while (0)
+
+/* Checks a library error: the code, and that the message mentions `needle`. */
+#define CHECK_ERR(rc, err, want, needle)                                             \
+    do {                                                                             \
+        CHECK_EQ((rc), (want));                                                      \
+        CHECK((err).code == (want));                                                 \
+        if (strstr((err).msg, (needle)) == NULL) {                                   \
+            tu_failures++;                                                           \
+            fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", __FILE__, __LINE__,  \
+                    (err).msg, (needle));                                            \
+        }                                                                            \
+    } while (0)
+
+static inline int tu_finish(const char *name)
+{
+    printf("%s: %d checks, %d failed\n", name, tu_checks, tu_failures);
+    return tu_failures ? 1 : 0;
+}
+
+/* A private directory under $TMPDIR (or /tmp), removed by tu_cleanup. */
+static char tu_dir[256];
+
+static inline const char *tu_tmpdir(void)
+{
+    if (!tu_dir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(tu_dir, sizeof tu_dir, "%s/engram-test-XXXXXX", base && *base ? base : "/tmp");
+        if (!mkdtemp(tu_dir)) {
+            perror("mkdtemp");
+            exit(2);
+        }
+    }
+    return tu_dir;
+}
+
+static inline void tu_path(char *out, size_t n, const char *name)
+{
+    snprintf(out, n, "%s/%s", tu_tmpdir(), name);
+}
+
+static inline void tu_cleanup(void)
+{
+    if (tu_dir[0]) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tu_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cleanup of %s failed\n", tu_dir);
+    }
+}
+
+static inline uint64_t tu_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* SPEC.md section 5 known answers: V4.1 multipliers for V' = 99092. */
+static const uint64_t tu_v41_mult[2][4] = {
+    {76632096046245ull, 4839876093313ull, 35959672319349ull, 73987337458391ull},
+    {67716810739261ull, 51510806800915ull, 30921347202721ull, 82619226485591ull},
+};
+
+/* A layout with the V4.1 multipliers, primes from `base`, and a scrambled
+ * token map of `vocab` entries into V' = cvocab (map must hold vocab). */
+static inline int tu_layout(engram_layout *l, uint32_t *map, uint32_t vocab, uint32_t cvocab,
+                            uint32_t base)
+{
+    memset(l, 0, sizeof *l);
+    l->vocab = vocab;
+    l->compressed_vocab = cvocab;
+    for (uint32_t t = 0; t < vocab; t++)
+        map[t] = (uint32_t)(((uint64_t)t * 2654435761u) % cvocab);
+    l->token_map = map;
+    l->pad_id = map[2 % vocab];
+    memcpy(l->multipliers, tu_v41_mult, sizeof tu_v41_mult);
+    uint32_t primes[2 * 24];
+    int rc = engram_layout_primes(base, 2, 4, 8, primes, 48);
+    if (rc < 0)
+        return rc;
+    for (int t = 0; t < 2; t++) {
+        uint64_t sum = 0;
+        for (int c = 0; c < 24; c++) {
+            l->primes[t][c] = primes[t * 24 + c];
+            sum += primes[t * 24 + c];
+        }
+        l->rows[t] = (uint32_t)sum;
+    }
+    return 0;
+}
+
+/* Builds a model file in the temporary directory; returns 0 or -errno. */
+static inline int tu_build(const char *name, const engram_layout *l, engram_fill fill,
+                           uint32_t width, char *path_out, size_t n)
+{
+    engram_build_opts o;
+    memset(&o, 0, sizeof o);
+    o.layout = *l;
+    o.fill = fill;
+    o.width = width;
+    o.seed = 42;
+    tu_path(path_out, n, name);
+    engram_error err;
+    int rc = engram_build_model(path_out, &o, &err);
+    if (rc < 0)
+        fprintf(stderr, "build %s: %s\n", name, err.msg);
+    return rc;
+}
+
+#endif

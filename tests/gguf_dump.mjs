@@ -1,0 +1,23 @@
+// Independent view of a GGUF file through the npm package @huggingface/gguf
+// (not this project's parser): prints JSON with the metadata, every tensor's
+// name/type/shape and absolute data offset, for the tests to check.
+// Usage: node tests/gguf_dump.mjs FILE.gguf
+import { createRequire } from "node:module";
+import { resolve } from "node:path";
+const require = createRequire(new URL("../tools/node/package.json", import.meta.url));
+const { gguf } = require("@huggingface/gguf");
+
+const path = process.argv[2];
+const { metadata, tensorInfos, tensorDataOffset } = await gguf(resolve(path), { allowLocalFile: true });
+const plain = (v) =>
+  typeof v === "bigint" ? v.toString() : Array.isArray(v) ? v.map(plain) : v;
+const out = { metadata: {}, tensor_data_offset: tensorDataOffset.toString(), tensors: [] };
+for (const [k, v] of Object.entries(metadata)) out.metadata[k] = plain(v);
+for (const t of tensorInfos)
+  out.tensors.push({
+    name: t.name,
+    type: t.dtype,
+    shape: t.shape.map((d) => d.toString()),
+    offset: (tensorDataOffset + t.offset).toString(),
+  });
+process.stdout.write(JSON.stringify(out) + "\n");
