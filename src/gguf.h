@@ -106,6 +106,8 @@ int gguf_w_scalar(gguf_writer *w, const char *key, uint32_t type, const void *v)
 int gguf_w_array(gguf_writer *w, const char *key, uint32_t elem_type,
                  const void *data, uint64_t count);
 
+int gguf_w_array_str(gguf_writer *w, const char *key, const char *const *strs, uint64_t count);
+
 /* A tensor; fill == NULL leaves its bytes as a hole (zeros).  align_to, if
  * larger than the file alignment, aligns this tensor's absolute offset. */
 int gguf_w_tensor(gguf_writer *w, const char *name, uint32_t type,

@@ -137,6 +137,18 @@ int gguf_w_array(gguf_writer *w, const char *key, uint32_t elem_type,
     return rc;
 }
 
+int gguf_w_array_str(gguf_writer *w, const char *key, const char *const *strs, uint64_t count)
+{
+    int rc = put_key(w, key, GGUF_ARRAY);
+    if (rc == 0)
+        rc = put_u32(w, GGUF_STRING);
+    if (rc == 0)
+        rc = put_u64(w, count);
+    for (uint64_t i = 0; i < count && rc == 0; i++)
+        rc = put_str(w, strs[i]);
+    return rc;
+}
+
 int gguf_w_tensor(gguf_writer *w, const char *name, uint32_t type,
                   uint32_t n_dims, const uint64_t *dims, uint64_t align_to,
                   gguf_fill_fn fill, void *ctx)

@@ -2,27 +2,34 @@
  * and the prime allocation of section 5. */
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "layout.h"
 #include "util.h"
 
-int engram_layout_validate(const engram_layout *l, engram_error *err)
+/* Validates; *key receives the metadata key the failing rule is about. */
+static int layout_check(const engram_layout *l, engram_error *err, const char **key)
 {
+    *key = NULL;
     if (!l || !l->token_map)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "layout has no token map");
+    *key = ENGRAM_ARCH ".engram.compressed_vocab_size";
     if (l->compressed_vocab == 0 || l->compressed_vocab > ENGRAM_MAX_VOCAB)
         return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "compressed_vocab_size %u is not in 1..%u",
                        l->compressed_vocab, ENGRAM_MAX_VOCAB);
+    *key = ENGRAM_ARCH ".engram.token_map";
     if (l->vocab == 0 || l->vocab > ENGRAM_MAX_VOCAB)
         return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "token_map length %u is not in 1..%u",
                        l->vocab, ENGRAM_MAX_VOCAB);
+    *key = ENGRAM_ARCH ".engram.pad_id";
     if (l->pad_id >= l->compressed_vocab)
         return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "pad_id %u is not < compressed vocab %u",
                        l->pad_id, l->compressed_vocab);
     /* id * m must not overflow a signed 64-bit product for any id < V'. */
     uint64_t bound = (uint64_t)INT64_MAX / l->compressed_vocab;
     for (int t = 0; t < ENGRAM_TABLES; t++) {
+        *key = ENGRAM_ARCH ".engram.multipliers";
         for (int j = 0; j < ENGRAM_NGRAM; j++) {
             uint64_t m = l->multipliers[t][j];
             if ((m & 1) == 0 || m > bound)
@@ -31,23 +38,33 @@ int engram_layout_validate(const engram_layout *l, engram_error *err)
                                t, j, (unsigned long long)m, (unsigned long long)bound);
         }
         uint64_t sum = 0;
+        *key = ENGRAM_ARCH ".engram.primes";
         for (int c = 0; c < ENGRAM_COLUMNS; c++) {
             if (l->primes[t][c] < 2)
                 return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "primes[%d][%d] = %u is < 2", t,
                                c, l->primes[t][c]);
             sum += l->primes[t][c];
         }
+        *key = ENGRAM_ARCH ".engram.rows";
         if (sum != l->rows[t])
             return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
                            "table %d: sum of primes %llu != rows %u", t,
                            (unsigned long long)sum, l->rows[t]);
     }
+    *key = ENGRAM_ARCH ".engram.token_map";
     for (uint32_t i = 0; i < l->vocab; i++)
         if (l->token_map[i] >= l->compressed_vocab)
             return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
                            "token_map[%u] = %u is not < compressed vocab %u", i,
                            l->token_map[i], l->compressed_vocab);
+    *key = NULL;
     return 0;
+}
+
+int engram_layout_validate(const engram_layout *l, engram_error *err)
+{
+    const char *key;
+    return layout_check(l, err, &key);
 }
 
 static uint32_t powmod_u32(uint32_t b, uint32_t e, uint32_t m)
@@ -202,7 +219,19 @@ int layout_from_gguf(const gguf_file *g, engram_layout *out, uint32_t **map_out,
         return rc;
     }
     l.token_map = map;
-    if ((rc = engram_layout_validate(&l, err)) < 0) {
+    const char *key = NULL;
+    if ((rc = layout_check(&l, err, &key)) < 0) {
+        const gguf_kv *bad = key ? gguf_find_kv(g, key) : NULL;
+        if (err && bad) {
+            char msg[2 * sizeof err->msg];
+            snprintf(msg, sizeof msg, "key '%s' at offset %llu: %s", key,
+                     (unsigned long long)bad->key_offset, err->msg);
+            size_t len = strlen(msg);
+            len = len < sizeof err->msg ? len : sizeof err->msg - 1;
+            memcpy(err->msg, msg, len);
+            err->msg[len] = '\0';
+            err->offset = bad->key_offset;
+        }
         free(map);
         return rc;
     }
