@@ -27,6 +27,7 @@ const char *engram_strerror(int code)
     return "unknown error";
 }
 
+__attribute__((format(printf, 5, 0)))
 static int err_vset(engram_error *err, int code, uint64_t offset, uint64_t row,
                     const char *fmt, va_list ap)
 {

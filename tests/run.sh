@@ -1,0 +1,53 @@
+#!/bin/sh
+# run.sh - the whole test suite (make test): dependencies, a -Werror build,
+# every test program, the CLI tests, then the same under ASan+UBSan and
+# under TSan, and a clang -Werror build.  Ends with "N passed, N failed".
+set -u
+cd "$(dirname "$0")/.." || exit 1
+sh tools/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
+JOBS=$(nproc 2>/dev/null || echo 2)
+LOG=$(mktemp -d "${TMPDIR:-/tmp}/engram-suite-XXXXXX")
+trap 'rm -rf "$LOG"' EXIT
+pass=0
+fail=0
+
+run() { # run NAME COMMAND...
+    name=$1; shift
+    t0=$(date +%s.%N)
+    if "$@" >"$LOG/out" 2>&1; then
+        pass=$((pass + 1)); status=PASS
+    else
+        fail=$((fail + 1)); status=FAIL
+    fi
+    t1=$(date +%s.%N)
+    printf '%s %-40s %6.2fs\n' "$status" "$name" "$(echo "$t1 - $t0" | bc 2>/dev/null || echo 0)"
+    [ "$status" = PASS ] || sed 's/^/    | /' "$LOG/out" | tail -40
+}
+
+build() { # build NAME MAKE-ARGS...
+    name=$1; shift
+    run "build: $name" make -j"$JOBS" WERROR=1 "$@" all
+}
+
+suite() { # suite PREFIX BUILD_DIR
+    for t in "$2"/tests/test_*; do
+        [ -x "$t" ] && run "$1$(basename "$t")" "$t"
+    done
+}
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export TSAN_OPTIONS=halt_on_error=1
+
+build "gcc -O2" && { suite "" build; run "test_cli" sh tests/test_cli.sh build; }
+build "asan+ubsan" SANITIZE=address,undefined && {
+    suite "asan+ubsan: " build-san-address,undefined
+    run "asan+ubsan: test_cli" sh tests/test_cli.sh build-san-address,undefined
+}
+build "tsan" SANITIZE=thread && suite "tsan: " build-san-thread
+if command -v clang >/dev/null 2>&1; then
+    build "clang" CC=clang BUILD=build-clang && suite "clang: " build-clang
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

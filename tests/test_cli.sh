@@ -1,0 +1,174 @@
+#!/bin/sh
+# test_cli.sh - the engram command end to end, against independent references:
+# @huggingface/gguf (tests/gguf_check.mjs, tests/gguf_dump.mjs) for the file
+# layout and tests/oracle.py (plain Python integers and fractions) for row ids
+# and decoded values.  Exit formats and exit codes as the README documents.
+# Usage: tests/test_cli.sh BUILD_DIR
+set -u
+BUILD=${1:-build}
+ENGRAM="$BUILD/engram"
+PY=${PYTHON:-/usr/bin/python3}
+[ -x "$PY" ] || PY=python3
+T=$(mktemp -d "${TMPDIR:-/tmp}/engram-cli-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+check() { # check DESCRIPTION COMMAND...
+    d=$1; shift
+    if "$@" >"$T/out" 2>"$T/err"; then ok; else bad "$d"; sed 's/^/    /' "$T/err" | head -5 >&2; fi
+}
+expect_rc() { # expect_rc RC NEEDLE DESCRIPTION COMMAND...
+    want=$1; needle=$2; d=$3; shift 3
+    "$@" >"$T/out" 2>"$T/err"
+    rc=$?
+    if [ "$rc" -eq "$want" ] && grep -q -- "$needle" "$T/out" "$T/err"; then ok; else
+        bad "$d (rc $rc, wanted $want and '$needle')"; head -3 "$T/err" >&2; fi
+}
+
+# ---------------------------------------------------------------- a small model
+M="$T/small.gguf"
+check "build small model" "$ENGRAM" build "$M" --base 20000 --width 16 --fill random --seed 9
+check "info --json" sh -c "'$ENGRAM' info '$M' --json > '$T/info.json'"
+check "independent GGUF parser agrees" node tests/gguf_check.mjs "$M" "$T/info.json"
+check "dump through @huggingface/gguf" sh -c "node tests/gguf_dump.mjs '$M' > '$T/dump.json'"
+check "info text names placement" sh -c "'$ENGRAM' info '$M' | grep -q \"meets the reference engine's rule\""
+
+# hash: bundled real text, plain, masked, with history
+head -c 12000 data/gpl3.tok > "$T/tok"
+"$PY" - "$T/tok" > "$T/mask" <<'EOF'
+import sys, random
+n = len(open(sys.argv[1]).read().split())
+rnd = random.Random(5)
+m = [1] * n
+for i in range(n):
+    if rnd.random() < 0.03:
+        for k in range(rnd.randint(1, 6)):
+            if i + k < n: m[i + k] = 0
+m[0] = 0; m[-1] = 0
+print(" ".join(map(str, m)))
+EOF
+for args in "" "--mask $T/mask" "--history 17,-1,5" "--mask $T/mask --history 0,1,2"; do
+    # shellcheck disable=SC2086
+    "$ENGRAM" hash "$M" --tokens "$T/tok" $args > "$T/c.txt" 2>"$T/err"
+    # shellcheck disable=SC2086
+    "$PY" tests/oracle.py hash "$T/dump.json" "$T/tok" $args > "$T/o.txt"
+    if cmp -s "$T/c.txt" "$T/o.txt" && [ -s "$T/c.txt" ]; then ok; else bad "hash $args differs from the oracle"; fi
+done
+cp "$T/c.txt" "$T/hash.txt"
+n=$(wc -w < "$T/tok")
+lines=$(wc -l < "$T/hash.txt")
+words=$(head -1 "$T/hash.txt" | wc -w)
+if [ "$lines" -eq "$n" ] && [ "$words" -eq 48 ]; then ok; else bad "hash prints $lines lines of $words ids for $n tokens"; fi
+check "hash --summary" sh -c "'$ENGRAM' hash '$M' --tokens '$T/tok' --summary | grep -q 'distinct rows'"
+check "hash from stdin" sh -c "'$ENGRAM' hash '$M' --tokens - --history 0,1,2 --mask '$T/mask' < '$T/tok' | cmp -s - '$T/o.txt'"
+
+# rows: the rows hashed above plus both ends of each table
+for t in 0 1; do
+    lo=$((t * 24 + 1)); hi=$((t * 24 + 24))
+    rows=$(head -8 "$T/hash.txt" | cut -d' ' -f$lo-$hi | tr '\n' ' ')
+    last=$("$PY" -c "import json;print(json.load(open('$T/info.json'))['tables'][$t]['rows']-1)")
+    "$ENGRAM" rows "$M" --table $t 0 $rows $last > "$T/c.txt" 2>"$T/err"
+    # shellcheck disable=SC2086
+    "$PY" tests/oracle.py rows "$T/dump.json" "$M" $t 0 $rows $last > "$T/o.txt"
+    if cmp -s "$T/c.txt" "$T/o.txt" && [ -s "$T/c.txt" ]; then ok; else bad "rows of table $t differ from the oracle"; fi
+    echo "0 $rows" > "$T/rowsfile"
+    "$ENGRAM" rows "$M" --table $t --rows "$T/rowsfile" > "$T/c2.txt"
+    if [ "$(head -1 "$T/c2.txt")" = "$(head -1 "$T/o.txt")" ]; then ok; else bad "rows --rows FILE"; fi
+done
+vals=$(head -1 "$T/o.txt" | wc -w)
+[ "$vals" -eq 256 ] && ok || bad "rows prints $vals values"
+
+# verify: clean, then three poisoned rows (NaN code, NaN scale, overflow)
+expect_rc 0 "0 invalid" "verify clean model" "$ENGRAM" verify "$M"
+"$PY" - "$T/dump.json" "$M" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+off = {t["name"]: int(t["offset"]) for t in d["tensors"]}
+t0, t1 = off["blk.1.engram_embd.weight"], off["blk.14.engram_embd.weight"]
+with open(sys.argv[2], "r+b") as f:
+    f.seek(t0 + 10 * 264 + 3); f.write(b"\x7f")            # NaN code, table 0 row 10
+    f.seek(t1 + 1234 * 264 + 257); f.write(b"\xff")        # NaN scale, table 1 row 1234
+    f.seek(t1 + 4321 * 264 + 32); f.write(b"\x78")          # e = 15 in block 1 ...
+    f.seek(t1 + 4321 * 264 + 257); f.write(b"\xf8")         # ... with scale 248: overflow
+EOF
+"$ENGRAM" verify "$M" > "$T/v.txt" 2>"$T/err"
+rc=$?
+grep -v '^table [01]: ' "$T/v.txt" > "$T/v.rows"
+cat > "$T/v.want" <<'EOF'
+table 0 row 10: NaN code (E4M3 0x7F/0xFF)
+table 1 row 1234: NaN scale (E8M0 0xFF)
+table 1 row 4321: value overflows float32 (non-finite)
+EOF
+if [ "$rc" -eq 1 ] && cmp -s "$T/v.rows" "$T/v.want"; then ok; else bad "verify lists the poisoned rows (rc $rc)"; cat "$T/v.txt" >&2; fi
+"$ENGRAM" verify "$M" --table 1 > "$T/v1.txt" 2>/dev/null
+rc=$?
+if [ "$rc" -eq 1 ] && grep -q "row 1234" "$T/v1.txt" && ! grep -q "table 0" "$T/v1.txt"; then ok; else bad "verify --table 1 scans table 1 only"; fi
+expect_rc 1 "row 1234 of table 1: NaN scale" "rows names the bad row" "$ENGRAM" rows "$M" --table 1 5 1234
+[ ! -s "$T/out" ] && ok || bad "rows printed something before failing"
+expect_rc 1 "out of range" "rows out of range" "$ENGRAM" rows "$M" --table 0 999999999
+
+# errors and usage
+expect_rc 1 "position 2" "hash token >= vocab" sh -c "echo '1 2 4000000 3' | '$ENGRAM' hash '$M' --tokens -"
+expect_rc 1 "history\[0\]" "hash history out of range" sh -c "echo 1 | '$ENGRAM' hash '$M' --tokens - --history 99999999,1,1"
+expect_rc 2 "history" "bad --history syntax" sh -c "echo 1 | '$ENGRAM' hash '$M' --tokens - --history 1,2"
+expect_rc 1 "not a decimal" "bad token file" sh -c "echo '1 x 2' | '$ENGRAM' hash '$M' --tokens -"
+expect_rc 1 "mask file has" "mask length mismatch" sh -c "echo '1 2' | '$ENGRAM' hash '$M' --tokens - --mask '$T/mask'"
+expect_rc 2 "unknown command" "unknown command" "$ENGRAM" frobnicate
+expect_rc 2 "required" "missing MODEL" "$ENGRAM" info
+expect_rc 3 "No such file" "missing file" "$ENGRAM" info "$T/nope.gguf"
+head -c 100000 "$M" > "$T/trunc.gguf"
+expect_rc 1 "truncated file" "truncated model" "$ENGRAM" info "$T/trunc.gguf"
+for c in info hash rows verify build; do
+    expect_rc 0 "usage: engram $c" "$c --help" "$ENGRAM" "$c" --help
+done
+expect_rc 0 "exit codes" "engram --help" "$ENGRAM" --help
+
+# GGUF v2 output is read by both parsers too
+M2="$T/v2.gguf"
+check "build v2 model" "$ENGRAM" build "$M2" --base 5000 --fill random --gguf-version 2
+check "info v2" sh -c "'$ENGRAM' info '$M2' --json > '$T/info2.json' && grep -q '\"gguf_version\":2' '$T/info2.json'"
+check "independent parser on v2" node tests/gguf_check.mjs "$M2" "$T/info2.json"
+
+# ---------------------------------------------------------------- full size, sparse
+F="$T/full.gguf"
+check "build full-size V4.1 model (sparse)" "$ENGRAM" build "$F" --fill zero
+check "info full" sh -c "'$ENGRAM' info '$F' --json > '$T/finfo.json'"
+if grep -q '"rows":384006168' "$T/finfo.json" && grep -q '"rows":384016682' "$T/finfo.json" \
+   && grep -q '"primes_sum":384006168' "$T/finfo.json" \
+   && grep -q '"multipliers":\[76632096046245,4839876093313,35959672319349,73987337458391\]' "$T/finfo.json" \
+   && grep -q '"multipliers":\[67716810739261,51510806800915,30921347202721,82619226485591\]' "$T/finfo.json"; then
+    ok; else bad "full-size model does not carry SPEC's rows and multipliers"; fi
+check "independent parser on the full-size model" node tests/gguf_check.mjs "$F" "$T/finfo.json"
+check "dump full" sh -c "node tests/gguf_dump.mjs '$F' > '$T/fdump.json'"
+# rows past 4 GiB and past 100 GB, written at offsets the independent parser gives
+"$PY" - "$T/fdump.json" "$F" <<'EOF'
+import json, sys, random
+d = json.load(open(sys.argv[1]))
+off = {t["name"]: int(t["offset"]) for t in d["tensors"]}
+rnd = random.Random(3)
+with open(sys.argv[2], "r+b") as f:
+    for name, rows in (("blk.1.engram_embd.weight", (20000000, 384006167)),
+                       ("blk.14.engram_embd.weight", (5, 384016681))):
+        for r in rows:
+            b = bytearray(rnd.randrange(256) for _ in range(264))
+            for i in range(256):
+                if b[i] & 0x7F == 0x7F: b[i] ^= 1
+            for i in range(256, 264): b[i] = rnd.randrange(100, 140)
+            f.seek(off[name] + r * 264); f.write(bytes(b))
+EOF
+for spec in "0 20000000 384006167 17" "1 5 384016681 100000000"; do
+    set -- $spec
+    "$ENGRAM" rows "$F" --table "$@" > "$T/c.txt" 2>"$T/err"
+    "$PY" tests/oracle.py rows "$T/fdump.json" "$F" "$@" > "$T/o.txt"
+    if cmp -s "$T/c.txt" "$T/o.txt" && [ -s "$T/c.txt" ]; then ok; else bad "full-size rows table $1 differ from the oracle"; fi
+done
+head -c 3000 data/gpl3.tok > "$T/tok3"
+"$ENGRAM" hash "$F" --tokens "$T/tok3" > "$T/c.txt"
+"$PY" tests/oracle.py hash "$T/fdump.json" "$T/tok3" > "$T/o.txt"
+if cmp -s "$T/c.txt" "$T/o.txt" && [ -s "$T/c.txt" ]; then ok; else bad "full-size hash differs from the oracle"; fi
+expect_rc 0 "holes skipped" "verify full-size sparse model" "$ENGRAM" verify "$F"
+
+echo "test_cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
