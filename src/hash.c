@@ -92,10 +92,14 @@ static hash_ngram_fn impl_for(engram_simd s)
 {
     if (s == ENGRAM_SIMD_AUTO)
         s = engram_simd_selected();
-    if (s == ENGRAM_SIMD_AVX512 && hash_avx512_built() && engram_simd_supported(s))
-        return hash_ngram_avx512;
-    if (s == ENGRAM_SIMD_SCALAR || s == ENGRAM_SIMD_AVX2) /* AVX2 has no 8-lane form */
+    if (s == ENGRAM_SIMD_SCALAR)
         return hash_ngram_scalar;
+    if (!hash_avx512_built() || !engram_simd_supported(s))
+        return NULL;
+    if (s == ENGRAM_SIMD_AVX512)
+        return hash_ngram_avx512;
+    if (s == ENGRAM_SIMD_AVX2)
+        return hash_ngram_avx2;
     return NULL;
 }
 

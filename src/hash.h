@@ -45,10 +45,12 @@ void hash_ngram_scalar(const struct engram_hasher *h, const uint64_t ids[ENGRAM_
                        uint32_t *out);
 void hash_ngram_avx512(const struct engram_hasher *h, const uint64_t ids[ENGRAM_NGRAM],
                        uint32_t *out);
-int hash_avx512_built(void);
+void hash_ngram_avx2(const struct engram_hasher *h, const uint64_t ids[ENGRAM_NGRAM],
+                     uint32_t *out);
+int hash_avx512_built(void); /* 1 where the x86 kernels (AVX2, AVX-512) are built */
 
 /* engram_hash_tokens with an explicit implementation (tests, benchmarks):
- * ENGRAM_SIMD_SCALAR or ENGRAM_SIMD_AVX512 (-EINVAL where unsupported). */
+ * ENGRAM_SIMD_SCALAR, _AVX2 or _AVX512 (-EINVAL where unsupported). */
 int hash_tokens_with(const engram_hasher *h, engram_simd s, engram_history *hist,
                      const uint32_t *tokens, const uint8_t *mask, size_t n, uint32_t *rows,
                      engram_error *err);

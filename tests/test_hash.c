@@ -60,7 +60,8 @@ static void oracle_rows(const struct oracle *o, size_t i, uint32_t out[48])
     }
 }
 
-static const engram_simd impls[] = {ENGRAM_SIMD_SCALAR, ENGRAM_SIMD_AVX512, ENGRAM_SIMD_AUTO};
+static const engram_simd impls[] = {ENGRAM_SIMD_SCALAR, ENGRAM_SIMD_AVX2, ENGRAM_SIMD_AVX512,
+                                    ENGRAM_SIMD_AUTO};
 
 /* Compares every implementation on the stream, in one call, with the oracle. */
 static void differential(const engram_hasher *h, const uint32_t *tokens, const uint8_t *mask,

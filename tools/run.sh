@@ -17,7 +17,7 @@ echo "== engram hash $M --tokens data/gpl3.tok --summary   (GPL-3 text, DeepSeek
 "$B/engram" hash "$M" --tokens data/gpl3.tok --summary
 echo
 echo "== rows of the first token (table 0, first 8 values of each of its 24 rows)"
-rows=$(head -c 200 data/gpl3.tok | cut -d' ' -f1 | "$B/engram" hash "$M" --tokens - | cut -d' ' -f1-24)
+rows=$(head -1 data/gpl3.tok | cut -d' ' -f1 | "$B/engram" hash "$M" --tokens - | cut -d' ' -f1-24)
 # shellcheck disable=SC2086
 "$B/engram" rows "$M" --table 0 $rows | cut -d' ' -f1-8
 echo
