@@ -39,8 +39,8 @@ TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH_SRC = $(wildcard bench/*.c)
 BENCHES  = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all lib test run bench clean deps
-all: lib $(BUILD)/engram $(TESTS) $(BENCHES)
+.PHONY: all lib test run bench clean deps fuzz
+all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so
 
 $(BUILD)/obj/%.o: src/%.c include/engram.h $(wildcard src/*.h) Makefile
@@ -61,6 +61,19 @@ $(BUILD)/tests/%: tests/%.c tests/testutil.h $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
 
+# The fuzz target as a standalone replayer (any compiler) ...
+$(BUILD)/tests/fuzz_model_replay: tests/fuzz/fuzz_model.c $(BUILD)/libengram.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DFUZZ_REPLAY $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
+
+# ... and as a libFuzzer target (clang with compiler-rt): make fuzz
+FUZZ_FLAGS = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+fuzz:
+	$(MAKE) CC=clang BUILD=build-fuzz CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" \
+	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/libengram.a
+	clang $(filter-out -fvisibility=hidden,$(CFLAGS_ALL)) $(FUZZ_FLAGS) -o build-fuzz/fuzz_model \
+	    tests/fuzz/fuzz_model.c build-fuzz/libengram.a -lpthread -lm
+
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
@@ -78,4 +91,4 @@ bench: all
 	$(BUILD)/bench/bench_core
 
 clean:
-	rm -rf build build-san-*
+	rm -rf build build-san-* build-clang build-fuzz

@@ -39,14 +39,26 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export TSAN_OPTIONS=halt_on_error=1
 
-build "gcc -O2" && { suite "" build; run "test_cli" sh tests/test_cli.sh build; }
+SEEDS="$LOG/seeds"
+build "gcc -O2" && {
+    suite "" build
+    run "test_cli" sh tests/test_cli.sh build
+    sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
+}
 build "asan+ubsan" SANITIZE=address,undefined && {
     suite "asan+ubsan: " build-san-address,undefined
     run "asan+ubsan: test_cli" sh tests/test_cli.sh build-san-address,undefined
+    run "asan+ubsan: fuzz_model replay of seeds" build-san-address,undefined/tests/fuzz_model_replay "$SEEDS"/*
 }
 build "tsan" SANITIZE=thread && suite "tsan: " build-san-thread
 if command -v clang >/dev/null 2>&1; then
     build "clang" CC=clang BUILD=build-clang && suite "clang: " build-clang
+    # libFuzzer on the model reader for a fixed time; any crash fails.
+    if run "build: libFuzzer target" make fuzz; then
+        mkdir -p "$LOG/corpus"
+        run "libFuzzer: fuzz_model, ${FUZZ_SECONDS:-30} s" build-fuzz/fuzz_model \
+            -max_total_time="${FUZZ_SECONDS:-30}" -print_final_stats=1 "$LOG/corpus" "$SEEDS"
+    fi
 fi
 
 echo "$pass passed, $fail failed"

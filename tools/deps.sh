@@ -16,6 +16,8 @@ want node nodejs
 want npm npm
 want clang clang
 [ -x /usr/bin/python3 ] || need="$need python3"
+# libFuzzer and the sanitizer runtimes for clang (make fuzz)
+dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need="$need libclang-rt-14-dev"
 [ -f /usr/include/stdio.h ] || need="$need libc6-dev"
 
 if [ -n "$need" ]; then
