@@ -84,7 +84,9 @@ deps:
 test:
 	@sh tests/run.sh
 
-run: all
+run:
+	@sh tools/deps.sh --build
+	@$(MAKE) --no-print-directory all
 	@sh tools/run.sh
 
 bench: all

@@ -1,8 +1,8 @@
 #!/bin/sh
-# deps.sh - makes sure what building and testing engram need is here.
-# As root it installs missing Debian packages itself; otherwise it prints the
-# exact apt-get line and fails.  Then it installs the pinned npm reference
-# clients (tools/node/package-lock.json) used by the tests.
+# deps.sh [--build] - makes sure what building (and, without --build,
+# testing) engram needs is here.  As root it installs missing Debian packages
+# itself; otherwise it prints the exact apt-get line and fails.  For tests it
+# then installs the pinned npm reference clients (tools/node/package-lock.json).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
@@ -10,15 +10,19 @@ need=""
 want() { # want COMMAND PACKAGE...
     command -v "$1" >/dev/null 2>&1 || need="$need $2"
 }
+build_only=0
+[ "${1:-}" = "--build" ] && build_only=1
 want cc gcc
 want make make
+[ -f /usr/include/stdio.h ] || need="$need libc6-dev"
+if [ "$build_only" -eq 0 ]; then
 want node nodejs
 want npm npm
 want clang clang
 [ -x /usr/bin/python3 ] || need="$need python3"
 # libFuzzer and the sanitizer runtimes for clang (make fuzz)
 dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need="$need libclang-rt-14-dev"
-[ -f /usr/include/stdio.h ] || need="$need libc6-dev"
+fi
 
 if [ -n "$need" ]; then
     if [ "$(id -u)" -eq 0 ]; then
@@ -32,7 +36,7 @@ if [ -n "$need" ]; then
     fi
 fi
 
-if [ ! -f tools/node/node_modules/@huggingface/gguf/package.json ]; then
+if [ "$build_only" -eq 0 ] && [ ! -f tools/node/node_modules/@huggingface/gguf/package.json ]; then
     echo "deps: installing the npm reference clients (tools/node)" >&2
     (cd tools/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null) || {
         echo "deps: npm ci in tools/node failed" >&2; exit 1; }
