@@ -24,7 +24,7 @@ endif
 
 CFLAGS_ALL = -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -fno-fast-math -ffp-contract=off \
              -fvisibility=hidden $(WARN) -Iinclude -Isrc $(CFLAGS)
-LDLIBS_ALL = -lpthread -lm $(LDLIBS)
+LDLIBS_ALL = -luring -lpthread -lm $(LDLIBS)
 
 ifneq ($(SANITIZE),)
 BUILD := build-san-$(SANITIZE)
@@ -72,7 +72,7 @@ fuzz:
 	$(MAKE) CC=clang BUILD=build-fuzz CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" \
 	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/libengram.a
 	clang $(filter-out -fvisibility=hidden,$(CFLAGS_ALL)) $(FUZZ_FLAGS) -o build-fuzz/fuzz_model \
-	    tests/fuzz/fuzz_model.c build-fuzz/libengram.a -lpthread -lm
+	    tests/fuzz/fuzz_model.c build-fuzz/libengram.a -luring -lpthread -lm
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)

@@ -253,12 +253,112 @@ int engram_model_read_bf16(const engram_model *m, int t, const uint32_t *rows,
  * that scan the table themselves (engram verify).  Caller closes it. */
 int engram_model_dup_fd(const engram_model *m);
 
+/* ------------------------------------------------------------------ reader */
+
+/*
+ * Page-cache-free concurrent row reads.  A reader owns its own descriptor on
+ * the model file (O_DIRECT where the filesystem allows it; otherwise buffered
+ * reads that drop what they read: RWF_DONTCACHE where the kernel has it, else
+ * posix_fadvise(DONTNEED)), one I/O engine, and all its buffers, allocated at
+ * open: ENGRAM_READER_MAX_BYTES at most, whatever the batch, prompt or table
+ * size.  One reader per thread/session; many readers may share one model.
+ */
+typedef enum engram_io_engine {
+    ENGRAM_IO_AUTO = 0,   /* io_uring where the kernel allows it, else threads  */
+    ENGRAM_IO_URING,      /* io_uring: registered file, fixed buffers, batched  */
+    ENGRAM_IO_THREADS,    /* a pool of pread threads on the O_DIRECT descriptor */
+    ENGRAM_IO_BUFFERED    /* the fallback, forced: cached fd, drop-behind reads */
+} engram_io_engine;
+
+typedef enum engram_dtype { ENGRAM_BF16 = 0, ENGRAM_F32 = 1 } engram_dtype;
+
+#define ENGRAM_BATCH_TOKENS 2048     /* tokens per de-duplicated chunk          */
+#define ENGRAM_READER_MAX_DEPTH 512
+/* Everything a reader allocates: the request array of one chunk
+ * (2048 x 24 x 8 bytes = 384 KiB), I/O buffers (<= 512 KiB: in-flight reads
+ * are capped at 512 KiB / (2 x DIO alignment)) and bookkeeping. */
+#define ENGRAM_READER_MAX_BYTES (1u << 20)
+
+typedef struct engram_reader_opts {
+    engram_io_engine engine;  /* AUTO honours ENGRAM_IO=uring|threads|buffered */
+    unsigned depth;           /* reads in flight (queue depth / threads); 0 = 64 */
+} engram_reader_opts;
+
+typedef struct engram_io_stats {
+    const char *engine;       /* "io_uring", "threads" or "buffered"           */
+    const char *note;         /* why a fallback was taken, or ""               */
+    int direct;               /* 1 if reads bypass the page cache (O_DIRECT)   */
+    const char *drop;         /* buffered: "RWF_DONTCACHE" or "fadvise", else "" */
+    uint32_t align;           /* read alignment in bytes (1 when buffered)     */
+    unsigned depth;           /* effective reads in flight                     */
+    uint64_t reserved_bytes;  /* memory the reader holds (<= READER_MAX_BYTES) */
+    uint64_t rows_requested;  /* rows asked for (with duplicates)              */
+    uint64_t rows_read;       /* distinct rows actually read                   */
+    uint64_t bytes_read;      /* bytes transferred from the file               */
+    uint64_t batches, steps;
+    uint64_t retries;         /* EINTR / EAGAIN / partial reads resubmitted    */
+    /* Decode-step latency (submit to completion of all 48 rows), ns. */
+    uint64_t step_p50_ns, step_p99_ns, step_p999_ns, step_max_ns;
+} engram_io_stats;
+
+typedef struct engram_reader engram_reader;
+
+/* opts may be NULL (defaults).  Errors: errno of open/io_uring setup, with
+ * err saying what failed.  The model must outlive the reader. */
+int engram_reader_open(const engram_model *m, const engram_reader_opts *opts,
+                       engram_reader **out, engram_error *err);
+void engram_reader_close(engram_reader *r);
+
+/*
+ * Batch read of table t for n tokens.  rows points at the first token's 48
+ * row ids as engram_hash_tokens writes them (stride = 48 uint32 per token;
+ * the table's 24 columns are taken from it).  out receives [n][24][256]
+ * values of dtype.  The batch is processed in ENGRAM_BATCH_TOKENS-token
+ * chunks; within a chunk the requests are sorted and each distinct row is
+ * read once.  Row ids are validated before any read (-EINVAL naming the
+ * token, nothing written).  Read errors: -EIO (short read) or the errno, and
+ * -EDOM for a row that does not decode, with err naming the row; out is then
+ * partly written.  No memory is allocated.
+ */
+int engram_reader_batch(engram_reader *r, int t, const uint32_t *rows, size_t n,
+                        engram_dtype dtype, void *out, engram_error *err);
+
+/*
+ * The same for prompts of any length with bounded caller memory: the output
+ * goes to `window` ([window_tokens][24][256] of dtype, caller-owned) one
+ * chunk of min(window_tokens, ENGRAM_BATCH_TOKENS) tokens at a time, and
+ * sink(ctx, first_token, n_tokens, window) is called after each chunk; a
+ * non-zero return from sink stops the batch and is returned.
+ */
+typedef int (*engram_batch_sink)(void *ctx, size_t first_token, size_t n_tokens,
+                                 const void *window);
+int engram_reader_batch_stream(engram_reader *r, int t, const uint32_t *rows, size_t n,
+                               engram_dtype dtype, void *window, size_t window_tokens,
+                               engram_batch_sink sink, void *ctx, engram_error *err);
+
+/* Decode step: starts reading one token's 48 rows (both tables) into out
+ * ([48][256] of dtype: table 0's 24 rows, then table 1's) and returns at
+ * once.  One step may be in flight per reader (-EBUSY otherwise).  out must
+ * stay valid until wait/poll reports completion. */
+int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_PER_TOKEN],
+                              engram_dtype dtype, void *out, engram_error *err);
+/* Waits for the step; 0 when all 48 rows are decoded, or the error. */
+int engram_reader_step_wait(engram_reader *r, engram_error *err);
+/* Completes what has arrived without blocking: 0 done, -EAGAIN pending. */
+int engram_reader_step_poll(engram_reader *r, engram_error *err);
+
+void engram_reader_stats(const engram_reader *r, engram_io_stats *st);
+void engram_reader_reset_stats(engram_reader *r);
+
 /* ------------------------------------------------------------------ build */
 
 typedef enum engram_fill {
     ENGRAM_FILL_ZERO = 0,  /* tables left as holes (sparse files, all zeros) */
     ENGRAM_FILL_RANDOM,    /* every row random valid bytes from the seed      */
-    ENGRAM_FILL_SPARSE     /* holes, with every 4096th row random             */
+    ENGRAM_FILL_SPARSE,    /* holes, with every 4096th row random             */
+    ENGRAM_FILL_POOL       /* every row one of 65,536 random rows, picked by a
+                              hash of its index: valid and varied, written at
+                              disk speed (large benchmark files)              */
 } engram_fill;
 
 typedef struct engram_build_opts {

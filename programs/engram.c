@@ -727,12 +727,12 @@ static int cmd_verify(int argc, char **argv)
 /* ---------------------------------------------------------------- build */
 
 static const char *build_help =
-    "usage: engram build OUT.gguf [--base B] [--width W] [--fill zero|random|sparse]\n"
+    "usage: engram build OUT.gguf [--base B] [--width W] [--fill zero|random|sparse|pool]\n"
     "                    [--seed S] [--vocab N] [--compressed-vocab N] [--gguf-version 2|3]\n"
     "Writes a ds4-dialect V4.1 model with the published V4.1 multipliers (SPEC.md\n"
     "section 5, V' = 99092) and primes by the shared-seen allocation from --base\n"
     "(default 16000000, the full size: 2 x ~101 GB, written sparse with --fill zero\n"
-    "or sparse).  The token map is synthetic: raw id t -> t mod V' (issue #4 brings\n"
+    "or sparse; --fill pool writes valid rows at disk speed).  The token map is synthetic: raw id t -> t mod V' (issue #4 brings\n"
     "the tokenizer-derived map).  --width W adds engram_kv/q_norm/k_norm weights.\n";
 
 /* V4.1 multipliers for V' = 99092 (SPEC.md section 5, known answers). */
@@ -782,8 +782,10 @@ static int cmd_build(int argc, char **argv)
                 fill = ENGRAM_FILL_RANDOM;
             else if (!strcmp(f, "sparse"))
                 fill = ENGRAM_FILL_SPARSE;
+            else if (!strcmp(f, "pool"))
+                fill = ENGRAM_FILL_POOL;
             else
-                return fail_usage("build: --fill takes zero, random or sparse");
+                return fail_usage("build: --fill takes zero, random, sparse or pool");
         } else if (a[0] == '-') {
             return fail_usage("build: unknown option '%s'", a);
         } else if (!out) {
@@ -847,7 +849,8 @@ static int cmd_build(int argc, char **argv)
         return fail_lib(rc, &err, out);
     printf("wrote %s: rows %u + %u, width %u, fill %s, seed %" PRIu64 " (%.2f s)\n", out,
            l->rows[0], l->rows[1], o.width,
-           fill == ENGRAM_FILL_ZERO ? "zero" : fill == ENGRAM_FILL_RANDOM ? "random" : "sparse", seed,
+           fill == ENGRAM_FILL_ZERO ? "zero" : fill == ENGRAM_FILL_RANDOM ? "random"
+                                     : fill == ENGRAM_FILL_SPARSE ? "sparse" : "pool", seed,
            now_s() - t0);
     return 0;
 }

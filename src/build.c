@@ -59,11 +59,20 @@ static uint64_t row_seed(const engram_build_opts *o, int table, uint64_t row)
     return splitmix64(&st);
 }
 
+#define POOL_ROWS 65536u
+
 static int fill_table(void *vctx, int fd, uint64_t offset, uint64_t bytes)
 {
     struct fill_ctx *c = vctx;
     const engram_build_opts *o = c->o;
     uint64_t rows = bytes / ENGRAM_ROW_BYTES;
+    uint8_t *pool = NULL;
+    if (o->fill == ENGRAM_FILL_POOL) {
+        if (!(pool = malloc((size_t)POOL_ROWS * ENGRAM_ROW_BYTES)))
+            return -ENOMEM;
+        for (uint32_t i = 0; i < POOL_ROWS; i++)
+            random_row(row_seed(o, c->table, i), pool + (size_t)i * ENGRAM_ROW_BYTES);
+    }
     if (o->fill == ENGRAM_FILL_SPARSE) {
         uint8_t row[ENGRAM_ROW_BYTES];
         for (uint64_t r = 0; r < rows; r += SPARSE_EVERY) {
@@ -78,17 +87,27 @@ static int fill_table(void *vctx, int fd, uint64_t offset, uint64_t bytes)
         return 0;
     }
     uint8_t *buf = malloc((size_t)FILL_CHUNK_ROWS * ENGRAM_ROW_BYTES);
-    if (!buf)
+    if (!buf) {
+        free(pool);
         return -ENOMEM;
+    }
     int rc = 0;
     for (uint64_t r = 0; r < rows && rc == 0; r += FILL_CHUNK_ROWS) {
         uint64_t k = rows - r < FILL_CHUNK_ROWS ? rows - r : FILL_CHUNK_ROWS;
-        for (uint64_t i = 0; i < k; i++)
-            random_row(row_seed(o, c->table, r + i), buf + i * ENGRAM_ROW_BYTES);
+        for (uint64_t i = 0; i < k; i++) {
+            uint8_t *dst = buf + i * ENGRAM_ROW_BYTES;
+            if (pool) {
+                uint64_t h = (r + i) * 0x9e3779b97f4a7c15ull;
+                memcpy(dst, pool + (size_t)(h >> 48) * ENGRAM_ROW_BYTES, ENGRAM_ROW_BYTES);
+            } else {
+                random_row(row_seed(o, c->table, r + i), dst);
+            }
+        }
         rc = pwrite_full(fd, buf, (size_t)k * ENGRAM_ROW_BYTES, offset + r * ENGRAM_ROW_BYTES);
         progress(c, k * ENGRAM_ROW_BYTES);
     }
     free(buf);
+    free(pool);
     return rc;
 }
 
@@ -149,7 +168,7 @@ int engram_build_model(const char *path, const engram_build_opts *o, engram_erro
     if (rc < 0)
         return rc;
     int version = o->gguf_version ? o->gguf_version : 3;
-    if ((version != 2 && version != 3) || o->fill > ENGRAM_FILL_SPARSE || o->width > (1u << 20))
+    if ((version != 2 && version != 3) || o->fill > ENGRAM_FILL_POOL || o->width > (1u << 20))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad build options");
 
     gguf_writer *w = gguf_writer_new((uint32_t)version, GGUF_DEFAULT_ALIGNMENT);

@@ -15,6 +15,7 @@ build_only=0
 want cc gcc
 want make make
 [ -f /usr/include/stdio.h ] || need="$need libc6-dev"
+[ -f /usr/include/liburing.h ] || need="$need liburing-dev"
 if [ "$build_only" -eq 0 ]; then
 want node nodejs
 want npm npm
@@ -22,6 +23,7 @@ want clang clang
 [ -x /usr/bin/python3 ] || need="$need python3"
 # libFuzzer and the sanitizer runtimes for clang (make fuzz)
 dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need="$need libclang-rt-14-dev"
+want fio fio   # the device's limit in engram bench io
 fi
 
 if [ -n "$need" ]; then

@@ -1,0 +1,201 @@
+/*
+ * io_threads.c - the portable engine: a fixed pool of threads, created once
+ * per reader (not per batch), each doing blocking positional reads.  Reads
+ * are queued into a ring and completions come back through another; both
+ * rings hold at most `threads` entries because the reader never has more in
+ * flight than that.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "io_engine.h"
+
+#ifndef RWF_DONTCACHE
+#define RWF_DONTCACHE 0x00000080
+#endif
+
+struct job {
+    unsigned slot;
+    void *buf;
+    uint32_t len;
+    uint64_t off;
+};
+
+struct thread_engine {
+    struct io_engine base;
+    int fd;
+    enum io_drop drop;
+    unsigned n_threads, cap;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    struct job *jobs;            /* ring of queued jobs      */
+    unsigned j_head, j_count;
+    unsigned staged;             /* queued but not submitted */
+    struct io_cqe *cqes;         /* ring of completions      */
+    unsigned c_head, c_count;
+    int stop;
+};
+
+/* One read to completion: retries EINTR/EAGAIN, continues partial reads,
+ * stops at end of file.  Returns bytes read or -errno. */
+static int32_t do_read(struct thread_engine *t, const struct job *j)
+{
+    uint32_t got = 0;
+    while (got < j->len) {
+        ssize_t r;
+        if (t->drop == DROP_DONTCACHE) {
+            struct iovec iov = {(char *)j->buf + got, j->len - got};
+            r = preadv2(t->fd, &iov, 1, (off_t)(j->off + got), RWF_DONTCACHE);
+        } else {
+            r = pread(t->fd, (char *)j->buf + got, j->len - got, (off_t)(j->off + got));
+        }
+        if (r < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            break;
+        got += (uint32_t)r;
+    }
+    if (t->drop == DROP_FADVISE) {
+        uint64_t lo = j->off & ~(uint64_t)4095, hi = (j->off + j->len + 4095) & ~(uint64_t)4095;
+        posix_fadvise(t->fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_DONTNEED);
+    }
+    return (int32_t)got;
+}
+
+static void *worker(void *arg)
+{
+    struct thread_engine *t = arg;
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        while (!t->stop && t->j_count - t->staged == 0)
+            pthread_cond_wait(&t->work, &t->mu);
+        if (t->stop)
+            break;
+        struct job j = t->jobs[t->j_head];
+        t->j_head = (t->j_head + 1) % t->cap;
+        t->j_count--;
+        pthread_mutex_unlock(&t->mu);
+        int32_t res = do_read(t, &j);
+        pthread_mutex_lock(&t->mu);
+        t->cqes[(t->c_head + t->c_count) % t->cap] = (struct io_cqe){j.slot, res};
+        t->c_count++;
+        pthread_cond_signal(&t->done);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+static int t_queue(struct io_engine *e, unsigned slot, void *buf, uint32_t len, uint64_t off)
+{
+    struct thread_engine *t = (struct thread_engine *)e;
+    pthread_mutex_lock(&t->mu);
+    int rc = 0;
+    if (t->j_count == t->cap) {
+        rc = -EBUSY;
+    } else {
+        t->jobs[(t->j_head + t->j_count) % t->cap] = (struct job){slot, buf, len, off};
+        t->j_count++;
+        t->staged++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+static int t_submit(struct io_engine *e)
+{
+    struct thread_engine *t = (struct thread_engine *)e;
+    pthread_mutex_lock(&t->mu);
+    unsigned n = t->staged;
+    t->staged = 0;
+    if (n == 1)
+        pthread_cond_signal(&t->work);
+    else if (n > 1)
+        pthread_cond_broadcast(&t->work);
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+static int t_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigned min)
+{
+    struct thread_engine *t = (struct thread_engine *)e;
+    pthread_mutex_lock(&t->mu);
+    while (t->c_count < min)
+        pthread_cond_wait(&t->done, &t->mu);
+    unsigned n = t->c_count < max ? t->c_count : max;
+    for (unsigned i = 0; i < n; i++)
+        out[i] = t->cqes[(t->c_head + i) % t->cap];
+    t->c_head = (t->c_head + n) % t->cap;
+    t->c_count -= n;
+    pthread_mutex_unlock(&t->mu);
+    return (int)n;
+}
+
+static void t_destroy(struct io_engine *e)
+{
+    struct thread_engine *t = (struct thread_engine *)e;
+    pthread_mutex_lock(&t->mu);
+    t->stop = 1;
+    pthread_cond_broadcast(&t->work);
+    pthread_mutex_unlock(&t->mu);
+    for (unsigned i = 0; i < t->n_threads; i++)
+        pthread_join(t->threads[i], NULL);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->work);
+    pthread_cond_destroy(&t->done);
+    free(t->threads);
+    free(t->jobs);
+    free(t->cqes);
+    free(t);
+}
+
+static const struct io_engine_ops thread_ops = {t_queue, t_submit, t_reap, t_destroy};
+
+int io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out)
+{
+    struct thread_engine *t = calloc(1, sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    t->fd = fd;
+    t->drop = drop;
+    t->cap = threads;
+    t->threads = calloc(threads, sizeof *t->threads);
+    t->jobs = calloc(threads, sizeof *t->jobs);
+    t->cqes = calloc(threads, sizeof *t->cqes);
+    if (!t->threads || !t->jobs || !t->cqes) {
+        free(t->threads);
+        free(t->jobs);
+        free(t->cqes);
+        free(t);
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->work, NULL);
+    pthread_cond_init(&t->done, NULL);
+    t->base.ops = &thread_ops;
+    t->base.name = drop == DROP_NONE ? "threads" : "buffered";
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 64 * 1024); /* workers only read */
+    for (unsigned i = 0; i < threads; i++) {
+        int rc = pthread_create(&t->threads[i], &attr, worker, t);
+        if (rc != 0) {
+            t->n_threads = i;
+            pthread_attr_destroy(&attr);
+            t_destroy(&t->base);
+            return -rc;
+        }
+        t->n_threads = i + 1;
+    }
+    pthread_attr_destroy(&attr);
+    *out = &t->base;
+    return 0;
+}

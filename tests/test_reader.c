@@ -1,0 +1,410 @@
+/*
+ * test_reader.c - the uncached reader, every engine forced in turn (io_uring,
+ * thread pool, buffered fallback): batches with duplicates and decode steps
+ * must equal the exact single-row path bit for bit; errors name the row; the
+ * reader's memory stays within ENGRAM_READER_MAX_BYTES on a 1,000,000-token
+ * batch.  Real io_uring on a real file.
+ */
+#include <time.h>
+
+#include "testutil.h"
+
+/* Sanitizers add shadow memory to the resident set and slow everything:
+ * there the memory bound is not measured and the long batch is shorter. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
+static const engram_io_engine engines[] = {ENGRAM_IO_URING, ENGRAM_IO_THREADS, ENGRAM_IO_BUFFERED};
+static const char *const engine_names[] = {"io_uring", "threads", "buffered"};
+
+static engram_model *open_model(const char *path)
+{
+    engram_model *m = NULL;
+    engram_error err;
+    if (engram_model_open(path, &m, &err) < 0)
+        fprintf(stderr, "open %s: %s\n", path, err.msg);
+    return m;
+}
+
+/* Token stream with plenty of repeats, hashed. */
+static uint32_t *hashed_stream(engram_model *m, size_t n, uint64_t seed, unsigned alphabet)
+{
+    uint32_t *tok = malloc(n * sizeof *tok), *rows = malloc(n * 48 * sizeof *rows);
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (uint32_t)(tu_rand(&seed) % alphabet);
+    engram_history h;
+    engram_history_reset(&h);
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(m), &h, tok, NULL, n, rows, NULL), 0);
+    free(tok);
+    return rows;
+}
+
+/* Expected values through the exact single-row path. */
+static void *expected(engram_model *m, int t, const uint32_t *rows, size_t n, engram_dtype d)
+{
+    size_t es = d == ENGRAM_F32 ? 4 : 2;
+    uint8_t *out = malloc(n * 24 * 256 * es);
+    uint32_t *ids = malloc(n * 24 * sizeof *ids);
+    for (size_t i = 0; i < n; i++)
+        memcpy(ids + i * 24, rows + i * 48 + t * 24, 24 * sizeof *ids);
+    engram_error err;
+    int rc = d == ENGRAM_F32 ? engram_model_read_f32(m, t, ids, n * 24, (float *)out, &err)
+                             : engram_model_read_bf16(m, t, ids, n * 24, (uint16_t *)out, &err);
+    CHECK_EQ(rc, 0);
+    free(ids);
+    return out;
+}
+
+/* Distinct rows per 2048-token chunk, counted here by sorting. */
+static int cmp32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint64_t expected_reads(const uint32_t *rows, size_t n, int t)
+{
+    uint64_t total = 0;
+    uint32_t *v = malloc(ENGRAM_BATCH_TOKENS * 24 * sizeof *v);
+    for (size_t at = 0; at < n; at += ENGRAM_BATCH_TOKENS) {
+        size_t k = n - at < ENGRAM_BATCH_TOKENS ? n - at : ENGRAM_BATCH_TOKENS, m = 0;
+        for (size_t i = 0; i < k; i++)
+            for (int c = 0; c < 24; c++)
+                v[m++] = rows[(at + i) * 48 + t * 24 + c];
+        qsort(v, m, sizeof *v, cmp32);
+        for (size_t i = 0; i < m; i++)
+            total += i == 0 || v[i] != v[i - 1];
+    }
+    free(v);
+    return total;
+}
+
+static void batches(engram_model *m)
+{
+    const size_t n = 2100; /* two chunks, the last one partial */
+    uint32_t *rows = hashed_stream(m, n, 1, 6);
+    for (int e = 0; e < 3; e++) {
+        engram_reader_opts o = {engines[e], 32};
+        engram_reader *r;
+        engram_error err;
+        int rc = engram_reader_open(m, &o, &r, &err);
+        CHECK_EQ(rc, 0);
+        if (rc < 0) {
+            fprintf(stderr, "%s: %s\n", engine_names[e], err.msg);
+            continue;
+        }
+        engram_io_stats st;
+        engram_reader_stats(r, &st);
+        CHECK(strcmp(st.engine, engine_names[e]) == 0);
+        CHECK_EQ(st.direct, e != 2);
+        CHECK(st.reserved_bytes <= ENGRAM_READER_MAX_BYTES);
+        for (int t = 0; t < 2; t++)
+            for (int d = t; d <= t; d++) { /* table 0 as bf16, table 1 as f32 */
+                engram_dtype dt = d ? ENGRAM_F32 : ENGRAM_BF16;
+                size_t bytes = n * 24 * 256 * (d ? 4 : 2);
+                uint8_t *got = malloc(bytes + 64);
+                memset(got, 0xee, bytes + 64);
+                void *want = expected(m, t, rows, n, dt);
+                engram_reader_reset_stats(r);
+                CHECK_EQ(engram_reader_batch(r, t, rows, n, dt, got, &err), 0);
+                CHECK(memcmp(got, want, bytes) == 0);
+                for (int k = 0; k < 64; k++)
+                    CHECK(got[bytes + k] == 0xee);
+                engram_reader_stats(r, &st);
+                CHECK_EQ(st.rows_requested, n * 24);
+                CHECK_EQ(st.rows_read, expected_reads(rows, n, t)); /* each distinct row once */
+                CHECK(st.rows_read < st.rows_requested);
+                CHECK(st.bytes_read >= st.rows_read * 264);
+                free(got);
+                free(want);
+            }
+        printf("batch %-9s direct %d align %u depth %u drop %s note '%s' reserved %llu bytes\n",
+               st.engine, st.direct, st.align, st.depth, st.drop, st.note,
+               (unsigned long long)st.reserved_bytes);
+        engram_reader_close(r);
+    }
+    free(rows);
+}
+
+static void steps(engram_model *m)
+{
+    const size_t n = 24;
+    uint32_t *rows = hashed_stream(m, n, 2, 1000);
+    void *want0 = expected(m, 0, rows, n, ENGRAM_F32), *want1 = expected(m, 1, rows, n, ENGRAM_F32);
+    for (int e = 0; e < 3; e++) {
+        for (unsigned depth = 8; depth <= 64; depth *= 8) { /* fewer slots than rows, and more */
+            engram_reader_opts o = {engines[e], depth};
+            engram_reader *r;
+            engram_error err;
+            CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
+            float out[48 * 256];
+            int polled = 0;
+            for (size_t i = 0; i < n; i++) {
+                memset(out, 0, sizeof out);
+                CHECK_EQ(engram_reader_step_submit(r, rows + i * 48, ENGRAM_F32, out, &err), 0);
+                CHECK_EQ(engram_reader_step_submit(r, rows + i * 48, ENGRAM_F32, out, &err), -EBUSY);
+                uint16_t tmp[24 * 256];
+                CHECK_EQ(engram_reader_batch(r, 0, rows, 1, ENGRAM_BF16, tmp, &err), -EBUSY);
+                int rc;
+                if (i % 2) {
+                    while ((rc = engram_reader_step_poll(r, &err)) == -EAGAIN)
+                        polled++;
+                } else {
+                    rc = engram_reader_step_wait(r, &err);
+                }
+                CHECK_EQ(rc, 0);
+                CHECK(memcmp(out, (float *)want0 + i * 24 * 256, 24 * 256 * 4) == 0);
+                CHECK(memcmp(out + 24 * 256, (float *)want1 + i * 24 * 256, 24 * 256 * 4) == 0);
+            }
+            engram_io_stats st;
+            engram_reader_stats(r, &st);
+            CHECK_EQ(st.steps, n);
+            CHECK(st.step_p50_ns > 0 && st.step_p50_ns <= st.step_p99_ns &&
+                  st.step_p99_ns <= st.step_p999_ns);
+            CHECK(st.step_max_ns >= st.step_p50_ns / 2);
+            CHECK_EQ(engram_reader_step_wait(r, &err), -EINVAL);
+            if (depth == 64)
+                printf("steps %-9s p50 %.1f us  p99 %.1f us  (%d polls pending)\n", st.engine,
+                       (double)st.step_p50_ns / 1e3, (double)st.step_p99_ns / 1e3, polled);
+            engram_reader_close(r);
+        }
+    }
+    free(rows);
+    free(want0);
+    free(want1);
+}
+
+/* Bad rows: out of range (nothing read), NaN (named), and a file that shrinks
+ * under the reader (short read, named). */
+static void errors(const char *path, const engram_layout *l)
+{
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s.bad", path);
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", path, bad);
+    CHECK_EQ(system(cmd), 0);
+    engram_model *m = open_model(bad);
+    engram_model_info in;
+    engram_model_get_info(m, &in);
+    /* Poison row 1000 of table 1 (NaN scale). */
+    int fd = open(bad, O_WRONLY | O_CLOEXEC);
+    uint8_t ff = 0xff;
+    CHECK_EQ(pwrite(fd, &ff, 1, (off_t)(in.table[1].offset + 1000ull * 264 + 258)), 1);
+    close(fd);
+    uint32_t rows[3 * 48];
+    for (int i = 0; i < 3 * 48; i++)
+        rows[i] = (uint32_t)(i * 7 % 500);
+    for (int e = 0; e < 3; e++) {
+        engram_reader_opts o = {engines[e], 16};
+        engram_reader *r;
+        engram_error err;
+        CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
+        static uint16_t out[3 * 24 * 256];
+        rows[48 + 24 + 5] = l->rows[1];
+        int rc = engram_reader_batch(r, 1, rows, 3, ENGRAM_BF16, out, &err);
+        CHECK_ERR(rc, err, -EINVAL, "token 1 column 5");
+        engram_io_stats st;
+        engram_reader_stats(r, &st);
+        CHECK_EQ(st.rows_read, 0);
+        rows[48 + 24 + 5] = 1000;
+        rc = engram_reader_batch(r, 1, rows, 3, ENGRAM_BF16, out, &err);
+        CHECK_ERR(rc, err, -EDOM, "row 1000 of table 1: NaN scale");
+        CHECK_EQ(err.row, 1000);
+        /* The same through a decode step. */
+        uint32_t step[48];
+        memcpy(step, rows + 48, sizeof step);
+        CHECK_EQ(engram_reader_step_submit(r, step, ENGRAM_BF16, out, &err), 0);
+        rc = engram_reader_step_wait(r, &err);
+        CHECK_ERR(rc, err, -EDOM, "row 1000 of table 1");
+        step[30] = l->rows[1] + 5;
+        rc = engram_reader_step_submit(r, step, ENGRAM_BF16, out, &err);
+        CHECK_ERR(rc, err, -EINVAL, "out of range");
+        rows[48 + 24 + 5] = 1;
+        engram_reader_close(r);
+    }
+    /* Shrink the file: the last rows of table 1 are gone. */
+    CHECK_EQ(truncate(bad, (off_t)(in.table[1].offset + 2000ull * 264 + 100)), 0);
+    for (int e = 0; e < 3; e++) {
+        engram_reader_opts o = {engines[e], 16};
+        engram_reader *r;
+        engram_error err;
+        CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
+        uint32_t two[2 * 48] = {0};
+        two[48 + 24 + 3] = 2000; /* partly past the end: short */
+        two[48 + 24 + 4] = 1999; /* intact */
+        static uint16_t out[2 * 24 * 256];
+        int rc = engram_reader_batch(r, 1, two, 2, ENGRAM_BF16, out, &err);
+        CHECK_ERR(rc, err, -EIO, "row 2000 of table 1");
+        CHECK_EQ(err.row, 2000);
+        two[48 + 24 + 3] = 5000; /* wholly past the end */
+        rc = engram_reader_batch(r, 1, two, 2, ENGRAM_BF16, out, &err);
+        CHECK_ERR(rc, err, -EIO, "row 5000 of table 1");
+        engram_reader_close(r);
+    }
+    engram_model_close(m);
+    unlink(bad);
+}
+
+/* 1,000,000 tokens through a 2048-token window: the reader's memory does not
+ * move, and every chunk is right. */
+struct sink_ctx {
+    const uint16_t *want;     /* [4][24][256]: the 4 positions of the cycle */
+    size_t tokens, bad;
+    long rss_max_kb;          /* largest resident set seen during the batch */
+};
+
+/* Current resident set (not the peak, which earlier tests already set). */
+static long rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &size, &resident) != 2)
+            resident = 0;
+        fclose(f);
+    }
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static int sink(void *vctx, size_t first, size_t n, const void *window)
+{
+    struct sink_ctx *c = vctx;
+    const uint16_t *w = window;
+    for (size_t i = 0; i < n; i++) {
+        size_t pos = first + i;
+        size_t phase = pos < 4 ? 4 + pos : pos % 4; /* first 3 tokens see dead history */
+        if (phase >= 4)
+            continue;
+        if (memcmp(w + i * 24 * 256, c->want + phase * 24 * 256, 24 * 256 * 2) != 0)
+            c->bad++;
+    }
+    c->tokens += n;
+    long rss = rss_kb();
+    if (rss > c->rss_max_kb)
+        c->rss_max_kb = rss;
+    return 0;
+}
+
+static void million(engram_model *m)
+{
+    const size_t n = SANITIZED ? 100000 : 1000000;
+    uint32_t *tok = malloc(n * sizeof *tok), *rows = malloc(n * 48 * sizeof *rows);
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (uint32_t)(10 + i % 4);
+    engram_history h;
+    engram_history_reset(&h);
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(m), &h, tok, NULL, n, rows, NULL), 0);
+    /* Positions 4..7 cover the four steady phases 0..3 (pos % 4). */
+    uint16_t *want = malloc(4 * 24 * 256 * 2);
+    for (int p = 0; p < 4; p++) {
+        void *w = expected(m, 0, rows + (size_t)(4 + p) * 48, 1, ENGRAM_BF16);
+        memcpy(want + p * 24 * 256, w, 24 * 256 * 2);
+        free(w);
+    }
+    size_t window_tokens = ENGRAM_BATCH_TOKENS;
+    uint16_t *window = malloc(window_tokens * 24 * 256 * 2);
+    memset(window, 0x5a, window_tokens * 24 * 256 * 2); /* resident before measuring (not 0:
+                                                           malloc+memset(0) may become calloc) */
+    for (int e = 0; e < 3; e++) {
+        /* The full million on io_uring; 200,000 tokens on the others. */
+        size_t nt = e == 0 ? n : n / 5;
+        engram_reader_opts o = {engines[e], 64};
+        engram_reader *r;
+        engram_error err;
+        long at_open = rss_kb();
+        CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
+        long before = rss_kb();
+        struct sink_ctx c = {want, 0, 0, before};
+        CHECK_EQ(engram_reader_batch_stream(r, 0, rows, nt, ENGRAM_BF16, window, window_tokens,
+                                            sink, &c, &err), 0);
+        engram_io_stats st;
+        engram_reader_stats(r, &st);
+        CHECK_EQ(c.tokens, nt);
+        CHECK_EQ(c.bad, 0);
+        CHECK_EQ(st.rows_requested, nt * 24);
+        CHECK(st.reserved_bytes <= ENGRAM_READER_MAX_BYTES);
+        /* Opening takes the reader's memory (plus worker stacks for the
+         * thread pool); the batch itself takes nothing more. */
+        long open_kb = before - at_open, grew_kb = c.rss_max_kb - before;
+        if (!SANITIZED)
+            CHECK(c.rss_max_kb - at_open <= (long)(ENGRAM_READER_MAX_BYTES / 1024) + (e == 0 ? 0 : 64 * 64));
+        printf("%zu tokens %-9s: %llu requests, %llu reads, reserved %llu bytes; RSS +%ld KiB at open, +%ld KiB during the batch\n",
+               nt, st.engine, (unsigned long long)st.rows_requested, (unsigned long long)st.rows_read,
+               (unsigned long long)st.reserved_bytes, open_kb, grew_kb);
+        /* A sink can stop the batch. */
+        engram_reader_close(r);
+    }
+    free(window);
+    free(want);
+    free(tok);
+    free(rows);
+}
+
+static int stop_sink(void *ctx, size_t first, size_t n, const void *w)
+{
+    (void)ctx; (void)n; (void)w;
+    return first > 0 ? -ECANCELED : 0;
+}
+
+static void env_and_options(engram_model *m)
+{
+    engram_reader *r;
+    engram_error err;
+    setenv("ENGRAM_IO", "threads", 1);
+    CHECK_EQ(engram_reader_open(m, NULL, &r, &err), 0);
+    engram_io_stats st;
+    engram_reader_stats(r, &st);
+    CHECK(strcmp(st.engine, "threads") == 0);
+    uint32_t *rows = hashed_stream(m, 5000, 9, 30);
+    uint16_t *w = malloc(100 * 24 * 256 * 2);
+    int rc = engram_reader_batch_stream(r, 0, rows, 5000, ENGRAM_BF16, w, 100, stop_sink, NULL, &err);
+    CHECK_ERR(rc, err, -ECANCELED, "sink");
+    free(w);
+    free(rows);
+    engram_reader_close(r);
+    setenv("ENGRAM_IO", "buffered", 1);
+    setenv("ENGRAM_IO_DROP", "fadvise", 1);
+    CHECK_EQ(engram_reader_open(m, NULL, &r, &err), 0);
+    engram_reader_stats(r, &st);
+    CHECK(strcmp(st.engine, "buffered") == 0 && strcmp(st.drop, "fadvise") == 0);
+    engram_reader_close(r);
+    unsetenv("ENGRAM_IO");
+    unsetenv("ENGRAM_IO_DROP");
+    engram_reader_opts o = {ENGRAM_IO_URING, ENGRAM_READER_MAX_DEPTH + 1};
+    CHECK_EQ(engram_reader_open(m, &o, &r, &err), -EINVAL);
+    engram_reader_close(NULL);
+}
+
+int main(void)
+{
+    static uint32_t map[3000];
+    engram_layout l;
+    CHECK_EQ(tu_layout(&l, map, 3000, 2000, 30000), 0);
+    char path[512];
+    CHECK_EQ(tu_build("reader.gguf", &l, ENGRAM_FILL_RANDOM, 0, path, sizeof path), 0);
+    engram_model *m = open_model(path);
+    CHECK(m != NULL);
+    if (!m)
+        return tu_finish("test_reader");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+#define LAP(call)                                                                        \
+    do {                                                                                 \
+        call;                                                                            \
+        clock_gettime(CLOCK_MONOTONIC, &t1);                                             \
+        printf("  (%s: %.2f s)\n", #call,                                                \
+               (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9); \
+        t0 = t1;                                                                         \
+    } while (0)
+    LAP(batches(m));
+    LAP(steps(m));
+    LAP(env_and_options(m));
+    LAP(million(m));
+    engram_model_close(m);
+    LAP(errors(path, &l));
+    tu_cleanup();
+    return tu_finish("test_reader");
+}
