@@ -54,8 +54,8 @@ $(BUILD)/libengram.a: $(LIB_OBJ)
 $(BUILD)/libengram.so: $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libengram.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/engram: programs/engram.c $(wildcard programs/*.h) $(BUILD)/libengram.a
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ programs/engram.c $(BUILD)/libengram.a $(LDLIBS_ALL)
+$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(BUILD)/libengram.a
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(BUILD)/libengram.a $(LDLIBS_ALL)
 
 $(BUILD)/tests/%: tests/%.c tests/testutil.h $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)

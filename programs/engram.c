@@ -19,14 +19,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engram.h"
+#include "cli.h"
 
-enum { EXIT_DATA = 1, EXIT_USAGE = 2, EXIT_SYSTEM = 3 };
+const char *prog = "engram";
 
-static const char *prog = "engram";
-
-static int fail_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fail_usage(const char *fmt, ...)
+int fail_usage(const char *fmt, ...)
 {
     va_list ap;
     fprintf(stderr, "%s: ", prog);
@@ -38,7 +35,7 @@ static int fail_usage(const char *fmt, ...)
 }
 
 /* Maps a library error to an exit code after printing it. */
-static int fail_lib(int rc, const engram_error *err, const char *what)
+int fail_lib(int rc, const engram_error *err, const char *what)
 {
     const char *msg = err && err->msg[0] ? err->msg : engram_strerror(rc);
     fprintf(stderr, "%s: %s: %s\n", prog, what, msg);
@@ -50,14 +47,14 @@ static int fail_lib(int rc, const engram_error *err, const char *what)
     }
 }
 
-static double now_s(void)
+double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int parse_u64(const char *s, uint64_t max, uint64_t *out)
+int parse_u64(const char *s, uint64_t max, uint64_t *out)
 {
     if (!s || !*s || *s == '-' || *s == '+')
         return -1;
@@ -70,7 +67,7 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out)
     return 0;
 }
 
-static int has_help(int argc, char **argv)
+int has_help(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
@@ -167,7 +164,7 @@ static int read_numbers(const char *path, uint64_t max, uint32_t **out, size_t *
     return 0;
 }
 
-static int open_model(const char *path, engram_model **m)
+int open_model(const char *path, engram_model **m)
 {
     engram_error err = {0};
     int rc = engram_model_open(path, m, &err);
@@ -264,6 +261,16 @@ static int cmd_info(int argc, char **argv)
     engram_model_get_info(m, &in);
     const engram_layout *l = engram_model_layout(m);
     int placement = in.tables_last && in.table0_page_aligned;
+    engram_reader *rd = NULL;
+    engram_io_stats io;
+    memset(&io, 0, sizeof io);
+    io.engine = "unavailable";
+    io.note = io.drop = "";
+    engram_error rerr;
+    if (engram_reader_open(m, NULL, &rd, &rerr) == 0)
+        engram_reader_stats(rd, &io);
+    else
+        io.note = rerr.msg;
     if (json) {
         printf("{\"path\":");
         json_str(in.path);
@@ -297,7 +304,11 @@ static int cmd_info(int argc, char **argv)
         printf(",\"placement\":{\"tables_last\":%s,\"table0_page_aligned\":%s,\"reference_ok\":%s}",
                in.tables_last ? "true" : "false", in.table0_page_aligned ? "true" : "false",
                placement ? "true" : "false");
-        printf(",\"simd\":\"%s\"}\n", engram_simd_name(engram_simd_selected()));
+        printf(",\"simd\":\"%s\",\"io\":{\"engine\":\"%s\",\"direct\":%s,\"align\":%u,\"depth\":%u,\"drop\":\"%s\",\"note\":",
+               engram_simd_name(engram_simd_selected()), io.engine, io.direct ? "true" : "false",
+               io.align, io.depth, io.drop);
+        json_str(io.note);
+        printf("}}\n");
     } else {
         printf("file:            %s (%" PRIu64 " bytes)\n", in.path, in.file_bytes);
         printf("gguf:            v%u, %" PRIu64 " tensors, %" PRIu64 " keys, alignment %u\n",
@@ -329,7 +340,11 @@ static int cmd_info(int argc, char **argv)
                placement ? "meets the reference engine's rule"
                          : "does NOT meet the reference engine's rule");
         printf("row decoder:     %s\n", engram_simd_name(engram_simd_selected()));
+        printf("table reads:     %s, %s, alignment %u, depth %u%s%s%s%s\n", io.engine,
+               io.direct ? "O_DIRECT (no page cache)" : "buffered", io.align, io.depth,
+               io.drop[0] ? ", drop-behind " : "", io.drop, io.note[0] ? "; " : "", io.note);
     }
+    engram_reader_close(rd);
     engram_model_close(m);
     return 0;
 }
@@ -589,7 +604,7 @@ struct scan_stats {
     uint64_t bad, read_bytes, hole_bytes;
 };
 
-static void progress_bar(int t, uint64_t done, uint64_t total, double t0)
+void progress_bar(int t, uint64_t done, uint64_t total, double t0)
 {
     double frac = total ? (double)done / (double)total : 1.0;
     double dt = now_s() - t0;
@@ -747,7 +762,7 @@ static void build_progress(void *ctx, uint64_t done, uint64_t total)
     progress_bar(0, done, total, *t0);
 }
 
-static int cmd_build(int argc, char **argv)
+int cmd_build(int argc, char **argv)
 {
     if (has_help(argc, argv)) {
         fputs(build_help, stdout);
@@ -865,6 +880,7 @@ static const char *main_help =
     "  rows MODEL --table T ROW...         decoded rows\n"
     "  verify MODEL [--table T]            scan tables for rows that do not decode\n"
     "  build OUT.gguf [...]                write a V4.1-layout model (tests, demos)\n"
+    "  bench io FILE [...]                 reader vs fio vs the reference's baseline\n"
     "  version                             print the version\n"
     "exit codes: 0 ok, 1 invalid data (model, row, token), 2 usage, 3 system error\n";
 
@@ -886,7 +902,7 @@ int main(int argc, char **argv)
         int (*fn)(int, char **);
     } cmds[] = {
         {"info", cmd_info}, {"hash", cmd_hash}, {"rows", cmd_rows},
-        {"verify", cmd_verify}, {"build", cmd_build},
+        {"verify", cmd_verify}, {"build", cmd_build}, {"bench", cmd_bench},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) {

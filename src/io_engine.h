@@ -23,8 +23,9 @@ struct io_engine_ops {
     int (*queue)(struct io_engine *e, unsigned slot, void *buf, uint32_t len, uint64_t off);
     /* Hands everything queued to the kernel / the workers. */
     int (*submit)(struct io_engine *e);
-    /* Writes up to max completions to out, blocking until at least min are
-     * there.  Returns how many, or -errno. */
+    /* Submits whatever is queued, then writes up to max completions to out,
+     * blocking until at least min are there (one system call for both where
+     * the engine can).  Returns how many, or -errno. */
     int (*reap)(struct io_engine *e, struct io_cqe *out, unsigned max, unsigned min);
     void (*destroy)(struct io_engine *e);
 };

@@ -127,6 +127,7 @@ static int t_submit(struct io_engine *e)
 static int t_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigned min)
 {
     struct thread_engine *t = (struct thread_engine *)e;
+    t_submit(e);
     pthread_mutex_lock(&t->mu);
     while (t->c_count < min)
         pthread_cond_wait(&t->done, &t->mu);

@@ -56,11 +56,10 @@ static int u_queue(struct io_engine *e, unsigned slot, void *buf, uint32_t len, 
 static int u_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigned min)
 {
     struct uring_engine *u = (struct uring_engine *)e;
-    struct io_uring_cqe *cqe;
-    if (min > 0) {
+    if (min > 0 || io_uring_sq_ready(&u->ring) > 0) {
         int rc;
         do
-            rc = io_uring_wait_cqe_nr(&u->ring, &cqe, min);
+            rc = io_uring_submit_and_wait(&u->ring, min);
         while (rc == -EINTR);
         if (rc < 0)
             return rc;

@@ -442,8 +442,6 @@ static int batch_reap(engram_reader *r, unsigned min)
         release(r, r->cqes[i].slot);
         released++;
     }
-    if (released && r->eng->ops->submit(r->eng) < 0 && r->b_rc == 0)
-        r->b_rc = -EIO;
     return released;
 }
 
@@ -453,7 +451,6 @@ static int batch_chunk(engram_reader *r, int t, size_t nreq)
     size_t i = 0;
     unsigned inflight = 0;
     while ((i < nreq && r->b_rc == 0) || inflight > 0) {
-        unsigned queued = 0;
         while (i < nreq && r->n_free > 0 && r->b_rc == 0) {
             uint32_t row = (uint32_t)(r->reqs[i] >> 32);
             size_t j = i + 1;
@@ -471,14 +468,11 @@ static int batch_chunk(engram_reader *r, int t, size_t nreq)
             }
             r->st.rows_read++;
             inflight++;
-            queued++;
             i = j;
         }
-        if (queued && r->eng->ops->submit(r->eng) < 0 && r->b_rc == 0)
-            r->b_rc = err_set(r->b_err, -EIO, ENGRAM_NO_OFFSET, "submit failed");
         if (inflight == 0)
             break;
-        int done = batch_reap(r, 1);
+        int done = batch_reap(r, 1); /* submits what was queued and waits, in one call */
         if (done < 0) {
             /* The engine itself failed: nothing more will complete. */
             if (r->b_rc == 0)

@@ -1,0 +1,25 @@
+/* cli.h - helpers shared by the engram command's source files. */
+#ifndef ENGRAM_CLI_H
+#define ENGRAM_CLI_H
+
+#include <fcntl.h>
+#include <stdint.h>
+
+#include "engram.h"
+
+enum { EXIT_DATA = 1, EXIT_USAGE = 2, EXIT_SYSTEM = 3 };
+
+extern const char *prog;
+
+int fail_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int fail_lib(int rc, const engram_error *err, const char *what);
+double now_s(void);
+int parse_u64(const char *s, uint64_t max, uint64_t *out);
+int has_help(int argc, char **argv);
+int open_model(const char *path, engram_model **m);
+void progress_bar(int t, uint64_t done, uint64_t total, double t0);
+
+int cmd_build(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif
