@@ -5,7 +5,7 @@
  * token the last 4 tokens are hashed (through a compressed vocabulary) into 24
  * rows of each of two tables; the 264-byte rows are read from the SSD and
  * decoded from E4M3 + E8M0 to BF16.  This header covers the model file, the
- * layout, the hash and the row codec.
+ * layout, the hash, the row codec and the uncached table reader.
  *
  * Conventions (they hold for every function below):
  *  - Functions that can fail return 0 on success or a negative errno value;
@@ -13,7 +13,10 @@
  *    (which may be NULL) also fill it with a message naming the field, tensor,
  *    token or row that failed and, for file errors, the byte offset.
  *  - A failed call leaves every output and every piece of caller state
- *    (history, buffers) exactly as it was: inputs are validated first.
+ *    (history, buffers) exactly as it was: inputs are validated first.  The
+ *    one exception is data that only reading can validate: a reader batch or
+ *    step that fails on a row read from disk has written the rows before it
+ *    (said again at those functions).
  *  - The library never exits, aborts or prints.
  *  - Every buffer is owned by the caller unless a comment says otherwise.
  *  - Opaque handles come from engram_*_open / _new and are released by the
@@ -276,7 +279,9 @@ typedef enum engram_dtype { ENGRAM_BF16 = 0, ENGRAM_F32 = 1 } engram_dtype;
 #define ENGRAM_READER_MAX_DEPTH 512
 /* Everything a reader allocates: the request array of one chunk
  * (2048 x 24 x 8 bytes = 384 KiB), I/O buffers (<= 512 KiB: in-flight reads
- * are capped at 512 KiB / (2 x DIO alignment)) and bookkeeping. */
+ * are capped at 512 KiB / (2 x DIO alignment)), the engine's rings and
+ * bookkeeping.  The thread-pool engines also start one thread per slot of
+ * depth (<= 256), each with a 64 KiB stack. */
 #define ENGRAM_READER_MAX_BYTES (1u << 20)
 
 typedef struct engram_reader_opts {

@@ -21,6 +21,7 @@
 #include "cli.h"
 
 #define MAX_DEPTHS 16
+#define ROUNDS 3
 #define MAX_CORPORA 8
 
 struct bench {
@@ -34,9 +35,12 @@ struct bench {
     const char *corpora[MAX_CORPORA];
     int n_corpora;
     int use_fio, use_baseline;
+    size_t max_tokens;
     FILE *csv;
     uint32_t align;
+    unsigned cross_pct;       /* % of rows whose 264 bytes span two blocks */
     uint64_t seed;
+    const char *sections;     /* letters of the sections to run */
 };
 
 static double cpu_s(void)
@@ -53,6 +57,18 @@ static uint64_t rnd(uint64_t *s)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static void csv_row(struct bench *b, const char *section, const char *what, double depth,
@@ -116,18 +132,26 @@ static double json_number_after(const char *s, const char *key)
 }
 
 enum fio_mode {
-    FIO_PLAIN,    /* SPEC.md section 11's command: one submission per read   */
-    FIO_BATCHED,  /* batched submission, registered file and buffers         */
-    FIO_STEPS     /* 48 submitted and 48 completed at a time: decode steps   */
+    FIO_PLAIN,        /* SPEC.md section 11's command: bs = alignment        */
+    FIO_MIX,          /* the same with engram's read sizes: rows that cross a
+                         block boundary need two blocks (--bssplit)          */
+    FIO_MIX_BATCHED,  /* the mix with batched submission, registered file and
+                         buffers                                              */
+    FIO_STEPS         /* 48 submitted and 48 completed at a time             */
 };
 
 static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode mode, double secs)
 {
     struct fio_result r = {0};
-    char cmd[1024], extra[200] = "";
+    char cmd[1024], extra[256] = "", bs[96];
     uint64_t off = b->in.table[0].offset / b->align * b->align;
     uint64_t size = b->in.table[0].bytes / b->align * b->align;
-    if (mode == FIO_BATCHED)
+    if (mode == FIO_MIX || mode == FIO_MIX_BATCHED || mode == FIO_STEPS)
+        snprintf(bs, sizeof bs, "--bssplit=%u/%u:%u/%u --blockalign=%u", b->align,
+                 100 - b->cross_pct, 2 * b->align, b->cross_pct, b->align);
+    else
+        snprintf(bs, sizeof bs, "--bs=%u", b->align);
+    if (mode == FIO_MIX_BATCHED)
         snprintf(extra, sizeof extra,
                  "--iodepth_batch_submit=%u --iodepth_batch_complete_max=%u --registerfiles --fixedbufs",
                  depth / 4 ? depth / 4 : 1, depth);
@@ -135,10 +159,10 @@ static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode 
         snprintf(extra, sizeof extra, "--iodepth_batch_submit=%u --iodepth_batch_complete_min=%u",
                  depth, depth);
     snprintf(cmd, sizeof cmd,
-             "fio --name=engram --filename='%s' --readonly --direct=1 --rw=randread --bs=%u "
+             "fio --name=engram --filename='%s' --readonly --direct=1 --rw=randread %s "
              "--ioengine=io_uring --iodepth=%u %s --offset=%" PRIu64 " --size=%" PRIu64
              " --runtime=%.0f --time_based --norandommap --randrepeat=0 --output-format=json 2>/dev/null",
-             b->path, b->align, depth, extra, off, size, secs < 1 ? 1 : secs);
+             b->path, bs, depth, extra, off, size, secs < 1 ? 1 : secs);
     FILE *p = popen(cmd, "r");
     if (!p)
         return r;
@@ -287,10 +311,12 @@ struct depth_point {
 static int section_depths(struct bench *b, struct depth_point *pts)
 {
     printf("\n(a) batch reads of uniformly random rows of table 0, %u-byte aligned reads\n", b->align);
-    printf("    fio plain = SPEC.md section 11's command; fio batched = the same with batched\n"
-           "    submission and registered file/buffers.  ratio = engram / the better fio.\n");
-    printf("    %5s %12s %12s %12s %7s %8s %10s %9s\n", "depth", "engram IOPS", "fio plain",
-           "fio batched", "ratio", "cores", "bytes/read", "engine");
+    printf("    fio bs=%u: SPEC.md section 11's command.  fio same sizes: engram's read sizes\n"
+           "    (%u%% of rows span two blocks: --bssplit=%u/%u:%u/%u), plain and with batched\n"
+           "    submission + registered file/buffers.  ratio = engram / the better same-size fio.\n",
+           b->align, b->cross_pct, b->align, 100 - b->cross_pct, 2 * b->align, b->cross_pct);
+    printf("    %5s %12s %10s %12s %12s %7s %6s %10s %9s\n", "depth", "engram IOPS", "fio bs=512",
+           "fio same sz", "...batched", "ratio", "cores", "bytes/read", "engine");
     uint32_t *rows = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
     uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
     if (!rows || !out)
@@ -305,34 +331,46 @@ static int section_depths(struct bench *b, struct depth_point *pts)
             return EXIT_SYSTEM;
         }
         size_t tokens = depth * 16u < 4 ? 4 : depth * 16u > ENGRAM_BATCH_TOKENS ? ENGRAM_BATCH_TOKENS : depth * 16u;
-        double t0 = now_s(), c0 = cpu_s(), t1;
-        do {
-            random_rows(b, rows, tokens);
-            if (engram_reader_batch(r, 0, rows, tokens, ENGRAM_BF16, out, &err) < 0) {
-                fprintf(stderr, "%s: batch: %s\n", prog, err.msg);
-                engram_reader_close(r);
-                return EXIT_SYSTEM;
-            }
-            t1 = now_s();
-        } while (t1 - t0 < b->seconds);
-        double cores = (cpu_s() - c0) / (t1 - t0);
+        /* Shared disks drift: engram and both fio runs take turns in
+         * ROUNDS rounds, and each reports its median round. */
+        double ours_r[ROUNDS], plain_r[ROUNDS], mix_r[ROUNDS], batched_r[ROUNDS], cores_r[ROUNDS];
+        double slice = b->seconds / ROUNDS < 1 ? 1 : b->seconds / ROUNDS;
         engram_io_stats st;
-        engram_reader_stats(r, &st);
-        engram_reader_close(r);
-        double iops = (double)st.rows_read / (t1 - t0);
-        struct fio_result f = {0}, fb = {0};
-        if (b->use_fio) {
-            f = run_fio(b, st.depth, FIO_PLAIN, b->seconds);
-            fb = run_fio(b, st.depth, FIO_BATCHED, b->seconds);
+        for (int round = 0; round < ROUNDS; round++) {
+            engram_reader_reset_stats(r);
+            double t0 = now_s(), c0 = cpu_s(), t1;
+            do {
+                random_rows(b, rows, tokens);
+                if (engram_reader_batch(r, 0, rows, tokens, ENGRAM_BF16, out, &err) < 0) {
+                    fprintf(stderr, "%s: batch: %s\n", prog, err.msg);
+                    engram_reader_close(r);
+                    return EXIT_SYSTEM;
+                }
+                t1 = now_s();
+            } while (t1 - t0 < slice);
+            cores_r[round] = (cpu_s() - c0) / (t1 - t0);
+            engram_reader_stats(r, &st);
+            ours_r[round] = (double)st.rows_read / (t1 - t0);
+            plain_r[round] = mix_r[round] = batched_r[round] = 0;
+            if (b->use_fio) {
+                plain_r[round] = run_fio(b, st.depth, FIO_PLAIN, slice).iops;
+                mix_r[round] = run_fio(b, st.depth, FIO_MIX, slice).iops;
+                batched_r[round] = run_fio(b, st.depth, FIO_MIX_BATCHED, slice).iops;
+            }
         }
-        double best = f.iops > fb.iops ? f.iops : fb.iops;
+        engram_reader_close(r);
+        double iops = median(ours_r, ROUNDS), cores = median(cores_r, ROUNDS);
+        double plain = median(plain_r, ROUNDS), mix = median(mix_r, ROUNDS),
+               batched = median(batched_r, ROUNDS);
+        double best = mix > batched ? mix : batched;
         pts[d] = (struct depth_point){st.depth, iops, best};
-        printf("    %5u %12.0f %12.0f %12.0f %7.2f %8.2f %10.0f %9s\n", st.depth, iops, f.iops,
-               fb.iops, best > 0 ? iops / best : 0, cores,
+        printf("    %5u %12.0f %10.0f %12.0f %12.0f %7.2f %6.2f %10.0f %9s\n", st.depth, iops, plain,
+               mix, batched, best > 0 ? iops / best : 0, cores,
                (double)st.bytes_read / (double)st.rows_read, st.engine);
         csv_row(b, "depth", "engram_iops", st.depth, iops, "reads/s");
-        csv_row(b, "depth", "fio_plain_iops", st.depth, f.iops, "reads/s");
-        csv_row(b, "depth", "fio_batched_iops", st.depth, fb.iops, "reads/s");
+        csv_row(b, "depth", "fio_plain_iops", st.depth, plain, "reads/s");
+        csv_row(b, "depth", "fio_same_size_iops", st.depth, mix, "reads/s");
+        csv_row(b, "depth", "fio_batched_iops", st.depth, batched, "reads/s");
         csv_row(b, "depth", "engram_cores", st.depth, cores, "cores");
         fflush(stdout);
     }
@@ -412,7 +450,8 @@ static int read_tokens(const char *path, uint32_t vocab, uint32_t **out, size_t 
 
 static int section_prefill(struct bench *b)
 {
-    printf("\n(c) prefill: hashed real text, 2048-token batches, both tables, cold cache each run\n");
+    printf("\n(c) prefill: hashed real text, 2048-token batches, both tables; cache dropped before each\n"
+           "    corpus; engram and the baseline take turns on 16384-token segments\n");
     printf("    %-28s %8s %9s | %12s %10s %8s | %12s %10s %8s | %6s\n", "corpus", "tokens", "dedup",
            "engram rows/s", "reads/s", "cache+MB", "base rows/s", "reads/s", "cache+MB", "ratio");
     int fd = open(b->path, O_RDONLY | O_CLOEXEC);
@@ -426,14 +465,18 @@ static int section_prefill(struct bench *b)
             fprintf(stderr, "%s: cannot read tokens from %s\n", prog, b->corpora[c]);
             continue;
         }
+        if (b->max_tokens && n > b->max_tokens)
+            n = b->max_tokens;
         rows = malloc(n * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
         engram_history h;
         engram_history_reset(&h);
         engram_hash_tokens(engram_model_hasher(b->m), &h, tok, NULL, n, rows, NULL);
         free(tok);
-        /* engram */
+        /* Both readers run over the same segments in turn, so drift of a
+         * shared disk hits both alike; the cache is dropped once, at the
+         * start, and the baseline keeps whatever it caches from then on. */
         drop_file_cache(b);
-        int64_t pc0 = resident_pages(b);
+        int64_t pc0 = resident_pages(b), pc1 = pc0, bc0 = pc0, bc1 = pc0;
         engram_reader_opts o = {ENGRAM_IO_AUTO, 128};
         engram_reader *r;
         engram_error err;
@@ -441,44 +484,48 @@ static int section_prefill(struct bench *b)
             free(rows);
             continue;
         }
-        double t0 = now_s();
-        for (size_t at = 0; at < n; at += ENGRAM_BATCH_TOKENS) {
-            size_t k = n - at < ENGRAM_BATCH_TOKENS ? n - at : ENGRAM_BATCH_TOKENS;
-            for (int t = 0; t < ENGRAM_TABLES; t++)
-                if (engram_reader_batch(r, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, ENGRAM_BF16, out, &err) < 0)
-                    fprintf(stderr, "%s: %s\n", prog, err.msg);
+        double dt = 0, bdt = 0;
+        uint64_t base_reads = 0;
+        int berr = 0;
+        const size_t seg = 8 * ENGRAM_BATCH_TOKENS;
+        for (size_t s0 = 0; s0 < n; s0 += seg) {
+            size_t s1 = n - s0 < seg ? n : s0 + seg;
+            int64_t before = resident_pages(b);
+            double t0 = now_s();
+            for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
+                size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
+                for (int t = 0; t < ENGRAM_TABLES; t++)
+                    if (engram_reader_batch(r, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, ENGRAM_BF16, out, &err) < 0)
+                        fprintf(stderr, "%s: %s\n", prog, err.msg);
+            }
+            dt += now_s() - t0;
+            pc1 += resident_pages(b) - before; /* growth caused by engram */
+            if (!b->use_baseline)
+                continue;
+            before = resident_pages(b);
+            t0 = now_s();
+            for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
+                size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
+                for (int t = 0; t < ENGRAM_TABLES; t++)
+                    base_reads += baseline_batches(b, fd, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, out, &berr);
+            }
+            bdt += now_s() - t0;
+            bc1 += resident_pages(b) - before;  /* growth caused by the baseline */
         }
-        double dt = now_s() - t0;
         engram_io_stats st;
         engram_reader_stats(r, &st);
         engram_reader_close(r);
-        int64_t pc1 = resident_pages(b);
+        drop_file_cache(b);
         double ours = (double)st.rows_requested / dt;
         double saved = 1.0 - (double)st.rows_read / (double)st.rows_requested;
-        /* baseline */
-        double base = 0, base_reads = 0;
-        int64_t bc0 = 0, bc1 = 0;
-        if (b->use_baseline) {
-            drop_file_cache(b);
-            bc0 = resident_pages(b);
-            int berr = 0;
-            uint64_t reads = 0;
-            double b0 = now_s();
-            for (size_t at = 0; at < n; at += ENGRAM_BATCH_TOKENS) {
-                size_t k = n - at < ENGRAM_BATCH_TOKENS ? n - at : ENGRAM_BATCH_TOKENS;
-                for (int t = 0; t < ENGRAM_TABLES; t++)
-                    reads += baseline_batches(b, fd, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, out, &berr);
-            }
-            double bdt = now_s() - b0;
-            bc1 = resident_pages(b);
-            base = (double)st.rows_requested / bdt;
-            base_reads = (double)reads / bdt;
-            drop_file_cache(b);
-        }
+        double base = bdt > 0 ? (double)st.rows_requested / bdt : 0;
+        double base_rps = bdt > 0 ? (double)base_reads / bdt : 0;
+        if (berr)
+            fprintf(stderr, "%s: the baseline reader hit read or decode errors\n", prog);
         const char *name = strrchr(b->corpora[c], '/') ? strrchr(b->corpora[c], '/') + 1 : b->corpora[c];
         double mb = (double)sysconf(_SC_PAGESIZE) / 1e6;
         printf("    %-28.28s %8zu %8.1f%% | %12.0f %10.0f %8.1f | %12.0f %10.0f %8.1f | %6.2f\n", name, n,
-               100 * saved, ours, (double)st.rows_read / dt, (double)(pc1 - pc0) * mb, base, base_reads,
+               100 * saved, ours, (double)st.rows_read / dt, (double)(pc1 - pc0) * mb, base, base_rps,
                (double)(bc1 - bc0) * mb, base > 0 ? ours / base : 0);
         csv_row(b, name, "engram_rows_per_s", 0, ours, "rows/s");
         csv_row(b, name, "engram_cache_growth_MB", 0, (double)(pc1 - pc0) * mb, "MB");
@@ -559,7 +606,7 @@ static int create_file(const char *path, uint64_t bytes)
 static const char *bench_io_help =
     "usage: engram bench io FILE [--create SIZE] [--depths 1,2,...] [--seconds S]\n"
     "                        [--corpus TOKENS]... [--csv OUT.csv] [--svg OUT.svg]\n"
-    "                        [--no-fio] [--no-baseline]\n"
+    "                        [--max-tokens N] [--sections abc] [--no-fio] [--no-baseline]\n"
     "FILE is a model; with --create SIZE (e.g. 32G) it is written first if it does not\n"
     "exist (tables of SIZE in all, valid rows; use more than RAM).  Measures in one run:\n"
     " (a) the reader's batch IOPS at each depth vs fio on the same file and region\n"
@@ -568,7 +615,9 @@ static const char *bench_io_help =
     " (c) prefill of each token file (hashed, 2048-token batches, both tables) vs the\n"
     "     baseline reader (the reference on Linux: 16 threads per batch, cached pread),\n"
     "     with page-cache growth of both and the share de-duplication saved.\n"
-    "Default depths 1,2,4,8,16,32,48,64,128,256; --seconds per measurement (5).\n"
+    "Default depths 1,2,4,8,16,32,48,64,128,256; --seconds per measurement (6), split\n"
+    "into 3 rounds in which engram and fio take turns (medians reported, since shared\n"
+    "disks drift); --max-tokens caps each corpus (default: all of it).\n"
     "fio must be installed (apt-get install fio) for the device-limit columns.\n";
 
 int cmd_bench(int argc, char **argv)
@@ -588,7 +637,7 @@ int cmd_bench(int argc, char **argv)
     }
     struct bench b;
     memset(&b, 0, sizeof b);
-    b.seconds = 5;
+    b.seconds = 6;
     b.use_fio = b.use_baseline = 1;
     b.seed = 12345;
     const unsigned defaults[] = {1, 2, 4, 8, 16, 32, 48, 64, 128, 256};
@@ -631,6 +680,15 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--svg") && v) {
             svg = v;
             i++;
+        } else if (!strcmp(a, "--max-tokens") && v) {
+            uint64_t x;
+            if (parse_u64(v, SIZE_MAX, &x) < 0)
+                return fail_usage("bench io: bad --max-tokens");
+            b.max_tokens = (size_t)x;
+            i++;
+        } else if (!strcmp(a, "--sections") && v) {
+            b.sections = v;
+            i++;
         } else if (!strcmp(a, "--no-fio")) {
             b.use_fio = 0;
         } else if (!strcmp(a, "--no-baseline")) {
@@ -646,7 +704,7 @@ int cmd_bench(int argc, char **argv)
     if (!b.path)
         return fail_usage("bench io: FILE is required");
     if (b.seconds <= 0)
-        b.seconds = 5;
+        b.seconds = 6;
     struct stat st;
     if (create && stat(b.path, &st) != 0) {
         int rc = create_file(b.path, create);
@@ -674,6 +732,14 @@ int cmd_bench(int argc, char **argv)
         }
         engram_reader_stats(r, &s);
         b.align = s.align > 1 ? s.align : 512;
+        /* Rows start at multiples of 264 from the table offset: count the
+         * share whose bytes span two aligned blocks. */
+        unsigned cross = 0;
+        for (unsigned k = 0; k < 4096; k++) {
+            uint64_t o = b.in.table[0].offset + (uint64_t)k * ENGRAM_ROW_BYTES;
+            cross += o / b.align != (o + ENGRAM_ROW_BYTES - 1) / b.align;
+        }
+        b.cross_pct = (cross * 100 + 2048) / 4096;
         print_machine(&b);
         printf("reader: %s, %s, alignment %u%s%s\n", s.engine, s.direct ? "O_DIRECT" : "buffered",
                s.align, s.note[0] ? "; " : "", s.note);
@@ -684,13 +750,17 @@ int cmd_bench(int argc, char **argv)
     if (b.csv)
         fprintf(b.csv, "section,what,depth,value,unit\n");
     struct depth_point pts[MAX_DEPTHS];
-    rc = section_depths(&b, pts);
-    if (!rc)
+    const char *sec = b.sections ? b.sections : "abc";
+    rc = 0;
+    if (strchr(sec, 'a')) {
+        rc = section_depths(&b, pts);
+        if (!rc && svg)
+            write_svg(svg, pts, b.n_depths);
+    }
+    if (!rc && strchr(sec, 'b'))
         rc = section_decode(&b);
-    if (!rc)
+    if (!rc && strchr(sec, 'c'))
         rc = section_prefill(&b);
-    if (!rc && svg)
-        write_svg(svg, pts, b.n_depths);
     if (b.csv)
         fclose(b.csv);
     engram_model_close(b.m);

@@ -33,6 +33,7 @@ struct io_engine_ops {
 struct io_engine {
     const struct io_engine_ops *ops;
     const char *name;
+    size_t bytes;      /* memory the engine holds (rings, queues), not stacks */
 };
 
 /* io_uring on fd with `depth` entries; the buffers in [arena, arena+len) are

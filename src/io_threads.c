@@ -183,6 +183,7 @@ int io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io
     pthread_cond_init(&t->done, NULL);
     t->base.ops = &thread_ops;
     t->base.name = drop == DROP_NONE ? "threads" : "buffered";
+    t->base.bytes = sizeof *t + (size_t)threads * (sizeof *t->threads + sizeof *t->jobs + sizeof *t->cqes);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 64 * 1024); /* workers only read */

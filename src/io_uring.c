@@ -120,6 +120,9 @@ int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
     }
     u->base.ops = &uring_ops;
     u->base.name = "io_uring";
+    /* SQ entries, their index array and the CQ (twice the SQ). */
+    u->base.bytes = sizeof *u + (size_t)depth * (sizeof(struct io_uring_sqe) + sizeof(unsigned)) +
+                    2u * depth * sizeof(struct io_uring_cqe);
     *out = &u->base;
     return 0;
 }

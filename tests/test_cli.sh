@@ -120,10 +120,19 @@ expect_rc 2 "required" "missing MODEL" "$ENGRAM" info
 expect_rc 3 "No such file" "missing file" "$ENGRAM" info "$T/nope.gguf"
 head -c 100000 "$M" > "$T/trunc.gguf"
 expect_rc 1 "truncated file" "truncated model" "$ENGRAM" info "$T/trunc.gguf"
+expect_rc 0 "table reads:" "info reports the read engine" "$ENGRAM" info "$M"
 for c in info hash rows verify build; do
     expect_rc 0 "usage: engram $c" "$c --help" "$ENGRAM" "$c" --help
 done
 expect_rc 0 "exit codes" "engram --help" "$ENGRAM" --help
+
+# bench io: a short run of every section on the small model, fio included
+if "$ENGRAM" bench io "$M" --seconds 1 --depths 4 --max-tokens 3000 --csv "$T/b.csv" --svg "$T/b.svg" > "$T/b.txt" 2>&1 \
+   && grep -q "engram_iops" "$T/b.csv" && grep -q "fio_batched_iops" "$T/b.csv" \
+   && grep -q "baseline_cache_growth_MB" "$T/b.csv" && grep -q "<svg" "$T/b.svg" \
+   && grep -q "engram step p50 / fio time per 48 reads" "$T/b.txt" \
+   && grep -q "gpl3.tok" "$T/b.txt"; then ok; else bad "bench io smoke run"; cat "$T/b.txt" >&2; fi
+expect_rc 0 "usage: engram bench io" "bench io --help" "$ENGRAM" bench io --help
 
 # GGUF v2 output is read by both parsers too
 M2="$T/v2.gguf"
