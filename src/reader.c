@@ -30,6 +30,7 @@
 #define IO_BUFFER_BUDGET (512u << 10)
 #define MAX_THREADS 256u
 #define CHUNK_REQS (ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS)
+#define LANES 64
 #define HIST_SUB 16
 #define HIST_BUCKETS (64 * HIST_SUB)
 
@@ -445,17 +446,43 @@ static int batch_reap(engram_reader *r, unsigned min)
     return released;
 }
 
+/* Start of the group (requests for one row) at or after position b. */
+static size_t group_start(const uint64_t *reqs, size_t n, size_t b)
+{
+    while (b > 0 && b < n && (reqs[b] >> 32) == (reqs[b - 1] >> 32))
+        b++;
+    return b;
+}
+
 static int batch_chunk(engram_reader *r, int t, size_t nreq)
 {
     sort_reqs(r->reqs, nreq);
-    size_t i = 0;
+    /* Sorting groups duplicates, but issuing in row order would keep every
+     * read in flight inside a narrow stretch of the file, which network and
+     * striped block devices serve with little parallelism.  The sorted
+     * requests are cut into LANES stretches issued round-robin, so reads in
+     * flight spread over the whole table while each row is still read once. */
+    size_t cur[LANES], end[LANES];
+    for (int l = 0; l < LANES; l++)
+        cur[l] = group_start(r->reqs, nreq, nreq * (size_t)l / LANES);
+    for (int l = 0; l < LANES; l++)
+        end[l] = l + 1 < LANES ? cur[l + 1] : nreq;
+    int lane = 0, live = 0;
+    for (int l = 0; l < LANES; l++)
+        live += cur[l] < end[l];
     unsigned inflight = 0;
-    while ((i < nreq && r->b_rc == 0) || inflight > 0) {
-        while (i < nreq && r->n_free > 0 && r->b_rc == 0) {
+    while ((live > 0 && r->b_rc == 0) || inflight > 0) {
+        while (live > 0 && r->n_free > 0 && r->b_rc == 0) {
+            while (cur[lane] >= end[lane])
+                lane = (lane + 1) % LANES;
+            size_t i = cur[lane];
             uint32_t row = (uint32_t)(r->reqs[i] >> 32);
             size_t j = i + 1;
-            while (j < nreq && (uint32_t)(r->reqs[j] >> 32) == row)
+            while (j < end[lane] && (uint32_t)(r->reqs[j] >> 32) == row)
                 j++;
+            cur[lane] = j;
+            live -= j >= end[lane];
+            lane = (lane + 1) % LANES;
             unsigned s = r->free_slots[--r->n_free];
             r->slots[s].lo = (uint32_t)i;
             r->slots[s].hi = (uint32_t)j;
@@ -468,7 +495,6 @@ static int batch_chunk(engram_reader *r, int t, size_t nreq)
             }
             r->st.rows_read++;
             inflight++;
-            i = j;
         }
         if (inflight == 0)
             break;

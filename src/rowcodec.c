@@ -193,8 +193,10 @@ int engram_rows_check(const uint8_t *raw, size_t n, size_t *bad)
     return check_rows(resolve(ENGRAM_SIMD_AUTO), raw, n, bad);
 }
 
-int engram_rows_decode_bf16(engram_simd s, const uint8_t *raw, size_t n, uint16_t *out,
-                            size_t *bad)
+/* Both output formats: check every row first, then decode each with the
+ * chosen kernels where their fast path applies, else with the reference. */
+static int decode_rows(engram_simd s, const uint8_t *raw, size_t n, void *out, int f32,
+                       size_t *bad)
 {
     const struct row_kernels *k = resolve(s);
     if (!k || (n > 0 && (!raw || !out)))
@@ -204,22 +206,22 @@ int engram_rows_decode_bf16(engram_simd s, const uint8_t *raw, size_t n, uint16_
         return rc;
     for (size_t r = 0; r < n; r++) {
         const uint8_t *row = raw + r * ENGRAM_ROW_BYTES;
-        (k->fast_ok(row) ? k : &row_kernels_scalar)->bf16(row, out + r * ENGRAM_ROW_VALUES);
+        const struct row_kernels *use = k->fast_ok(row) ? k : &row_kernels_scalar;
+        if (f32)
+            use->f32(row, (float *)out + r * ENGRAM_ROW_VALUES);
+        else
+            use->bf16(row, (uint16_t *)out + r * ENGRAM_ROW_VALUES);
     }
     return 0;
 }
 
+int engram_rows_decode_bf16(engram_simd s, const uint8_t *raw, size_t n, uint16_t *out,
+                            size_t *bad)
+{
+    return decode_rows(s, raw, n, out, 0, bad);
+}
+
 int engram_rows_decode_f32(engram_simd s, const uint8_t *raw, size_t n, float *out, size_t *bad)
 {
-    const struct row_kernels *k = resolve(s);
-    if (!k || (n > 0 && (!raw || !out)))
-        return -EINVAL;
-    int rc = check_rows(k, raw, n, bad);
-    if (rc < 0)
-        return rc;
-    for (size_t r = 0; r < n; r++) {
-        const uint8_t *row = raw + r * ENGRAM_ROW_BYTES;
-        (k->fast_ok(row) ? k : &row_kernels_scalar)->f32(row, out + r * ENGRAM_ROW_VALUES);
-    }
-    return 0;
+    return decode_rows(s, raw, n, out, 1, bad);
 }
