@@ -319,8 +319,11 @@ static int section_depths(struct bench *b, struct depth_point *pts)
            "fio same sz", "...batched", "ratio", "cores", "bytes/read", "engine");
     uint32_t *rows = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
     uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
-    if (!rows || !out)
+    if (!rows || !out) {
+        free(rows);
+        free(out);
         return EXIT_SYSTEM;
+    }
     for (int d = 0; d < b->n_depths; d++) {
         unsigned depth = b->depths[d];
         engram_reader_opts o = {ENGRAM_IO_AUTO, depth};
@@ -328,6 +331,8 @@ static int section_depths(struct bench *b, struct depth_point *pts)
         engram_error err;
         if (engram_reader_open(b->m, &o, &r, &err) < 0) {
             fprintf(stderr, "%s: reader: %s\n", prog, err.msg);
+            free(rows);
+            free(out);
             return EXIT_SYSTEM;
         }
         size_t tokens = depth * 16u < 4 ? 4 : depth * 16u > ENGRAM_BATCH_TOKENS ? ENGRAM_BATCH_TOKENS : depth * 16u;
@@ -361,6 +366,8 @@ static int section_depths(struct bench *b, struct depth_point *pts)
                     if (engram_reader_batch(r, 0, rows, tokens, ENGRAM_BF16, out, &err) < 0) {
                         fprintf(stderr, "%s: batch: %s\n", prog, err.msg);
                         engram_reader_close(r);
+                        free(rows);
+                        free(out);
                         return EXIT_SYSTEM;
                     }
                     t1 = now_s();
@@ -468,8 +475,12 @@ static int section_prefill(struct bench *b)
            "engram rows/s", "reads/s", "cache+MB", "base rows/s", "reads/s", "cache+MB", "ratio");
     int fd = open(b->path, O_RDONLY | O_CLOEXEC);
     uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
-    if (fd < 0 || !out)
+    if (fd < 0 || !out) {
+        if (fd >= 0)
+            close(fd);
+        free(out);
         return EXIT_SYSTEM;
+    }
     for (int c = 0; c < b->n_corpora; c++) {
         uint32_t *tok = NULL, *rows;
         size_t n = 0;

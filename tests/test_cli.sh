@@ -127,7 +127,8 @@ done
 expect_rc 0 "exit codes" "engram --help" "$ENGRAM" --help
 
 # bench io: a short run of every section on the small model, fio included
-if "$ENGRAM" bench io "$M" --seconds 1 --depths 4 --max-tokens 3000 --csv "$T/b.csv" --svg "$T/b.svg" > "$T/b.txt" 2>&1 \
+check "build bench model" "$ENGRAM" build "$T/bench.gguf" --base 20000 --fill pool
+if "$ENGRAM" bench io "$T/bench.gguf" --seconds 1 --depths 4 --max-tokens 3000 --csv "$T/b.csv" --svg "$T/b.svg" > "$T/b.txt" 2>&1 \
    && grep -q "engram_iops" "$T/b.csv" && grep -q "fio_batched_iops" "$T/b.csv" \
    && grep -q "baseline_cache_growth_MB" "$T/b.csv" && grep -q "<svg" "$T/b.svg" \
    && grep -q "engram step p50 / fio time per 48 reads" "$T/b.txt" \
