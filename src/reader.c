@@ -350,8 +350,8 @@ static size_t elem_size(engram_dtype d)
     return d == ENGRAM_F32 ? sizeof(float) : sizeof(uint16_t);
 }
 
-/* Checks a completion.  1: the row is in the slot; 0: requeued (transient);
- * <0: error (err filled). */
+/* Checks a completion.  1: the row's bytes are in the slot (decoding
+ * validates them); 0: requeued (transient); <0: error (err filled). */
 static int check_cqe(engram_reader *r, const struct io_cqe *c, engram_error *err)
 {
     struct slot *sl = &r->slots[c->slot];
@@ -372,22 +372,24 @@ static int check_cqe(engram_reader *r, const struct io_cqe *c, engram_error *err
                            "row %u of table %d (file offset %llu): short read (%d of %u bytes)",
                            sl->row, sl->table, (unsigned long long)(sl->off + sl->skip), c->res,
                            sl->need);
-    const uint8_t *raw = r->arena + (size_t)c->slot * r->slot_size + sl->skip;
-    const char *why = NULL;
-    if (engram_rows_check(raw, 1, NULL) < 0) {
-        engram_row_check(raw, &why);
-        return err_set_row(err, -EDOM, sl->row, "row %u of table %d: %s", sl->row, sl->table,
-                           why ? why : "invalid");
-    }
     return 1;
 }
 
-static void decode_into(const uint8_t *raw, engram_dtype d, void *dst)
+/* Decodes the row in slot s into dst; the decoder validates the row first
+ * and writes nothing if it is invalid (-EDOM, err naming the row). */
+static int decode_slot(engram_reader *r, unsigned s, engram_dtype d, void *dst,
+                       engram_error *err)
 {
-    if (d == ENGRAM_F32)
-        engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, dst, NULL);
-    else
-        engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, dst, NULL);
+    const struct slot *sl = &r->slots[s];
+    const uint8_t *raw = r->arena + (size_t)s * r->slot_size + sl->skip;
+    int rc = d == ENGRAM_F32 ? engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, dst, NULL)
+                             : engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, dst, NULL);
+    if (rc == -EDOM) {
+        const char *why = "invalid";
+        engram_row_check(raw, &why);
+        return err_set_row(err, -EDOM, sl->row, "row %u of table %d: %s", sl->row, sl->table, why);
+    }
+    return rc;
 }
 
 static void release(engram_reader *r, unsigned s)
@@ -409,15 +411,17 @@ static void sort_reqs(uint64_t *v, size_t n)
     qsort(v, n, sizeof *v, cmp_u64);
 }
 
-static void batch_complete(engram_reader *r, unsigned s)
+static int batch_complete(engram_reader *r, unsigned s, engram_error *err)
 {
     struct slot *sl = &r->slots[s];
-    const uint8_t *raw = r->arena + (size_t)s * r->slot_size + sl->skip;
     size_t row_bytes = ENGRAM_ROW_VALUES * elem_size(r->b_dtype);
     uint8_t *first = r->b_out + (r->reqs[sl->lo] & 0xffffffffu) * row_bytes;
-    decode_into(raw, r->b_dtype, first);
+    int rc = decode_slot(r, s, r->b_dtype, first, err);
+    if (rc < 0)
+        return rc;
     for (uint32_t i = sl->lo + 1; i < sl->hi; i++)
         memcpy(r->b_out + (r->reqs[i] & 0xffffffffu) * row_bytes, first, row_bytes);
+    return 0;
 }
 
 /* Reaps at least `min` completions and handles them; returns how many slots
@@ -434,8 +438,8 @@ static int batch_reap(engram_reader *r, unsigned min)
         if (rc == 0)
             continue;
         if (rc > 0)
-            batch_complete(r, r->cqes[i].slot);
-        else if (r->b_rc == 0) {
+            rc = batch_complete(r, r->cqes[i].slot, &e);
+        if (rc < 0 && r->b_rc == 0) {
             r->b_rc = rc;
             if (r->b_err)
                 *r->b_err = e;
@@ -653,9 +657,9 @@ static int step_progress(engram_reader *r, unsigned min)
         if (rc == 0)
             continue;
         if (rc > 0)
-            decode_into(r->arena + (size_t)s * r->slot_size + r->slots[s].skip, r->step_dtype,
-                        (uint8_t *)r->step_out + r->slots[s].lo * row_bytes);
-        else if (r->step_rc == 0) {
+            rc = decode_slot(r, s, r->step_dtype, (uint8_t *)r->step_out + r->slots[s].lo * row_bytes,
+                             &e);
+        if (rc < 0 && r->step_rc == 0) {
             r->step_rc = rc;
             r->step_err = e;
         }
