@@ -277,7 +277,8 @@ typedef enum engram_dtype { ENGRAM_BF16 = 0, ENGRAM_F32 = 1 } engram_dtype;
 
 #define ENGRAM_BATCH_TOKENS 2048     /* tokens per de-duplicated chunk          */
 #define ENGRAM_READER_MAX_DEPTH 512
-/* Everything a reader allocates: the request array of one chunk
+/* Everything a reader allocates besides its optional row cache (which is
+ * exactly the size the caller asks for): the request array of one chunk
  * (2048 x 24 x 8 bytes = 384 KiB), I/O buffers (<= 512 KiB: in-flight reads
  * are capped at 512 KiB / (2 x DIO alignment)), the engine's rings and
  * bookkeeping.  The thread-pool engines also start one thread per slot of
@@ -287,7 +288,16 @@ typedef enum engram_dtype { ENGRAM_BF16 = 0, ENGRAM_F32 = 1 } engram_dtype;
 typedef struct engram_reader_opts {
     engram_io_engine engine;  /* AUTO honours ENGRAM_IO=uring|threads|buffered */
     unsigned depth;           /* reads in flight (queue depth / threads); 0 = 64 */
+    /* Row cache: 0 = none (the default).  Otherwise the reader keeps up to
+     * cache_bytes of raw rows it has read and validated (about 273 bytes a
+     * row, whole cache included) and serves repeats from memory: rows that
+     * recur across batches and steps (frequent n-grams) cost no device read.
+     * Allocated at open, fixed afterwards, owned by the reader, not shared
+     * between readers; at least ENGRAM_READER_MIN_CACHE when not 0. */
+    uint64_t cache_bytes;
 } engram_reader_opts;
+
+#define ENGRAM_READER_MIN_CACHE (64u << 10)
 
 typedef struct engram_io_stats {
     const char *engine;       /* "io_uring", "threads" or "buffered"           */
@@ -302,6 +312,10 @@ typedef struct engram_io_stats {
     uint64_t bytes_read;      /* bytes transferred from the file               */
     uint64_t batches, steps;
     uint64_t retries;         /* EINTR / EAGAIN / partial reads resubmitted    */
+    /* Row cache (all 0 without one): its memory (besides reserved_bytes),
+     * capacity in rows, and rows served from it (counted in rows_requested,
+     * not in rows_read). */
+    uint64_t cache_bytes, cache_rows, cache_hits;
     /* Decode-step latency (submit to completion of all 48 rows), ns. */
     uint64_t step_p50_ns, step_p99_ns, step_p999_ns, step_max_ns;
 } engram_io_stats;
@@ -320,8 +334,8 @@ void engram_reader_close(engram_reader *r);
  * the table's 24 columns are taken from it).  out receives [n][24][256]
  * values of dtype.  The batch is processed in ENGRAM_BATCH_TOKENS-token
  * chunks; within a chunk the requests are sorted and each distinct row is
- * read once.  Row ids are validated before any read (-EINVAL naming the
- * token, nothing written).  Read errors: -EIO (short read) or the errno, and
+ * read once (or taken from the row cache).  Row ids are validated before
+ * any read (-EINVAL naming the token, nothing written).  Read errors: -EIO (short read) or the errno, and
  * -EDOM for a row that does not decode, with err naming the row; out is then
  * partly written.  No memory is allocated.
  */

@@ -36,6 +36,7 @@ struct bench {
     int n_corpora;
     int use_fio, use_baseline;
     size_t max_tokens;
+    uint64_t cache_bytes;     /* prefill: the +cache reader's row cache    */
     FILE *csv;
     uint32_t align;
     unsigned cross_pct;       /* % of rows whose 264 bytes span two blocks */
@@ -328,7 +329,7 @@ static int section_depths(struct bench *b, struct depth_point *pts)
     }
     for (int d = 0; d < b->n_depths; d++) {
         unsigned depth = b->depths[d];
-        engram_reader_opts o = {ENGRAM_IO_AUTO, depth};
+        engram_reader_opts o = {.engine = ENGRAM_IO_AUTO, .depth = depth};
         engram_reader *r;
         engram_error err;
         if (engram_reader_open(b->m, &o, &r, &err) < 0) {
@@ -403,7 +404,7 @@ static int section_depths(struct bench *b, struct depth_point *pts)
 static int section_decode(struct bench *b)
 {
     printf("\n(b) decode steps: 48 random rows (both tables) per step, submit then wait\n");
-    engram_reader_opts o = {ENGRAM_IO_AUTO, 64};
+    engram_reader_opts o = {.engine = ENGRAM_IO_AUTO, .depth = 64};
     engram_reader *r;
     engram_error err;
     if (engram_reader_open(b->m, &o, &r, &err) < 0)
@@ -470,12 +471,84 @@ static int read_tokens(const char *path, uint32_t vocab, uint32_t **out, size_t 
     return 0;
 }
 
+/* One reader's run over segments of a corpus: time, and page-cache growth
+ * counted per segment from 0 up (pages another reader cached may be evicted
+ * meanwhile). */
+struct runner {
+    double secs;
+    int64_t growth_pages;
+    uint64_t reads;           /* baseline: preads issued                  */
+};
+
+static void engram_segment(struct bench *b, engram_reader *r, const uint32_t *rows, size_t s0,
+                           size_t s1, uint16_t *out, struct runner *ru)
+{
+    engram_error err;
+    int64_t before = resident_pages(b);
+    double t0 = now_s();
+    for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
+        size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
+        for (int t = 0; t < ENGRAM_TABLES; t++)
+            if (engram_reader_batch(r, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, ENGRAM_BF16, out, &err) < 0)
+                fprintf(stderr, "%s: %s\n", prog, err.msg);
+    }
+    ru->secs += now_s() - t0;
+    int64_t grew = resident_pages(b) - before;
+    ru->growth_pages += grew > 0 ? grew : 0;
+}
+
+static void baseline_segment(struct bench *b, int fd, const uint32_t *rows, size_t s0, size_t s1,
+                             uint16_t *out, struct runner *ru, int *berr)
+{
+    int64_t before = resident_pages(b);
+    double t0 = now_s();
+    for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
+        size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
+        for (int t = 0; t < ENGRAM_TABLES; t++)
+            ru->reads += baseline_batches(b, fd, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, out, berr);
+    }
+    ru->secs += now_s() - t0;
+    int64_t grew = resident_pages(b) - before;
+    ru->growth_pages += grew > 0 ? grew : 0;
+}
+
+/* Half a second of uncached random reads of both tables, so that the first
+ * reader timed after dropping the cache does not also pay for waking the
+ * device up (it touches no corpus row on purpose: random rows of a large
+ * table, read with O_DIRECT, leave nothing in the page cache). */
+static void warm_up(struct bench *b)
+{
+    engram_reader *r;
+    engram_error err;
+    if (engram_reader_open(b->m, NULL, &r, &err) < 0)
+        return;
+    uint32_t *rows = malloc(256 * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
+    uint16_t *out = malloc((size_t)256 * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
+    uint64_t seed = b->seed ^ 0x5eed;
+    double t0 = now_s();
+    while (rows && out && now_s() - t0 < 0.5) {
+        for (size_t i = 0; i < 256 * ENGRAM_ROWS_PER_TOKEN; i++)
+            rows[i] = (uint32_t)(rnd(&seed) % b->l->rows[i / ENGRAM_COLUMNS % ENGRAM_TABLES]);
+        for (int t = 0; t < ENGRAM_TABLES; t++)
+            engram_reader_batch(r, t, rows, 256, ENGRAM_BF16, out, NULL);
+    }
+    free(rows);
+    free(out);
+    engram_reader_close(r);
+}
+
 static int section_prefill(struct bench *b)
 {
-    printf("\n(c) prefill: hashed real text, 2048-token batches, both tables; cache dropped before each\n"
-           "    corpus; engram and the baseline take turns on 16384-token segments\n");
-    printf("    %-28s %8s %9s | %12s %10s %8s | %12s %10s %8s | %6s\n", "corpus", "tokens", "dedup",
-           "engram rows/s", "reads/s", "cache+MB", "base rows/s", "reads/s", "cache+MB", "ratio");
+    int with_cache = b->cache_bytes > 0;
+    printf("\n(c) prefill: hashed real text, 2048-token batches, both tables; page cache dropped\n"
+           "    before each corpus; the readers take turns (rotating order) on 4096-token segments.\n"
+           "    engram: no row cache; +cache: engram with a %.0f MiB row cache (empty at the start);\n"
+           "    base: the reference on Linux (16 threads per batch, cached pread).  'saved': requests\n"
+           "    that needed no device read (de-duplication, and for +cache its hits too).\n",
+           (double)b->cache_bytes / 1048576.0);
+    printf("    %-16s %7s | %10s %6s %8s | %10s %6s %8s | %10s %8s %8s | %6s %6s\n", "corpus", "tokens",
+           "engram r/s", "saved", "cache+MB", "+cache r/s", "saved", "cache+MB", "base r/s", "reads/s",
+           "cache+MB", "ratio", "+cache");
     int fd = open(b->path, O_RDONLY | O_CLOEXEC);
     uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
     if (fd < 0 || !out) {
@@ -498,69 +571,74 @@ static int section_prefill(struct bench *b)
         engram_history_reset(&h);
         engram_hash_tokens(engram_model_hasher(b->m), &h, tok, NULL, n, rows, NULL);
         free(tok);
-        /* Both readers run over the same segments in turn, so drift of a
-         * shared disk hits both alike; the cache is dropped once, at the
-         * start, and the baseline keeps whatever it caches from then on. */
+        /* The readers run over the same segments in turn, so drift of a
+         * shared disk hits them alike; the page cache is dropped once, at
+         * the start, and the baseline keeps whatever it caches from then on. */
         drop_file_cache(b);
-        int64_t pc0 = resident_pages(b), pc1 = pc0, bc0 = pc0, bc1 = pc0;
-        engram_reader_opts o = {ENGRAM_IO_AUTO, 128};
-        engram_reader *r;
+        warm_up(b);
+        engram_reader_opts o = {.engine = ENGRAM_IO_AUTO, .depth = 128};
+        engram_reader_opts oc = {.engine = ENGRAM_IO_AUTO, .depth = 128, .cache_bytes = b->cache_bytes};
+        engram_reader *r = NULL, *rc = NULL;
         engram_error err;
-        if (engram_reader_open(b->m, &o, &r, &err) < 0) {
+        if (engram_reader_open(b->m, &o, &r, &err) < 0 ||
+            (with_cache && engram_reader_open(b->m, &oc, &rc, &err) < 0)) {
+            fprintf(stderr, "%s: %s\n", prog, err.msg);
+            engram_reader_close(r);
             free(rows);
             continue;
         }
-        double dt = 0, bdt = 0;
-        uint64_t base_reads = 0;
+        struct runner ru[3];
+        memset(ru, 0, sizeof ru);
         int berr = 0;
-        const size_t seg = 8 * ENGRAM_BATCH_TOKENS;
-        for (size_t s0 = 0; s0 < n; s0 += seg) {
+        const size_t seg = 2 * ENGRAM_BATCH_TOKENS;
+        unsigned turn = 0;
+        for (size_t s0 = 0; s0 < n; s0 += seg, turn++) {
             size_t s1 = n - s0 < seg ? n : s0 + seg;
-            int64_t before = resident_pages(b);
-            double t0 = now_s();
-            for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
-                size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
-                for (int t = 0; t < ENGRAM_TABLES; t++)
-                    if (engram_reader_batch(r, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, ENGRAM_BF16, out, &err) < 0)
-                        fprintf(stderr, "%s: %s\n", prog, err.msg);
+            for (unsigned k = 0; k < 3; k++) {
+                unsigned who = (turn + k) % 3;
+                if (who == 0)
+                    engram_segment(b, r, rows, s0, s1, out, &ru[0]);
+                else if (who == 1 && with_cache)
+                    engram_segment(b, rc, rows, s0, s1, out, &ru[1]);
+                else if (who == 2 && b->use_baseline)
+                    baseline_segment(b, fd, rows, s0, s1, out, &ru[2], &berr);
             }
-            dt += now_s() - t0;
-            /* Growth caused by engram: pages the baseline cached may be
-             * evicted meanwhile, so a segment counts from 0 up. */
-            int64_t grew = resident_pages(b) - before;
-            pc1 += grew > 0 ? grew : 0;
-            if (!b->use_baseline)
-                continue;
-            before = resident_pages(b);
-            t0 = now_s();
-            for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
-                size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
-                for (int t = 0; t < ENGRAM_TABLES; t++)
-                    base_reads += baseline_batches(b, fd, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, out, &berr);
-            }
-            bdt += now_s() - t0;
-            bc1 += resident_pages(b) - before;  /* growth caused by the baseline */
         }
-        engram_io_stats st;
+        engram_io_stats st, stc;
         engram_reader_stats(r, &st);
+        memset(&stc, 0, sizeof stc);
+        if (rc)
+            engram_reader_stats(rc, &stc);
         engram_reader_close(r);
+        engram_reader_close(rc);
         drop_file_cache(b);
-        double ours = (double)st.rows_requested / dt;
-        double saved = 1.0 - (double)st.rows_read / (double)st.rows_requested;
-        double base = bdt > 0 ? (double)st.rows_requested / bdt : 0;
-        double base_rps = bdt > 0 ? (double)base_reads / bdt : 0;
+        double req = (double)st.rows_requested;
+        double ours = req / ru[0].secs;
+        double cached = with_cache ? req / ru[1].secs : 0;
+        double base = ru[2].secs > 0 ? req / ru[2].secs : 0;
+        double base_rps = ru[2].secs > 0 ? (double)ru[2].reads / ru[2].secs : 0;
+        double saved = 1.0 - (double)st.rows_read / req;
+        double saved_c = with_cache ? 1.0 - (double)stc.rows_read / req : 0;
         if (berr)
             fprintf(stderr, "%s: the baseline reader hit read or decode errors\n", prog);
         const char *name = strrchr(b->corpora[c], '/') ? strrchr(b->corpora[c], '/') + 1 : b->corpora[c];
         double mb = (double)sysconf(_SC_PAGESIZE) / 1e6;
-        printf("    %-28.28s %8zu %8.1f%% | %12.0f %10.0f %8.1f | %12.0f %10.0f %8.1f | %6.2f\n", name, n,
-               100 * saved, ours, (double)st.rows_read / dt, (double)(pc1 - pc0) * mb, base, base_rps,
-               (double)(bc1 - bc0) * mb, base > 0 ? ours / base : 0);
+        printf("    %-16.16s %7zu | %10.0f %5.1f%% %8.1f | %10.0f %5.1f%% %8.1f | %10.0f %8.0f %8.1f | %6.2f %6.2f\n",
+               name, n, ours, 100 * saved, (double)ru[0].growth_pages * mb, cached, 100 * saved_c,
+               (double)ru[1].growth_pages * mb, base, base_rps, (double)ru[2].growth_pages * mb,
+               base > 0 ? ours / base : 0, base > 0 ? cached / base : 0);
         csv_row(b, name, "engram_rows_per_s", 0, ours, "rows/s");
-        csv_row(b, name, "engram_cache_growth_MB", 0, (double)(pc1 - pc0) * mb, "MB");
-        csv_row(b, name, "baseline_rows_per_s", 0, base, "rows/s");
-        csv_row(b, name, "baseline_cache_growth_MB", 0, (double)(bc1 - bc0) * mb, "MB");
+        csv_row(b, name, "engram_cache_growth_MB", 0, (double)ru[0].growth_pages * mb, "MB");
         csv_row(b, name, "dedup_saved", 0, saved, "fraction");
+        if (with_cache) {
+            csv_row(b, name, "engram_rowcache_rows_per_s", 0, cached, "rows/s");
+            csv_row(b, name, "engram_rowcache_saved", 0, saved_c, "fraction");
+            csv_row(b, name, "engram_rowcache_MiB", 0, (double)stc.cache_bytes / 1048576.0, "MiB");
+        }
+        if (b->use_baseline) {
+            csv_row(b, name, "baseline_rows_per_s", 0, base, "rows/s");
+            csv_row(b, name, "baseline_cache_growth_MB", 0, (double)ru[2].growth_pages * mb, "MB");
+        }
         fflush(stdout);
         free(rows);
     }
@@ -635,7 +713,8 @@ static int create_file(const char *path, uint64_t bytes)
 static const char *bench_io_help =
     "usage: engram bench io FILE [--create SIZE] [--depths 1,2,...] [--seconds S]\n"
     "                        [--corpus TOKENS]... [--csv OUT.csv] [--svg OUT.svg]\n"
-    "                        [--max-tokens N] [--sections abc] [--no-fio] [--no-baseline]\n"
+    "                        [--max-tokens N] [--cache SIZE] [--sections abc]\n"
+    "                        [--no-fio] [--no-baseline]\n"
     "FILE is a model; with --create SIZE (e.g. 32G) it is written first if it does not\n"
     "exist (tables of SIZE in all, valid rows; use more than RAM).  Measures in one run:\n"
     " (a) the reader's batch IOPS at each depth vs fio on the same file and region\n"
@@ -643,7 +722,8 @@ static const char *bench_io_help =
     " (b) decode steps of 48 rows: p50/p99/p99.9 vs fio's time for 48 reads at depth 48;\n"
     " (c) prefill of each token file (hashed, 2048-token batches, both tables) vs the\n"
     "     baseline reader (the reference on Linux: 16 threads per batch, cached pread),\n"
-    "     with page-cache growth of both and the share de-duplication saved.\n"
+    "     with page-cache growth of both and the share de-duplication saved; also\n"
+    "     engram with a row cache of --cache SIZE (default 256M; 0 leaves it out).\n"
     "Default depths 1,2,4,8,16,32,48,64,128,256; --seconds per measurement (8), split\n"
     "into 4 rounds in which engram and the fio runs take turns in rotating order\n"
     "(medians reported: shared disks drift); --max-tokens caps each corpus.\n"
@@ -669,6 +749,7 @@ int cmd_bench(int argc, char **argv)
     b.seconds = 8;
     b.use_fio = b.use_baseline = 1;
     b.seed = 12345;
+    b.cache_bytes = 256ull << 20;
     const unsigned defaults[] = {1, 2, 4, 8, 16, 32, 48, 64, 128, 256};
     memcpy(b.depths, defaults, sizeof defaults);
     b.n_depths = 10;
@@ -714,6 +795,15 @@ int cmd_bench(int argc, char **argv)
             if (parse_u64(v, SIZE_MAX, &x) < 0)
                 return fail_usage("bench io: bad --max-tokens");
             b.max_tokens = (size_t)x;
+            i++;
+        } else if (!strcmp(a, "--cache") && v) {
+            char *end;
+            double x = strtod(v, &end);
+            uint64_t mult = *end == 'G' || *end == 'g' ? 1ull << 30 : *end == 'M' || *end == 'm' ? 1ull << 20 : 1;
+            if (x < 0 || x * (double)mult > (double)(1ull << 40) ||
+                (x > 0 && x * (double)mult < ENGRAM_READER_MIN_CACHE))
+                return fail_usage("bench io: bad --cache '%s' (0, or 64K to 1T)", v);
+            b.cache_bytes = (uint64_t)(x * (double)mult);
             i++;
         } else if (!strcmp(a, "--sections") && v) {
             b.sections = v;

@@ -6,7 +6,8 @@
  * straight out of the slot, which is then free again.  Batches are cut into
  * 2048-token chunks whose requests are sorted by row so each distinct row is
  * read once per chunk (the request array is the reader's, sized for one
- * chunk).  All memory is allocated at open.
+ * chunk).  With a row cache, rows already read (and validated) are decoded
+ * from memory instead.  All memory is allocated at open.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "io_engine.h"
+#include "rowcache.h"
 #include "util.h"
 
 #ifndef RWF_DONTCACHE
@@ -60,13 +62,15 @@ struct engram_reader {
     unsigned *free_slots, n_free;
     struct io_cqe *cqes;
     uint64_t *reqs;                /* one chunk: (row << 32) | destination */
+    struct rowcache *cache;        /* NULL without one                     */
 
     /* the one decode step in flight */
     int step_active;
     engram_dtype step_dtype;
     void *step_out;
     uint32_t step_rows[ENGRAM_ROWS_PER_TOKEN];
-    unsigned step_issued, step_done;
+    uint8_t step_miss[ENGRAM_ROWS_PER_TOKEN]; /* columns not in the cache */
+    unsigned n_miss, step_issued, step_inflight, step_done;
     uint64_t step_t0;
     int step_rc;
     engram_error step_err;
@@ -222,14 +226,25 @@ int engram_reader_open(const engram_model *m, const engram_reader_opts *opts,
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "depth %u exceeds %u", depth,
                        ENGRAM_READER_MAX_DEPTH);
 
+    uint64_t cache_bytes = opts ? opts->cache_bytes : 0;
+    if (cache_bytes > 0 && cache_bytes < ENGRAM_READER_MIN_CACHE)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "row cache of %llu bytes is below the %u minimum",
+                       (unsigned long long)cache_bytes, ENGRAM_READER_MIN_CACHE);
+
     engram_reader *r = calloc(1, sizeof *r);
     if (!r)
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+    if (cache_bytes > 0 && rowcache_new(cache_bytes, &r->cache) < 0) {
+        free(r);
+        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "cannot allocate a row cache of %llu bytes",
+                       (unsigned long long)cache_bytes);
+    }
     r->m = m;
     engram_model_get_info(m, &r->info);
     r->fd = -1;
     int rc = open_descriptor(r, want, err);
     if (rc < 0) {
+        rowcache_free(r->cache);
         free(r);
         return rc;
     }
@@ -302,6 +317,7 @@ void engram_reader_close(engram_reader *r)
     free(r->free_slots);
     free(r->cqes);
     free(r->reqs);
+    rowcache_free(r->cache);
     free(r);
 }
 
@@ -323,6 +339,8 @@ void engram_reader_stats(const engram_reader *r, engram_io_stats *st)
     st->reserved_bytes = sizeof *r + (uint64_t)r->depth * (r->slot_size + sizeof *r->slots +
                                                            sizeof *r->free_slots + sizeof *r->cqes) +
                          (uint64_t)CHUNK_REQS * sizeof *r->reqs + (r->eng ? r->eng->bytes : 0);
+    st->cache_bytes = rowcache_bytes(r->cache);
+    st->cache_rows = rowcache_rows(r->cache);
     st->step_p50_ns = hist_quantile(r->hist, r->st.steps, 0.50);
     st->step_p99_ns = hist_quantile(r->hist, r->st.steps, 0.99);
     st->step_p999_ns = hist_quantile(r->hist, r->st.steps, 0.999);
@@ -377,19 +395,42 @@ static int check_cqe(engram_reader *r, const struct io_cqe *c, engram_error *err
 
 /* Decodes the row in slot s into dst; the decoder validates the row first
  * and writes nothing if it is invalid (-EDOM, err naming the row). */
-static int decode_slot(engram_reader *r, unsigned s, engram_dtype d, void *dst,
-                       engram_error *err)
+static int decode_raw(const uint8_t *raw, int table, uint32_t row, engram_dtype d, void *dst,
+                      engram_error *err)
 {
-    const struct slot *sl = &r->slots[s];
-    const uint8_t *raw = r->arena + (size_t)s * r->slot_size + sl->skip;
     int rc = d == ENGRAM_F32 ? engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, dst, NULL)
                              : engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, dst, NULL);
     if (rc == -EDOM) {
         const char *why = "invalid";
         engram_row_check(raw, &why);
-        return err_set_row(err, -EDOM, sl->row, "row %u of table %d: %s", sl->row, sl->table, why);
+        return err_set_row(err, -EDOM, row, "row %u of table %d: %s", row, table, why);
     }
     return rc;
+}
+
+/* Decodes the row in slot s; a row that decodes goes into the cache. */
+static int decode_slot(engram_reader *r, unsigned s, engram_dtype d, void *dst,
+                       engram_error *err)
+{
+    const struct slot *sl = &r->slots[s];
+    const uint8_t *raw = r->arena + (size_t)s * r->slot_size + sl->skip;
+    int rc = decode_raw(raw, sl->table, sl->row, d, dst, err);
+    if (rc == 0 && r->cache)
+        rowcache_put(r->cache, sl->table, sl->row, raw);
+    return rc;
+}
+
+/* Decodes (table, row) from the cache into dst: 1 if it was there, 0 if
+ * not, <0 on error (err filled). */
+static int decode_cached(engram_reader *r, int table, uint32_t row, engram_dtype d, void *dst,
+                         engram_error *err)
+{
+    const uint8_t *raw = r->cache ? rowcache_get(r->cache, table, row) : NULL;
+    if (!raw)
+        return 0;
+    r->st.cache_hits++;
+    int rc = decode_raw(raw, table, row, d, dst, err);
+    return rc < 0 ? rc : 1;
 }
 
 static void release(engram_reader *r, unsigned s)
@@ -411,16 +452,24 @@ static void sort_reqs(uint64_t *v, size_t n)
     qsort(v, n, sizeof *v, cmp_u64);
 }
 
+/* Copies the decoded row at request lo to the other requests [lo+1, hi). */
+static void batch_fan_out(engram_reader *r, size_t lo, size_t hi)
+{
+    size_t row_bytes = ENGRAM_ROW_VALUES * elem_size(r->b_dtype);
+    const uint8_t *first = r->b_out + (r->reqs[lo] & 0xffffffffu) * row_bytes;
+    for (size_t i = lo + 1; i < hi; i++)
+        memcpy(r->b_out + (r->reqs[i] & 0xffffffffu) * row_bytes, first, row_bytes);
+}
+
 static int batch_complete(engram_reader *r, unsigned s, engram_error *err)
 {
     struct slot *sl = &r->slots[s];
     size_t row_bytes = ENGRAM_ROW_VALUES * elem_size(r->b_dtype);
-    uint8_t *first = r->b_out + (r->reqs[sl->lo] & 0xffffffffu) * row_bytes;
-    int rc = decode_slot(r, s, r->b_dtype, first, err);
+    int rc = decode_slot(r, s, r->b_dtype, r->b_out + (r->reqs[sl->lo] & 0xffffffffu) * row_bytes,
+                         err);
     if (rc < 0)
         return rc;
-    for (uint32_t i = sl->lo + 1; i < sl->hi; i++)
-        memcpy(r->b_out + (r->reqs[i] & 0xffffffffu) * row_bytes, first, row_bytes);
+    batch_fan_out(r, sl->lo, sl->hi);
     return 0;
 }
 
@@ -487,6 +536,19 @@ static int batch_chunk(engram_reader *r, int t, size_t nreq)
             cur[lane] = j;
             live -= j >= end[lane];
             lane = (lane + 1) % LANES;
+            if (r->cache) {
+                size_t row_bytes = ENGRAM_ROW_VALUES * elem_size(r->b_dtype);
+                int hit = decode_cached(r, t, row, r->b_dtype,
+                                        r->b_out + (r->reqs[i] & 0xffffffffu) * row_bytes, r->b_err);
+                if (hit < 0) {
+                    r->b_rc = hit;
+                    break;
+                }
+                if (hit) {
+                    batch_fan_out(r, i, j);
+                    continue;
+                }
+            }
             unsigned s = r->free_slots[--r->n_free];
             r->slots[s].lo = (uint32_t)i;
             r->slots[s].hi = (uint32_t)j;
@@ -582,18 +644,23 @@ int engram_reader_batch_stream(engram_reader *r, int t, const uint32_t *rows, si
 
 /* ------------------------------------------------------------ decode step */
 
+/* After an error, rows never issued count as done so that wait() ends once
+ * the reads in flight are back. */
+static void step_abandon_rest(engram_reader *r)
+{
+    r->step_done += r->n_miss - r->step_issued;
+    r->step_issued = r->n_miss;
+}
+
 static void step_issue_more(engram_reader *r)
 {
     if (r->step_rc != 0) {
-        /* After an error, rows never issued count as done so wait() ends
-         * once the reads in flight are back. */
-        r->step_done += ENGRAM_ROWS_PER_TOKEN - r->step_issued;
-        r->step_issued = ENGRAM_ROWS_PER_TOKEN;
+        step_abandon_rest(r);
         return;
     }
     unsigned queued = 0;
-    while (r->step_issued < ENGRAM_ROWS_PER_TOKEN && r->n_free > 0 && r->step_rc == 0) {
-        unsigned k = r->step_issued;
+    while (r->step_issued < r->n_miss && r->n_free > 0) {
+        unsigned k = r->step_miss[r->step_issued];
         unsigned s = r->free_slots[--r->n_free];
         r->slots[s].lo = k;
         int rc = issue(r, s, (int)(k / ENGRAM_COLUMNS), r->step_rows[k]);
@@ -601,11 +668,11 @@ static void step_issue_more(engram_reader *r)
             release(r, s);
             r->step_rc = err_set_row(&r->step_err, rc, r->step_rows[k],
                                      "row %u: cannot queue: %s", r->step_rows[k], strerror(-rc));
-            r->step_done += ENGRAM_ROWS_PER_TOKEN - r->step_issued;
-            r->step_issued = ENGRAM_ROWS_PER_TOKEN;
+            step_abandon_rest(r);
             break;
         }
         r->step_issued++;
+        r->step_inflight++;
         r->st.rows_read++;
         queued++;
     }
@@ -630,10 +697,25 @@ int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_
     r->step_active = 1;
     r->step_dtype = dtype;
     r->step_out = out;
-    r->step_issued = r->step_done = 0;
+    r->step_issued = r->step_inflight = r->step_done = r->n_miss = 0;
     r->step_rc = 0;
     r->st.rows_requested += ENGRAM_ROWS_PER_TOKEN;
     r->step_t0 = now_ns();
+    size_t row_bytes = ENGRAM_ROW_VALUES * elem_size(dtype);
+    for (unsigned k = 0; k < ENGRAM_ROWS_PER_TOKEN; k++) {
+        engram_error e;
+        int hit = decode_cached(r, (int)(k / ENGRAM_COLUMNS), rows[k], dtype,
+                                (uint8_t *)out + k * row_bytes, &e);
+        if (hit == 0) {
+            r->step_miss[r->n_miss++] = (uint8_t)k;
+            continue;
+        }
+        if (hit < 0 && r->step_rc == 0) {
+            r->step_rc = hit;
+            r->step_err = e;
+        }
+        r->step_done++;
+    }
     step_issue_more(r);
     return 0;
 }
@@ -664,6 +746,7 @@ static int step_progress(engram_reader *r, unsigned min)
             r->step_err = e;
         }
         release(r, s);
+        r->step_inflight--;
         r->step_done++;
     }
     step_issue_more(r);
@@ -690,7 +773,7 @@ int engram_reader_step_wait(engram_reader *r, engram_error *err)
     /* Wait for everything in flight in one wake-up: waking per row costs a
      * context switch each, which on a VM is a good part of a step. */
     while (r->step_done < ENGRAM_ROWS_PER_TOKEN) {
-        unsigned inflight = r->step_issued - r->step_done;
+        unsigned inflight = r->step_inflight;
         if (step_progress(r, inflight ? inflight : 1) < 0)
             break;
     }

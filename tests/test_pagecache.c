@@ -80,7 +80,7 @@ int main(void)
         evict(path);
         uint64_t before = resident(path, lo, hi);
         CHECK(before != UINT64_MAX);
-        engram_reader_opts o = {modes[k].e, 64};
+        engram_reader_opts o = {.engine = modes[k].e, .depth = 64};
         engram_reader *r;
         CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
         CHECK_EQ(engram_reader_batch(r, 0, rows, N, ENGRAM_BF16, out, &err), 0);

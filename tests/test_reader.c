@@ -87,7 +87,7 @@ static void batches(engram_model *m)
     const size_t n = 2100; /* two chunks, the last one partial */
     uint32_t *rows = hashed_stream(m, n, 1, 6);
     for (int e = 0; e < 3; e++) {
-        engram_reader_opts o = {engines[e], 32};
+        engram_reader_opts o = {.engine = engines[e], .depth = 32};
         engram_reader *r;
         engram_error err;
         int rc = engram_reader_open(m, &o, &r, &err);
@@ -129,6 +129,78 @@ static void batches(engram_model *m)
     free(rows);
 }
 
+/* With a row cache: outputs unchanged; each distinct row of a chunk is
+ * either read or served from the cache (never both, never neither); a
+ * repeated batch or step reads nothing when the cache holds it all; a cache
+ * far smaller than the data still gives exact outputs; the cache's memory is
+ * what was asked for. */
+static void cached(engram_model *m)
+{
+    const size_t n = 2100;
+    uint32_t *rows = hashed_stream(m, n, 3, 40);
+    void *want = expected(m, 1, rows, n, ENGRAM_BF16);
+    size_t bytes = n * 24 * 256 * 2;
+    uint16_t *got = malloc(bytes);
+    uint64_t distinct = expected_reads(rows, n, 1);
+    for (int e = 0; e < 3; e++)
+        for (int big = 0; big < 2; big++) {
+            uint64_t ask = big ? 64u << 20 : ENGRAM_READER_MIN_CACHE; /* all rows / ~230 rows */
+            engram_reader_opts o = {.engine = engines[e], .depth = 16, .cache_bytes = ask};
+            engram_reader *r;
+            engram_error err;
+            CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
+            engram_io_stats st;
+            for (int pass = 0; pass < 2; pass++) {
+                memset(got, 0, bytes);
+                engram_reader_reset_stats(r);
+                CHECK_EQ(engram_reader_batch(r, 1, rows, n, ENGRAM_BF16, got, &err), 0);
+                CHECK(memcmp(got, want, bytes) == 0);
+                engram_reader_stats(r, &st);
+                CHECK_EQ(st.rows_read + st.cache_hits, distinct);
+                if (big && pass == 1)
+                    CHECK_EQ(st.rows_read, 0);
+                if (!big)
+                    CHECK(st.rows_read > distinct / 2);
+            }
+            CHECK(st.cache_bytes <= ask && st.cache_bytes > ask / 2);
+            CHECK(st.cache_rows > 0 && st.cache_rows * 264 < st.cache_bytes);
+            CHECK(st.reserved_bytes <= ENGRAM_READER_MAX_BYTES);
+            /* Decode steps: a second pass over the same tokens is all hits
+             * with the big cache; outputs exact either way. */
+            const size_t ns = 40;
+            void *w0 = expected(m, 0, rows, ns, ENGRAM_F32), *w1 = expected(m, 1, rows, ns, ENGRAM_F32);
+            static float out[48 * 256];
+            for (int pass = 0; pass < 2; pass++) {
+                engram_reader_reset_stats(r);
+                for (size_t i = 0; i < ns; i++) {
+                    memset(out, 0, sizeof out);
+                    CHECK_EQ(engram_reader_step_submit(r, rows + i * 48, ENGRAM_F32, out, &err), 0);
+                    CHECK_EQ(engram_reader_step_wait(r, &err), 0);
+                    CHECK(memcmp(out, (float *)w0 + i * 24 * 256, 24 * 256 * 4) == 0);
+                    CHECK(memcmp(out + 24 * 256, (float *)w1 + i * 24 * 256, 24 * 256 * 4) == 0);
+                }
+                engram_reader_stats(r, &st);
+                CHECK_EQ(st.steps, ns);
+                CHECK_EQ(st.rows_read + st.cache_hits, ns * 48);
+                if (big && pass == 1)
+                    CHECK_EQ(st.rows_read, 0);
+            }
+            if (big)
+                printf("cache %-9s %llu bytes, %llu rows\n", st.engine,
+                       (unsigned long long)st.cache_bytes, (unsigned long long)st.cache_rows);
+            free(w0);
+            free(w1);
+            engram_reader_close(r);
+        }
+    engram_reader_opts o = {.engine = ENGRAM_IO_AUTO, .depth = 16, .cache_bytes = 1000};
+    engram_reader *r;
+    engram_error err;
+    CHECK_EQ(engram_reader_open(m, &o, &r, &err), -EINVAL);
+    free(got);
+    free(want);
+    free(rows);
+}
+
 static void steps(engram_model *m)
 {
     const size_t n = 24;
@@ -136,7 +208,7 @@ static void steps(engram_model *m)
     void *want0 = expected(m, 0, rows, n, ENGRAM_F32), *want1 = expected(m, 1, rows, n, ENGRAM_F32);
     for (int e = 0; e < 3; e++) {
         for (unsigned depth = 8; depth <= 64; depth *= 8) { /* fewer slots than rows, and more */
-            engram_reader_opts o = {engines[e], depth};
+            engram_reader_opts o = {.engine = engines[e], .depth = depth};
             engram_reader *r;
             engram_error err;
             CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
@@ -197,8 +269,9 @@ static void errors(const char *path, const engram_layout *l)
     uint32_t rows[3 * 48];
     for (int i = 0; i < 3 * 48; i++)
         rows[i] = (uint32_t)(i * 7 % 500);
-    for (int e = 0; e < 3; e++) {
-        engram_reader_opts o = {engines[e], 16};
+    for (int e = 0; e < 4; e++) { /* the 4th: io_uring with a row cache */
+        engram_reader_opts o = {.engine = engines[e % 3], .depth = 16,
+                                .cache_bytes = e == 3 ? 1u << 20 : 0};
         engram_reader *r;
         engram_error err;
         CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
@@ -228,7 +301,7 @@ static void errors(const char *path, const engram_layout *l)
     /* Shrink the file: the last rows of table 1 are gone. */
     CHECK_EQ(truncate(bad, (off_t)(in.table[1].offset + 2000ull * 264 + 100)), 0);
     for (int e = 0; e < 3; e++) {
-        engram_reader_opts o = {engines[e], 16};
+        engram_reader_opts o = {.engine = engines[e], .depth = 16};
         engram_reader *r;
         engram_error err;
         CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
@@ -311,7 +384,7 @@ static void million(engram_model *m)
     for (int e = 0; e < 3; e++) {
         /* The full million on io_uring; 200,000 tokens on the others. */
         size_t nt = e == 0 ? n : n / 5;
-        engram_reader_opts o = {engines[e], 64};
+        engram_reader_opts o = {.engine = engines[e], .depth = 64};
         engram_reader *r;
         engram_error err;
         long at_open = rss_kb();
@@ -373,7 +446,7 @@ static void env_and_options(engram_model *m)
     engram_reader_close(r);
     unsetenv("ENGRAM_IO");
     unsetenv("ENGRAM_IO_DROP");
-    engram_reader_opts o = {ENGRAM_IO_URING, ENGRAM_READER_MAX_DEPTH + 1};
+    engram_reader_opts o = {.engine = ENGRAM_IO_URING, .depth = ENGRAM_READER_MAX_DEPTH + 1};
     CHECK_EQ(engram_reader_open(m, &o, &r, &err), -EINVAL);
     engram_reader_close(NULL);
 }
@@ -401,6 +474,7 @@ int main(void)
     } while (0)
     LAP(batches(m));
     LAP(steps(m));
+    LAP(cached(m));
     LAP(env_and_options(m));
     LAP(million(m));
     engram_model_close(m);
