@@ -24,7 +24,7 @@ endif
 
 CFLAGS_ALL = -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -fno-fast-math -ffp-contract=off \
              -fvisibility=hidden $(WARN) -Iinclude -Isrc $(CFLAGS)
-LDLIBS_ALL = -luring -lpthread -lm $(LDLIBS)
+LDLIBS_ALL = -luring -lutf8proc -ljansson -lpthread -lm $(LDLIBS)
 
 ifneq ($(SANITIZE),)
 BUILD := build-san-$(SANITIZE)
@@ -40,7 +40,8 @@ BENCH_SRC = $(wildcard bench/*.c)
 BENCHES  = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 .PHONY: all lib test run bench clean deps fuzz
-all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay
+all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
+     $(BUILD)/tests/fuzz_tokmap_replay
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so
 
 $(BUILD)/obj/%.o: src/%.c include/engram.h $(wildcard src/*.h) Makefile
@@ -61,8 +62,8 @@ $(BUILD)/tests/%: tests/%.c tests/testutil.h $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
 
-# The fuzz target as a standalone replayer (any compiler) ...
-$(BUILD)/tests/fuzz_model_replay: tests/fuzz/fuzz_model.c $(BUILD)/libengram.a
+# The fuzz targets as standalone replayers (any compiler) ...
+$(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DFUZZ_REPLAY $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
 
@@ -71,8 +72,10 @@ FUZZ_FLAGS = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 fuzz:
 	$(MAKE) CC=clang BUILD=build-fuzz CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" \
 	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/libengram.a
-	clang $(filter-out -fvisibility=hidden,$(CFLAGS_ALL)) $(FUZZ_FLAGS) -o build-fuzz/fuzz_model \
-	    tests/fuzz/fuzz_model.c build-fuzz/libengram.a -luring -lpthread -lm
+	for t in model tokmap; do \
+	    clang $(filter-out -fvisibility=hidden,$(CFLAGS_ALL)) $(FUZZ_FLAGS) -o build-fuzz/fuzz_$$t \
+	        tests/fuzz/fuzz_$$t.c build-fuzz/libengram.a $(LDLIBS_ALL) || exit 1; \
+	done
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)

@@ -3,6 +3,7 @@
 #define ENGRAM_CLI_H
 
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engram.h"
@@ -19,7 +20,11 @@ int has_help(int argc, char **argv);
 int open_model(const char *path, engram_model **m);
 void progress_bar(int t, uint64_t done, uint64_t total, double t0);
 
+int slurp(const char *path, char **buf, size_t *len);
+
 int cmd_build(int argc, char **argv);
+/* tokmap, layout, quantize, dequantize; -1 if name is none of them. */
+int cmd_tools(const char *name, int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
 #endif

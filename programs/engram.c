@@ -76,7 +76,7 @@ int has_help(int argc, char **argv)
 }
 
 /* Reads a whole file (or "-" for stdin); the caller frees *buf. */
-static int slurp(const char *path, char **buf, size_t *len)
+int slurp(const char *path, char **buf, size_t *len)
 {
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f)
@@ -739,137 +739,6 @@ static int cmd_verify(int argc, char **argv)
     return st;
 }
 
-/* ---------------------------------------------------------------- build */
-
-static const char *build_help =
-    "usage: engram build OUT.gguf [--base B] [--width W] [--fill zero|random|sparse|pool]\n"
-    "                    [--seed S] [--vocab N] [--compressed-vocab N] [--gguf-version 2|3]\n"
-    "Writes a ds4-dialect V4.1 model with the published V4.1 multipliers (SPEC.md\n"
-    "section 5, V' = 99092) and primes by the shared-seen allocation from --base\n"
-    "(default 16000000, the full size: 2 x ~101 GB, written sparse with --fill zero\n"
-    "or sparse; --fill pool writes valid rows at disk speed).  The token map is synthetic: raw id t -> t mod V' (issue #4 brings\n"
-    "the tokenizer-derived map).  --width W adds engram_kv/q_norm/k_norm weights.\n";
-
-/* V4.1 multipliers for V' = 99092 (SPEC.md section 5, known answers). */
-static const uint64_t v41_multipliers[ENGRAM_TABLES][ENGRAM_NGRAM] = {
-    {76632096046245ull, 4839876093313ull, 35959672319349ull, 73987337458391ull},
-    {67716810739261ull, 51510806800915ull, 30921347202721ull, 82619226485591ull},
-};
-
-static void build_progress(void *ctx, uint64_t done, uint64_t total)
-{
-    double *t0 = ctx;
-    progress_bar(0, done, total, *t0);
-}
-
-int cmd_build(int argc, char **argv)
-{
-    if (has_help(argc, argv)) {
-        fputs(build_help, stdout);
-        return 0;
-    }
-    const char *out = NULL;
-    uint64_t base = 16000000, width = 0, seed = 1, vocab = 129280, cvocab = 99092, ver = 3;
-    engram_fill fill = ENGRAM_FILL_ZERO;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        struct { const char *name; uint64_t *dst; uint64_t max; } num[] = {
-            {"--base", &base, UINT32_MAX}, {"--width", &width, 1u << 20},
-            {"--seed", &seed, UINT64_MAX}, {"--vocab", &vocab, 1u << 24},
-            {"--compressed-vocab", &cvocab, 1u << 24}, {"--gguf-version", &ver, 3},
-        };
-        int matched = 0;
-        for (size_t k = 0; k < sizeof num / sizeof num[0] && !matched; k++) {
-            if (strcmp(a, num[k].name))
-                continue;
-            matched = 1;
-            if (i + 1 >= argc || parse_u64(argv[i + 1], num[k].max, num[k].dst) < 0)
-                return fail_usage("build: %s needs a number <= %" PRIu64, a, num[k].max);
-            i++;
-        }
-        if (matched)
-            continue;
-        if (!strcmp(a, "--fill")) {
-            const char *f = i + 1 < argc ? argv[++i] : "";
-            if (!strcmp(f, "zero"))
-                fill = ENGRAM_FILL_ZERO;
-            else if (!strcmp(f, "random"))
-                fill = ENGRAM_FILL_RANDOM;
-            else if (!strcmp(f, "sparse"))
-                fill = ENGRAM_FILL_SPARSE;
-            else if (!strcmp(f, "pool"))
-                fill = ENGRAM_FILL_POOL;
-            else
-                return fail_usage("build: --fill takes zero, random, sparse or pool");
-        } else if (a[0] == '-') {
-            return fail_usage("build: unknown option '%s'", a);
-        } else if (!out) {
-            out = a;
-        } else {
-            return fail_usage("build: more than one OUT");
-        }
-    }
-    if (!out)
-        return fail_usage("build: OUT.gguf is required");
-    if (ver < 2 || cvocab == 0 || vocab == 0 || base < 2)
-        return fail_usage("build: bad --gguf-version, --vocab, --compressed-vocab or --base");
-
-    engram_build_opts o;
-    memset(&o, 0, sizeof o);
-    engram_layout *l = &o.layout;
-    l->vocab = (uint32_t)vocab;
-    l->compressed_vocab = (uint32_t)cvocab;
-    uint32_t *map = malloc(vocab * sizeof *map);
-    if (!map)
-        return EXIT_SYSTEM;
-    for (uint64_t t = 0; t < vocab; t++)
-        map[t] = (uint32_t)(t % cvocab);
-    l->token_map = map;
-    l->pad_id = map[2 % vocab]; /* raw pad token 2 */
-    memcpy(l->multipliers, v41_multipliers, sizeof v41_multipliers);
-    uint32_t primes[ENGRAM_TABLES * ENGRAM_COLUMNS];
-    int rc = engram_layout_primes((uint32_t)base, ENGRAM_TABLES, ENGRAM_NGRAM, ENGRAM_HEADS, primes,
-                                  ENGRAM_TABLES * ENGRAM_COLUMNS);
-    if (rc < 0) {
-        free(map);
-        return fail_lib(rc, NULL, "build: primes");
-    }
-    for (int t = 0; t < ENGRAM_TABLES; t++) {
-        uint64_t sum = 0;
-        for (int c = 0; c < ENGRAM_COLUMNS; c++) {
-            l->primes[t][c] = primes[t * ENGRAM_COLUMNS + c];
-            sum += l->primes[t][c];
-        }
-        if (sum > UINT32_MAX) {
-            free(map);
-            return fail_usage("build: --base too large: a table would exceed 2^32 rows");
-        }
-        l->rows[t] = (uint32_t)sum;
-    }
-    o.width = (uint32_t)width;
-    o.fill = fill;
-    o.seed = seed;
-    o.gguf_version = (int)ver;
-    double t0 = now_s();
-    if (isatty(2)) {
-        o.progress = build_progress;
-        o.progress_ctx = &t0;
-    }
-    engram_error err = {0};
-    rc = engram_build_model(out, &o, &err);
-    if (o.progress)
-        fputc('\n', stderr);
-    free(map);
-    if (rc < 0)
-        return fail_lib(rc, &err, out);
-    printf("wrote %s: rows %u + %u, width %u, fill %s, seed %" PRIu64 " (%.2f s)\n", out,
-           l->rows[0], l->rows[1], o.width,
-           fill == ENGRAM_FILL_ZERO ? "zero" : fill == ENGRAM_FILL_RANDOM ? "random"
-                                     : fill == ENGRAM_FILL_SPARSE ? "sparse" : "pool", seed,
-           now_s() - t0);
-    return 0;
-}
-
 /* ---------------------------------------------------------------- main */
 
 static const char *main_help =
@@ -879,7 +748,10 @@ static const char *main_help =
     "  hash MODEL --tokens FILE [...]      row ids of a token stream\n"
     "  rows MODEL --table T ROW...         decoded rows\n"
     "  verify MODEL [--table T]            scan tables for rows that do not decode\n"
-    "  build OUT.gguf [...]                write a V4.1-layout model (tests, demos)\n"
+    "  build OUT.gguf [...]                write a complete V4.1-layout model\n"
+    "  tokmap TOKENIZER.json [...]         token map of a tokenizer (V', SHA-256)\n"
+    "  layout --vocab-size V' [...]        multipliers and primes of a layout\n"
+    "  quantize IN OUT / dequantize IN OUT float rows <-> 264-byte rows\n"
     "  bench io FILE [...]                 reader vs fio vs the reference's baseline\n"
     "  version                             print the version\n"
     "exit codes: 0 ok, 1 invalid data (model, row, token), 2 usage, 3 system error\n";
@@ -904,9 +776,12 @@ int main(int argc, char **argv)
         {"info", cmd_info}, {"hash", cmd_hash}, {"rows", cmd_rows},
         {"verify", cmd_verify}, {"build", cmd_build}, {"bench", cmd_bench},
     };
-    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        if (!strcmp(cmd, cmds[i].name)) {
-            int rc = cmds[i].fn(argc - 1, argv + 1);
+    for (size_t i = 0; i <= sizeof cmds / sizeof cmds[0]; i++)
+        if (i == sizeof cmds / sizeof cmds[0] || !strcmp(cmd, cmds[i].name)) {
+            int rc = i < sizeof cmds / sizeof cmds[0] ? cmds[i].fn(argc - 1, argv + 1)
+                                                      : cmd_tools(cmd, argc - 1, argv + 1);
+            if (rc < 0)
+                break; /* not a tool either */
             if (fflush(stdout) != 0 && rc == 0) {
                 fprintf(stderr, "%s: write to stdout failed\n", prog);
                 rc = EXIT_SYSTEM;

@@ -49,15 +49,20 @@ build "asan+ubsan" SANITIZE=address,undefined && {
     suite "asan+ubsan: " build-san-address,undefined
     run "asan+ubsan: test_cli" sh tests/test_cli.sh build-san-address,undefined
     run "asan+ubsan: fuzz_model replay of seeds" build-san-address,undefined/tests/fuzz_model_replay "$SEEDS"/*
+    run "asan+ubsan: fuzz_tokmap replay of seeds" build-san-address,undefined/tests/fuzz_tokmap_replay tests/fuzz/tokmap_seeds/*
 }
 build "tsan" SANITIZE=thread && suite "tsan: " build-san-thread
 if command -v clang >/dev/null 2>&1; then
     build "clang" CC=clang BUILD=build-clang && suite "clang: " build-clang
-    # libFuzzer on the model reader for a fixed time; any crash fails.
-    if run "build: libFuzzer target" make fuzz; then
-        mkdir -p "$LOG/corpus"
+    # libFuzzer on the model reader and the tokenizer reader for a fixed
+    # time; any crash fails.
+    if run "build: libFuzzer targets" make fuzz; then
+        mkdir -p "$LOG/corpus" "$LOG/corpus_tokmap"
         run "libFuzzer: fuzz_model, ${FUZZ_SECONDS:-30} s" build-fuzz/fuzz_model \
             -max_total_time="${FUZZ_SECONDS:-30}" -print_final_stats=1 "$LOG/corpus" "$SEEDS"
+        run "libFuzzer: fuzz_tokmap, ${FUZZ_SECONDS:-30} s" build-fuzz/fuzz_tokmap \
+            -max_total_time="${FUZZ_SECONDS:-30}" -max_len=4096 -print_final_stats=1 \
+            "$LOG/corpus_tokmap" tests/fuzz/tokmap_seeds
     fi
 fi
 

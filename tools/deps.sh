@@ -16,11 +16,14 @@ want cc gcc
 want make make
 [ -f /usr/include/stdio.h ] || need="$need libc6-dev"
 [ -f /usr/include/liburing.h ] || need="$need liburing-dev"
+[ -f /usr/include/utf8proc.h ] || need="$need libutf8proc-dev"
+[ -f /usr/include/jansson.h ] || need="$need libjansson-dev"
 if [ "$build_only" -eq 0 ]; then
 want node nodejs
 want npm npm
 want clang clang
 [ -x /usr/bin/python3 ] || need="$need python3"
+/usr/bin/python3 -c "import numpy" 2>/dev/null || need="$need python3-numpy"  # quantizer reference (tests/quant_ref.py)
 # libFuzzer and the sanitizer runtimes for clang (make fuzz)
 dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need="$need libclang-rt-14-dev"
 want fio fio   # the device's limit in engram bench io

@@ -1,15 +1,21 @@
 #!/bin/sh
 # run.sh - `make run`: the main job on the embedded default.  For now: build
-# a small demo model (V4.1 multipliers, primes from base 50000, random rows),
-# print its info, hash the bundled real-text token stream and summarize it,
-# decode the rows of its first token and verify the tables.
+# the default demo model with `engram build` (scaled V4.1 layout: V4.1's
+# V' = 99092 and its real multipliers, primes from base 16000 = 1/1000 of
+# V4.1's, random rows, 64-wide projection weights), show its layout next to
+# the full one, print its info, hash the bundled real-text token stream and
+# summarize it, decode the rows of its first token and verify the tables.
 set -eu
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 M="$B/demo.gguf"
-if [ ! -f "$M" ]; then
-    "$B/engram" build "$M" --base 50000 --width 64 --fill random --seed 1
+# (rebuilt whenever the engram binary is newer than the model)
+if [ ! -f "$M" ] || [ "$B/engram" -nt "$M" ]; then
+    "$B/engram" build "$M" --base 16000 --width 64 --fill random --seed 1
 fi
+echo "== engram layout --vocab-size 99092 --base 16000   (the demo; V4.1 itself uses --base 16000000)"
+"$B/engram" layout --vocab-size 99092 --base 16000
+echo
 echo "== engram info $M"
 "$B/engram" info "$M"
 echo

@@ -1,0 +1,815 @@
+/*
+ * tools.c - the model tools: tokmap (tokenizer compression), layout
+ * (multipliers and primes), build (a complete model), quantize and
+ * dequantize (float rows <-> e4m3_e8m0_32_row264 rows).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static void hex32(const uint8_t h[32], char out[65])
+{
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", h[i]);
+}
+
+/* Writes n bytes to path (temporary name, then rename).  0 or an exit code. */
+static int write_file(const char *path, const void *a, size_t na, const void *b, size_t nb)
+{
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    if (!tmp)
+        return EXIT_SYSTEM;
+    snprintf(tmp, plen + 16, "%s.tmp%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    int ok = f && fwrite(a, 1, na, f) == na && (nb == 0 || fwrite(b, 1, nb, f) == nb);
+    if (f && fclose(f) != 0)
+        ok = 0;
+    if (ok && rename(tmp, path) != 0)
+        ok = 0;
+    if (!ok) {
+        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, path, strerror(errno));
+        unlink(tmp);
+    }
+    free(tmp);
+    return ok ? 0 : EXIT_SYSTEM;
+}
+
+/* ---------------------------------------------------------------- tokmap */
+
+static const char *tokmap_help =
+    "usage: engram tokmap TOKENIZER.json [--out MAP.u32] [--stats [N]]\n"
+    "Builds the token map of SPEC.md section 4 from a Hugging Face tokenizer.json\n"
+    "(byte-level BPE plus added tokens): raw id -> compressed id by the normalized\n"
+    "text of each token (NFKC, NFD, no Mn, lowercase, whitespace rules), in\n"
+    "first-seen order.  Prints the raw vocabulary size, V' and the SHA-256 of the\n"
+    "map as little-endian u32; --out writes that map; --stats lists the N (20)\n"
+    "largest groups of tokens sharing one key.\n";
+
+/* Prints a key with control characters and quotes escaped. */
+static void print_key(const char *k, uint32_t n)
+{
+    putchar('\'');
+    for (uint32_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)k[i];
+        if (c == '\'' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20 || c == 0x7f)
+            printf("\\x%02x", c);
+        else
+            putchar(c);
+    }
+    putchar('\'');
+}
+
+static int cmp_group_desc(const void *a, const void *b, void *ctx)
+{
+    const uint32_t *g = ctx;
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    if (g[x] != g[y])
+        return g[x] > g[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static int cmd_tokmap(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(tokmap_help, stdout);
+        return 0;
+    }
+    const char *in = NULL, *out = NULL;
+    uint64_t top = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+            out = argv[++i];
+        } else if (!strcmp(argv[i], "--stats")) {
+            top = 20;
+            if (i + 1 < argc && argv[i + 1][0] != '-' && parse_u64(argv[i + 1], 1000000, &top) == 0)
+                i++;
+        } else if (argv[i][0] == '-') {
+            return fail_usage("tokmap: unknown option '%s'", argv[i]);
+        } else if (!in) {
+            in = argv[i];
+        } else {
+            return fail_usage("tokmap: more than one TOKENIZER.json");
+        }
+    }
+    if (!in)
+        return fail_usage("tokmap: TOKENIZER.json is required");
+    engram_tokmap tm;
+    engram_error err = {0};
+    int rc = engram_tokmap_from_json(in, &tm, &err);
+    if (rc < 0)
+        return fail_lib(rc, &err, "tokmap");
+    char hex[65];
+    hex32(tm.sha256, hex);
+    printf("tokenizer %s\n", in);
+    printf("raw vocabulary  %u ids (%u without a token)\n", tm.vocab, tm.missing);
+    printf("V'              %u\n", tm.compressed_vocab);
+    printf("raw-string keys %u (text with U+FFFD)\n", tm.raw_keys);
+    printf("map sha256      %s\n", hex);
+    int status = 0;
+    if (out) {
+        uint8_t *le = malloc((size_t)tm.vocab * 4);
+        if (!le) {
+            engram_tokmap_free(&tm);
+            return EXIT_SYSTEM;
+        }
+        for (uint32_t i = 0; i < tm.vocab; i++)
+            for (int b = 0; b < 4; b++)
+                le[4 * i + (uint32_t)b] = (uint8_t)(tm.map[i] >> (8 * b));
+        status = write_file(out, le, (size_t)tm.vocab * 4, NULL, 0);
+        free(le);
+        if (status == 0)
+            printf("wrote %s (%u x u32, little-endian)\n", out, tm.vocab);
+    }
+    if (top > 0) {
+        uint32_t *ids = malloc((size_t)tm.compressed_vocab * sizeof *ids);
+        if (ids) {
+            for (uint32_t i = 0; i < tm.compressed_vocab; i++)
+                ids[i] = i;
+            qsort_r(ids, tm.compressed_vocab, sizeof *ids, cmp_group_desc, tm.group);
+            printf("largest groups (tokens <- key):\n");
+            for (uint32_t i = 0; i < top && i < tm.compressed_vocab; i++) {
+                printf("  %6u <- ", tm.group[ids[i]]);
+                print_key(tm.key[ids[i]], tm.key_len[ids[i]]);
+                printf("   (compressed id %u)\n", ids[i]);
+            }
+            free(ids);
+        }
+    }
+    engram_tokmap_free(&tm);
+    return status;
+}
+
+/* ---------------------------------------------------------------- layout */
+
+static const char *layout_help =
+    "usage: engram layout --vocab-size V' [--layers 1,14] [--ngram 4] [--heads 8]\n"
+    "                     [--base 16000000] [--json]\n"
+    "Multipliers and bucket counts by SPEC.md section 5: per layer, ngram odd\n"
+    "multipliers drawn from numpy's default_rng(10007 * layer) below\n"
+    "(INT64_MAX / V') / 2, and (ngram - 1) * heads primes by the shared-seen\n"
+    "allocation from --base.  With V' = 99092 and the defaults: DeepSeek V4.1.\n";
+
+static int parse_list(const char *s, uint32_t *out, int max, int *n)
+{
+    *n = 0;
+    char *copy = strdup(s), *save = NULL;
+    if (!copy)
+        return -1;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (*n >= max || parse_u64(t, 100000, &v) < 0) {
+            free(copy);
+            return -1;
+        }
+        out[(*n)++] = (uint32_t)v;
+    }
+    free(copy);
+    return *n > 0 ? 0 : -1;
+}
+
+static int cmd_layout(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(layout_help, stdout);
+        return 0;
+    }
+    uint64_t vocab = 0, ngram = 4, heads = 8, base = 16000000;
+    uint32_t layers[16] = {1, 14};
+    int n_layers = 2, json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) {
+            json = 1;
+            continue;
+        }
+        if (!v)
+            return fail_usage("layout: %s needs a value", a);
+        i++;
+        if (!strcmp(a, "--vocab-size")) {
+            if (parse_u64(v, 1u << 24, &vocab) < 0 || vocab == 0)
+                return fail_usage("layout: --vocab-size takes 1..16777216");
+        } else if (!strcmp(a, "--ngram")) {
+            if (parse_u64(v, 16, &ngram) < 0 || ngram < 2)
+                return fail_usage("layout: --ngram takes 2..16");
+        } else if (!strcmp(a, "--heads")) {
+            if (parse_u64(v, 64, &heads) < 0 || heads == 0)
+                return fail_usage("layout: --heads takes 1..64");
+        } else if (!strcmp(a, "--base")) {
+            if (parse_u64(v, UINT32_MAX, &base) < 0 || base < 2)
+                return fail_usage("layout: --base takes 2..4294967295");
+        } else if (!strcmp(a, "--layers")) {
+            if (parse_list(v, layers, 16, &n_layers) < 0)
+                return fail_usage("layout: --layers takes up to 16 comma-separated layer numbers");
+        } else {
+            return fail_usage("layout: unknown option '%s'", a);
+        }
+    }
+    if (!vocab)
+        return fail_usage("layout: --vocab-size is required");
+    int cols = (int)((ngram - 1) * heads);
+    uint32_t *primes = malloc((size_t)n_layers * (size_t)cols * sizeof *primes);
+    if (!primes)
+        return EXIT_SYSTEM;
+    int rc = engram_layout_primes((uint32_t)base, n_layers, (int)ngram, (int)heads, primes,
+                                  (size_t)n_layers * (size_t)cols);
+    if (rc < 0) {
+        free(primes);
+        return fail_lib(rc, NULL, "layout: primes");
+    }
+    if (json)
+        printf("{\"vocab_size\":%" PRIu64 ",\"ngram\":%" PRIu64 ",\"heads\":%" PRIu64
+               ",\"base\":%" PRIu64 ",\"layers\":[",
+               vocab, ngram, heads, base);
+    for (int L = 0; L < n_layers; L++) {
+        uint64_t m[16], sum = 0;
+        engram_layout_multipliers((uint32_t)vocab, layers[L], (int)ngram, m);
+        for (int c = 0; c < cols; c++)
+            sum += primes[L * cols + c];
+        if (json) {
+            printf("%s{\"layer\":%u,\"multipliers\":[", L ? "," : "", layers[L]);
+            for (uint64_t j = 0; j < ngram; j++)
+                printf("%s%" PRIu64, j ? "," : "", m[j]);
+            printf("],\"primes\":[");
+            for (int c = 0; c < cols; c++)
+                printf("%s%u", c ? "," : "", primes[L * cols + c]);
+            printf("],\"rows\":%" PRIu64 "}", sum);
+            continue;
+        }
+        printf("layer %u\n  multipliers:", layers[L]);
+        for (uint64_t j = 0; j < ngram; j++)
+            printf(" %" PRIu64, m[j]);
+        printf("\n  primes (order-major, %" PRIu64 " per order):\n", heads);
+        for (uint64_t n = 2; n <= ngram; n++) {
+            printf("    n=%" PRIu64 ":", n);
+            for (uint64_t h = 0; h < heads; h++)
+                printf(" %u", primes[L * cols + (int)((n - 2) * heads + h)]);
+            printf("\n");
+        }
+        printf("  rows (sum of primes): %" PRIu64 "\n", sum);
+    }
+    if (json)
+        printf("]}\n");
+    free(primes);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- build */
+
+static const char *build_help =
+    "usage: engram build OUT.gguf [--tokenizer TOKENIZER.json | --tokmap MAP.u32]\n"
+    "                    [--base B] [--width W] [--fill zero|random|sparse|pool]\n"
+    "                    [--seed S] [--vocab N] [--compressed-vocab N] [--gguf-version 2|3]\n"
+    "Writes a complete ds4-dialect V4.1-layout model: layout keys, token map, the\n"
+    "projection weights when --width W > 0 (engram_kv F16 [6144, 5W], q_norm and\n"
+    "k_norm F32 [W, 4]; V4.1 has W = 5120), and the two tables last, table 0 page\n"
+    "aligned.  Token map: from a tokenizer.json (SPEC.md section 4), from a map\n"
+    "file (little-endian u32, as engram tokmap --out writes), or synthetic (raw id\n"
+    "t -> t mod V', with --vocab 129280 and --compressed-vocab 99092 by default).\n"
+    "Multipliers: SPEC.md section 5 for V' and layers 1 and 14 (V' = 99092 gives\n"
+    "V4.1's published ones).  Primes: shared-seen allocation from --base (default\n"
+    "16000000, the full 2 x ~101 GB, written sparse with --fill zero or sparse;\n"
+    "--fill pool writes valid rows at disk speed; random draws every row).\n"
+    "Deterministic for a seed.\n";
+
+static void build_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    double *t0 = ctx;
+    progress_bar(0, done, total, *t0);
+}
+
+/* A little-endian u32 map file: V' = its largest entry + 1. */
+static int read_map_file(const char *path, uint32_t **map, uint64_t *vocab, uint64_t *cvocab)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = slurp(path, &buf, &len);
+    if (rc < 0) {
+        fprintf(stderr, "%s: cannot read '%s': %s\n", prog, path, strerror(-rc));
+        return EXIT_SYSTEM;
+    }
+    if (len == 0 || len % 4 || len / 4 > (1u << 24)) {
+        free(buf);
+        fprintf(stderr, "%s: '%s': a map is 1..2^24 little-endian u32 values\n", prog, path);
+        return EXIT_DATA;
+    }
+    uint32_t *m = malloc(len);
+    uint64_t mx = 0;
+    if (!m) {
+        free(buf);
+        return EXIT_SYSTEM;
+    }
+    const uint8_t *p = (const uint8_t *)buf;
+    for (size_t i = 0; i < len / 4; i++) {
+        m[i] = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+               (uint32_t)p[4 * i + 3] << 24;
+        mx = m[i] > mx ? m[i] : mx;
+    }
+    free(buf);
+    if (mx >= (1u << 24)) {
+        free(m);
+        fprintf(stderr, "%s: '%s': entries must be below 2^24\n", prog, path);
+        return EXIT_DATA;
+    }
+    *map = m;
+    *vocab = len / 4;
+    *cvocab = mx + 1;
+    return 0;
+}
+
+int cmd_build(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(build_help, stdout);
+        return 0;
+    }
+    const char *out = NULL, *tokenizer = NULL, *mapfile = NULL;
+    uint64_t base = 16000000, width = 0, seed = 1, vocab = 129280, cvocab = 99092, ver = 3;
+    engram_fill fill = ENGRAM_FILL_ZERO;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        struct { const char *name; uint64_t *dst; uint64_t max; } num[] = {
+            {"--base", &base, UINT32_MAX}, {"--width", &width, 1u << 20},
+            {"--seed", &seed, UINT64_MAX}, {"--vocab", &vocab, 1u << 24},
+            {"--compressed-vocab", &cvocab, 1u << 24}, {"--gguf-version", &ver, 3},
+        };
+        int matched = 0;
+        for (size_t k = 0; k < sizeof num / sizeof num[0] && !matched; k++) {
+            if (strcmp(a, num[k].name))
+                continue;
+            matched = 1;
+            if (i + 1 >= argc || parse_u64(argv[i + 1], num[k].max, num[k].dst) < 0)
+                return fail_usage("build: %s needs a number <= %" PRIu64, a, num[k].max);
+            i++;
+        }
+        if (matched)
+            continue;
+        if (!strcmp(a, "--fill")) {
+            const char *f = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(f, "zero"))
+                fill = ENGRAM_FILL_ZERO;
+            else if (!strcmp(f, "random"))
+                fill = ENGRAM_FILL_RANDOM;
+            else if (!strcmp(f, "sparse"))
+                fill = ENGRAM_FILL_SPARSE;
+            else if (!strcmp(f, "pool"))
+                fill = ENGRAM_FILL_POOL;
+            else
+                return fail_usage("build: --fill takes zero, random, sparse or pool");
+        } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
+            tokenizer = argv[++i];
+        } else if (!strcmp(a, "--tokmap") && i + 1 < argc) {
+            mapfile = argv[++i];
+        } else if (a[0] == '-') {
+            return fail_usage("build: unknown option '%s'", a);
+        } else if (!out) {
+            out = a;
+        } else {
+            return fail_usage("build: more than one OUT");
+        }
+    }
+    if (!out)
+        return fail_usage("build: OUT.gguf is required");
+    if (tokenizer && mapfile)
+        return fail_usage("build: --tokenizer and --tokmap exclude each other");
+    if (ver < 2 || cvocab == 0 || vocab == 0 || base < 2)
+        return fail_usage("build: bad --gguf-version, --vocab, --compressed-vocab or --base");
+
+    engram_build_opts o;
+    memset(&o, 0, sizeof o);
+    engram_layout *l = &o.layout;
+    uint32_t *map = NULL;
+    const char *map_from = "synthetic (t mod V')";
+    if (tokenizer) {
+        engram_tokmap tm;
+        engram_error err = {0};
+        int rc = engram_tokmap_from_json(tokenizer, &tm, &err);
+        if (rc < 0)
+            return fail_lib(rc, &err, "build: tokenizer");
+        map = tm.map;
+        tm.map = NULL;
+        vocab = tm.vocab;
+        cvocab = tm.compressed_vocab;
+        engram_tokmap_free(&tm);
+        map_from = tokenizer;
+    } else if (mapfile) {
+        int rc = read_map_file(mapfile, &map, &vocab, &cvocab);
+        if (rc)
+            return rc;
+        map_from = mapfile;
+    } else {
+        map = malloc(vocab * sizeof *map);
+        if (!map)
+            return EXIT_SYSTEM;
+        for (uint64_t t = 0; t < vocab; t++)
+            map[t] = (uint32_t)(t % cvocab);
+    }
+    l->vocab = (uint32_t)vocab;
+    l->compressed_vocab = (uint32_t)cvocab;
+    l->token_map = map;
+    l->pad_id = map[2 % vocab]; /* raw pad token 2 */
+    for (int t = 0; t < ENGRAM_TABLES; t++)
+        engram_layout_multipliers(l->compressed_vocab, t ? 14 : 1, ENGRAM_NGRAM, l->multipliers[t]);
+    uint32_t primes[ENGRAM_TABLES * ENGRAM_COLUMNS];
+    int rc = engram_layout_primes((uint32_t)base, ENGRAM_TABLES, ENGRAM_NGRAM, ENGRAM_HEADS, primes,
+                                  ENGRAM_TABLES * ENGRAM_COLUMNS);
+    if (rc < 0) {
+        free(map);
+        return fail_lib(rc, NULL, "build: primes");
+    }
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        uint64_t sum = 0;
+        for (int c = 0; c < ENGRAM_COLUMNS; c++) {
+            l->primes[t][c] = primes[t * ENGRAM_COLUMNS + c];
+            sum += l->primes[t][c];
+        }
+        if (sum > UINT32_MAX) {
+            free(map);
+            return fail_usage("build: --base too large: a table would exceed 2^32 rows");
+        }
+        l->rows[t] = (uint32_t)sum;
+    }
+    o.width = (uint32_t)width;
+    o.fill = fill;
+    o.seed = seed;
+    o.gguf_version = (int)ver;
+    double t0 = now_s();
+    if (isatty(2)) {
+        o.progress = build_progress;
+        o.progress_ctx = &t0;
+    }
+    engram_error err = {0};
+    rc = engram_build_model(out, &o, &err);
+    if (o.progress)
+        fputc('\n', stderr);
+    free(map);
+    if (rc < 0)
+        return fail_lib(rc, &err, out);
+    printf("wrote %s: vocab %u -> V' %u (map: %s), rows %u + %u, width %u, fill %s, seed %" PRIu64
+           " (%.2f s)\n",
+           out, l->vocab, l->compressed_vocab, map_from, l->rows[0], l->rows[1], o.width,
+           fill == ENGRAM_FILL_ZERO ? "zero" : fill == ENGRAM_FILL_RANDOM ? "random"
+                                     : fill == ENGRAM_FILL_SPARSE ? "sparse" : "pool", seed,
+           now_s() - t0);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- .npy */
+
+/* A float array file: raw (little-endian f32 or bf16 bit patterns) or
+ * .npy (v1-3, C order, '<f4' or, for bf16, '<u2'/'<i2'). */
+struct farray {
+    char *file;            /* the whole file (owner) */
+    const uint8_t *data;   /* the values             */
+    size_t count;          /* number of values       */
+    int bf16;              /* 1: 16-bit bf16 patterns */
+};
+
+static int npy_field(const char *hdr, const char *key, char *out, size_t n)
+{
+    const char *p = strstr(hdr, key);
+    if (!p)
+        return -1;
+    p = strchr(p + strlen(key), ':');
+    if (!p)
+        return -1;
+    p++;
+    while (*p == ' ')
+        p++;
+    size_t k = 0;
+    if (*p == '\'') {
+        p++;
+        while (*p && *p != '\'' && k + 1 < n)
+            out[k++] = *p++;
+    } else if (*p == '(') {
+        while (*p && *p != ')' && k + 1 < n)
+            out[k++] = *p++;
+    } else {
+        while (*p && *p != ',' && *p != '}' && k + 1 < n)
+            out[k++] = *p++;
+    }
+    out[k] = '\0';
+    return 0;
+}
+
+static int load_floats(const char *path, int want_bf16, struct farray *a)
+{
+    memset(a, 0, sizeof *a);
+    size_t len;
+    int rc = slurp(path, &a->file, &len);
+    if (rc < 0) {
+        fprintf(stderr, "%s: cannot read '%s': %s\n", prog, path, strerror(-rc));
+        return EXIT_SYSTEM;
+    }
+    const uint8_t *p = (const uint8_t *)a->file;
+    a->bf16 = want_bf16;
+    if (len >= 10 && memcmp(p, "\x93NUMPY", 6) == 0) {
+        size_t hl, off;
+        if (p[6] == 1) {
+            hl = (size_t)p[8] | (size_t)p[9] << 8;
+            off = 10;
+        } else if ((p[6] == 2 || p[6] == 3) && len >= 12) {
+            hl = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
+            off = 12;
+        } else {
+            goto bad_npy;
+        }
+        if (hl > len - off || hl > 65536)
+            goto bad_npy;
+        char hdr[65537], descr[16], order[16], shape[128];
+        memcpy(hdr, p + off, hl);
+        hdr[hl] = '\0';
+        if (npy_field(hdr, "'descr'", descr, sizeof descr) < 0 ||
+            npy_field(hdr, "'fortran_order'", order, sizeof order) < 0 ||
+            npy_field(hdr, "'shape'", shape, sizeof shape) < 0)
+            goto bad_npy;
+        if (!strcmp(descr, "<f4"))
+            a->bf16 = 0;
+        else if (!strcmp(descr, "<u2") || !strcmp(descr, "<i2"))
+            a->bf16 = 1; /* numpy has no bfloat16: its bit patterns */
+        else {
+            fprintf(stderr, "%s: '%s': dtype %s; .npy input must be '<f4' (float32) or '<u2' "
+                            "(bfloat16 bit patterns)\n", prog, path, descr);
+            free(a->file);
+            return EXIT_DATA;
+        }
+        /* C order is required unless the array has at most one axis with
+         * more than one element. */
+        uint64_t count = 1, big_axes = 0;
+        for (char *s = shape + 1; *s;) {
+            while (*s == ' ' || *s == ',')
+                s++;
+            if (!*s)
+                break;
+            char *end;
+            unsigned long long d = strtoull(s, &end, 10);
+            if (end == s)
+                goto bad_npy;
+            if (d > 1)
+                big_axes++;
+            if (d && count > UINT64_MAX / d)
+                goto bad_npy;
+            count *= d;
+            s = end;
+        }
+        if (strcmp(order, "False") != 0 && big_axes > 1) {
+            fprintf(stderr, "%s: '%s': Fortran-ordered arrays are not supported\n", prog, path);
+            free(a->file);
+            return EXIT_DATA;
+        }
+        size_t es = a->bf16 ? 2 : 4;
+        if (count > (len - off - hl) / es)
+            goto bad_npy;
+        a->data = p + off + hl;
+        a->count = (size_t)count;
+        return 0;
+    }
+    size_t es = a->bf16 ? 2 : 4;
+    if (len % es) {
+        fprintf(stderr, "%s: '%s': %zu bytes is not a whole number of %s values\n", prog, path, len,
+                a->bf16 ? "bf16" : "float32");
+        free(a->file);
+        return EXIT_DATA;
+    }
+    a->data = p;
+    a->count = len / es;
+    return 0;
+bad_npy:
+    fprintf(stderr, "%s: '%s': malformed .npy header\n", prog, path);
+    free(a->file);
+    return EXIT_DATA;
+}
+
+/* A v1 .npy header for an array of shape (rows, 256). */
+static size_t npy_header(uint8_t *h, size_t rows, int bf16)
+{
+    char dict[128];
+    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%zu, 256), }",
+                     bf16 ? "<u2" : "<f4", rows);
+    size_t total = 10 + (size_t)n + 1;
+    size_t padded = (total + 63) / 64 * 64;
+    memcpy(h, "\x93NUMPY\x01\x00", 8);
+    size_t hl = padded - 10;
+    h[8] = (uint8_t)hl;
+    h[9] = (uint8_t)(hl >> 8);
+    memcpy(h + 10, dict, (size_t)n);
+    memset(h + 10 + n, ' ', padded - 10 - (size_t)n - 1);
+    h[padded - 1] = '\n';
+    return padded;
+}
+
+/* ---------------------------------------------------------------- quantize */
+
+static const char *quantize_help =
+    "usage: engram quantize IN OUT.rows [--bf16]\n"
+    "       engram dequantize IN.rows OUT [--bf16]\n"
+    "quantize: float rows (256 values each) into e4m3_e8m0_32_row264 rows (264 bytes\n"
+    "each, SPEC.md section 7): per block of 32 the smallest E8M0 scale that brings\n"
+    "max |x| to <= 448, values rounded to nearest-even E4M3.  IN is raw little-endian\n"
+    "float32 (bf16 bit patterns with --bf16) or .npy ('<f4', or '<u2' for bf16).\n"
+    "Reports the error of the round trip (through the library's decoder): max and\n"
+    "mean |x - q| / |x| over nonzero x, and |x - q| / block max.  NaN and Inf are\n"
+    "rejected (exit 1, naming row and column); every finite value is accepted; the\n"
+    "only saturation is within half a step of FLT_MAX (reported).\n"
+    "dequantize: rows back to float32 (bf16 bit patterns with --bf16), raw or .npy\n"
+    "when OUT ends in .npy; rows that do not decode are rejected (exit 1).\n";
+
+static int cmd_quantize(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(quantize_help, stdout);
+        return 0;
+    }
+    const char *in = NULL, *out = NULL;
+    int bf16 = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--bf16"))
+            bf16 = 1;
+        else if (argv[i][0] == '-' && argv[i][1])
+            return fail_usage("quantize: unknown option '%s'", argv[i]);
+        else if (!in)
+            in = argv[i];
+        else if (!out)
+            out = argv[i];
+        else
+            return fail_usage("quantize: IN and OUT only");
+    }
+    if (!in || !out)
+        return fail_usage("quantize: IN and OUT are required");
+    struct farray a;
+    int rc = load_floats(in, bf16, &a);
+    if (rc)
+        return rc;
+    if (a.count % ENGRAM_ROW_VALUES) {
+        free(a.file);
+        fprintf(stderr, "%s: '%s': %zu values is not a whole number of 256-value rows\n", prog, in,
+                a.count);
+        return EXIT_DATA;
+    }
+    size_t rows = a.count / ENGRAM_ROW_VALUES;
+    uint8_t *q = malloc(rows * ENGRAM_ROW_BYTES + 1);
+    float *x = malloc(a.count * sizeof *x + 1), *y = malloc(a.count * sizeof *y + 1);
+    if (!q || !x || !y) {
+        free(a.file);
+        free(q);
+        free(x);
+        free(y);
+        return EXIT_SYSTEM;
+    }
+    /* The input as floats (bytes may be unaligned in the file). */
+    for (size_t i = 0; i < a.count; i++) {
+        if (a.bf16) {
+            uint32_t u = ((uint32_t)a.data[2 * i] | (uint32_t)a.data[2 * i + 1] << 8) << 16;
+            memcpy(&x[i], &u, 4);
+        } else {
+            uint32_t u = (uint32_t)a.data[4 * i] | (uint32_t)a.data[4 * i + 1] << 8 |
+                         (uint32_t)a.data[4 * i + 2] << 16 | (uint32_t)a.data[4 * i + 3] << 24;
+            memcpy(&x[i], &u, 4);
+        }
+    }
+    free(a.file);
+    size_t bad = 0;
+    uint64_t sat = 0;
+    rc = engram_rows_quantize_f32(x, rows, q, &bad, &sat);
+    int status = 0;
+    if (rc == -EDOM) {
+        fprintf(stderr, "%s: %s: row %zu column %zu is %s; NaN and Inf cannot be quantized\n", prog,
+                in, bad / 256, bad % 256, isnan(x[bad]) ? "NaN" : "infinite");
+        status = EXIT_DATA;
+    } else if (rc < 0) {
+        status = fail_lib(rc, NULL, "quantize");
+    } else if ((rc = engram_rows_decode_f32(ENGRAM_SIMD_AUTO, q, rows, y, &bad)) < 0) {
+        fprintf(stderr, "%s: internal error: quantized row %zu does not decode\n", prog, bad);
+        status = EXIT_SYSTEM;
+    } else {
+        double max_rel = 0, sum_rel = 0, max_blk = 0, sum_blk = 0;
+        uint64_t nz = 0, zero_out = 0;
+        for (size_t b = 0; b < a.count / 32; b++) {
+            double amax = 0;
+            for (int j = 0; j < 32; j++)
+                amax = fmax(amax, fabs((double)x[b * 32 + (size_t)j]));
+            for (int j = 0; j < 32; j++) {
+                size_t i = b * 32 + (size_t)j;
+                double d = fabs((double)x[i] - (double)y[i]);
+                if (x[i] != 0) {
+                    double r = d / fabs((double)x[i]);
+                    max_rel = fmax(max_rel, r);
+                    sum_rel += r;
+                    nz++;
+                    zero_out += y[i] == 0;
+                }
+                if (amax > 0) {
+                    max_blk = fmax(max_blk, d / amax);
+                    sum_blk += d / amax;
+                }
+            }
+        }
+        status = write_file(out, q, rows * ENGRAM_ROW_BYTES, NULL, 0);
+        if (status == 0) {
+            printf("quantized %zu rows (%zu values) -> %s (%zu bytes)\n", rows, a.count, out,
+                   rows * ENGRAM_ROW_BYTES);
+            printf("relative error |x-q|/|x| over %" PRIu64 " nonzero values: max %.4g, mean %.4g"
+                   " (%" PRIu64 " flushed to zero)\n",
+                   nz, max_rel, nz ? sum_rel / (double)nz : 0.0, zero_out);
+            printf("error relative to the block max: max %.4g, mean %.4g\n", max_blk,
+                   a.count ? sum_blk / (double)a.count : 0.0);
+            printf("saturated near FLT_MAX: %" PRIu64 "\n", sat);
+        }
+    }
+    free(q);
+    free(x);
+    free(y);
+    return status;
+}
+
+static int cmd_dequantize(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(quantize_help, stdout);
+        return 0;
+    }
+    const char *in = NULL, *out = NULL;
+    int bf16 = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--bf16"))
+            bf16 = 1;
+        else if (argv[i][0] == '-' && argv[i][1])
+            return fail_usage("dequantize: unknown option '%s'", argv[i]);
+        else if (!in)
+            in = argv[i];
+        else if (!out)
+            out = argv[i];
+        else
+            return fail_usage("dequantize: IN and OUT only");
+    }
+    if (!in || !out)
+        return fail_usage("dequantize: IN and OUT are required");
+    char *raw = NULL;
+    size_t len;
+    int rc = slurp(in, &raw, &len);
+    if (rc < 0) {
+        fprintf(stderr, "%s: cannot read '%s': %s\n", prog, in, strerror(-rc));
+        return EXIT_SYSTEM;
+    }
+    if (len % ENGRAM_ROW_BYTES) {
+        free(raw);
+        fprintf(stderr, "%s: '%s': %zu bytes is not a whole number of 264-byte rows\n", prog, in, len);
+        return EXIT_DATA;
+    }
+    size_t rows = len / ENGRAM_ROW_BYTES, es = bf16 ? 2 : 4;
+    uint8_t *vals = malloc(rows * ENGRAM_ROW_VALUES * es + 1);
+    if (!vals) {
+        free(raw);
+        return EXIT_SYSTEM;
+    }
+    size_t bad = 0;
+    rc = bf16 ? engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, (uint8_t *)raw, rows, (uint16_t *)vals, &bad)
+              : engram_rows_decode_f32(ENGRAM_SIMD_AUTO, (uint8_t *)raw, rows, (float *)vals, &bad);
+    int status = 0;
+    if (rc == -EDOM) {
+        const char *why = "invalid";
+        engram_row_check((uint8_t *)raw + bad * ENGRAM_ROW_BYTES, &why);
+        fprintf(stderr, "%s: %s: row %zu does not decode: %s\n", prog, in, bad, why);
+        status = EXIT_DATA;
+    } else if (rc < 0) {
+        status = fail_lib(rc, NULL, "dequantize");
+    } else {
+        uint8_t h[128];
+        size_t hn = ends_with(out, ".npy") ? npy_header(h, rows, bf16) : 0;
+        status = write_file(out, h, hn, vals, rows * ENGRAM_ROW_VALUES * es);
+        if (status == 0)
+            printf("dequantized %zu rows -> %s (%s%s)\n", rows, out, bf16 ? "bf16" : "float32",
+                   hn ? ", .npy" : ", raw little-endian");
+    }
+    free(raw);
+    free(vals);
+    return status;
+}
+
+int cmd_tools(const char *name, int argc, char **argv)
+{
+    if (!strcmp(name, "tokmap"))
+        return cmd_tokmap(argc, argv);
+    if (!strcmp(name, "layout"))
+        return cmd_layout(argc, argv);
+    if (!strcmp(name, "quantize"))
+        return cmd_quantize(argc, argv);
+    if (!strcmp(name, "dequantize"))
+        return cmd_dequantize(argc, argv);
+    return -1;
+}
