@@ -471,13 +471,15 @@ int cmd_build(int argc, char **argv)
 
 /* ---------------------------------------------------------------- .npy */
 
-/* A float array file: raw (little-endian f32 or bf16 bit patterns) or
- * .npy (v1-3, C order, '<f4' or, for bf16, '<u2'/'<i2'). */
-struct farray {
-    char *file;            /* the whole file (owner) */
-    const uint8_t *data;   /* the values             */
-    size_t count;          /* number of values       */
-    int bf16;              /* 1: 16-bit bf16 patterns */
+/* Rows are converted in chunks: memory is ~9 MiB whatever the file size. */
+#define Q_CHUNK_ROWS 4096
+
+/* An input of float values: raw little-endian (float32, or bf16 bit
+ * patterns) or .npy (v1-3, C order, '<f4' or, for bf16, '<u2'/'<i2'). */
+struct fin {
+    FILE *f;
+    uint64_t count;        /* values          */
+    int bf16;              /* 2-byte values   */
 };
 
 static int npy_field(const char *hdr, const char *key, char *out, size_t n)
@@ -507,99 +509,104 @@ static int npy_field(const char *hdr, const char *key, char *out, size_t n)
     return 0;
 }
 
-static int load_floats(const char *path, int want_bf16, struct farray *a)
+/* Opens path and positions it at the first value.  0 or an exit code. */
+static int open_floats(const char *path, int want_bf16, struct fin *in)
 {
-    memset(a, 0, sizeof *a);
-    size_t len;
-    int rc = slurp(path, &a->file, &len);
-    if (rc < 0) {
-        fprintf(stderr, "%s: cannot read '%s': %s\n", prog, path, strerror(-rc));
+    memset(in, 0, sizeof *in);
+    in->f = fopen(path, "rb");
+    struct stat st;
+    if (!in->f || fstat(fileno(in->f), &st) != 0) {
+        fprintf(stderr, "%s: cannot read '%s': %s\n", prog, path, strerror(errno));
+        if (in->f)
+            fclose(in->f);
         return EXIT_SYSTEM;
     }
-    const uint8_t *p = (const uint8_t *)a->file;
-    a->bf16 = want_bf16;
-    if (len >= 10 && memcmp(p, "\x93NUMPY", 6) == 0) {
-        size_t hl, off;
+    uint64_t size = (uint64_t)st.st_size;
+    in->bf16 = want_bf16;
+    uint8_t p[12];
+    size_t got = fread(p, 1, sizeof p, in->f);
+    if (got >= 10 && memcmp(p, "\x93NUMPY", 6) == 0) {
+        uint64_t hl, off;
+        static char hdr[65537];
+        char descr[16], order[16], shape[128];
         if (p[6] == 1) {
-            hl = (size_t)p[8] | (size_t)p[9] << 8;
+            hl = (uint64_t)p[8] | (uint64_t)p[9] << 8;
             off = 10;
-        } else if ((p[6] == 2 || p[6] == 3) && len >= 12) {
-            hl = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
+        } else if ((p[6] == 2 || p[6] == 3) && got >= 12) {
+            hl = (uint64_t)p[8] | (uint64_t)p[9] << 8 | (uint64_t)p[10] << 16 | (uint64_t)p[11] << 24;
             off = 12;
         } else {
             goto bad_npy;
         }
-        if (hl > len - off || hl > 65536)
+        if (hl > 65536 || off + hl > size || fseek(in->f, (long)off, SEEK_SET) != 0 ||
+            fread(hdr, 1, hl, in->f) != hl)
             goto bad_npy;
-        char hdr[65537], descr[16], order[16], shape[128];
-        memcpy(hdr, p + off, hl);
         hdr[hl] = '\0';
         if (npy_field(hdr, "'descr'", descr, sizeof descr) < 0 ||
             npy_field(hdr, "'fortran_order'", order, sizeof order) < 0 ||
             npy_field(hdr, "'shape'", shape, sizeof shape) < 0)
             goto bad_npy;
-        if (!strcmp(descr, "<f4"))
-            a->bf16 = 0;
-        else if (!strcmp(descr, "<u2") || !strcmp(descr, "<i2"))
-            a->bf16 = 1; /* numpy has no bfloat16: its bit patterns */
-        else {
+        if (!strcmp(descr, "<f4")) {
+            in->bf16 = 0;
+        } else if (!strcmp(descr, "<u2") || !strcmp(descr, "<i2")) {
+            in->bf16 = 1; /* numpy has no bfloat16: its bit patterns */
+        } else {
             fprintf(stderr, "%s: '%s': dtype %s; .npy input must be '<f4' (float32) or '<u2' "
                             "(bfloat16 bit patterns)\n", prog, path, descr);
-            free(a->file);
+            fclose(in->f);
             return EXIT_DATA;
         }
-        /* C order is required unless the array has at most one axis with
-         * more than one element. */
+        /* C order is required unless at most one axis has more than one
+         * element. */
         uint64_t count = 1, big_axes = 0;
-        for (char *s = shape + 1; *s;) {
-            while (*s == ' ' || *s == ',')
-                s++;
-            if (!*s)
+        for (char *q = shape + 1; *q;) {
+            while (*q == ' ' || *q == ',')
+                q++;
+            if (!*q)
                 break;
             char *end;
-            unsigned long long d = strtoull(s, &end, 10);
-            if (end == s)
+            unsigned long long d = strtoull(q, &end, 10);
+            if (end == q)
                 goto bad_npy;
             if (d > 1)
                 big_axes++;
             if (d && count > UINT64_MAX / d)
                 goto bad_npy;
             count *= d;
-            s = end;
+            q = end;
         }
         if (strcmp(order, "False") != 0 && big_axes > 1) {
             fprintf(stderr, "%s: '%s': Fortran-ordered arrays are not supported\n", prog, path);
-            free(a->file);
+            fclose(in->f);
             return EXIT_DATA;
         }
-        size_t es = a->bf16 ? 2 : 4;
-        if (count > (len - off - hl) / es)
+        uint64_t es = in->bf16 ? 2 : 4;
+        if (count > (size - off - hl) / es)
             goto bad_npy;
-        a->data = p + off + hl;
-        a->count = (size_t)count;
+        in->count = count;
         return 0;
     }
-    size_t es = a->bf16 ? 2 : 4;
-    if (len % es) {
-        fprintf(stderr, "%s: '%s': %zu bytes is not a whole number of %s values\n", prog, path, len,
-                a->bf16 ? "bf16" : "float32");
-        free(a->file);
+    uint64_t es = in->bf16 ? 2 : 4;
+    if (size % es) {
+        fprintf(stderr, "%s: '%s': %" PRIu64 " bytes is not a whole number of %s values\n", prog,
+                path, size, in->bf16 ? "bf16" : "float32");
+        fclose(in->f);
         return EXIT_DATA;
     }
-    a->data = p;
-    a->count = len / es;
+    rewind(in->f);
+    in->count = size / es;
     return 0;
 bad_npy:
-    fprintf(stderr, "%s: '%s': malformed .npy header\n", prog, path);
-    free(a->file);
+    fprintf(stderr, "%s: '%s': malformed or truncated .npy file\n", prog, path);
+    fclose(in->f);
     return EXIT_DATA;
 }
 
 /* A v1 .npy header for an array of shape (rows, 256). */
-static size_t npy_header(uint8_t *h, size_t rows, int bf16)
+static size_t npy_header(uint8_t *h, uint64_t rows, int bf16)
 {
     char dict[128];
-    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%zu, 256), }",
+    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%" PRIu64 ", 256), }",
                      bf16 ? "<u2" : "<f4", rows);
     size_t total = 10 + (size_t)n + 1;
     size_t padded = (total + 63) / 64 * 64;
@@ -613,6 +620,46 @@ static size_t npy_header(uint8_t *h, size_t rows, int bf16)
     return padded;
 }
 
+/* An output written to a temporary name and renamed into place only when
+ * complete (a failed command leaves no file). */
+struct fout {
+    FILE *f;
+    char *tmp;
+    const char *path;
+};
+
+static int fout_open(struct fout *o, const char *path)
+{
+    size_t n = strlen(path) + 32;
+    o->path = path;
+    o->tmp = malloc(n);
+    if (!o->tmp)
+        return EXIT_SYSTEM;
+    snprintf(o->tmp, n, "%s.tmp%ld", path, (long)getpid());
+    o->f = fopen(o->tmp, "wb");
+    if (!o->f) {
+        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->tmp, strerror(errno));
+        free(o->tmp);
+        return EXIT_SYSTEM;
+    }
+    return 0;
+}
+
+/* Closes; renames into place if ok, else removes.  0 or an exit code. */
+static int fout_close(struct fout *o, int ok)
+{
+    if (fclose(o->f) != 0)
+        ok = 0;
+    if (ok && rename(o->tmp, o->path) != 0) {
+        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->path, strerror(errno));
+        ok = 0;
+    }
+    if (!ok)
+        unlink(o->tmp);
+    free(o->tmp);
+    return ok ? 0 : EXIT_SYSTEM;
+}
+
 /* ---------------------------------------------------------------- quantize */
 
 static const char *quantize_help =
@@ -624,10 +671,63 @@ static const char *quantize_help =
     "float32 (bf16 bit patterns with --bf16) or .npy ('<f4', or '<u2' for bf16).\n"
     "Reports the error of the round trip (through the library's decoder): max and\n"
     "mean |x - q| / |x| over nonzero x, and |x - q| / block max.  NaN and Inf are\n"
-    "rejected (exit 1, naming row and column); every finite value is accepted; the\n"
-    "only saturation is within half a step of FLT_MAX (reported).\n"
+    "rejected (exit 1, naming row and column, no output); every finite value is\n"
+    "accepted; the only saturation is within half a step of FLT_MAX (reported).\n"
     "dequantize: rows back to float32 (bf16 bit patterns with --bf16), raw or .npy\n"
-    "when OUT ends in .npy; rows that do not decode are rejected (exit 1).\n";
+    "when OUT ends in .npy; rows that do not decode are rejected (exit 1).\n"
+    "Both stream: memory stays ~9 MiB whatever the file size.\n";
+
+static int parse_in_out(int argc, char **argv, const char *cmd, const char **in, const char **out,
+                        int *bf16)
+{
+    *in = *out = NULL;
+    *bf16 = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--bf16"))
+            *bf16 = 1;
+        else if (argv[i][0] == '-' && argv[i][1])
+            return fail_usage("%s: unknown option '%s'", cmd, argv[i]);
+        else if (!*in)
+            *in = argv[i];
+        else if (!*out)
+            *out = argv[i];
+        else
+            return fail_usage("%s: IN and OUT only", cmd);
+    }
+    if (!*in || !*out)
+        return fail_usage("%s: IN and OUT are required", cmd);
+    return 0;
+}
+
+struct qstats {
+    double max_rel, sum_rel, max_blk, sum_blk;
+    uint64_t nz, flushed, sat;
+};
+
+/* Accumulates the round-trip error of n values x -> y (blocks of 32). */
+static void q_errors(struct qstats *s, const float *x, const float *y, size_t n)
+{
+    for (size_t b = 0; b < n / 32; b++) {
+        double amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmax(amax, fabs((double)x[b * 32 + (size_t)j]));
+        for (int j = 0; j < 32; j++) {
+            size_t i = b * 32 + (size_t)j;
+            double d = fabs((double)x[i] - (double)y[i]);
+            if (x[i] != 0) {
+                double r = d / fabs((double)x[i]);
+                s->max_rel = fmax(s->max_rel, r);
+                s->sum_rel += r;
+                s->nz++;
+                s->flushed += y[i] == 0;
+            }
+            if (amax > 0) {
+                s->max_blk = fmax(s->max_blk, d / amax);
+                s->sum_blk += d / amax;
+            }
+        }
+    }
+}
 
 static int cmd_quantize(int argc, char **argv)
 {
@@ -635,105 +735,79 @@ static int cmd_quantize(int argc, char **argv)
         fputs(quantize_help, stdout);
         return 0;
     }
-    const char *in = NULL, *out = NULL;
-    int bf16 = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--bf16"))
-            bf16 = 1;
-        else if (argv[i][0] == '-' && argv[i][1])
-            return fail_usage("quantize: unknown option '%s'", argv[i]);
-        else if (!in)
-            in = argv[i];
-        else if (!out)
-            out = argv[i];
-        else
-            return fail_usage("quantize: IN and OUT only");
-    }
-    if (!in || !out)
-        return fail_usage("quantize: IN and OUT are required");
-    struct farray a;
-    int rc = load_floats(in, bf16, &a);
+    const char *inp, *outp;
+    int bf16;
+    int rc = parse_in_out(argc, argv, "quantize", &inp, &outp, &bf16);
     if (rc)
         return rc;
-    if (a.count % ENGRAM_ROW_VALUES) {
-        free(a.file);
-        fprintf(stderr, "%s: '%s': %zu values is not a whole number of 256-value rows\n", prog, in,
-                a.count);
+    struct fin in;
+    if ((rc = open_floats(inp, bf16, &in)) != 0)
+        return rc;
+    if (in.count % ENGRAM_ROW_VALUES) {
+        fclose(in.f);
+        fprintf(stderr, "%s: '%s': %" PRIu64 " values is not a whole number of 256-value rows\n",
+                prog, inp, in.count);
         return EXIT_DATA;
     }
-    size_t rows = a.count / ENGRAM_ROW_VALUES;
-    uint8_t *q = malloc(rows * ENGRAM_ROW_BYTES + 1);
-    float *x = malloc(a.count * sizeof *x + 1), *y = malloc(a.count * sizeof *y + 1);
-    if (!q || !x || !y) {
-        free(a.file);
-        free(q);
-        free(x);
-        free(y);
-        return EXIT_SYSTEM;
-    }
-    /* The input as floats (bytes may be unaligned in the file). */
-    for (size_t i = 0; i < a.count; i++) {
-        if (a.bf16) {
-            uint32_t u = ((uint32_t)a.data[2 * i] | (uint32_t)a.data[2 * i + 1] << 8) << 16;
+    uint64_t rows = in.count / ENGRAM_ROW_VALUES;
+    size_t chunk_vals = (size_t)Q_CHUNK_ROWS * ENGRAM_ROW_VALUES;
+    uint8_t *raw = malloc(chunk_vals * 4), *q = malloc((size_t)Q_CHUNK_ROWS * ENGRAM_ROW_BYTES);
+    float *x = malloc(chunk_vals * sizeof *x), *y = malloc(chunk_vals * sizeof *y);
+    struct fout out = {0};
+    int status = !raw || !q || !x || !y ? EXIT_SYSTEM : fout_open(&out, outp);
+    struct qstats st = {0};
+    for (uint64_t r0 = 0; r0 < rows && status == 0; r0 += Q_CHUNK_ROWS) {
+        size_t k = rows - r0 < Q_CHUNK_ROWS ? (size_t)(rows - r0) : Q_CHUNK_ROWS;
+        size_t nv = k * ENGRAM_ROW_VALUES, es = in.bf16 ? 2 : 4;
+        if (fread(raw, es, nv, in.f) != nv) {
+            fprintf(stderr, "%s: '%s': read failed or file shrank\n", prog, inp);
+            status = EXIT_SYSTEM;
+            break;
+        }
+        for (size_t i = 0; i < nv; i++) {
+            uint32_t u = in.bf16 ? ((uint32_t)raw[2 * i] | (uint32_t)raw[2 * i + 1] << 8) << 16
+                                 : (uint32_t)raw[4 * i] | (uint32_t)raw[4 * i + 1] << 8 |
+                                       (uint32_t)raw[4 * i + 2] << 16 | (uint32_t)raw[4 * i + 3] << 24;
             memcpy(&x[i], &u, 4);
+        }
+        size_t bad = 0;
+        rc = engram_rows_quantize_f32(x, k, q, &bad, &st.sat);
+        if (rc == -EDOM) {
+            fprintf(stderr, "%s: %s: row %" PRIu64 " column %zu is %s; NaN and Inf cannot be quantized\n",
+                    prog, inp, r0 + bad / 256, bad % 256, isnan(x[bad]) ? "NaN" : "infinite");
+            status = EXIT_DATA;
+        } else if (rc < 0) {
+            status = fail_lib(rc, NULL, "quantize");
+        } else if (engram_rows_decode_f32(ENGRAM_SIMD_AUTO, q, k, y, &bad) < 0) {
+            fprintf(stderr, "%s: internal error: quantized row %" PRIu64 " does not decode\n", prog,
+                    r0 + bad);
+            status = EXIT_SYSTEM;
+        } else if (fwrite(q, ENGRAM_ROW_BYTES, k, out.f) != k) {
+            fprintf(stderr, "%s: cannot write '%s': %s\n", prog, outp, strerror(errno));
+            status = EXIT_SYSTEM;
         } else {
-            uint32_t u = (uint32_t)a.data[4 * i] | (uint32_t)a.data[4 * i + 1] << 8 |
-                         (uint32_t)a.data[4 * i + 2] << 16 | (uint32_t)a.data[4 * i + 3] << 24;
-            memcpy(&x[i], &u, 4);
+            q_errors(&st, x, y, nv);
         }
     }
-    free(a.file);
-    size_t bad = 0;
-    uint64_t sat = 0;
-    rc = engram_rows_quantize_f32(x, rows, q, &bad, &sat);
-    int status = 0;
-    if (rc == -EDOM) {
-        fprintf(stderr, "%s: %s: row %zu column %zu is %s; NaN and Inf cannot be quantized\n", prog,
-                in, bad / 256, bad % 256, isnan(x[bad]) ? "NaN" : "infinite");
-        status = EXIT_DATA;
-    } else if (rc < 0) {
-        status = fail_lib(rc, NULL, "quantize");
-    } else if ((rc = engram_rows_decode_f32(ENGRAM_SIMD_AUTO, q, rows, y, &bad)) < 0) {
-        fprintf(stderr, "%s: internal error: quantized row %zu does not decode\n", prog, bad);
-        status = EXIT_SYSTEM;
-    } else {
-        double max_rel = 0, sum_rel = 0, max_blk = 0, sum_blk = 0;
-        uint64_t nz = 0, zero_out = 0;
-        for (size_t b = 0; b < a.count / 32; b++) {
-            double amax = 0;
-            for (int j = 0; j < 32; j++)
-                amax = fmax(amax, fabs((double)x[b * 32 + (size_t)j]));
-            for (int j = 0; j < 32; j++) {
-                size_t i = b * 32 + (size_t)j;
-                double d = fabs((double)x[i] - (double)y[i]);
-                if (x[i] != 0) {
-                    double r = d / fabs((double)x[i]);
-                    max_rel = fmax(max_rel, r);
-                    sum_rel += r;
-                    nz++;
-                    zero_out += y[i] == 0;
-                }
-                if (amax > 0) {
-                    max_blk = fmax(max_blk, d / amax);
-                    sum_blk += d / amax;
-                }
-            }
-        }
-        status = write_file(out, q, rows * ENGRAM_ROW_BYTES, NULL, 0);
-        if (status == 0) {
-            printf("quantized %zu rows (%zu values) -> %s (%zu bytes)\n", rows, a.count, out,
-                   rows * ENGRAM_ROW_BYTES);
-            printf("relative error |x-q|/|x| over %" PRIu64 " nonzero values: max %.4g, mean %.4g"
-                   " (%" PRIu64 " flushed to zero)\n",
-                   nz, max_rel, nz ? sum_rel / (double)nz : 0.0, zero_out);
-            printf("error relative to the block max: max %.4g, mean %.4g\n", max_blk,
-                   a.count ? sum_blk / (double)a.count : 0.0);
-            printf("saturated near FLT_MAX: %" PRIu64 "\n", sat);
-        }
+    if (out.f) {
+        int c = fout_close(&out, status == 0);
+        status = status ? status : c;
     }
+    fclose(in.f);
+    free(raw);
     free(q);
     free(x);
     free(y);
+    if (status == 0) {
+        printf("quantized %" PRIu64 " rows (%" PRIu64 " values) -> %s (%" PRIu64 " bytes)\n", rows,
+               in.count, outp, rows * ENGRAM_ROW_BYTES);
+        printf("relative error |x-q|/|x| over %" PRIu64 " nonzero values: max %.4g, mean %.4g"
+               " (%" PRIu64 " flushed to zero)\n",
+               st.nz, st.max_rel, st.nz ? st.sum_rel / (double)st.nz : 0.0, st.flushed);
+        printf("error relative to the block max: max %.4g, mean %.4g\n", st.max_blk,
+               in.count ? st.sum_blk / (double)in.count : 0.0);
+        printf("saturated near FLT_MAX: %" PRIu64 "\n", st.sat);
+    }
     return status;
 }
 
@@ -743,61 +817,69 @@ static int cmd_dequantize(int argc, char **argv)
         fputs(quantize_help, stdout);
         return 0;
     }
-    const char *in = NULL, *out = NULL;
-    int bf16 = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--bf16"))
-            bf16 = 1;
-        else if (argv[i][0] == '-' && argv[i][1])
-            return fail_usage("dequantize: unknown option '%s'", argv[i]);
-        else if (!in)
-            in = argv[i];
-        else if (!out)
-            out = argv[i];
-        else
-            return fail_usage("dequantize: IN and OUT only");
-    }
-    if (!in || !out)
-        return fail_usage("dequantize: IN and OUT are required");
-    char *raw = NULL;
-    size_t len;
-    int rc = slurp(in, &raw, &len);
-    if (rc < 0) {
-        fprintf(stderr, "%s: cannot read '%s': %s\n", prog, in, strerror(-rc));
+    const char *inp, *outp;
+    int bf16;
+    int rc = parse_in_out(argc, argv, "dequantize", &inp, &outp, &bf16);
+    if (rc)
+        return rc;
+    FILE *f = fopen(inp, "rb");
+    struct stat sb;
+    if (!f || fstat(fileno(f), &sb) != 0) {
+        fprintf(stderr, "%s: cannot read '%s': %s\n", prog, inp, strerror(errno));
+        if (f)
+            fclose(f);
         return EXIT_SYSTEM;
     }
-    if (len % ENGRAM_ROW_BYTES) {
-        free(raw);
-        fprintf(stderr, "%s: '%s': %zu bytes is not a whole number of 264-byte rows\n", prog, in, len);
+    uint64_t size = (uint64_t)sb.st_size;
+    if (size % ENGRAM_ROW_BYTES) {
+        fclose(f);
+        fprintf(stderr, "%s: '%s': %" PRIu64 " bytes is not a whole number of 264-byte rows\n", prog,
+                inp, size);
         return EXIT_DATA;
     }
-    size_t rows = len / ENGRAM_ROW_BYTES, es = bf16 ? 2 : 4;
-    uint8_t *vals = malloc(rows * ENGRAM_ROW_VALUES * es + 1);
-    if (!vals) {
-        free(raw);
-        return EXIT_SYSTEM;
-    }
-    size_t bad = 0;
-    rc = bf16 ? engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, (uint8_t *)raw, rows, (uint16_t *)vals, &bad)
-              : engram_rows_decode_f32(ENGRAM_SIMD_AUTO, (uint8_t *)raw, rows, (float *)vals, &bad);
-    int status = 0;
-    if (rc == -EDOM) {
-        const char *why = "invalid";
-        engram_row_check((uint8_t *)raw + bad * ENGRAM_ROW_BYTES, &why);
-        fprintf(stderr, "%s: %s: row %zu does not decode: %s\n", prog, in, bad, why);
-        status = EXIT_DATA;
-    } else if (rc < 0) {
-        status = fail_lib(rc, NULL, "dequantize");
-    } else {
+    uint64_t rows = size / ENGRAM_ROW_BYTES;
+    size_t es = bf16 ? 2 : 4;
+    uint8_t *raw = malloc((size_t)Q_CHUNK_ROWS * ENGRAM_ROW_BYTES);
+    uint8_t *vals = malloc((size_t)Q_CHUNK_ROWS * ENGRAM_ROW_VALUES * es);
+    struct fout out = {0};
+    int status = !raw || !vals ? EXIT_SYSTEM : fout_open(&out, outp);
+    if (status == 0 && ends_with(outp, ".npy")) {
         uint8_t h[128];
-        size_t hn = ends_with(out, ".npy") ? npy_header(h, rows, bf16) : 0;
-        status = write_file(out, h, hn, vals, rows * ENGRAM_ROW_VALUES * es);
-        if (status == 0)
-            printf("dequantized %zu rows -> %s (%s%s)\n", rows, out, bf16 ? "bf16" : "float32",
-                   hn ? ", .npy" : ", raw little-endian");
+        size_t hn = npy_header(h, rows, bf16);
+        if (fwrite(h, 1, hn, out.f) != hn)
+            status = EXIT_SYSTEM;
     }
+    for (uint64_t r0 = 0; r0 < rows && status == 0; r0 += Q_CHUNK_ROWS) {
+        size_t k = rows - r0 < Q_CHUNK_ROWS ? (size_t)(rows - r0) : Q_CHUNK_ROWS, bad = 0;
+        if (fread(raw, ENGRAM_ROW_BYTES, k, f) != k) {
+            fprintf(stderr, "%s: '%s': read failed or file shrank\n", prog, inp);
+            status = EXIT_SYSTEM;
+            break;
+        }
+        rc = bf16 ? engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, k, (uint16_t *)vals, &bad)
+                  : engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, k, (float *)vals, &bad);
+        if (rc == -EDOM) {
+            const char *why = "invalid";
+            engram_row_check(raw + bad * ENGRAM_ROW_BYTES, &why);
+            fprintf(stderr, "%s: %s: row %" PRIu64 " does not decode: %s\n", prog, inp, r0 + bad, why);
+            status = EXIT_DATA;
+        } else if (rc < 0) {
+            status = fail_lib(rc, NULL, "dequantize");
+        } else if (fwrite(vals, es * ENGRAM_ROW_VALUES, k, out.f) != k) {
+            fprintf(stderr, "%s: cannot write '%s': %s\n", prog, outp, strerror(errno));
+            status = EXIT_SYSTEM;
+        }
+    }
+    if (out.f) {
+        int c = fout_close(&out, status == 0);
+        status = status ? status : c;
+    }
+    fclose(f);
     free(raw);
     free(vals);
+    if (status == 0)
+        printf("dequantized %" PRIu64 " rows -> %s (%s%s)\n", rows, outp, bf16 ? "bf16" : "float32",
+               ends_with(outp, ".npy") ? ", .npy" : ", raw little-endian");
     return status;
 }
 

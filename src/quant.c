@@ -4,57 +4,79 @@
  * the block's max |x| to <= 448, then each value rounded to the nearest
  * E4M3FN value, ties to even.
  *
- * All arithmetic is exact: a float (or bf16) is exact in double, scaling by
- * a power of two is exact in double's range, and the rounding is done by
- * hand on the exactly scaled value (no dependence on the FPU rounding mode).
+ * Integer arithmetic on the float's bits throughout: exact, and independent
+ * of the FPU rounding mode.
  */
 #include <errno.h>
-#include <float.h>
-#include <math.h>
 #include <string.h>
 
 #include "engram.h"
 
-#define E4M3_MAX 448.0
 #define BLOCK 32
 
-/* |v| of an E4M3FN magnitude code (0..126). */
-static double e4m3_value(unsigned code)
+/* |x| of a float's bits as sig * 2^(b - 23), sig in [2^23, 2^24) (float32
+ * subnormals normalized too); 0 if x is zero. */
+static int decompose(uint32_t bits, uint32_t *sig, int *b)
 {
-    unsigned e = code >> 3, m = code & 7;
-    return e ? ldexp(8 + m, (int)e - 10) : ldexp(m, -9);
+    uint32_t e = (bits >> 23) & 0xFF, m = bits & 0x7FFFFF;
+    if (e) {
+        *sig = m | 0x800000;
+        *b = (int)e - 127;
+        return 1;
+    }
+    if (!m)
+        return 0;
+    int lz = __builtin_clz(m) - 8;
+    *sig = m << lz;
+    *b = -126 - lz;
+    return 1;
 }
 
-/* The E4M3 magnitude code nearest to y (0 <= y <= 448), ties to even. */
-static unsigned e4m3_round(double y)
+/* Exponent e (-127..127) of a block whose max |x| has the bits amax:
+ * the smallest e with max |x| <= 448 * 2^e = 1.75 * 2^(8 + e). */
+static int block_exponent(uint32_t amax)
 {
-    if (y == 0)
+    uint32_t sig;
+    int b;
+    if (!decompose(amax, &sig, &b))
         return 0;
-    int b = ilogb(y);
-    int q = b >= -6 ? b - 3 : -9;          /* spacing of the grid around y */
-    double n = ldexp(y, -q), r = floor(n), f = n - r;
-    if (f > 0.5 || (f == 0.5 && fmod(r, 2.0) != 0))
-        r += 1;
-    double v = ldexp(r, q);
-    if (v == 0)
-        return 0;
-    int bv = ilogb(v);
-    if (bv < -6)
-        return (unsigned)ldexp(v, 9);      /* subnormal: m * 2^-9 */
-    return (unsigned)(bv + 7) << 3 | (unsigned)(ldexp(v, 3 - bv) - 8);
+    int e = b - 8 + (sig > 0xE00000u);
+    return e < -127 ? -127 : e > 127 ? 127 : e;
 }
 
-/* Exponent e (-127..127) of a block whose max |x| is amax. */
-static int block_exponent(double amax)
+/* The E4M3 magnitude code nearest to |x| * 2^-e, ties to even; bumps *sat
+ * for the one case that must saturate (see engram.h). */
+static unsigned e4m3_code(uint32_t bits, int e, uint64_t *sat)
 {
-    if (amax == 0)
+    uint32_t sig;
+    int b;
+    if (!decompose(bits, &sig, &b))
         return 0;
-    int e = ilogb(amax) - 8;
-    while (amax > ldexp(E4M3_MAX, e))
-        e++;
-    while (e > -127 && amax <= ldexp(E4M3_MAX, e - 1))
-        e--;
-    return e < -127 ? -127 : e;
+    int by = b - e;                           /* exponent of y = |x| 2^-e   */
+    int q = by >= -6 ? by - 3 : -9;           /* exponent of y's grid step  */
+    int shift = q - by + 23;                  /* >= 20: bits of sig dropped */
+    if (shift >= 25)
+        return 0;                             /* below half a step          */
+    uint32_t n = sig >> shift, rem = sig & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (n & 1)))
+        n++;
+    /* Subnormal steps: the code is n (n = 8 is 2^-6, code 0x08).  Normal:
+     * n in [8, 16] over exponent by (n = 16 carries into the next one). */
+    unsigned code = by >= -6 ? (unsigned)((by + 7) << 3) + n - 8 : n;
+    /* The decoded value (8 + m) * 2^(E - 10 + e) reaches 2^128 (not a
+     * float) only when E + e >= 135: saturate to the largest finite. */
+    if ((int)(code >> 3) + e >= 135) {
+        code = (unsigned)((134 - e) << 3) | 7;
+        (*sat)++;
+    }
+    return code;
+}
+
+static uint32_t f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
 }
 
 static int quantize_rows(const float *f32, const uint16_t *bf16, size_t n_rows, uint8_t *out,
@@ -62,14 +84,8 @@ static int quantize_rows(const float *f32, const uint16_t *bf16, size_t n_rows, 
 {
     size_t total = n_rows * ENGRAM_ROW_VALUES;
     for (size_t i = 0; i < total; i++) {
-        float x;
-        if (f32) {
-            x = f32[i];
-        } else {
-            uint32_t u = (uint32_t)bf16[i] << 16;
-            memcpy(&x, &u, 4);
-        }
-        if (!isfinite(x)) {
+        uint32_t u = f32 ? f32_bits(f32[i]) : (uint32_t)bf16[i] << 16;
+        if ((u & 0x7F800000u) == 0x7F800000u) { /* NaN or Inf */
             if (bad)
                 *bad = i;
             return -EDOM;
@@ -79,32 +95,18 @@ static int quantize_rows(const float *f32, const uint16_t *bf16, size_t n_rows, 
     for (size_t r = 0; r < n_rows; r++) {
         uint8_t *row = out + r * ENGRAM_ROW_BYTES;
         for (int blk = 0; blk < ENGRAM_ROW_VALUES / BLOCK; blk++) {
-            double x[BLOCK], amax = 0;
+            uint32_t u[BLOCK], amax = 0;
             for (int j = 0; j < BLOCK; j++) {
                 size_t i = r * ENGRAM_ROW_VALUES + (size_t)blk * BLOCK + (size_t)j;
-                if (f32) {
-                    x[j] = f32[i];
-                } else {
-                    uint32_t u = (uint32_t)bf16[i] << 16;
-                    float fx;
-                    memcpy(&fx, &u, 4);
-                    x[j] = fx;
-                }
-                amax = fabs(x[j]) > amax ? fabs(x[j]) : amax;
+                u[j] = f32 ? f32_bits(f32[i]) : (uint32_t)bf16[i] << 16;
+                uint32_t a = u[j] & 0x7FFFFFFFu; /* |x|: integer order = float order */
+                amax = a > amax ? a : amax;
             }
             int e = block_exponent(amax);
             row[ENGRAM_ROW_VALUES + blk] = (uint8_t)(e + 127);
-            for (int j = 0; j < BLOCK; j++) {
-                unsigned c = e4m3_round(ldexp(fabs(x[j]), -e));
-                /* The one case that must saturate: a value within half a
-                 * step of FLT_MAX rounds to 2^128, which a float cannot
-                 * hold; it takes the largest finite code instead. */
-                while (c > 0 && ldexp(e4m3_value(c), e) > (double)FLT_MAX) {
-                    c--;
-                    sat++;
-                }
-                row[blk * BLOCK + j] = (uint8_t)(c | (signbit(x[j]) ? 0x80u : 0));
-            }
+            for (int j = 0; j < BLOCK; j++)
+                row[blk * BLOCK + j] =
+                    (uint8_t)(e4m3_code(u[j] & 0x7FFFFFFFu, e, &sat) | ((u[j] >> 24) & 0x80u));
         }
     }
     if (saturated)

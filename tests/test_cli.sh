@@ -264,5 +264,27 @@ expect_rc 1 "whole number of 264-byte rows" "dequantize rejects a partial row" "
 head -c 1000 "$T/q/in.f32" > "$T/q/short.f32"
 expect_rc 1 "256-value rows" "quantize rejects a partial row" "$ENGRAM" quantize "$T/q/short.f32" "$T/q/x.rows"
 
+# quantize and dequantize stream: peak memory well below the input's size
+# (measured from a small parent process: a forked child starts with the
+# parent's resident pages, so the parent must not hold numpy's arrays)
+cat > "$T/memrun.py" <<'EOF2'
+import resource, subprocess, sys
+engram, d = sys.argv[1], sys.argv[2]
+for cmd in ([engram, "quantize", d + "/big.npy", d + "/big.rows"],
+            [engram, "dequantize", d + "/big.rows", d + "/big2.npy"]):
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+assert peak_mb < 30, "peak RSS %.1f MB for a 61 MB input" % peak_mb
+print("peak RSS %.1f MB" % peak_mb)
+EOF2
+"$PY" -c "import numpy as np; np.save('$T/q/big.npy', np.random.default_rng(7).standard_normal((60000, 256)).astype(np.float32))"
+check "quantize/dequantize stream (peak memory < 30 MB on 61 MB)" "$PY" "$T/memrun.py" "$ENGRAM" "$T/q"
+check "streamed round trip within half a step" "$PY" -c "
+import numpy as np
+x = np.load('$T/q/big.npy'); y = np.load('$T/q/big2.npy')
+amax = np.repeat(np.abs(x).reshape(-1, 32).max(1), 32).reshape(x.shape)
+# half a step: |x|/16 in E4M3's normal range, 2^(e-10) <= amax/(448*512) below it
+assert y.shape == x.shape and np.all(np.abs(y - x) <= np.abs(x) / 16 + amax / (448 * 512))"
+
 echo "test_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
