@@ -63,7 +63,7 @@ $(BUILD)/tests/%: tests/%.c tests/testutil.h $(BUILD)/libengram.a
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
 
 # The fuzz targets as standalone replayers (any compiler) ...
-$(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c $(BUILD)/libengram.a
+$(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.h $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DFUZZ_REPLAY $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
 

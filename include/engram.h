@@ -250,8 +250,8 @@ typedef struct engram_tokmap {
 /*
  * Builds the map.  Raw ids run from 0 to the largest id in model.vocab or
  * added_tokens; an added token decodes to its content, a BPE token through
- * the byte-level alphabet.  Errors: errno of stat/open, -EFBIG (over the
- * limit), -EBADMSG (JSON syntax, with the byte offset; bad or duplicate
+ * the byte-level alphabet.  Errors: errno of open/fstat, -EINVAL (not a
+ * regular file), -EFBIG (over the limit), -EBADMSG (JSON syntax, with the byte offset; bad or duplicate
  * ids), -ENOTSUP (not byte-level BPE), -ENOMEM.  *out is written only on
  * success.
  */

@@ -9,10 +9,12 @@
  * may hold U+0000).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <utf8proc.h>
 
 #include "layout.h"
@@ -251,14 +253,28 @@ int engram_tokmap_from_json(const char *path, engram_tokmap *out, engram_error *
 {
     if (!path || !out)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    /* The size limit is checked on the descriptor that is then parsed. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (stat(path, &st) != 0)
-        return err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot open '%s': %s", path, strerror(errno));
-    if ((uint64_t)st.st_size > ENGRAM_TOKENIZER_MAX_BYTES)
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return err_set(err, -e, ENGRAM_NO_OFFSET, "cannot open '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "'%s' is not a regular file (the size limit needs one)", path);
+    }
+    if ((uint64_t)st.st_size > ENGRAM_TOKENIZER_MAX_BYTES) {
+        close(fd);
         return err_set(err, -EFBIG, ENGRAM_NO_OFFSET, "'%s' is %llu bytes; the limit is %u", path,
                        (unsigned long long)st.st_size, ENGRAM_TOKENIZER_MAX_BYTES);
+    }
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadfd(fd, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+    close(fd);
     if (!root)
         return err_set(err, -EBADMSG, je.position >= 0 ? (uint64_t)je.position : ENGRAM_NO_OFFSET,
                        "%s: line %d column %d: %s", path, je.line, je.column, je.text);

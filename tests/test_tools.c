@@ -223,6 +223,13 @@ static void hostile_tokenizers(void)
     engram_tokmap_free(&tm);
     tu_path(path, sizeof path, "missing.json");
     CHECK_EQ(engram_tokmap_from_json(path, &tm, &err), -ENOENT);
+    CHECK_ERR(engram_tokmap_from_json(tu_tmpdir(), &tm, &err), err, -EINVAL, "not a regular file");
+    /* Over the size limit: a sparse file, nothing parsed. */
+    tu_path(path, sizeof path, "huge.json");
+    CHECK_EQ(write_text("huge.json", "{", path, sizeof path), 0);
+    CHECK_EQ(truncate(path, (off_t)ENGRAM_TOKENIZER_MAX_BYTES + 1), 0);
+    CHECK_ERR(engram_tokmap_from_json(path, &tm, &err), err, -EFBIG, "limit");
+    unlink(path);
 }
 
 static void sha256_vectors(void)

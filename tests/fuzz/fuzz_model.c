@@ -50,22 +50,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifdef FUZZ_REPLAY
-int main(int argc, char **argv)
-{
-    int n = 0;
-    for (int i = 1; i < argc; i++) {
-        FILE *f = fopen(argv[i], "rb");
-        if (!f) {
-            perror(argv[i]);
-            return 1;
-        }
-        static uint8_t buf[1 << 22];
-        size_t len = fread(buf, 1, sizeof buf, f);
-        fclose(f);
-        LLVMFuzzerTestOneInput(buf, len);
-        n++;
-    }
-    printf("fuzz_model replay: %d inputs, no crash\n", n);
-    return 0;
-}
+#define FUZZ_NAME "fuzz_model"
+#include "replay_main.h"
 #endif
