@@ -379,6 +379,12 @@ int engram_tokmap_from_json(const char *path, engram_tokmap *out, engram_error *
             rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: added token too long", path);
             goto out;
         }
+        if (is_added[id]) {
+            rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
+                         "%s: added_tokens[%zu] reuses id %lld of an earlier added token", path, ai,
+                         (long long)id);
+            goto out;
+        }
         tok[id] = json_string_value(c);
         tok_len[id] = (uint32_t)json_string_length(c);
         is_added[id] = 1;

@@ -196,6 +196,9 @@ static void hostile_tokenizers(void)
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"a\":1}},\"decoder\":{\"type\":\"ByteLevel\"}}",
          -EBADMSG, "duplicate"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}", -EBADMSG, "line 1"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}},\"decoder\":{\"type\":\"ByteLevel\"},"
+         "\"added_tokens\":[{\"id\":3,\"content\":\"x\"},{\"id\":3,\"content\":\"y\"}]}",
+         -EBADMSG, "reuses id 3"},
         {"[1,2,3]", -EBADMSG, "no model object"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":[]},\"decoder\":{\"type\":\"ByteLevel\"}}",
          -EBADMSG, "no model.vocab object"},
