@@ -26,25 +26,43 @@ static void hex32(const uint8_t h[32], char out[65])
         snprintf(out + 2 * i, 3, "%02x", h[i]);
 }
 
-/* Writes n bytes to path (temporary name, then rename).  0 or an exit code. */
-static int write_file(const char *path, const void *a, size_t na, const void *b, size_t nb)
+/* An output written to a temporary name and renamed into place only when
+ * complete (a failed command leaves no file). */
+struct fout {
+    FILE *f;
+    char *tmp;
+    const char *path;
+};
+
+static int fout_open(struct fout *o, const char *path)
 {
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    if (!tmp)
+    size_t n = strlen(path) + 32;
+    o->path = path;
+    o->tmp = malloc(n);
+    if (!o->tmp)
         return EXIT_SYSTEM;
-    snprintf(tmp, plen + 16, "%s.tmp%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    int ok = f && fwrite(a, 1, na, f) == na && (nb == 0 || fwrite(b, 1, nb, f) == nb);
-    if (f && fclose(f) != 0)
-        ok = 0;
-    if (ok && rename(tmp, path) != 0)
-        ok = 0;
-    if (!ok) {
-        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, path, strerror(errno));
-        unlink(tmp);
+    snprintf(o->tmp, n, "%s.tmp%ld", path, (long)getpid());
+    o->f = fopen(o->tmp, "wb");
+    if (!o->f) {
+        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->tmp, strerror(errno));
+        free(o->tmp);
+        return EXIT_SYSTEM;
     }
-    free(tmp);
+    return 0;
+}
+
+/* Closes; renames into place if ok, else removes.  0 or an exit code. */
+static int fout_close(struct fout *o, int ok)
+{
+    if (fclose(o->f) != 0)
+        ok = 0;
+    if (ok && rename(o->tmp, o->path) != 0) {
+        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->path, strerror(errno));
+        ok = 0;
+    }
+    if (!ok)
+        unlink(o->tmp);
+    free(o->tmp);
     return ok ? 0 : EXIT_SYSTEM;
 }
 
@@ -131,7 +149,14 @@ static int cmd_tokmap(int argc, char **argv)
         for (uint32_t i = 0; i < tm.vocab; i++)
             for (int b = 0; b < 4; b++)
                 le[4 * i + (uint32_t)b] = (uint8_t)(tm.map[i] >> (8 * b));
-        status = write_file(out, le, (size_t)tm.vocab * 4, NULL, 0);
+        struct fout fo;
+        status = fout_open(&fo, out);
+        if (status == 0) {
+            int ok = fwrite(le, 4, tm.vocab, fo.f) == tm.vocab;
+            if (!ok)
+                fprintf(stderr, "%s: cannot write '%s': %s\n", prog, out, strerror(errno));
+            status = fout_close(&fo, ok);
+        }
         free(le);
         if (status == 0)
             printf("wrote %s (%u x u32, little-endian)\n", out, tm.vocab);
@@ -618,46 +643,6 @@ static size_t npy_header(uint8_t *h, uint64_t rows, int bf16)
     memset(h + 10 + n, ' ', padded - 10 - (size_t)n - 1);
     h[padded - 1] = '\n';
     return padded;
-}
-
-/* An output written to a temporary name and renamed into place only when
- * complete (a failed command leaves no file). */
-struct fout {
-    FILE *f;
-    char *tmp;
-    const char *path;
-};
-
-static int fout_open(struct fout *o, const char *path)
-{
-    size_t n = strlen(path) + 32;
-    o->path = path;
-    o->tmp = malloc(n);
-    if (!o->tmp)
-        return EXIT_SYSTEM;
-    snprintf(o->tmp, n, "%s.tmp%ld", path, (long)getpid());
-    o->f = fopen(o->tmp, "wb");
-    if (!o->f) {
-        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->tmp, strerror(errno));
-        free(o->tmp);
-        return EXIT_SYSTEM;
-    }
-    return 0;
-}
-
-/* Closes; renames into place if ok, else removes.  0 or an exit code. */
-static int fout_close(struct fout *o, int ok)
-{
-    if (fclose(o->f) != 0)
-        ok = 0;
-    if (ok && rename(o->tmp, o->path) != 0) {
-        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->path, strerror(errno));
-        ok = 0;
-    }
-    if (!ok)
-        unlink(o->tmp);
-    free(o->tmp);
-    return ok ? 0 : EXIT_SYSTEM;
 }
 
 /* ---------------------------------------------------------------- quantize */
