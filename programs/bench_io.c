@@ -689,6 +689,26 @@ static void write_svg(const char *path, const struct depth_point *p, int n)
     fclose(f);
 }
 
+/* A size with an optional K, M, G or T suffix (powers of 1024), e.g. 32G
+ * or 1.5M.  0, or -1 if it is not one (negative, trailing text, > 2^50). */
+static int parse_size(const char *v, uint64_t *out)
+{
+    char *end;
+    double x = strtod(v, &end);
+    double mult = 1;
+    switch (*end) {
+    case 'K': case 'k': mult = 1024.0; end++; break;
+    case 'M': case 'm': mult = 1048576.0; end++; break;
+    case 'G': case 'g': mult = 1073741824.0; end++; break;
+    case 'T': case 't': mult = 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (end == v || *end || !(x >= 0) || x * mult > 1125899906842624.0)
+        return -1;
+    *out = (uint64_t)(x * mult);
+    return 0;
+}
+
 /* ------------------------------------------------------------ create */
 
 static int create_file(const char *path, uint64_t bytes)
@@ -759,10 +779,8 @@ int cmd_bench(int argc, char **argv)
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--create") && v) {
-            char *end;
-            double x = strtod(v, &end);
-            uint64_t mult = *end == 'G' || *end == 'g' ? 1ull << 30 : *end == 'M' || *end == 'm' ? 1ull << 20 : 1;
-            create = (uint64_t)(x * (double)mult);
+            if (parse_size(v, &create) < 0)
+                return fail_usage("bench io: bad --create '%s' (e.g. 32G)", v);
             i++;
         } else if (!strcmp(a, "--depths") && v) {
             b.n_depths = 0;
@@ -797,13 +815,9 @@ int cmd_bench(int argc, char **argv)
             b.max_tokens = (size_t)x;
             i++;
         } else if (!strcmp(a, "--cache") && v) {
-            char *end;
-            double x = strtod(v, &end);
-            uint64_t mult = *end == 'G' || *end == 'g' ? 1ull << 30 : *end == 'M' || *end == 'm' ? 1ull << 20 : 1;
-            if (x < 0 || x * (double)mult > (double)(1ull << 40) ||
-                (x > 0 && x * (double)mult < ENGRAM_READER_MIN_CACHE))
+            if (parse_size(v, &b.cache_bytes) < 0 || b.cache_bytes > (1ull << 40) ||
+                (b.cache_bytes > 0 && b.cache_bytes < ENGRAM_READER_MIN_CACHE))
                 return fail_usage("bench io: bad --cache '%s' (0, or 64K to 1T)", v);
-            b.cache_bytes = (uint64_t)(x * (double)mult);
             i++;
         } else if (!strcmp(a, "--sections") && v) {
             b.sections = v;
