@@ -64,15 +64,9 @@ int engram_text_normalize(const char *text, size_t len, char **out, size_t *out_
         return -EINVAL;
     if (len > (size_t)1 << 30)
         return -EINVAL;
-    for (size_t i = 0; i < len;) {
-        int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate((const uint8_t *)text + i, (utf8proc_ssize_t)(len - i), &cp);
-        if (k <= 0)
-            return -EILSEQ;
-        i += (size_t)k;
-    }
     /* NFKC, then NFD.  utf8proc_map takes an explicit length, so U+0000
-     * passes through like any other code point. */
+     * passes through like any other code point; it also validates the
+     * input (strict UTF-8, as utf8proc_iterate) before writing anything. */
     uint8_t *nfkc = NULL, *nfd = NULL;
     utf8proc_ssize_t n1 = utf8proc_map((const uint8_t *)(len ? text : ""), (utf8proc_ssize_t)len, &nfkc,
                                        UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
