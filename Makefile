@@ -62,6 +62,13 @@ $(BUILD)/tests/%: tests/%.c tests/testutil.h $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
 
+# Fault injection (test builds only): the reader's engine constructors and
+# its open/statx calls are routed through tests/fault_engine.h's wrappers.
+FAULT_WRAP = -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,--wrap=open,--wrap=statx
+$(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testutil.h $(BUILD)/libengram.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) $(FAULT_WRAP) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
+
 # The fuzz targets as standalone replayers (any compiler) ...
 $(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.h $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)

@@ -1,0 +1,193 @@
+/*
+ * fault_engine.h - fault injection at the reader's I/O seam (io_engine.h),
+ * for test programs only.  The test is linked with
+ *   -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new
+ * so every engine the reader creates (io_uring, thread pool, buffered
+ * fallback) is the real one wrapped in the engine below, which
+ *  - counts queue / submit / reap / cancel calls and completions, and fails
+ *    the N-th one of a kind as planned (the SQLite way: a test loops N over
+ *    every position), with a negative errno, a short result or end of file;
+ *  - checks the reader's side of the contract independently of the reader:
+ *    a slot is never queued again while its read is in flight, every
+ *    completion matches a read in flight, and the engine is never destroyed
+ *    with reads in flight (the kernel would write into freed memory).
+ * Setup faults: the constructors can be made to fail (ENOMEM, EMFILE, ...).
+ */
+#ifndef ENGRAM_FAULT_ENGINE_H
+#define ENGRAM_FAULT_ENGINE_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/io_engine.h"
+
+enum fe_op { FE_QUEUE = 0, FE_SUBMIT, FE_REAP, FE_CQE, FE_CANCEL, FE_NOPS };
+static const char *const fe_op_name[FE_NOPS] = {"queue", "submit", "reap", "completion", "cancel"};
+
+/* Special results for FE_CQE faults besides a negative errno. */
+#define FE_SHORT 1   /* the read comes back with fewer bytes than asked */
+#define FE_EOF 2     /* the read comes back with 0 bytes                */
+
+struct fe_plan {
+    int op;          /* enum fe_op, or -1 for none                              */
+    long at;         /* 1-based position among calls of that kind            */
+    int err;         /* negative errno, or FE_SHORT / FE_EOF for completions  */
+    long count;      /* how many consecutive calls fail (1 = once; <0: all)  */
+};
+
+#define FE_MAX_SLOTS 1024
+
+static struct fe_state {
+    struct fe_plan plan;
+    long calls[FE_NOPS];
+    long fired;                      /* faults injected                   */
+    int setup_uring, setup_threads;  /* constructor faults (negative errno) */
+    int wrap;                        /* wrap engines the reader creates    */
+    /* contract checks */
+    long requeue_inflight, unknown_cqe, destroy_inflight, destroyed;
+    unsigned char inflight[FE_MAX_SLOTS];
+    long outstanding;
+} fe;
+
+static inline void fe_reset(void)
+{
+    memset(&fe, 0, sizeof fe);
+    fe.plan.op = -1;
+    fe.wrap = 1;
+}
+
+static inline void fe_arm(int op, long at, int err, long count)
+{
+    fe.plan = (struct fe_plan){op, at, err, count};
+    fe.fired = 0;
+    memset(fe.calls, 0, sizeof fe.calls);
+}
+
+static inline void fe_disarm(void)
+{
+    fe.plan.op = -1;
+}
+
+/* 1 if this call of kind op is to fail (and counts it). */
+static inline int fe_hit(int op)
+{
+    long n = ++fe.calls[op];
+    if (fe.plan.op != op || n < fe.plan.at)
+        return 0;
+    if (fe.plan.count >= 0 && n >= fe.plan.at + fe.plan.count)
+        return 0;
+    fe.fired++;
+    return 1;
+}
+
+struct fe_engine {
+    struct io_engine base;
+    struct io_engine *inner;
+};
+
+static int fe_queue(struct io_engine *e, unsigned slot, void *buf, uint32_t len, uint64_t off)
+{
+    struct fe_engine *f = (struct fe_engine *)e;
+    if (fe_hit(FE_QUEUE))
+        return fe.plan.err;
+    if (slot < FE_MAX_SLOTS) {
+        if (fe.inflight[slot])
+            fe.requeue_inflight++;
+        fe.inflight[slot] = 1;
+    }
+    int rc = f->inner->ops->queue(f->inner, slot, buf, len, off);
+    if (rc == 0)
+        fe.outstanding++;
+    else if (slot < FE_MAX_SLOTS)
+        fe.inflight[slot] = 0;
+    return rc;
+}
+
+static int fe_submit(struct io_engine *e)
+{
+    struct fe_engine *f = (struct fe_engine *)e;
+    if (fe_hit(FE_SUBMIT))
+        return fe.plan.err;
+    return f->inner->ops->submit(f->inner);
+}
+
+static int fe_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigned min)
+{
+    struct fe_engine *f = (struct fe_engine *)e;
+    if (fe_hit(FE_REAP))
+        return fe.plan.err; /* nothing taken from the inner engine: nothing lost */
+    int n = f->inner->ops->reap(f->inner, out, max, min);
+    for (int i = 0; i < n; i++) {
+        unsigned s = out[i].slot;
+        if (s >= FE_MAX_SLOTS || !fe.inflight[s])
+            fe.unknown_cqe++;
+        else
+            fe.inflight[s] = 0;
+        fe.outstanding--;
+        if (fe_hit(FE_CQE) && out[i].res > 0) {
+            if (fe.plan.err == FE_SHORT)
+                out[i].res = out[i].res > 1 ? out[i].res / 2 : 0;
+            else if (fe.plan.err == FE_EOF)
+                out[i].res = 0;
+            else
+                out[i].res = fe.plan.err;
+        }
+    }
+    return n;
+}
+
+static void fe_destroy(struct io_engine *e)
+{
+    struct fe_engine *f = (struct fe_engine *)e;
+    if (fe.outstanding > 0)
+        fe.destroy_inflight += fe.outstanding;
+    fe.destroyed++;
+    f->inner->ops->destroy(f->inner);
+    free(f);
+}
+
+static const struct io_engine_ops fe_ops = {fe_queue, fe_submit, fe_reap, fe_destroy};
+
+static inline struct io_engine *fe_wrap_engine(struct io_engine *inner)
+{
+    struct fe_engine *f = calloc(1, sizeof *f);
+    if (!f)
+        return inner;
+    f->base = *inner;
+    f->base.ops = &fe_ops;
+    f->inner = inner;
+    memset(fe.inflight, 0, sizeof fe.inflight);
+    fe.outstanding = 0;
+    return &f->base;
+}
+
+int __real_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
+                               struct io_engine **out, char *note, size_t note_len);
+int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
+                               struct io_engine **out, char *note, size_t note_len);
+int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
+                               struct io_engine **out, char *note, size_t note_len)
+{
+    if (fe.setup_uring)
+        return fe.setup_uring;
+    int rc = __real_io_uring_engine_new(fd, depth, arena, arena_len, out, note, note_len);
+    if (rc == 0 && fe.wrap)
+        *out = fe_wrap_engine(*out);
+    return rc;
+}
+
+int __real_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out);
+int __wrap_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out);
+int __wrap_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out)
+{
+    if (fe.setup_threads)
+        return fe.setup_threads;
+    int rc = __real_io_threads_engine_new(fd, threads, drop, out);
+    if (rc == 0 && fe.wrap)
+        *out = fe_wrap_engine(*out);
+    return rc;
+}
+
+#endif
