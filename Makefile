@@ -64,7 +64,9 @@ $(BUILD)/tests/%: tests/%.c tests/testutil.h $(BUILD)/libengram.a
 
 # Fault injection (test builds only): the reader's engine constructors and
 # its open/statx calls are routed through tests/fault_engine.h's wrappers.
-FAULT_WRAP = -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,--wrap=open,--wrap=statx
+FAULT_WRAP = -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,--wrap=open,--wrap=statx \
+  -Wl,--wrap=malloc,--wrap=calloc,--wrap=posix_memalign,--wrap=pthread_create \
+  -Wl,--wrap=io_uring_queue_init_params,--wrap=io_uring_register_files,--wrap=io_uring_register_buffers
 $(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testutil.h $(BUILD)/libengram.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) $(FAULT_WRAP) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)

@@ -14,9 +14,9 @@
  *    token or row that failed and, for file errors, the byte offset.
  *  - A failed call leaves every output and every piece of caller state
  *    (history, buffers) exactly as it was: inputs are validated first.  The
- *    one exception is data that only reading can validate: a reader batch or
- *    step that fails on a row read from disk has written the rows before it
- *    (said again at those functions).
+ *    one exception is data that only reading can validate: a call that fails
+ *    on a row read from disk (engram_model_read_raw, a reader batch or step)
+ *    may have written other rows of its output (said again at each).
  *  - The library never exits, aborts or prints.
  *  - Every buffer is owned by the caller unless a comment says otherwise.
  *  - Opaque handles come from engram_*_open / _new and are released by the
@@ -30,6 +30,8 @@
  *   -EIO     short read (file shorter than the header promises) or device error
  *   -ENOMEM  allocation failed
  *   -ENOTSUP a valid GGUF that is not an Engram model of the supported dialect
+ *   -ESTALE  the model's file was replaced and cannot be reached again
+ *   -ECANCELED  a decode step was cancelled
  *   other    errno from the system call that failed (open, pread, ...)
  */
 #ifndef ENGRAM_H
@@ -313,8 +315,10 @@ void engram_model_get_info(const engram_model *m, engram_model_info *info);
 /*
  * Reads n raw rows of table t (table-local ids) into raw (n * 264 bytes) with
  * plain positional reads.  Row ids are validated first (-EINVAL naming the
- * row, nothing read).  -EIO on a short read.  This is the exact single-row
- * path; the batched uncached engine is built on top of the same file.
+ * row, nothing read).  -EIO on a short read.  A read that fails leaves the
+ * rows before it written and the rest of raw untouched (err names the row
+ * and its file offset).  This is the exact single-row path; the batched
+ * uncached engine is built on top of the same file.
  */
 int engram_model_read_raw(const engram_model *m, int t, const uint32_t *rows,
                           size_t n, uint8_t *raw, engram_error *err);
@@ -335,16 +339,38 @@ int engram_model_dup_fd(const engram_model *m);
 
 /*
  * Page-cache-free concurrent row reads.  A reader owns its own descriptor on
- * the model file (O_DIRECT where the filesystem allows it; otherwise buffered
- * reads that drop what they read: RWF_DONTCACHE where the kernel has it, else
- * posix_fadvise(DONTNEED)), one I/O engine, and all its buffers, allocated at
- * open: ENGRAM_READER_MAX_BYTES at most, whatever the batch, prompt or table
- * size.  One reader per thread/session; many readers may share one model.
+ * the very file the model validated (reopened through the model's
+ * descriptor, so a file renamed over the path since is never read: where
+ * /proc is missing the path is reopened and must name the same device and
+ * inode, else -ESTALE), with O_DIRECT where the filesystem allows it
+ * (alignment from statx; at least 8 reads must fit in the buffer budget);
+ * otherwise buffered reads that drop what they read (RWF_DONTCACHE where the
+ * kernel has it, else posix_fadvise(DONTNEED)).  It owns one I/O engine and
+ * all its buffers, allocated at open: ENGRAM_READER_MAX_BYTES at most,
+ * whatever the batch, prompt or table size.  One reader per thread/session;
+ * many readers may share one model (from any threads).
+ *
+ * Reads in flight: every call returns with no read of its own in flight,
+ * except step_submit, whose reads are collected by step_wait / step_poll /
+ * step_cancel / reader_close.  Each of these reaps (after cancelling, where
+ * the call ends early) every read before its buffer is reused or freed.
+ * Transient failures are retried inside the call: -EINTR, -EAGAIN and
+ * -EBUSY from the kernel ring (bounded: about 0.1 s of refusals in a row),
+ * reads that come back short or with -EAGAIN (resubmitted for what is
+ * missing, at most 8 times a read).  After any failure the reader is
+ * exactly as usable as before, with one exception: if the engine itself
+ * stops returning completions (its reap fails 8 times in a row while reads
+ * are in flight), the reader is marked broken (stats.broken; every call
+ * then fails with -EIO saying so) and close() never frees its buffers,
+ * since the kernel may still write into them.
  */
 typedef enum engram_io_engine {
-    ENGRAM_IO_AUTO = 0,   /* io_uring where the kernel allows it, else threads  */
-    ENGRAM_IO_URING,      /* io_uring: registered file, fixed buffers, batched  */
-    ENGRAM_IO_THREADS,    /* a pool of pread threads on the O_DIRECT descriptor */
+    ENGRAM_IO_AUTO = 0,   /* io_uring where the kernel allows it, else threads;
+                             the buffered fallback where O_DIRECT is refused   */
+    ENGRAM_IO_URING,      /* io_uring: registered file, fixed buffers, batched;
+                             needs O_DIRECT (else open fails with -EINVAL)     */
+    ENGRAM_IO_THREADS,    /* a pool of pread threads on the O_DIRECT descriptor
+                             (likewise -EINVAL without O_DIRECT)               */
     ENGRAM_IO_BUFFERED    /* the fallback, forced: cached fd, drop-behind reads */
 } engram_io_engine;
 
@@ -385,8 +411,14 @@ typedef struct engram_io_stats {
     uint64_t rows_requested;  /* rows asked for (with duplicates)              */
     uint64_t rows_read;       /* distinct rows actually read                   */
     uint64_t bytes_read;      /* bytes transferred from the file               */
-    uint64_t batches, steps;
-    uint64_t retries;         /* EINTR / EAGAIN / partial reads resubmitted    */
+    uint64_t batches;
+    uint64_t steps;           /* decode steps completed successfully           */
+    uint64_t steps_cancelled; /* by engram_reader_step_cancel                  */
+    uint64_t retries;         /* transient refusals retried and reads
+                                 resubmitted (short, -EAGAIN, -EINTR)          */
+    unsigned in_flight;       /* reads queued and not yet reaped (0 between
+                                 calls unless a step is in flight)             */
+    int broken;               /* 1: the engine failed for good (see above)     */
     /* Row cache (all 0 without one): its memory (besides reserved_bytes),
      * capacity in rows, and rows served from it (counted in rows_requested,
      * not in rows_read). */
@@ -397,8 +429,10 @@ typedef struct engram_io_stats {
 
 typedef struct engram_reader engram_reader;
 
-/* opts may be NULL (defaults).  Errors: errno of open/io_uring setup, with
- * err saying what failed.  The model must outlive the reader. */
+/* opts may be NULL (defaults).  Errors: errno of open/io_uring setup,
+ * -EINVAL for a forced engine that cannot run on this file, -ESTALE (see
+ * above), -ENOMEM; err says what failed.  Nothing is left open on failure.
+ * The model must outlive the reader. */
 int engram_reader_open(const engram_model *m, const engram_reader_opts *opts,
                        engram_reader **out, engram_error *err);
 void engram_reader_close(engram_reader *r);
@@ -410,9 +444,11 @@ void engram_reader_close(engram_reader *r);
  * values of dtype.  The batch is processed in ENGRAM_BATCH_TOKENS-token
  * chunks; within a chunk the requests are sorted and each distinct row is
  * read once (or taken from the row cache).  Row ids are validated before
- * any read (-EINVAL naming the token, nothing written).  Read errors: -EIO (short read) or the errno, and
- * -EDOM for a row that does not decode, with err naming the row; out is then
- * partly written.  No memory is allocated.
+ * any read (-EINVAL naming the token, nothing written).  Read errors: -EIO
+ * (short read: the file ends inside the row) or the errno of the read, and
+ * -EDOM for a row that does not decode, with err naming the row and its
+ * file offset; out is then partly written.  No heap memory is allocated
+ * (the requests are sorted in place in the reader's own buffers).
  */
 int engram_reader_batch(engram_reader *r, int t, const uint32_t *rows, size_t n,
                         engram_dtype dtype, void *out, engram_error *err);
@@ -432,14 +468,23 @@ int engram_reader_batch_stream(engram_reader *r, int t, const uint32_t *rows, si
 
 /* Decode step: starts reading one token's 48 rows (both tables) into out
  * ([48][256] of dtype: table 0's 24 rows, then table 1's) and returns at
- * once.  One step may be in flight per reader (-EBUSY otherwise).  out must
- * stay valid until wait/poll reports completion. */
+ * once.  One step may be in flight per reader (-EBUSY otherwise; batches
+ * also answer -EBUSY meanwhile).  out must stay valid until wait, poll or
+ * cancel has ended the step (or the reader is closed).  If submit fails,
+ * no step is in flight and nothing of it is left reading.  No heap memory. */
 int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_PER_TOKEN],
                               engram_dtype dtype, void *out, engram_error *err);
-/* Waits for the step; 0 when all 48 rows are decoded, or the error. */
+/* Waits for the step; 0 when all 48 rows are decoded, or the error (out
+ * then partly written).  Either way the step is over. */
 int engram_reader_step_wait(engram_reader *r, engram_error *err);
-/* Completes what has arrived without blocking: 0 done, -EAGAIN pending. */
+/* Completes what has arrived without blocking: 0 done, -EAGAIN pending, or
+ * the step's error once its other reads are collected (until then -EAGAIN). */
 int engram_reader_step_poll(engram_reader *r, engram_error *err);
+/* Abandons the step in flight: cancels its reads, waits for those the
+ * device already has, and returns; out is then partly written and no
+ * longer touched.  0, or -EINVAL if no step is in flight.  Closing a reader
+ * with a step in flight does the same. */
+int engram_reader_step_cancel(engram_reader *r);
 
 void engram_reader_stats(const engram_reader *r, engram_io_stats *st);
 void engram_reader_reset_stats(engram_reader *r);

@@ -1,11 +1,22 @@
 /*
  * io_engine.h - the small interface behind which the reader's I/O engines
- * live: queue reads into caller-owned buffers, submit, reap completions.
- * An engine is driven by one thread at a time (its reader's).
+ * live: queue reads into caller-owned buffers, submit, reap completions,
+ * cancel.  An engine is driven by one thread at a time (its reader's).
+ *
+ * The contract the reader keeps (and tests/fault_engine.h checks): every
+ * queued read is reaped exactly once, cancelled or not, before its buffer
+ * is queued again or freed, and destroy() is only called with nothing in
+ * flight; reap() is never asked to wait for more completions than there are
+ * reads in flight.
+ *
+ * Errors: queue/submit/reap/cancel return 0 (or a count) or a negative
+ * errno.  -EINTR, -EAGAIN and -EBUSY are transient: nothing was lost, the
+ * caller reaps what it can and tries again.  Any other error is hard.
  */
 #ifndef ENGRAM_IO_ENGINE_H
 #define ENGRAM_IO_ENGINE_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,17 +27,27 @@ struct io_cqe {
 
 enum io_drop { DROP_NONE = 0, DROP_DONTCACHE, DROP_FADVISE };
 
+static inline int io_transient(int rc)
+{
+    return rc == -EINTR || rc == -EAGAIN || rc == -EBUSY;
+}
+
 struct io_engine;
 struct io_engine_ops {
     /* Queues a read of len bytes at file offset off into buf; may submit
-     * early when the engine's queue is full.  0 or -errno. */
+     * early when the engine's queue is full.  0 or -errno (nothing queued). */
     int (*queue)(struct io_engine *e, unsigned slot, void *buf, uint32_t len, uint64_t off);
-    /* Hands everything queued to the kernel / the workers. */
+    /* Hands everything queued to the kernel / the workers.  On an error the
+     * reads stay queued: the next submit or reap hands them over. */
     int (*submit)(struct io_engine *e);
     /* Submits whatever is queued, then writes up to max completions to out,
      * blocking until at least min are there (one system call for both where
-     * the engine can).  Returns how many, or -errno. */
+     * the engine can).  Returns how many, or -errno (then none was taken). */
     int (*reap)(struct io_engine *e, struct io_cqe *out, unsigned max, unsigned min);
+    /* Asks for every read queued or in flight to be cancelled.  Each still
+     * completes through reap, with -ECANCELED or its real result (reads
+     * already at the device finish).  0 or -errno. */
+    int (*cancel)(struct io_engine *e);
     void (*destroy)(struct io_engine *e);
 };
 

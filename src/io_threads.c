@@ -140,6 +140,25 @@ static int t_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigne
     return (int)n;
 }
 
+/* Jobs no worker has taken yet complete at once with -ECANCELED; reads a
+ * worker is doing finish normally. */
+static int t_cancel(struct io_engine *e)
+{
+    struct thread_engine *t = (struct thread_engine *)e;
+    pthread_mutex_lock(&t->mu);
+    while (t->j_count > 0) {
+        struct job j = t->jobs[t->j_head];
+        t->j_head = (t->j_head + 1) % t->cap;
+        t->j_count--;
+        t->cqes[(t->c_head + t->c_count) % t->cap] = (struct io_cqe){j.slot, -ECANCELED};
+        t->c_count++;
+    }
+    t->staged = 0;
+    pthread_cond_broadcast(&t->done);
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
 static void t_destroy(struct io_engine *e)
 {
     struct thread_engine *t = (struct thread_engine *)e;
@@ -158,7 +177,7 @@ static void t_destroy(struct io_engine *e)
     free(t);
 }
 
-static const struct io_engine_ops thread_ops = {t_queue, t_submit, t_reap, t_destroy};
+static const struct io_engine_ops thread_ops = {t_queue, t_submit, t_reap, t_cancel, t_destroy};
 
 int io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out)
 {

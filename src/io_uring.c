@@ -19,15 +19,19 @@ struct uring_engine {
     int fixed_file, fixed_buf;
 };
 
+/* Tag of the cancel request's own completion, which reap() drops (read
+ * completions carry their slot number, always < ENGRAM_READER_MAX_DEPTH). */
+#define CANCEL_TAG UINT64_MAX
+
 static int u_submit(struct io_engine *e)
 {
     struct uring_engine *u = (struct uring_engine *)e;
-    /* In flight never exceeds the SQ size and the CQ holds twice that, so
-     * the only transient refusal left is an interrupted call. */
     int rc;
     do
         rc = io_uring_submit(&u->ring);
     while (rc == -EINTR);
+    /* -EAGAIN / -EBUSY: the kernel wants completions reaped first; the
+     * entries stay in the submission ring and go with the next call. */
     return rc < 0 ? rc : 0;
 }
 
@@ -56,13 +60,16 @@ static int u_queue(struct io_engine *e, unsigned slot, void *buf, uint32_t len, 
 static int u_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigned min)
 {
     struct uring_engine *u = (struct uring_engine *)e;
+    int wait_rc = 0;
     if (min > 0 || io_uring_sq_ready(&u->ring) > 0) {
-        int rc;
         do
-            rc = io_uring_submit_and_wait(&u->ring, min);
-        while (rc == -EINTR);
-        if (rc < 0)
-            return rc;
+            wait_rc = io_uring_submit_and_wait(&u->ring, min);
+        while (wait_rc == -EINTR);
+        /* Transient refusals (-EAGAIN, -EBUSY) still leave the completion
+         * ring readable: take what is there, report the error only if
+         * there is nothing.  Hard errors are reported at once. */
+        if (wait_rc < 0 && !io_transient(wait_rc))
+            return wait_rc;
     }
     struct io_uring_cqe *batch[64];
     unsigned got = 0;
@@ -72,13 +79,38 @@ static int u_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigne
         if (n == 0)
             break;
         for (unsigned i = 0; i < n; i++) {
-            out[got + i].slot = (unsigned)io_uring_cqe_get_data64(batch[i]);
-            out[got + i].res = batch[i]->res;
+            uint64_t tag = io_uring_cqe_get_data64(batch[i]);
+            if (tag == CANCEL_TAG)
+                continue;
+            out[got].slot = (unsigned)tag;
+            out[got].res = batch[i]->res;
+            got++;
         }
         io_uring_cq_advance(&u->ring, n);
-        got += n;
     }
+    if (got == 0 && wait_rc < 0)
+        return wait_rc;
     return (int)got;
+}
+
+static int u_cancel(struct io_engine *e)
+{
+    struct uring_engine *u = (struct uring_engine *)e;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+    if (!sqe) {
+        int rc = u_submit(e);
+        if (rc < 0)
+            return rc;
+        if (!(sqe = io_uring_get_sqe(&u->ring)))
+            return -EBUSY;
+    }
+    /* Everything of this ring (ANY matches all requests).  Reads the device
+     * already has finish normally; the caller reaps them either way.  A
+     * kernel without CANCEL_ANY answers -EINVAL in the cancel's completion,
+     * which is dropped: the reads then simply run to their end. */
+    io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+    io_uring_sqe_set_data64(sqe, CANCEL_TAG);
+    return u_submit(e);
 }
 
 static void u_destroy(struct io_engine *e)
@@ -88,7 +120,7 @@ static void u_destroy(struct io_engine *e)
     free(u);
 }
 
-static const struct io_engine_ops uring_ops = {u_queue, u_submit, u_reap, u_destroy};
+static const struct io_engine_ops uring_ops = {u_queue, u_submit, u_reap, u_cancel, u_destroy};
 
 int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
                         struct io_engine **out, char *note, size_t note_len)
@@ -99,7 +131,7 @@ int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
     struct io_uring_params p;
     memset(&p, 0, sizeof p);
     p.flags = IORING_SETUP_CQSIZE;
-    p.cq_entries = 2 * depth;
+    p.cq_entries = 2 * depth; /* reads in flight (<= depth) and cancel completions */
     int rc = io_uring_queue_init_params(depth, &u->ring, &p);
     if (rc < 0) {
         free(u);

@@ -10,6 +10,7 @@
 #include "gguf.h"
 #include "hash.h"
 #include "layout.h"
+#include "model.h"
 #include "util.h"
 
 #define PAGE_ALIGN 4096u
@@ -138,6 +139,11 @@ int engram_model_open(const char *path, engram_model **out, engram_error *err)
         engram_model_close(m);
         return rc;
     }
+    /* The hasher keeps its own copy of the token map: the model's layout
+     * points at it, so the map is held once. */
+    free(m->map);
+    m->map = NULL;
+    m->layout.token_map = engram_hasher_layout(m->hasher)->token_map;
     engram_model_info *i = &m->info;
     const gguf_kv *arch = gguf_find_kv(m->g, "general.architecture");
     i->path = m->path;
@@ -169,6 +175,8 @@ void engram_model_get_info(const engram_model *m, engram_model_info *info)
 {
     *info = m->info;
 }
+
+int model_fd(const engram_model *m) { return m->g->fd; }
 
 int engram_model_dup_fd(const engram_model *m)
 {

@@ -138,6 +138,14 @@ static int fe_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsign
     return n;
 }
 
+static int fe_cancel(struct io_engine *e)
+{
+    struct fe_engine *f = (struct fe_engine *)e;
+    if (fe_hit(FE_CANCEL))
+        return fe.plan.err;
+    return f->inner->ops->cancel(f->inner);
+}
+
 static void fe_destroy(struct io_engine *e)
 {
     struct fe_engine *f = (struct fe_engine *)e;
@@ -148,7 +156,7 @@ static void fe_destroy(struct io_engine *e)
     free(f);
 }
 
-static const struct io_engine_ops fe_ops = {fe_queue, fe_submit, fe_reap, fe_destroy};
+static const struct io_engine_ops fe_ops = {fe_queue, fe_submit, fe_reap, fe_cancel, fe_destroy};
 
 static inline struct io_engine *fe_wrap_engine(struct io_engine *inner)
 {

@@ -6,6 +6,7 @@
  * Linked with -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,
  * --wrap=open,--wrap=statx (see the Makefile): test builds only.
  */
+#include <pthread.h>
 #include <stdarg.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -71,6 +72,72 @@ int __wrap_statx(int dirfd, const char *path, int flags, unsigned mask, struct s
         sx->stx_dio_mem_align = sys.dio_align;
     }
     return rc;
+}
+
+/* Allocation failures for library code: calls from the library's objects
+ * to malloc/calloc/posix_memalign are routed here (--wrap); the N-th one
+ * fails while armed.  Works under sanitizers too. */
+struct lib_alloc_plan {
+    long calls, fail_at;  /* fail_at 0: never */
+    int armed;
+};
+static struct lib_alloc_plan lib_alloc;
+
+static int lib_alloc_fails(void)
+{
+    if (!lib_alloc.armed)
+        return 0;
+    return ++lib_alloc.calls == lib_alloc.fail_at;
+}
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t a, size_t b);
+int __real_posix_memalign(void **p, size_t a, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t a, size_t b);
+int __wrap_posix_memalign(void **p, size_t a, size_t n);
+void *__wrap_malloc(size_t n) { return lib_alloc_fails() ? NULL : __real_malloc(n); }
+void *__wrap_calloc(size_t a, size_t b) { return lib_alloc_fails() ? NULL : __real_calloc(a, b); }
+int __wrap_posix_memalign(void **p, size_t a, size_t n)
+{
+    return lib_alloc_fails() ? ENOMEM : __real_posix_memalign(p, a, n);
+}
+
+/* liburing set-up calls and thread creation, failed on demand. */
+static struct {
+    int queue_init, register_files, register_buffers; /* negative errno to return */
+    long thread_fail_at, thread_calls;                /* N-th pthread_create fails */
+} setup;
+
+struct io_uring;
+struct io_uring_params;
+int __real_io_uring_queue_init_params(unsigned entries, struct io_uring *ring, struct io_uring_params *p);
+int __wrap_io_uring_queue_init_params(unsigned entries, struct io_uring *ring, struct io_uring_params *p);
+int __wrap_io_uring_queue_init_params(unsigned entries, struct io_uring *ring, struct io_uring_params *p)
+{
+    return setup.queue_init ? setup.queue_init : __real_io_uring_queue_init_params(entries, ring, p);
+}
+int __real_io_uring_register_files(struct io_uring *ring, const int *files, unsigned n);
+int __wrap_io_uring_register_files(struct io_uring *ring, const int *files, unsigned n);
+int __wrap_io_uring_register_files(struct io_uring *ring, const int *files, unsigned n)
+{
+    return setup.register_files ? setup.register_files : __real_io_uring_register_files(ring, files, n);
+}
+struct iovec;
+int __real_io_uring_register_buffers(struct io_uring *ring, const struct iovec *iov, unsigned n);
+int __wrap_io_uring_register_buffers(struct io_uring *ring, const struct iovec *iov, unsigned n);
+int __wrap_io_uring_register_buffers(struct io_uring *ring, const struct iovec *iov, unsigned n)
+{
+    return setup.register_buffers ? setup.register_buffers
+                                  : __real_io_uring_register_buffers(ring, iov, n);
+}
+int __real_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg);
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg);
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg)
+{
+    if (setup.thread_fail_at && ++setup.thread_calls == setup.thread_fail_at)
+        return EAGAIN;
+    return __real_pthread_create(t, a, fn, arg);
 }
 
 /* ------------------------------------------------ allocation counter
@@ -212,6 +279,8 @@ static void close_in_flight(engram_model *m, const uint32_t *rows)
             static uint16_t out[48 * 256];
             CHECK_EQ(engram_reader_step_submit(r, rows + (size_t)i * 48, ENGRAM_BF16, out, NULL), 0);
             engram_reader_close(r);
+            /* really closed (engine destroyed, memory freed), not kept aside */
+            CHECK_EQ(fe.destroyed, i + 1);
         }
         char what[64];
         snprintf(what, sizeof what, "close in flight, %s", engine_names[e]);
@@ -368,16 +437,29 @@ static void smaller(engram_model *m, const uint32_t *rows, const uint16_t *w0, c
     engram_model_get_info(m, &info);
     /* (a) A DIO alignment of 512 KiB and more must not leave the reader
      * without slots. */
-    for (uint32_t align = 256u << 10; align <= (1u << 20); align *= 2) {
+    for (uint32_t align = 4096; align <= (1u << 20); align *= 2) {
         fe_reset();
         sys.dio_align = align;
-        engram_reader *r = open_reader(m, 0, 64);
+        engram_reader_opts ao = {.engine = ENGRAM_IO_AUTO, .depth = 64};
+        engram_reader *r = NULL;
+        CHECK_EQ(engram_reader_open(m, &ao, &r, &err), 0);
+        /* A forced engine needs O_DIRECT: refused, naming the alignment. */
+        engram_reader *forced = NULL;
+        ao.engine = ENGRAM_IO_URING;
+        int frc = engram_reader_open(m, &ao, &forced, &err);
         sys.dio_align = 0;
+        if (align > (32u << 10))
+            CHECK(frc == -EINVAL && strstr(err.msg, "alignment") != NULL);
+        else
+            CHECK_EQ(frc, 0);
+        engram_reader_close(forced);
         if (!r)
             continue;
         engram_io_stats st;
         engram_reader_stats(r, &st);
         CHECK(st.depth > 0);
+        CHECK_EQ(st.direct, align <= (32u << 10));
+        CHECK_EQ(st.align, align <= (32u << 10) ? align : 1);
         CHECK(st.reserved_bytes <= ENGRAM_READER_MAX_BYTES);
         CHECK_EQ(batch_eq(r, 0, rows, n, w0, &err), 0);
         if (st.depth > 0)
@@ -436,6 +518,343 @@ static void smaller(engram_model *m, const uint32_t *rows, const uint16_t *w0, c
     CHECK(ml->token_map == hl->token_map);
 }
 
+/* ------------------------------------------------ every fault at every position */
+
+struct fault {
+    int op, err;
+    int want;            /* the call's documented result: 0 (retried, exact) or the error */
+};
+
+static const struct fault faults[] = {
+    {FE_QUEUE, -EAGAIN, 0}, {FE_QUEUE, -EBUSY, 0}, {FE_QUEUE, -EIO, -EIO}, {FE_QUEUE, -ENOMEM, -ENOMEM},
+    {FE_SUBMIT, -EINTR, 0}, {FE_SUBMIT, -EAGAIN, 0}, {FE_SUBMIT, -EBUSY, 0}, {FE_SUBMIT, -EIO, -EIO},
+    {FE_REAP, -EINTR, 0},   {FE_REAP, -EAGAIN, 0},   {FE_REAP, -EBUSY, 0},   {FE_REAP, -EIO, -EIO},
+    {FE_CQE, -EAGAIN, 0},   {FE_CQE, -EINTR, 0},     {FE_CQE, FE_SHORT, 0},  {FE_CQE, -EIO, -EIO},
+    {FE_CQE, -ENODATA, -ENODATA}, {FE_CQE, FE_EOF, -EIO},
+};
+#define N_FAULTS (sizeof faults / sizeof faults[0])
+
+static const char *fault_name(const struct fault *f)
+{
+    static char b[64];
+    const char *e = f->err == FE_SHORT ? "short" : f->err == FE_EOF ? "eof" : strerror(-f->err);
+    snprintf(b, sizeof b, "%s %s", fe_op_name[f->op], e);
+    return b;
+}
+
+/* Under ThreadSanitizer every position costs ~10x: there every 5th. */
+#if defined(__SANITIZE_THREAD__)
+#define STRIDE 5
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define STRIDE 5
+#endif
+#endif
+#ifndef STRIDE
+#define STRIDE 1
+#endif
+
+struct sweep_totals {
+    long injected, survived;
+} totals;
+
+/* Checks one faulted call's outcome against the documented one. */
+static int outcome_ok(const struct fault *f, int rc, const engram_error *err, engram_reader *r,
+                      uint64_t table_off)
+{
+    int ok = 1;
+    int want = fe.fired ? f->want : 0;
+    if (rc != want) {
+        fprintf(stderr, "  %s at %ld: rc %d, want %d (%s)\n", fault_name(f), fe.plan.at, rc, want,
+                err->msg);
+        ok = 0;
+    }
+    if (rc < 0 && (f->op == FE_CQE || f->op == FE_QUEUE)) {
+        /* a read's error names its row and the row's file offset */
+        if (err->row == ENGRAM_NO_ROW || err->offset != table_off + err->row * 264) {
+            fprintf(stderr, "  %s at %ld: error does not name row and offset: %s\n",
+                    fault_name(f), fe.plan.at, err->msg);
+            ok = 0;
+        }
+    }
+    engram_io_stats st;
+    engram_reader_stats(r, &st);
+    if (st.in_flight != 0 || st.broken) {
+        fprintf(stderr, "  %s at %ld: %u reads in flight after the call, broken %d\n",
+                fault_name(f), fe.plan.at, st.in_flight, st.broken);
+        ok = 0;
+    }
+    return ok;
+}
+
+/* Batches: every fault of the table at every position of a 4-token batch
+ * (96 reads, depth 16), then the same batch without faults must be exact. */
+static void sweep_batches(engram_model *m, const uint32_t *rows, const uint16_t *w0)
+{
+    engram_model_info info;
+    engram_model_get_info(m, &info);
+    const size_t n = 4;
+    for (int e = 0; e < 3; e++) {
+        long bad = 0, runs = 0;
+        fe_reset();
+        engram_reader *r = open_reader(m, e, 16);
+        if (!r)
+            continue;
+        engram_error err;
+        CHECK_EQ(batch_eq(r, 0, rows, n, w0, &err), 0); /* a clean run counts the positions */
+        long positions[FE_NOPS];
+        memcpy(positions, fe.calls, sizeof positions);
+        for (size_t k = 0; k < N_FAULTS; k++) {
+            const struct fault *f = &faults[k];
+            for (long at = 1; at <= positions[f->op] + 1; at += STRIDE) {
+                fe_arm(f->op, at, f->err, 1);
+                memset(&err, 0, sizeof err);
+                int rc = batch_eq(r, 0, rows, n, w0, &err);
+                fe_disarm();
+                int ok = outcome_ok(f, rc, &err, r, info.table[0].offset);
+                totals.injected += fe.fired;
+                /* the next request is exact */
+                ok &= batch_eq(r, 0, rows, n, w0, &err) == 0;
+                totals.survived += ok && fe.fired;
+                bad += !ok;
+                runs++;
+            }
+        }
+        engram_reader_close(r);
+        contract_clean(engine_names[e]);
+        printf("batch faults, %-8s: %ld faulted batches (positions: %ld queue, %ld submit, %ld reap, "
+               "%ld completions), %ld wrong\n",
+               engine_names[e], runs, positions[FE_QUEUE], positions[FE_SUBMIT], positions[FE_REAP],
+               positions[FE_CQE], bad);
+        CHECK_EQ(bad, 0);
+    }
+}
+
+/* Decode steps: the same, waited for and polled, with depth 16 (three
+ * rounds of reads per step). */
+static void sweep_steps(engram_model *m, const uint32_t *rows, const uint16_t *w0, const uint16_t *w1)
+{
+    engram_model_info info;
+    engram_model_get_info(m, &info);
+    for (int e = 0; e < 3; e++) {
+        long bad = 0, runs = 0;
+        fe_reset();
+        engram_reader *r = open_reader(m, e, 16);
+        if (!r)
+            continue;
+        engram_error err;
+        CHECK_EQ(step_eq(r, rows, w0, w1, &err), 0);
+        long positions[FE_NOPS];
+        memcpy(positions, fe.calls, sizeof positions);
+        for (size_t k = 0; k < N_FAULTS; k++) {
+            const struct fault *f = &faults[k];
+            for (long at = 1; at <= positions[f->op] + 1; at += STRIDE) {
+                for (int poll = 0; poll < 2; poll++) {
+                    static uint16_t out[48 * 256];
+                    memset(out, 0xee, sizeof out);
+                    fe_arm(f->op, at, f->err, 1);
+                    memset(&err, 0, sizeof err);
+                    int rc = engram_reader_step_submit(r, rows, ENGRAM_BF16, out, &err);
+                    if (rc == 0) {
+                        if (poll)
+                            while ((rc = engram_reader_step_poll(r, &err)) == -EAGAIN)
+                                ;
+                        else
+                            rc = engram_reader_step_wait(r, &err);
+                    }
+                    fe_disarm();
+                    uint64_t off = err.row != ENGRAM_NO_ROW && err.offset >= info.table[1].offset
+                                       ? info.table[1].offset : info.table[0].offset;
+                    int ok = outcome_ok(f, rc, &err, r, off);
+                    if (rc == 0)
+                        ok &= memcmp(out, w0, 24 * 256 * 2) == 0 &&
+                              memcmp(out + 24 * 256, w1, 24 * 256 * 2) == 0;
+                    totals.injected += fe.fired;
+                    ok &= step_eq(r, rows + 48, w0 + 24 * 256, w1 + 24 * 256, &err) == 0;
+                    totals.survived += ok && fe.fired;
+                    bad += !ok;
+                    runs++;
+                }
+            }
+        }
+        engram_reader_close(r);
+        contract_clean(engine_names[e]);
+        printf("step faults,  %-8s: %ld faulted steps (positions: %ld queue, %ld submit, %ld reap, "
+               "%ld completions), %ld wrong\n",
+               engine_names[e], runs, positions[FE_QUEUE], positions[FE_SUBMIT], positions[FE_REAP],
+               positions[FE_CQE], bad);
+        CHECK_EQ(bad, 0);
+    }
+    printf("faults injected %ld, survived with the documented outcome and an exact next request %ld\n",
+           totals.injected, totals.survived);
+    CHECK_EQ(totals.injected, totals.survived);
+}
+
+/* Cancelling a step at every point it can be in, and a cancel the engine
+ * refuses: nothing stays in flight, the next step is exact. */
+static void cancels(engram_model *m, const uint32_t *rows, const uint16_t *w0, const uint16_t *w1)
+{
+    for (int e = 0; e < 3; e++) {
+        fe_reset();
+        engram_reader *r = open_reader(m, e, 16);
+        if (!r)
+            continue;
+        engram_error err;
+        static uint16_t out[48 * 256];
+        for (int polls = 0; polls < 12; polls++) {
+            for (int refuse = 0; refuse < 2; refuse++) {
+                CHECK_EQ(engram_reader_step_submit(r, rows + 2 * 48, ENGRAM_BF16, out, &err), 0);
+                for (int p = 0; p < polls; p++)
+                    if (engram_reader_step_poll(r, &err) != -EAGAIN)
+                        break; /* finished before the cancel: then nothing to cancel */
+                engram_io_stats st;
+                engram_reader_stats(r, &st);
+                if (refuse)
+                    fe_arm(FE_CANCEL, 1, -EIO, 1);
+                int rc = engram_reader_step_cancel(r);
+                fe_disarm();
+                engram_reader_stats(r, &st);
+                CHECK(rc == 0 || rc == -EINVAL);
+                CHECK_EQ(st.in_flight, 0);
+                CHECK_EQ(engram_reader_step_wait(r, &err), -EINVAL); /* the step is over */
+                CHECK_EQ(step_eq(r, rows, w0, w1, &err), 0);
+            }
+        }
+        engram_io_stats st;
+        engram_reader_stats(r, &st);
+        CHECK(st.steps_cancelled > 0);
+        engram_reader_close(r);
+        contract_clean("cancel");
+    }
+}
+
+/* An engine that stops completing for good: the reader says it is broken,
+ * refuses further work, and close() does not free what the kernel may
+ * still write to. */
+static void engine_dies(engram_model *m, const uint32_t *rows, const uint16_t *w0, const uint16_t *w1)
+{
+    for (int e = 0; e < 3; e++) {
+        for (int in_step = 0; in_step < 2; in_step++) {
+            fe_reset();
+            engram_reader *r = open_reader(m, e, 16);
+            if (!r)
+                continue;
+            engram_error err;
+            fe_arm(FE_REAP, 1, -EIO, -1);
+            int rc = in_step ? step_eq(r, rows, w0, w1, &err) : batch_eq(r, 0, rows, 4, w0, &err);
+            CHECK_EQ(rc, -EIO);
+            engram_io_stats st;
+            engram_reader_stats(r, &st);
+            CHECK_EQ(st.broken, 1);
+            CHECK(st.in_flight > 0);
+            rc = batch_eq(r, 0, rows, 4, w0, &err);
+            CHECK_ERR(rc, err, -EIO, "unusable");
+            rc = step_eq(r, rows, w0, w1, &err);
+            CHECK_ERR(rc, err, -EIO, "unusable");
+            engram_reader_close(r);
+            CHECK_EQ(fe.destroyed, 0); /* buffers and engine kept */
+            fe_disarm();
+        }
+    }
+}
+
+/* Set-up failures: allocation, descriptors, io_uring, threads.  Forced
+ * engines fail with the error; the automatic choice falls back where a
+ * fallback exists; nothing is left allocated or open. */
+static int open_fds(void)
+{
+    int n = 0;
+    char p[64];
+    for (int fd = 0; fd < 1024; fd++) {
+        snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+        n += access(p, F_OK) == 0;
+    }
+    return n;
+}
+
+static void setup_faults(engram_model *m, const uint32_t *rows, const uint16_t *w0)
+{
+    engram_error err;
+    int fds0 = open_fds();
+    /* Every allocation of an open, failed in turn, for every engine with and
+     * without a row cache. */
+    for (int e = 0; e < 4; e++) {
+        engram_reader_opts o = {.engine = e < 3 ? engines[e] : ENGRAM_IO_AUTO, .depth = 16,
+                                .cache_bytes = e == 3 ? 1u << 20 : 0};
+        lib_alloc = (struct lib_alloc_plan){0, 0, 1};
+        engram_reader *r = NULL;
+        CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
+        engram_reader_close(r);
+        long total = lib_alloc.calls, failed_ok = 0;
+        for (long k = 1; k <= total; k++) {
+            lib_alloc = (struct lib_alloc_plan){0, k, 1};
+            r = NULL;
+            int rc = engram_reader_open(m, &o, &r, &err);
+            lib_alloc.armed = 0;
+            if (rc == 0) {
+                /* only where a fallback exists: io_uring's own allocation
+                 * under the automatic choice */
+                engram_io_stats st;
+                engram_reader_stats(r, &st);
+                CHECK(o.engine == ENGRAM_IO_AUTO && strcmp(st.engine, "threads") == 0);
+                CHECK_EQ(batch_eq(r, 0, rows, 4, w0, &err), 0);
+                engram_reader_close(r);
+            } else {
+                CHECK_EQ(rc, -ENOMEM);
+                CHECK(r == NULL);
+                failed_ok++;
+            }
+        }
+        printf("set-up: %ld allocations of a %s%s open failed in turn (%ld refused with ENOMEM)\n",
+               total, e < 3 ? engine_names[e] : "automatic", e == 3 ? " + cache" : "", failed_ok);
+    }
+    /* Descriptors. */
+    sys.open_errno = EMFILE;
+    engram_reader *r = NULL;
+    CHECK_EQ(engram_reader_open(m, NULL, &r, &err), -EMFILE);
+    sys.open_errno = 0;
+    /* io_uring refused at set-up: forced fails, automatic takes threads. */
+    int codes[2] = {-ENOMEM, -EPERM};
+    for (int c = 0; c < 2; c++) {
+        setup.queue_init = codes[c];
+        engram_reader_opts o = {.engine = ENGRAM_IO_URING, .depth = 16};
+        CHECK_EQ(engram_reader_open(m, &o, &r, &err), codes[c]);
+        o.engine = ENGRAM_IO_AUTO;
+        CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
+        engram_io_stats st;
+        engram_reader_stats(r, &st);
+        CHECK(strcmp(st.engine, "threads") == 0 && strstr(st.note, "io_uring refused") != NULL);
+        CHECK_EQ(batch_eq(r, 0, rows, 4, w0, &err), 0);
+        engram_reader_close(r);
+        setup.queue_init = 0;
+    }
+    /* No fixed file / no fixed buffers: io_uring still reads, and says so. */
+    setup.register_files = -EMFILE;
+    setup.register_buffers = -ENOMEM;
+    engram_reader_opts ou = {.engine = ENGRAM_IO_URING, .depth = 16};
+    CHECK_EQ(engram_reader_open(m, &ou, &r, &err), 0);
+    setup.register_files = setup.register_buffers = 0;
+    if (r) {
+        engram_io_stats st;
+        engram_reader_stats(r, &st);
+        CHECK(strstr(st.note, "no fixed file") && strstr(st.note, "no fixed buffers"));
+        CHECK_EQ(batch_eq(r, 0, rows, 4, w0, &err), 0);
+        engram_reader_close(r);
+    }
+    /* A thread that cannot be started, at every position of the pool. */
+    for (int e = 1; e < 3; e++) {
+        for (long k = 1; k <= 16; k++) {
+            setup.thread_fail_at = k;
+            setup.thread_calls = 0;
+            engram_reader_opts o = {.engine = engines[e], .depth = 16};
+            int rc = engram_reader_open(m, &o, &r, &err);
+            setup.thread_fail_at = 0;
+            CHECK_ERR(rc, err, -EAGAIN, "threads");
+        }
+    }
+    CHECK_EQ(open_fds(), fds0);
+}
+
 /* Each scenario runs in a child process with a time limit, so that a hang
  * (a wait for reads that will never complete) is a failure, not a stuck
  * suite. */
@@ -448,7 +867,7 @@ static void smaller(engram_model *m, const uint32_t *rows, const uint16_t *w0, c
             alarm(120);                                                                  \
             call;                                                                        \
             fflush(stdout);                                                              \
-            _exit(tu_failures ? 1 : 0);                                                  \
+            exit(tu_failures ? 1 : 0);                                                \
         }                                                                                \
         int st_ = 0;                                                                     \
         waitpid(pid_, &st_, 0);                                                          \
@@ -465,19 +884,30 @@ int main(void)
     CHECK_EQ(tu_layout(&l, map, 3000, 2000, 30000), 0);
     char path[512];
     CHECK_EQ(tu_build("faults.gguf", &l, ENGRAM_FILL_RANDOM, 0, path, sizeof path), 0);
-    engram_model *m = open_model(path);
+    static engram_model *m;
+    m = open_model(path);
     if (!m)
         return tu_finish("test_faults");
+    /* Fixtures live in statics: the scenario children exit with them still
+     * allocated, and LeakSanitizer must see them as reachable. */
     const size_t n = 40;
-    uint32_t *rows = hashed(m, n, 11, 300);
-    uint16_t *w0 = expected(m, 0, rows, n), *w1 = expected(m, 1, rows, n);
-    uint32_t *big = hashed(m, ENGRAM_BATCH_TOKENS, 12, 3000);
+    static uint32_t *rows, *big;
+    static uint16_t *w0, *w1;
+    rows = hashed(m, n, 11, 300);
+    w0 = expected(m, 0, rows, n);
+    w1 = expected(m, 1, rows, n);
+    big = hashed(m, ENGRAM_BATCH_TOKENS, 12, 3000);
 
     SCENARIO("1 close in flight", close_in_flight(m, rows));
     SCENARIO("2 transient reap error", transient_reap(m, rows, w0, w1, n));
     SCENARIO("3 renamed over", renamed_over(&l));
     SCENARIO("4 no allocation", no_allocation(m, big, ENGRAM_BATCH_TOKENS));
     SCENARIO("5 smaller defects", smaller(m, rows, w0, w1, n));
+    SCENARIO("faults in batches", sweep_batches(m, rows, w0));
+    SCENARIO("faults in steps", sweep_steps(m, rows, w0, w1));
+    SCENARIO("step cancel", cancels(m, rows, w0, w1));
+    SCENARIO("engine dies", engine_dies(m, rows, w0, w1));
+    SCENARIO("set-up faults", setup_faults(m, rows, w0));
 
     free(big);
     free(rows);
