@@ -24,71 +24,95 @@ endif
 
 CFLAGS_ALL = -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -fno-fast-math -ffp-contract=off \
              -fvisibility=hidden $(WARN) -Iinclude -Isrc $(CFLAGS)
-LDLIBS_ALL = -luring -lutf8proc -ljansson -lpthread -lm $(LDLIBS)
+# libengram (the runtime an engine links) needs liburing and libpthread only;
+# libengram-tools (token map, layout generator, quantizer, builder) adds
+# jansson and utf8proc.
+LDLIBS_CORE  = -luring -lpthread -lm
+LDLIBS_TOOLS = -ljansson -lutf8proc
+LDLIBS_ALL = $(LDLIBS_TOOLS) $(LDLIBS_CORE) $(LDLIBS)
 
 ifneq ($(SANITIZE),)
 BUILD := build-san-$(SANITIZE)
 CFLAGS_ALL += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)
+SO_CHECK =
+else
+SO_CHECK = -Wl,--no-undefined
 endif
 
-LIB_SRC  = $(wildcard src/*.c)
-LIB_OBJ  = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
-TEST_SRC = $(wildcard tests/test_*.c)
-TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+TOOLS_SRC = src/tokmap.c src/layout_gen.c src/quant.c src/build.c src/gguf_write.c src/sha256.c
+CORE_SRC  = $(filter-out $(TOOLS_SRC),$(wildcard src/*.c))
+CORE_OBJ  = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(CORE_SRC))
+TOOLS_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(TOOLS_SRC))
+# The tools' shared library carries hidden copies of the internal helpers it
+# shares with the runtime (error filling, the GGUF type table).
+TOOLS_SO_EXTRA = $(BUILD)/obj/util.o $(BUILD)/obj/gguf.o
+LIBS = $(BUILD)/libengram-tools.a $(BUILD)/libengram.a
+TEST_SRC = $(filter-out tests/test_faults.c,$(wildcard tests/test_*.c))
+TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/test_faults
 BENCH_SRC = $(wildcard bench/*.c)
 BENCHES  = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+VERSION  = $(shell sed -n 's/^\#define ENGRAM_VERSION "\(.*\)"/\1/p' include/engram.h)
 
-.PHONY: all lib test run bench clean deps fuzz
+.PHONY: all lib test run bench clean deps fuzz install
 all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
      $(BUILD)/tests/fuzz_tokmap_replay
-lib: $(BUILD)/libengram.a $(BUILD)/libengram.so
+lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
 
-$(BUILD)/obj/%.o: src/%.c include/engram.h $(wildcard src/*.h) Makefile
+$(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(wildcard src/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DENGRAM_BUILDING -c $< -o $@
 
-$(BUILD)/libengram.a: $(LIB_OBJ)
+$(BUILD)/libengram.a: $(CORE_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/libengram.so: $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,libengram.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS_ALL)
+$(BUILD)/libengram.so: $(CORE_OBJ)
+	$(CC) -shared -Wl,-soname,libengram.so.0 $(SO_CHECK) $(LDFLAGS) -o $@ $^ $(LDLIBS_CORE)
 
-$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(BUILD)/libengram.a
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(BUILD)/libengram.a $(LDLIBS_ALL)
+$(BUILD)/libengram-tools.a: $(TOOLS_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
 
-$(BUILD)/tests/%: tests/%.c tests/testutil.h $(BUILD)/libengram.a
+$(BUILD)/libengram-tools.so: $(TOOLS_OBJ) $(TOOLS_SO_EXTRA) $(BUILD)/libengram.so
+	$(CC) -shared -Wl,-soname,libengram-tools.so.0 $(SO_CHECK) $(LDFLAGS) -o $@ \
+	    $(TOOLS_OBJ) $(TOOLS_SO_EXTRA) -L$(BUILD) -lengram $(LDLIBS_TOOLS) $(LDLIBS_CORE)
+
+$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(LIBS)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(LIBS) $(LDLIBS_ALL)
+
+$(BUILD)/tests/%: tests/%.c tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 # Fault injection (test builds only): the reader's engine constructors and
-# its open/statx calls are routed through tests/fault_engine.h's wrappers.
+# its system and library calls are routed through the wrappers in
+# tests/test_faults.c and tests/fault_engine.h.
 FAULT_WRAP = -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,--wrap=open,--wrap=statx \
   -Wl,--wrap=malloc,--wrap=calloc,--wrap=posix_memalign,--wrap=pthread_create \
   -Wl,--wrap=io_uring_queue_init_params,--wrap=io_uring_register_files,--wrap=io_uring_register_buffers
-$(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testutil.h $(BUILD)/libengram.a
+$(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) $(FAULT_WRAP) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) $(FAULT_WRAP) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 # The fuzz targets as standalone replayers (any compiler) ...
-$(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.h $(BUILD)/libengram.a
+$(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.h $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DFUZZ_REPLAY $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -DFUZZ_REPLAY $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 # ... and as a libFuzzer target (clang with compiler-rt): make fuzz
 FUZZ_FLAGS = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 fuzz:
 	$(MAKE) CC=clang BUILD=build-fuzz CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" \
-	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/libengram.a
+	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/libengram.a build-fuzz/libengram-tools.a
 	for t in model tokmap; do \
 	    clang $(filter-out -fvisibility=hidden,$(CFLAGS_ALL)) $(FUZZ_FLAGS) -o build-fuzz/fuzz_$$t \
-	        tests/fuzz/fuzz_$$t.c build-fuzz/libengram.a $(LDLIBS_ALL) || exit 1; \
+	        tests/fuzz/fuzz_$$t.c build-fuzz/libengram-tools.a build-fuzz/libengram.a $(LDLIBS_ALL) || exit 1; \
 	done
 
-$(BUILD)/bench/%: bench/%.c $(BUILD)/libengram.a
+$(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(BUILD)/libengram.a $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 deps:
 	@sh tools/deps.sh
@@ -103,6 +127,26 @@ run:
 
 bench: all
 	$(BUILD)/bench/bench_core
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: headers, both libraries
+# (static and shared), their pkg-config files (engram, engram-tools) and
+# the CLI.
+PREFIX ?= /usr/local
+install: lib $(BUILD)/engram
+	@d="$(DESTDIR)$(PREFIX)"; set -e; \
+	mkdir -p "$$d/include" "$$d/lib/pkgconfig" "$$d/bin"; \
+	cp include/engram.h include/engram_tools.h "$$d/include/"; \
+	cp $(BUILD)/libengram.a $(BUILD)/libengram-tools.a "$$d/lib/"; \
+	cp $(BUILD)/libengram.so "$$d/lib/libengram.so.0"; \
+	cp $(BUILD)/libengram-tools.so "$$d/lib/libengram-tools.so.0"; \
+	ln -sf libengram.so.0 "$$d/lib/libengram.so"; \
+	ln -sf libengram-tools.so.0 "$$d/lib/libengram-tools.so"; \
+	for pc in engram engram-tools; do \
+	    sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tools/pkgconfig/$$pc.pc.in \
+	        > "$$d/lib/pkgconfig/$$pc.pc"; \
+	done; \
+	cp $(BUILD)/engram "$$d/bin/"; \
+	echo "installed into $$d"
 
 clean:
 	rm -rf build build-san-* build-clang build-fuzz

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "engram.h"
+#include "engram_tools.h"
 #include "hash.h"
 
 static double now_s(void)

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "engram.h"
+#include "engram_tools.h"
 
 enum { EXIT_DATA = 1, EXIT_USAGE = 2, EXIT_SYSTEM = 3 };
 
@@ -20,7 +21,11 @@ int has_help(int argc, char **argv);
 int open_model(const char *path, engram_model **m);
 void progress_bar(int t, uint64_t done, uint64_t total, double t0);
 
+/* Reads a whole file (or "-" for stdin); the caller frees *buf.  0 or -errno. */
 int slurp(const char *path, char **buf, size_t *len);
+/* Whitespace-separated decimal numbers <= max into a new u32 array (the
+ * caller frees *out); 0, or an exit code after printing what is wrong. */
+int read_numbers(const char *path, uint64_t max, uint32_t **out, size_t *count, const char *what);
 
 int cmd_build(int argc, char **argv);
 /* tokmap, layout, quantize, dequantize; -1 if name is none of them. */

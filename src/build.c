@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engram_tools.h"
 #include "gguf.h"
 #include "layout.h"
 #include "util.h"

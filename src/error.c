@@ -1,9 +1,7 @@
-/* error.c - the one error convention: 0 or a negative errno, plus engram_error. */
+/* error.c - the one error convention: 0 or a negative errno, plus
+ * engram_error; engram_strerror() names the codes (util.c fills errors). */
 #include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "util.h"
 
@@ -18,6 +16,8 @@ const char *engram_strerror(int code)
     case -ENOMEM: return "out of memory";
     case -ENOTSUP: return "not an Engram model of the supported dialect";
     case -ERANGE: return "value out of range";
+    case -ESTALE: return "the model's file was replaced since it was opened";
+    case -ECANCELED: return "cancelled";
     default: break;
     }
     if (code < 0) {
@@ -25,73 +25,4 @@ const char *engram_strerror(int code)
         return strerror(-code);
     }
     return "unknown error";
-}
-
-__attribute__((format(printf, 5, 0)))
-static int err_vset(engram_error *err, int code, uint64_t offset, uint64_t row,
-                    const char *fmt, va_list ap)
-{
-    if (err) {
-        err->code = code;
-        err->offset = offset;
-        err->row = row;
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    }
-    return code;
-}
-
-int err_set(engram_error *err, int code, uint64_t offset, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    err_vset(err, code, offset, ENGRAM_NO_ROW, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-int err_set_row(engram_error *err, int code, uint64_t row, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    err_vset(err, code, ENGRAM_NO_OFFSET, row, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-int pread_full(int fd, void *buf, size_t n, uint64_t off)
-{
-    unsigned char *p = buf;
-    while (n > 0) {
-        ssize_t got = pread(fd, p, n, (off_t)off);
-        if (got < 0) {
-            if (errno == EINTR || errno == EAGAIN)
-                continue;
-            return -errno;
-        }
-        if (got == 0)
-            return -EIO;
-        p += got;
-        n -= (size_t)got;
-        off += (uint64_t)got;
-    }
-    return 0;
-}
-
-int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
-{
-    const unsigned char *p = buf;
-    while (n > 0) {
-        ssize_t put = pwrite(fd, p, n, (off_t)off);
-        if (put < 0) {
-            if (errno == EINTR || errno == EAGAIN)
-                continue;
-            return -errno;
-        }
-        if (put == 0)
-            return -EIO;
-        p += put;
-        n -= (size_t)put;
-        off += (uint64_t)put;
-    }
-    return 0;
 }

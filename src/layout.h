@@ -18,7 +18,4 @@ static const int engram_table_layer[ENGRAM_TABLES] = {1, 14};
 int layout_from_gguf(const gguf_file *g, engram_layout *layout, uint32_t **map_out,
                      engram_error *err);
 
-/* 1 if n is prime (deterministic for all 32-bit n). */
-int is_prime_u32(uint32_t n);
-
 #endif

@@ -1,12 +1,16 @@
 /*
- * layout_gen.c - the multipliers of SPEC.md section 5: numpy's
- * default_rng(10007 * layer).integers(0, half, n) reproduced without numpy
- * (SeedSequence -> PCG64 -> Lemire's bounded integers), then 2r + 1.
+ * layout_gen.c - generating a layout (SPEC.md section 5): the multipliers,
+ * numpy's default_rng(10007 * layer).integers(0, half, n) reproduced
+ * without numpy (SeedSequence -> PCG64 -> Lemire's bounded integers), then
+ * 2r + 1; and the primes, by the shared-`seen` allocation.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 
+#include "engram_tools.h"
 #include "layout.h"
+
 
 __extension__ typedef unsigned __int128 u128;
 
@@ -113,5 +117,87 @@ int engram_layout_multipliers(uint32_t compressed_vocab, uint32_t layer, int n, 
     pcg_seed(&p, s);
     for (int i = 0; i < n; i++)
         out[i] = 2 * pcg_below(&p, half) + 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------ primes */
+
+static uint32_t powmod_u32(uint32_t b, uint32_t e, uint32_t m)
+{
+    uint64_t r = 1, x = b % m;
+    for (; e; e >>= 1) {
+        if (e & 1)
+            r = r * x % m;
+        x = x * x % m;
+    }
+    return (uint32_t)r;
+}
+
+/* Miller-Rabin with bases 2, 7, 61 is exact below 4,759,123,141. */
+static int is_prime_u32(uint32_t n)
+{
+    if (n < 2)
+        return 0;
+    static const uint32_t small[] = {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 61};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+        if (n == small[i])
+            return 1;
+        if (n % small[i] == 0)
+            return 0;
+    }
+    uint32_t d = n - 1;
+    int s = 0;
+    while ((d & 1) == 0) {
+        d >>= 1;
+        s++;
+    }
+    static const uint32_t bases[] = {2, 7, 61};
+    for (int i = 0; i < 3; i++) {
+        uint64_t x = powmod_u32(bases[i], d, n);
+        if (x == 1 || x == n - 1)
+            continue;
+        int composite = 1;
+        for (int r = 1; r < s; r++) {
+            x = x * x % n;
+            if (x == n - 1) {
+                composite = 0;
+                break;
+            }
+        }
+        if (composite)
+            return 0;
+    }
+    return 1;
+}
+
+int engram_layout_primes(uint32_t base, int n_layers, int ngram, int heads,
+                         uint32_t *out, size_t out_len)
+{
+    if (n_layers < 1 || ngram < 2 || heads < 1 || n_layers > 64 || ngram > 64 || heads > 64 ||
+        base < 1)
+        return -EINVAL;
+    size_t total = (size_t)n_layers * (size_t)(ngram - 1) * (size_t)heads;
+    if (out_len < total)
+        return -EINVAL;
+    size_t k = 0;
+    for (int layer = 0; layer < n_layers; layer++)
+        for (int n = 2; n <= ngram; n++) {
+            uint64_t cur = (uint64_t)base - 1;
+            for (int h = 0; h < heads; h++) {
+                for (;;) {
+                    cur++;
+                    if (cur > UINT32_MAX)
+                        return -ERANGE;
+                    if (!is_prime_u32((uint32_t)cur))
+                        continue;
+                    int seen = 0;
+                    for (size_t i = 0; i < k && !seen; i++)
+                        seen = out[i] == cur;
+                    if (!seen)
+                        break;
+                }
+                out[k++] = (uint32_t)cur;
+            }
+        }
     return 0;
 }

@@ -207,10 +207,15 @@ int engram_model_read_raw(const engram_model *m, int t, const uint32_t *rows, si
     uint64_t base = m->info.table[t].offset;
     for (size_t i = 0; i < n; i++) {
         uint64_t off = base + (uint64_t)rows[i] * ENGRAM_ROW_BYTES;
-        rc = pread_full(m->g->fd, raw + i * ENGRAM_ROW_BYTES, ENGRAM_ROW_BYTES, off);
+        /* Through a row-sized buffer, so a failing row leaves its part of
+         * raw untouched (the documented promise). */
+        uint8_t one[ENGRAM_ROW_BYTES];
+        rc = pread_full(m->g->fd, one, ENGRAM_ROW_BYTES, off);
+        if (rc == 0)
+            memcpy(raw + i * ENGRAM_ROW_BYTES, one, ENGRAM_ROW_BYTES);
         if (rc < 0)
-            return err_set_row(err, rc, rows[i], "row %u of table %d (file offset %llu): %s",
-                               rows[i], t, (unsigned long long)off, engram_strerror(rc));
+            return err_set_at(err, rc, off, rows[i], "row %u of table %d (file offset %llu): %s",
+                              rows[i], t, (unsigned long long)off, engram_strerror(rc));
     }
     return 0;
 }

@@ -10,7 +10,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "engram.h"
+#include "engram_tools.h"
 
 #define BLOCK 32
 

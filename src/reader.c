@@ -551,9 +551,8 @@ static void fail(engram_reader *r, unsigned s, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    err_set(&e, code, slot_row_offset(sl), "row %u of table %d: %s (file offset %llu)", sl->row,
-            sl->table, what, (unsigned long long)slot_row_offset(sl));
-    e.row = sl->row;
+    err_set_at(&e, code, slot_row_offset(sl), sl->row, "row %u of table %d: %s (file offset %llu)",
+               sl->row, sl->table, what, (unsigned long long)slot_row_offset(sl));
     if (sl->owner == OWN_BATCH && r->b_rc == 0) {
         r->b_rc = code;
         if (r->b_err)

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <utf8proc.h>
 
+#include "engram_tools.h"
 #include "layout.h"
 #include "sha256.h"
 #include "util.h"

@@ -15,6 +15,10 @@ int err_set(engram_error *err, int code, uint64_t offset, const char *fmt, ...)
 int err_set_row(engram_error *err, int code, uint64_t row, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Same, naming both the row and its byte offset in the file. */
+int err_set_at(engram_error *err, int code, uint64_t offset, uint64_t row, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 /* pread until n bytes arrive: retries EINTR, 0 bytes before n = -EIO.
  * Returns 0 or a negative errno. */
 int pread_full(int fd, void *buf, size_t n, uint64_t off);

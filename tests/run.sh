@@ -43,6 +43,7 @@ SEEDS="$LOG/seeds"
 build "gcc -O2" && {
     suite "" build
     run "test_cli" sh tests/test_cli.sh build
+    run "test_install (make install, pkg-config, library split)" sh tests/test_install.sh build
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }
 build "asan+ubsan" SANITIZE=address,undefined && {

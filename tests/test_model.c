@@ -288,11 +288,19 @@ static void reads(const engram_layout *l)
 
     /* The file shrinks under an open model: a short read, -EIO naming the row. */
     CHECK_EQ(truncate(path, (off_t)(in.table[1].offset + 100ull * 264 + 10)), 0);
-    uint32_t r100[2] = {99, 100};
-    uint8_t raw2[2 * 264];
-    rc = engram_model_read_raw(m, 1, r100, 2, raw2, &err);
+    uint32_t r100[3] = {99, 100, 98};
+    uint8_t raw2[3 * 264], row99[264];
+    memset(raw2, 0x77, sizeof raw2);
+    rc = engram_model_read_raw(m, 1, r100, 3, raw2, &err);
     CHECK_ERR(rc, err, -EIO, "row 100 of table 1");
     CHECK_EQ(err.row, 100);
+    CHECK_EQ(err.offset, in.table[1].offset + 100ull * 264);
+    /* as documented: the rows before the failing one are written, the rest
+     * of the output is untouched */
+    CHECK_EQ(engram_model_read_raw(m, 1, r100, 1, row99, &err), 0);
+    CHECK(memcmp(raw2, row99, 264) == 0);
+    for (size_t i = 264; i < sizeof raw2; i++)
+        CHECK(raw2[i] == 0x77);
     engram_model_close(m);
     engram_model_close(NULL);
 }

@@ -451,6 +451,75 @@ static void env_and_options(engram_model *m)
     engram_reader_close(NULL);
 }
 
+/* The full-size V4.1 geometry (sparse file, 2 x ~101 GB apparent): every
+ * engine reads rows at both ends of both tables, past 4 GiB and past
+ * 100 GB (table 1's last rows), equal to the exact single-row path.  With
+ * the sparse fill every 4096th row holds random bytes, the rest zeros. */
+static void beyond_4g(void)
+{
+    static uint32_t map[129280];
+    engram_layout l;
+    CHECK_EQ(tu_layout(&l, map, 129280, 99092, 16000000), 0);
+    char path[512];
+    if (tu_build("full.gguf", &l, ENGRAM_FILL_SPARSE, 0, path, sizeof path) < 0) {
+        CHECK(0);
+        return;
+    }
+    engram_model *m = open_model(path);
+    if (!m)
+        return;
+    engram_model_info in;
+    engram_model_get_info(m, &in);
+    CHECK(in.table[1].offset > 100000000000ull);
+    /* Two tokens' worth of rows per table: random rows near the ends
+     * (multiples of 4096), their neighbours, and the very last row. */
+    const size_t n = 2;
+    uint32_t rows[2 * 48];
+    for (int t = 0; t < 2; t++) {
+        uint32_t last = l.rows[t] - 1, top = last / 4096 * 4096;
+        for (int c = 0; c < 24; c++) {
+            uint32_t pick[8] = {0, 4096, 8192, top, top - 4096, top + 1, last, last - 1};
+            rows[0 * 48 + t * 24 + c] = pick[c % 8]; /* each three times: duplicates too */
+            rows[1 * 48 + t * 24 + c] = c < 8 ? top - 4096u * (uint32_t)c : last - (uint32_t)c;
+        }
+    }
+    for (int e = 0; e < 3; e++) {
+        engram_reader_opts o = {.engine = engines[e], .depth = 16};
+        engram_reader *r;
+        engram_error err;
+        if (engram_reader_open(m, &o, &r, &err) < 0) {
+            fprintf(stderr, "%s: %s\n", engine_names[e], err.msg);
+            CHECK(0);
+            continue;
+        }
+        for (int t = 0; t < 2; t++) {
+            uint16_t *want = expected(m, t, rows, n, ENGRAM_BF16);
+            static uint16_t got[2 * 24 * 256];
+            memset(got, 0xee, sizeof got);
+            CHECK_EQ(engram_reader_batch(r, t, rows, n, ENGRAM_BF16, got, &err), 0);
+            CHECK(memcmp(got, want, sizeof got) == 0);
+            /* not all zeros: the random rows are there */
+            int nonzero = 0;
+            for (size_t i = 0; i < 24 * 256; i++)
+                nonzero |= got[i] != 0;
+            CHECK(nonzero);
+            free(want);
+        }
+        static float step[48 * 256];
+        float *w0 = expected(m, 0, rows + 48, 1, ENGRAM_F32), *w1 = expected(m, 1, rows + 48, 1, ENGRAM_F32);
+        CHECK_EQ(engram_reader_step_submit(r, rows + 48, ENGRAM_F32, step, &err), 0);
+        CHECK_EQ(engram_reader_step_wait(r, &err), 0);
+        CHECK(memcmp(step, w0, 24 * 256 * 4) == 0);
+        CHECK(memcmp(step + 24 * 256, w1, 24 * 256 * 4) == 0);
+        free(w0);
+        free(w1);
+        engram_reader_close(r);
+    }
+    printf("full size: rows up to %u of table 1 (file offset %llu) read by every engine\n",
+           l.rows[1] - 1, (unsigned long long)(in.table[1].offset + (uint64_t)(l.rows[1] - 1) * 264));
+    engram_model_close(m);
+}
+
 int main(void)
 {
     static uint32_t map[3000];
@@ -479,6 +548,7 @@ int main(void)
     LAP(million(m));
     engram_model_close(m);
     LAP(errors(path, &l));
+    LAP(beyond_4g());
     tu_cleanup();
     return tu_finish("test_reader");
 }

@@ -1,8 +1,10 @@
 /*
  * test_threads.c - one model shared by many threads: hashing with separate
  * histories, row reads and decodes must give the single-threaded answers.
- * Run under ThreadSanitizer by the suite, where it also proves the shared
- * state (model, hasher, SIMD choice) is read-only after open.
+ * Each thread also runs its own uncached reader (io_uring, thread pool and
+ * buffered engines side by side) on the shared model.  Run under
+ * ThreadSanitizer by the suite, where it also proves the shared state
+ * (model, hasher, SIMD choice) is read-only after open.
  */
 #include <pthread.h>
 
@@ -53,6 +55,34 @@ static void *worker(void *arg)
             j->failed = 1;
         if (engram_simd_selected() == ENGRAM_SIMD_AUTO)
             j->failed = 1;
+    }
+    /* A reader of this thread's own (engines in turn across threads) beside
+     * the others': batch and decode steps equal the single-threaded rows. */
+    static const engram_io_engine eng[3] = {ENGRAM_IO_URING, ENGRAM_IO_THREADS, ENGRAM_IO_BUFFERED};
+    engram_reader_opts o = {.engine = eng[j->id % 3], .depth = 16};
+    engram_reader *r;
+    engram_error err;
+    if (engram_reader_open(model, &o, &r, &err) < 0) {
+        j->failed = 1;
+    } else {
+        for (int rep = 0; rep < 2; rep++) {
+            memset(vals, 0, N * 24 * 256 * sizeof *vals);
+            if (engram_reader_batch(r, 1, want_rows, N, ENGRAM_BF16, vals, &err) < 0 ||
+                memcmp(vals, want_vals, sizeof want_vals) != 0)
+                j->failed = 1;
+        }
+        for (int i = 0; i < 20; i++) {
+            static _Thread_local uint16_t step[48 * 256];
+            if (engram_reader_step_submit(r, want_rows + (size_t)i * 48, ENGRAM_BF16, step, &err) < 0 ||
+                engram_reader_step_wait(r, &err) < 0 ||
+                memcmp(step + 24 * 256, want_vals + (size_t)i * 24 * 256, 24 * 256 * 2) != 0)
+                j->failed = 1;
+        }
+        /* and one abandoned mid-flight */
+        static _Thread_local uint16_t step[48 * 256];
+        if (engram_reader_step_submit(r, want_rows, ENGRAM_BF16, step, &err) < 0)
+            j->failed = 1;
+        engram_reader_close(r);
     }
     free(rows);
     free(vals);

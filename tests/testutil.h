@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engram.h"
+#include "engram_tools.h"
 
 static int tu_failures, tu_checks;
 

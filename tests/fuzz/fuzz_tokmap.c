@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "engram.h"
+#include "engram_tools.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

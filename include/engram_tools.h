@@ -1,0 +1,148 @@
+/*
+ * engram_tools.h - libengram-tools: what makes or converts Engram models
+ * rather than running them.  The token map of a tokenizer.json (SPEC.md
+ * section 4; needs jansson and utf8proc), the layout generator (section 5),
+ * the row quantizer (section 7) and the model builder.  Engines link only
+ * libengram (engram.h); this library sits on top of it and follows the same
+ * conventions (see engram.h).
+ */
+#ifndef ENGRAM_TOOLS_H
+#define ENGRAM_TOOLS_H
+
+#include "engram.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+/* ------------------------------------------------------------------ layout */
+
+/*
+ * Bucket counts by the shared-`seen` allocation of SPEC.md section 5: for
+ * each of n_layers layers, for each order 2..ngram, for each of heads heads,
+ * the smallest prime above the previous one (starting at base - 1) that no
+ * earlier column took.  Writes n_layers * (ngram - 1) * heads primes to out
+ * (column order, layer-major).  0, or -EINVAL (bad sizes) / -ERANGE (a prime
+ * would exceed UINT32_MAX).  Memory: O(n_layers * ngram * heads).
+ */
+int engram_layout_primes(uint32_t base, int n_layers, int ngram, int heads,
+                         uint32_t *out, size_t out_len);
+
+/*
+ * Multipliers by SPEC.md section 5 for the table of model layer `layer`:
+ * n values 2r + 1 with r drawn from [0, (INT64_MAX / V') / 2) by numpy's
+ * default_rng(10007 * layer) (SeedSequence + PCG64 + bounded integers,
+ * reproduced exactly without numpy); lag 0 first.  Each is odd and
+ * <= INT64_MAX / V'.  -EINVAL if V' is 0 or above 2^24, or n not in 1..64.
+ */
+int engram_layout_multipliers(uint32_t compressed_vocab, uint32_t layer, int n, uint64_t *out);
+
+/* ------------------------------------------------------------------ rows */
+
+/*
+ * Quantizes n rows of 256 values (float32, or BF16 bit patterns) into the
+ * 264-byte encoding: per block of 32, the smallest E8M0 exponent (-127..127)
+ * that brings the block's max |x| to <= 448 (a zero block gets 2^0), then
+ * each value rounded to the nearest E4M3FN value, ties to even, sign kept
+ * (-0 stays -0).  Every finite input is accepted: nothing is clipped except
+ * values within half a step of FLT_MAX, whose nearest E4M3 value times the
+ * scale would be 2^128 (not a float): they saturate to the largest finite
+ * code, counted in *saturated (if not NULL; added to).  Values below the
+ * smallest step of their block (2^-9 of its scale) round to zero.
+ * Policy for non-finite input: NaN or +-Inf is rejected (-EDOM, *bad = the
+ * index of the first such value, out untouched).  Every row written decodes
+ * (engram_rows_decode_*).  No heap memory.
+ */
+int engram_rows_quantize_f32(const float *in, size_t n_rows, uint8_t *out, size_t *bad,
+                             uint64_t *saturated);
+int engram_rows_quantize_bf16(const uint16_t *in, size_t n_rows, uint8_t *out, size_t *bad,
+                              uint64_t *saturated);
+
+/* ------------------------------------------------------------------ token map */
+
+/*
+ * The tokenizer compression of SPEC.md section 4, built from a Hugging Face
+ * tokenizer.json with a byte-level BPE model (model.type "BPE", a ByteLevel
+ * decoder) and its added tokens.  Every array is owned by the struct and
+ * released by engram_tokmap_free.
+ */
+typedef struct engram_tokmap {
+    uint32_t vocab;             /* raw ids: the largest id + 1                */
+    uint32_t compressed_vocab;  /* V' = number of distinct keys               */
+    uint32_t *map;              /* [vocab] raw id -> compressed id            */
+    char **key;                 /* [V'] each compressed id's key, UTF-8, NUL-
+                                   terminated (a key may also hold U+0000)    */
+    uint32_t *key_len;          /* [V'] key length in bytes                   */
+    uint32_t *group;            /* [V'] how many raw ids share the key        */
+    uint32_t missing;           /* ids below vocab that name no token (key "") */
+    uint32_t raw_keys;          /* tokens keyed by their raw string (U+FFFD)  */
+    uint8_t sha256[32];         /* SHA-256 of map as little-endian u32        */
+} engram_tokmap;
+
+/* Largest tokenizer.json accepted.  Building a map holds the parsed JSON
+ * (a few times the file size) plus O(vocab) arrays, all freed on return
+ * except the result. */
+#define ENGRAM_TOKENIZER_MAX_BYTES (256u << 20)
+
+/*
+ * Builds the map.  Raw ids run from 0 to the largest id in model.vocab or
+ * added_tokens; an added token decodes to its content, a BPE token through
+ * the byte-level alphabet.  Errors: errno of open/fstat, -EINVAL (not a
+ * regular file), -EFBIG (over the limit), -EBADMSG (JSON syntax, with the byte offset; bad or duplicate
+ * ids), -ENOTSUP (not byte-level BPE), -ENOMEM.  *out is written only on
+ * success.
+ */
+int engram_tokmap_from_json(const char *path, engram_tokmap *out, engram_error *err);
+void engram_tokmap_free(engram_tokmap *tm);
+
+/*
+ * normalize() of SPEC.md section 4 on len bytes of UTF-8: NFKC, NFD, drop
+ * Mn, lowercase per code point (full mapping, no context rules), collapse
+ * runs of ASCII space/tab/CR/LF, then strip White_Space at both ends unless
+ * the result is exactly " ".  *out (malloc'ed, NUL-terminated, the caller
+ * frees it) receives *out_len bytes.  -EILSEQ on invalid UTF-8, -EINVAL,
+ * -ENOMEM.
+ */
+int engram_text_normalize(const char *text, size_t len, char **out, size_t *out_len);
+
+/* ------------------------------------------------------------------ build */
+
+typedef enum engram_fill {
+    ENGRAM_FILL_ZERO = 0,  /* tables left as holes (sparse files, all zeros) */
+    ENGRAM_FILL_RANDOM,    /* every row random valid bytes from the seed      */
+    ENGRAM_FILL_SPARSE,    /* holes, with every 4096th row random             */
+    ENGRAM_FILL_POOL       /* every row one of 65,536 random rows, picked by a
+                              hash of its index: valid and varied, written at
+                              disk speed (large benchmark files)              */
+} engram_fill;
+
+typedef struct engram_build_opts {
+    engram_layout layout;  /* validated; token_map is read, not kept        */
+    uint32_t width;        /* hidden width for engram_kv / norms; 0 = none  */
+    engram_fill fill;
+    uint64_t seed;
+    int gguf_version;      /* 3 (default when 0) or 2                       */
+    /* Progress callback for long writes (may be NULL): done/total bytes. */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
+} engram_build_opts;
+
+/*
+ * Writes a complete ds4-dialect model: the layout keys, the projection
+ * weights when width > 0, and the two tables last, table 0 page aligned.
+ * Deterministic for a seed.  Zero-filled tables are holes, so a full-size
+ * V4.1 model (2 x ~101 GB apparent) costs almost no disk.  The file is
+ * written to a temporary name and renamed into place on success.
+ */
+int engram_build_model(const char *path, const engram_build_opts *opts,
+                       engram_error *err);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ENGRAM_TOOLS_H */
