@@ -63,6 +63,9 @@ extern "C" {
 #define ENGRAM_ROW_BYTES 264   /* 256 E4M3FN codes + 8 E8M0 scales            */
 #define ENGRAM_HISTORY 3
 #define ENGRAM_DEAD (-1)       /* history entry before the start / masked     */
+#define ENGRAM_K (ENGRAM_COLUMNS * ENGRAM_ROW_VALUES) /* 6144: e of one token   */
+#define ENGRAM_MAX_WIDTH (1u << 16)   /* W accepted from a model's shapes      */
+#define ENGRAM_MAX_STREAMS 16u        /* S accepted                             */
 
 #define ENGRAM_NO_OFFSET UINT64_MAX
 #define ENGRAM_NO_ROW UINT64_MAX
@@ -197,6 +200,7 @@ typedef struct engram_table_info {
     uint64_t rows;
     uint64_t offset;      /* absolute byte offset of row 0 in the file      */
     uint64_t bytes;       /* rows * 264                                     */
+    int has_projection;   /* this layer's engram_kv / q_norm / k_norm exist */
 } engram_table_info;
 
 typedef struct engram_model_info {
@@ -207,8 +211,9 @@ typedef struct engram_model_info {
     uint64_t n_tensors, n_kv;
     uint32_t alignment;
     engram_table_info table[ENGRAM_TABLES];
-    int has_projection;         /* engram_kv / q_norm / k_norm all present  */
-    uint32_t width;             /* hidden width from engram_kv, 0 if absent */
+    int has_projection;         /* both layers have their projection weights */
+    uint32_t width;             /* hidden width W from the norms, 0 if absent */
+    uint32_t streams;           /* hyper-connection streams S (V4.1: 4)      */
     /* Placement rule of the reference engine: the two tables are the last
      * tensors of the file, table 0 first, table 0 at a page-aligned offset. */
     int tables_last, table0_page_aligned;
@@ -252,6 +257,133 @@ int engram_model_read_bf16(const engram_model *m, int t, const uint32_t *rows,
  * that scan the table themselves (engram verify).  Caller closes it. */
 int engram_model_dup_fd(const engram_model *m);
 
+/* ------------------------------------------------------------------ apply */
+
+/* Element type of decoded rows and of residuals: BF16 bit patterns (uint16)
+ * or float32. */
+typedef enum engram_dtype { ENGRAM_BF16 = 0, ENGRAM_F32 = 1 } engram_dtype;
+
+/*
+ * Engram's output (SPEC.md section 8): for each token, the 24 decoded rows
+ * of a table concatenated, e (K = 6144 values), are projected by the
+ * layer's F16 weights into kv ((S+1) slices of W: S keys, then the value),
+ * and each of the S residual streams x gets x += g * v, with g the cosine
+ * gate of x against its key.
+ *
+ * Arithmetic, exactly as computed here (every kernel, scalar or SIMD, gives
+ * the same bits; every reduction order is fixed, independent of the number
+ * of tokens, of a token's position in a call, of blocking and of threads):
+ *  - kv[o] = sum over i = 0..6143 of e[i] * w[o][i], one F32 fused
+ *    multiply-add per term in index order from +0 (each product of a BF16
+ *    row value and an F16 weight is exact in F32 unless it leaves F32's
+ *    normal range, so this is an F32 sum of exact products).
+ *  - k = bf16(kv[s*W + i]), v = bf16(kv[S*W + i]) (round to nearest even);
+ *    wq = q_norm[s][i] * k_norm[s][i] (F32 product, once, at layer open).
+ *  - D, Sxx, Skk: 16 partial sums, term i going to partial i mod 16 (in
+ *    order of i), D's term fma(x*wq, k, .), Sxx's fma(x, x, .), Skk's
+ *    fma(k, k, .); the partials are then added pairwise, p[j] += p[j+8],
+ *    then +4, +2, +1.
+ *  - d = ((D * r(Sxx/W + 1e-6)) * r(Skk/W + 1e-6)) * r(W) with r(y) =
+ *    1/sqrtf(y) (the divisions and square roots of F32, correctly rounded);
+ *    g = 1 / (1 + expf(-copysign(sqrtf(max(|d|, 1e-6)), d)))   (so d = +0
+ *    gives sigmoid(0.001)).
+ *  - out = bf16(fma(g, v, x)): the residual leaves as BF16 values (SPEC
+ *    section 8 rounds the update to BF16, the precision the engine keeps its
+ *    residual in).  With F32 residual buffers the BF16 value is stored as a
+ *    float; inputs need not be BF16 values.
+ *
+ * Non-finite values (the policy): rows and residual entries of unmasked
+ * tokens are checked first; a NaN or infinity gives -EDOM naming the token,
+ * stream and index, and nothing is written.  A token whose computed kv,
+ * D, Sxx, Skk or outputs are not finite (F32 overflow from extreme rows or
+ * residuals) also gives -EDOM naming it; then the tokens before it have
+ * been updated and it and the ones after are untouched.  Masked tokens
+ * (mask[i] == 0) are neither checked nor computed nor written: their
+ * residual stays bit for bit as it was.
+ */
+
+/* One Engram layer's weights, read once from the model file (the tables
+ * stay unmapped), validated (no NaN or infinity: -EBADMSG naming the tensor
+ * and element) and kept in the layout the kernels read.  Immutable after
+ * open: any number of threads may use one layer through their own appliers.
+ * Memory: (S+1)*W rounded up to 64, times 6144, times 2 bytes of weights
+ * (315 MB at W = 5120, S = 4) plus S*W*4 bytes of norms. */
+typedef struct engram_layer engram_layer;
+
+typedef struct engram_layer_info {
+    int table;            /* 0 or 1                                      */
+    int layer;            /* model layer: 1 or 14                        */
+    uint32_t width;       /* W                                           */
+    uint32_t streams;     /* S                                           */
+    uint64_t bytes;       /* memory the layer holds                      */
+} engram_layer_info;
+
+/* Loads the weights of table t's layer.  -ENOENT if the model has no
+ * projection weights for it (err names the missing tensor), -EBADMSG,
+ * -ENOMEM, -EIO or the errno of a read. */
+int engram_layer_open(const engram_model *m, int table, engram_layer **out, engram_error *err);
+void engram_layer_close(engram_layer *L);
+void engram_layer_get_info(const engram_layer *L, engram_layer_info *info);
+
+/* Fork-join hook of a caller's thread pool: run fn(arg, w) for every w in
+ * 0 .. workers-1 (concurrently or not, on any threads, each exactly once)
+ * and return when all have returned. */
+typedef void (*engram_worker_fn)(void *arg, unsigned worker);
+typedef void (*engram_fork_join)(void *ctx, unsigned workers, engram_worker_fn fn, void *arg);
+
+#define ENGRAM_APPLY_BLOCK 128u      /* tokens projected together (default) */
+#define ENGRAM_APPLY_MAX_THREADS 256u
+
+typedef struct engram_apply_opts {
+    unsigned threads;      /* workers; 0 = 1.  Results do not depend on it.  */
+    /* The caller's pool (NULL: the applier starts threads - 1 threads of its
+     * own at creation, each with a 256 KiB stack). */
+    engram_fork_join fork_join;
+    void *fork_join_ctx;
+    engram_simd simd;      /* kernels; AUTO = the best this CPU has          */
+    unsigned block_tokens; /* tokens per projection block; 0 = ENGRAM_APPLY_BLOCK */
+} engram_apply_opts;
+
+/* Bytes an applier holds at most for a layer of width W and S streams: the
+ * projection block (block_tokens x (S+1)W F32), the rows of a block as F32
+ * (block_tokens x 6144 x 4), a gate value per token and stream, 24 bytes of
+ * bookkeeping per token and 1 KiB besides (worker threads' stacks, if the
+ * applier starts its own, are not counted: 256 KiB each).  At W = 5120,
+ * S = 4 and 128 tokens: 16.4 MB, whatever n a call is given. */
+#define ENGRAM_APPLY_WORKSPACE(W, S, block_tokens)                                      \
+    ((uint64_t)(block_tokens) * ((uint64_t)((S) + 1) * (W) * 4u + (uint64_t)ENGRAM_K * 4u + \
+                                 (uint64_t)(S) * 4u + 24u) + 1024u)
+
+/* What one thread (or session) applies with: the workspace, allocated once
+ * at creation (nothing is allocated per call), and its threads.  One call at
+ * a time per applier; many appliers may share a layer.  The layer must
+ * outlive its appliers.  -EINVAL (options; simd not supported here),
+ * -ENOMEM, -EAGAIN (a thread could not be started). */
+typedef struct engram_applier engram_applier;
+int engram_applier_new(const engram_layer *L, const engram_apply_opts *opts,
+                       engram_applier **out, engram_error *err);
+void engram_applier_free(engram_applier *a);
+/* Memory the applier holds (the workspace and bookkeeping). */
+uint64_t engram_applier_bytes(const engram_applier *a);
+
+/*
+ * Applies the layer to n tokens: rows [n][24][256] (rows_dtype: BF16 bit
+ * patterns or F32, as the reader writes them; read only), residual
+ * [n][S][W] (resid_dtype: BF16 bit patterns or F32; updated in place), mask
+ * NULL or [n] (0 = masked: untouched).  n may be anything: the tokens are
+ * processed in blocks, and the result for a token is the same bits whatever
+ * n, its position and the thread count.  Errors: -EINVAL (arguments), -EDOM
+ * (see the policy above).
+ */
+int engram_apply(engram_applier *a, const void *rows, engram_dtype rows_dtype, void *residual,
+                 engram_dtype resid_dtype, const uint8_t *mask, size_t n, engram_error *err);
+
+/* The projection alone: kv [n][(S+1)W] as F32 for n tokens (no mask, no
+ * gate; for engines that gate elsewhere, and for tests).  -EINVAL, -EDOM
+ * (non-finite rows, nothing written). */
+int engram_project(engram_applier *a, const void *rows, engram_dtype rows_dtype, size_t n,
+                   float *kv, engram_error *err);
+
 /* ------------------------------------------------------------------ reader */
 
 /*
@@ -291,7 +423,6 @@ typedef enum engram_io_engine {
     ENGRAM_IO_BUFFERED    /* the fallback, forced: cached fd, drop-behind reads */
 } engram_io_engine;
 
-typedef enum engram_dtype { ENGRAM_BF16 = 0, ENGRAM_F32 = 1 } engram_dtype;
 
 #define ENGRAM_BATCH_TOKENS 2048     /* tokens per de-duplicated chunk          */
 #define ENGRAM_READER_MAX_DEPTH 512

@@ -113,9 +113,12 @@ typedef enum engram_fill {
     ENGRAM_FILL_ZERO = 0,  /* tables left as holes (sparse files, all zeros) */
     ENGRAM_FILL_RANDOM,    /* every row random valid bytes from the seed      */
     ENGRAM_FILL_SPARSE,    /* holes, with every 4096th row random             */
-    ENGRAM_FILL_POOL       /* every row one of 65,536 random rows, picked by a
+    ENGRAM_FILL_POOL,      /* every row one of 65,536 random rows, picked by a
                               hash of its index: valid and varied, written at
                               disk speed (large benchmark files)              */
+    ENGRAM_FILL_NORMAL     /* every row 256 values of a normal-like distribution
+                              (sigma 1) through the quantizer: rows as a
+                              trained table's (realistic projections)       */
 } engram_fill;
 
 typedef struct engram_build_opts {

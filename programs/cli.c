@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -173,4 +174,77 @@ void progress_bar(int t, uint64_t done, uint64_t total, double t0)
         fputc(i < k ? '#' : '.', stderr);
     fprintf(stderr, "] %5.1f%% %8.1f MB/s", 100.0 * frac, dt > 0 ? (double)done / dt / 1e6 : 0.0);
     fflush(stderr);
+}
+
+/* "A,B,C": 3 compressed ids, newest first, -1 = dead.  0 or -1. */
+int parse_history(const char *s, engram_history *h)
+{
+    char *copy = strdup(s), *save = NULL;
+    int n = 0, rc = copy ? 0 : -1;
+    for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && rc == 0;
+         tok = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (n >= ENGRAM_HISTORY)
+            rc = -1;
+        else if (!strcmp(tok, "-1"))
+            h->id[n++] = ENGRAM_DEAD;
+        else if (parse_u64(tok, INT32_MAX, &v) == 0)
+            h->id[n++] = (int32_t)v;
+        else
+            rc = -1;
+    }
+    free(copy);
+    return rc == 0 && n == ENGRAM_HISTORY ? 0 : -1;
+}
+
+
+int fout_open(struct fout *o, const char *path)
+{
+    size_t n = strlen(path) + 32;
+    o->path = path;
+    o->tmp = malloc(n);
+    if (!o->tmp)
+        return EXIT_SYSTEM;
+    snprintf(o->tmp, n, "%s.tmp%ld", path, (long)getpid());
+    o->f = fopen(o->tmp, "wb");
+    if (!o->f) {
+        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->tmp, strerror(errno));
+        free(o->tmp);
+        return EXIT_SYSTEM;
+    }
+    return 0;
+}
+
+/* Closes; renames into place if ok, else removes.  0 or an exit code. */
+int fout_close(struct fout *o, int ok)
+{
+    if (fclose(o->f) != 0)
+        ok = 0;
+    if (ok && rename(o->tmp, o->path) != 0) {
+        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->path, strerror(errno));
+        ok = 0;
+    }
+    if (!ok)
+        unlink(o->tmp);
+    free(o->tmp);
+    return ok ? 0 : EXIT_SYSTEM;
+}
+
+int pread_all(int fd, void *buf, size_t n, uint64_t off)
+{
+    unsigned char *p = buf;
+    while (n > 0) {
+        ssize_t got = pread(fd, p, n, (off_t)off);
+        if (got < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return -errno;
+        }
+        if (got == 0)
+            return -EIO;
+        p += got;
+        n -= (size_t)got;
+        off += (uint64_t)got;
+    }
+    return 0;
 }

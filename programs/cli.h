@@ -3,6 +3,7 @@
 #define ENGRAM_CLI_H
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,7 +28,24 @@ int slurp(const char *path, char **buf, size_t *len);
  * caller frees *out); 0, or an exit code after printing what is wrong. */
 int read_numbers(const char *path, uint64_t max, uint32_t **out, size_t *count, const char *what);
 
+/* pread until n bytes arrive (EINTR retried); 0 or -errno (-EIO at end of file). */
+int pread_all(int fd, void *buf, size_t n, uint64_t off);
+
+/* "A,B,C": the 3 compressed history ids, newest first, -1 = dead. 0 or -1. */
+int parse_history(const char *s, engram_history *h);
+
+/* An output file written under a temporary name (PATH.tmpPID) and renamed
+ * into place by fout_close(ok = 1); removed when not ok.  0 or an exit code. */
+struct fout {
+    FILE *f;
+    char *tmp;
+    const char *path;
+};
+int fout_open(struct fout *o, const char *path);
+int fout_close(struct fout *o, int ok);
+
 int cmd_build(int argc, char **argv);
+int cmd_apply(int argc, char **argv);
 /* tokmap, layout, quantize, dequantize; -1 if name is none of them. */
 int cmd_tools(const char *name, int argc, char **argv);
 int cmd_bench(int argc, char **argv);

@@ -150,7 +150,10 @@ static int cmd_info(int argc, char **argv)
                 printf("%s%" PRIu64, j ? "," : "", l->multipliers[t][j]);
             printf("]}");
         }
-        printf("],\"projection\":%s,\"width\":%u", in.has_projection ? "true" : "false", in.width);
+        printf("],\"projection\":%s,\"projection_layers\":[%s%s%s],\"width\":%u,\"streams\":%u",
+               in.has_projection ? "true" : "false", in.table[0].has_projection ? "1" : "",
+               in.table[0].has_projection && in.table[1].has_projection ? "," : "",
+               in.table[1].has_projection ? "14" : "", in.width, in.streams);
         printf(",\"placement\":{\"tables_last\":%s,\"table0_page_aligned\":%s,\"reference_ok\":%s}",
                in.tables_last ? "true" : "false", in.table0_page_aligned ? "true" : "false",
                placement ? "true" : "false");
@@ -180,9 +183,13 @@ static int cmd_info(int argc, char **argv)
                    l->multipliers[t][0], l->multipliers[t][1], l->multipliers[t][2],
                    l->multipliers[t][3]);
         }
-        if (in.has_projection)
-            printf("projection:      engram_kv F16 [6144, %u], q_norm/k_norm F32 [%u, 4], width %u\n",
-                   5 * in.width, in.width, in.width);
+        if (in.width)
+            printf("projection:      engram_kv F16 [6144, %u], q_norm/k_norm F32 [%u, %u]: width %u, "
+                   "%u streams, layers %s\n",
+                   (in.streams + 1) * in.width, in.width, in.streams, in.width, in.streams,
+                   in.has_projection ? "1 and 14"
+                                     : in.table[0].has_projection ? "1 only (14 has none)"
+                                                                  : "14 only (1 has none)");
         else
             printf("projection:      absent (layout and tables only)\n");
         printf("placement:       tables last: %s; table 0 page-aligned: %s -> %s\n",
@@ -210,25 +217,6 @@ static const char *hash_help =
     "columns, then table 1's; table-local, as `engram rows` takes them).\n"
     "--summary prints statistics instead: tokens, hashing speed, distinct rows.\n";
 
-static int parse_history(const char *s, engram_history *h)
-{
-    char *copy = strdup(s), *save = NULL;
-    int n = 0, rc = copy ? 0 : -1;
-    for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && rc == 0;
-         tok = strtok_r(NULL, ",", &save)) {
-        uint64_t v;
-        if (n >= ENGRAM_HISTORY)
-            rc = -1;
-        else if (!strcmp(tok, "-1"))
-            h->id[n++] = ENGRAM_DEAD;
-        else if (parse_u64(tok, INT32_MAX, &v) == 0)
-            h->id[n++] = (int32_t)v;
-        else
-            rc = -1;
-    }
-    free(copy);
-    return rc == 0 && n == ENGRAM_HISTORY ? 0 : -1;
-}
 
 static int cmp_u32(const void *a, const void *b)
 {
@@ -586,6 +574,7 @@ static const char *main_help =
     "  hash MODEL --tokens FILE [...]      row ids of a token stream\n"
     "  rows MODEL --table T ROW...         decoded rows\n"
     "  verify MODEL [--table T]            scan tables for rows that do not decode\n"
+    "  apply MODEL --layer 1|14 [...]      an Engram layer on a token stream and a residual\n"
     "  build OUT.gguf [...]                write a complete V4.1-layout model\n"
     "  tokmap TOKENIZER.json [...]         token map of a tokenizer (V', SHA-256)\n"
     "  layout --vocab-size V' [...]        multipliers and primes of a layout\n"
@@ -613,6 +602,7 @@ int main(int argc, char **argv)
     } cmds[] = {
         {"info", cmd_info}, {"hash", cmd_hash}, {"rows", cmd_rows},
         {"verify", cmd_verify}, {"build", cmd_build}, {"bench", cmd_bench},
+        {"apply", cmd_apply},
     };
     for (size_t i = 0; i <= sizeof cmds / sizeof cmds[0]; i++)
         if (i == sizeof cmds / sizeof cmds[0] || !strcmp(cmd, cmds[i].name)) {

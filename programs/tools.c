@@ -28,44 +28,6 @@ static void hex32(const uint8_t h[32], char out[65])
 
 /* An output written to a temporary name and renamed into place only when
  * complete (a failed command leaves no file). */
-struct fout {
-    FILE *f;
-    char *tmp;
-    const char *path;
-};
-
-static int fout_open(struct fout *o, const char *path)
-{
-    size_t n = strlen(path) + 32;
-    o->path = path;
-    o->tmp = malloc(n);
-    if (!o->tmp)
-        return EXIT_SYSTEM;
-    snprintf(o->tmp, n, "%s.tmp%ld", path, (long)getpid());
-    o->f = fopen(o->tmp, "wb");
-    if (!o->f) {
-        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->tmp, strerror(errno));
-        free(o->tmp);
-        return EXIT_SYSTEM;
-    }
-    return 0;
-}
-
-/* Closes; renames into place if ok, else removes.  0 or an exit code. */
-static int fout_close(struct fout *o, int ok)
-{
-    if (fclose(o->f) != 0)
-        ok = 0;
-    if (ok && rename(o->tmp, o->path) != 0) {
-        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->path, strerror(errno));
-        ok = 0;
-    }
-    if (!ok)
-        unlink(o->tmp);
-    free(o->tmp);
-    return ok ? 0 : EXIT_SYSTEM;
-}
-
 /* ---------------------------------------------------------------- tokmap */
 
 static const char *tokmap_help =
@@ -298,7 +260,7 @@ static int cmd_layout(int argc, char **argv)
 
 static const char *build_help =
     "usage: engram build OUT.gguf [--tokenizer TOKENIZER.json | --tokmap MAP.u32]\n"
-    "                    [--base B] [--width W] [--fill zero|random|sparse|pool]\n"
+    "                    [--base B] [--width W] [--fill zero|random|sparse|pool|normal]\n"
     "                    [--seed S] [--vocab N] [--compressed-vocab N] [--gguf-version 2|3]\n"
     "Writes a complete ds4-dialect V4.1-layout model: layout keys, token map, the\n"
     "projection weights when --width W > 0 (engram_kv F16 [6144, 5W], q_norm and\n"
@@ -309,7 +271,8 @@ static const char *build_help =
     "Multipliers: SPEC.md section 5 for V' and layers 1 and 14 (V' = 99092 gives\n"
     "V4.1's published ones).  Primes: shared-seen allocation from --base (default\n"
     "16000000, the full 2 x ~101 GB, written sparse with --fill zero or sparse;\n"
-    "--fill pool writes valid rows at disk speed; random draws every row).\n"
+    "--fill pool writes valid rows at disk speed; random draws every row, over\n"
+    "every scale; normal quantizes normal-like values, as a trained table holds).\n"
     "Deterministic for a seed.\n";
 
 static void build_progress(void *ctx, uint64_t done, uint64_t total)
@@ -394,8 +357,10 @@ int cmd_build(int argc, char **argv)
                 fill = ENGRAM_FILL_SPARSE;
             else if (!strcmp(f, "pool"))
                 fill = ENGRAM_FILL_POOL;
+            else if (!strcmp(f, "normal"))
+                fill = ENGRAM_FILL_NORMAL;
             else
-                return fail_usage("build: --fill takes zero, random, sparse or pool");
+                return fail_usage("build: --fill takes zero, random, sparse, pool or normal");
         } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
             tokenizer = argv[++i];
         } else if (!strcmp(a, "--tokmap") && i + 1 < argc) {
@@ -489,7 +454,8 @@ int cmd_build(int argc, char **argv)
            " (%.2f s)\n",
            out, l->vocab, l->compressed_vocab, map_from, l->rows[0], l->rows[1], o.width,
            fill == ENGRAM_FILL_ZERO ? "zero" : fill == ENGRAM_FILL_RANDOM ? "random"
-                                     : fill == ENGRAM_FILL_SPARSE ? "sparse" : "pool", seed,
+                                     : fill == ENGRAM_FILL_SPARSE ? "sparse"
+                                     : fill == ENGRAM_FILL_POOL ? "pool" : "normal", seed,
            now_s() - t0);
     return 0;
 }

@@ -54,6 +54,23 @@ static void random_row(uint64_t seed, uint8_t *row)
     }
 }
 
+/* A row as a trained table might hold: 256 values of an approximately
+ * normal distribution (sum of four uniforms, mean 0, sigma 1), quantized by
+ * SPEC section 7's quantizer. */
+static void normal_row(uint64_t seed, uint8_t *row)
+{
+    uint64_t st = seed;
+    float v[ENGRAM_ROW_VALUES];
+    for (int i = 0; i < ENGRAM_ROW_VALUES; i++) {
+        uint64_t r = splitmix64(&st);
+        float u = 0.0f;
+        for (int k = 0; k < 4; k++)
+            u += (float)((r >> (16 * k)) & 0xffff) * (1.0f / 65536.0f);
+        v[i] = (u - 2.0f) * 1.7320508f;
+    }
+    engram_rows_quantize_f32(v, 1, row, NULL, NULL);
+}
+
 static uint64_t row_seed(const engram_build_opts *o, int table, uint64_t row)
 {
     uint64_t st = o->seed ^ ((uint64_t)(table + 1) << 56) ^ row;
@@ -100,6 +117,8 @@ static int fill_table(void *vctx, int fd, uint64_t offset, uint64_t bytes)
             if (pool) {
                 uint64_t h = (r + i) * 0x9e3779b97f4a7c15ull;
                 memcpy(dst, pool + (size_t)(h >> 48) * ENGRAM_ROW_BYTES, ENGRAM_ROW_BYTES);
+            } else if (o->fill == ENGRAM_FILL_NORMAL) {
+                normal_row(row_seed(o, c->table, r + i), dst);
             } else {
                 random_row(row_seed(o, c->table, r + i), dst);
             }
@@ -169,7 +188,7 @@ int engram_build_model(const char *path, const engram_build_opts *o, engram_erro
     if (rc < 0)
         return rc;
     int version = o->gguf_version ? o->gguf_version : 3;
-    if ((version != 2 && version != 3) || o->fill > ENGRAM_FILL_POOL || o->width > (1u << 20))
+    if ((version != 2 && version != 3) || o->fill > ENGRAM_FILL_NORMAL || o->width > (1u << 20))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad build options");
 
     gguf_writer *w = gguf_writer_new((uint32_t)version, GGUF_DEFAULT_ALIGNMENT);

@@ -23,6 +23,7 @@ struct engram_model {
     engram_model_info info;
     char *path;
     char table_name[ENGRAM_TABLES][48];
+    const gguf_tensor *weights[ENGRAM_TABLES][3]; /* engram_kv, q_norm, k_norm */
 };
 
 static int check_tensor(const gguf_tensor *t, uint32_t type, uint64_t d0, uint64_t d1,
@@ -39,50 +40,58 @@ static int check_tensor(const gguf_tensor *t, uint32_t type, uint64_t d0, uint64
     return 0;
 }
 
-/* engram_kv [6144, 5W] F16, q_norm / k_norm [W, 4] F32: all or none. */
+/* Per Engram layer, engram_kv F16 [6144, (S+1)W] and engram_q_norm /
+ * engram_k_norm F32 [W, S]: W and the stream count S come from the norms'
+ * shapes and everything else is checked against them and against the row
+ * geometry (6144 = 24 rows x 256 values).  A layer has all three or none;
+ * both layers that have them must agree on W and S. */
 static int check_projection(struct engram_model *m, engram_error *err)
 {
     static const char *const parts[3] = {"engram_kv", "engram_q_norm", "engram_k_norm"};
-    int present = 0, rc;
-    uint32_t width = 0;
-    for (int t = 0; t < ENGRAM_TABLES; t++)
-        for (int p = 0; p < 3; p++) {
-            char name[64];
-            snprintf(name, sizeof name, "blk.%d.%s.weight", engram_table_layer[t], parts[p]);
-            present += gguf_find_tensor(m->g, name) != NULL;
-        }
-    if (present == 0)
-        return 0;
     for (int t = 0; t < ENGRAM_TABLES; t++) {
-        char name[64];
-        snprintf(name, sizeof name, "blk.%d.engram_kv.weight", engram_table_layer[t]);
-        const gguf_tensor *kv = gguf_find_tensor(m->g, name);
-        if (!kv)
-            return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
-                           "projection weights are incomplete: missing tensor '%s'", name);
-        uint64_t w = kv->dims[1] / 5;
-        if (kv->n_dims != 2 || kv->dims[1] % 5 != 0 || w == 0 || w > UINT32_MAX)
-            return err_set(err, -EBADMSG, kv->info_offset,
-                           "tensor '%s' (info at offset %llu): second dimension %llu is not 5 x width",
-                           name, (unsigned long long)kv->info_offset,
-                           (unsigned long long)kv->dims[1]);
-        if (t == 0)
-            width = (uint32_t)w;
-        if ((rc = check_tensor(kv, GGML_F16, ENGRAM_COLUMNS * ENGRAM_ROW_VALUES,
-                               5ull * width, err)) < 0)
-            return rc;
-        for (int p = 1; p < 3; p++) {
-            snprintf(name, sizeof name, "blk.%d.%s.weight", engram_table_layer[t], parts[p]);
-            const gguf_tensor *n = gguf_find_tensor(m->g, name);
-            if (!n)
-                return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
-                               "projection weights are incomplete: missing tensor '%s'", name);
-            if ((rc = check_tensor(n, GGML_F32, width, 4, err)) < 0)
-                return rc;
+        const gguf_tensor *ts[3];
+        char name[3][64];
+        int present = 0;
+        for (int p = 0; p < 3; p++) {
+            snprintf(name[p], sizeof name[p], "blk.%d.%s.weight", engram_table_layer[t], parts[p]);
+            ts[p] = gguf_find_tensor(m->g, name[p]);
+            present += ts[p] != NULL;
         }
+        if (present == 0)
+            continue;
+        for (int p = 0; p < 3; p++)
+            if (!ts[p])
+                return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
+                               "projection weights of layer %d are incomplete: missing tensor '%s'",
+                               engram_table_layer[t], name[p]);
+        const gguf_tensor *q = ts[1];
+        if (q->n_dims != 2 || q->type != GGML_F32 || q->dims[0] == 0 || q->dims[1] == 0 ||
+            q->dims[0] > ENGRAM_MAX_WIDTH || q->dims[1] > ENGRAM_MAX_STREAMS)
+            return err_set(err, -EBADMSG, q->info_offset,
+                           "tensor '%s' (info at offset %llu): %s with %u dims [%llu, %llu], expected "
+                           "F32 [W, S] with 1 <= W <= %u and 1 <= S <= %u",
+                           q->name, (unsigned long long)q->info_offset,
+                           ggml_type_name(q->type) ? ggml_type_name(q->type) : "?", q->n_dims,
+                           (unsigned long long)q->dims[0], (unsigned long long)q->dims[1],
+                           ENGRAM_MAX_WIDTH, ENGRAM_MAX_STREAMS);
+        uint32_t w = (uint32_t)q->dims[0], streams = (uint32_t)q->dims[1];
+        int rc;
+        if ((rc = check_tensor(ts[2], GGML_F32, w, streams, err)) < 0)
+            return rc;
+        if ((rc = check_tensor(ts[0], GGML_F16, ENGRAM_COLUMNS * ENGRAM_ROW_VALUES,
+                               (uint64_t)(streams + 1) * w, err)) < 0)
+            return rc;
+        if (m->info.width && (m->info.width != w || m->info.streams != streams))
+            return err_set(err, -EBADMSG, q->info_offset,
+                           "tensor '%s': width %u x %u streams, but the other layer has %u x %u",
+                           q->name, w, streams, m->info.width, m->info.streams);
+        m->info.width = w;
+        m->info.streams = streams;
+        m->info.table[t].has_projection = 1;
+        for (int p = 0; p < 3; p++)
+            m->weights[t][p] = ts[p];
     }
-    m->info.has_projection = 1;
-    m->info.width = width;
+    m->info.has_projection = m->info.table[0].has_projection && m->info.table[1].has_projection;
     return 0;
 }
 
@@ -177,6 +186,11 @@ void engram_model_get_info(const engram_model *m, engram_model_info *info)
 }
 
 int model_fd(const engram_model *m) { return m->g->fd; }
+
+const gguf_tensor *model_weight(const engram_model *m, int table, int part)
+{
+    return m->weights[table][part];
+}
 
 int engram_model_dup_fd(const engram_model *m)
 {

@@ -27,7 +27,9 @@ struct variant {
     int64_t table_rows_delta;  /* table 1 row dimension - rows[1] */
     int table_type;
     int omit_table1, extra_after, no_page_align, table1_first;
-    int kv_partial, kv_width_bad;
+    /* projection weights of layer 1 (and 14 when proj14): written when proj */
+    int proj, proj14, omit_k, q_type;
+    uint64_t kv_d0, kv_d1, q_d0, q_d1, k_d0, k_d1, w14;
     uint64_t truncate_by;
 };
 
@@ -47,6 +49,13 @@ static struct variant defaults(void)
     v.mult_type = GGUF_U64;
     v.table_d0 = 264;
     v.table_type = GGML_I8;
+    /* a valid projection: W = 16, S = 4 */
+    v.q_type = GGML_F32;
+    v.kv_d0 = 6144;
+    v.kv_d1 = 5 * 16;
+    v.q_d0 = v.k_d0 = 16;
+    v.q_d1 = v.k_d1 = 4;
+    v.w14 = 16;
     return v;
 }
 
@@ -92,10 +101,18 @@ static int write_variant(const char *path, const struct variant *v, const engram
     }
     if (v->dup_key)
         gguf_w_u32(w, "deepseek41.engram.pad_id", v->pad);
-    if (v->kv_partial || v->kv_width_bad) {
-        uint64_t kv[2] = {6144, v->kv_width_bad ? 5 * 16 + 1 : 5 * 16}, nrm[2] = {16, 4};
+    if (v->proj) {
+        uint64_t kv[2] = {v->kv_d0, v->kv_d1}, q[2] = {v->q_d0, v->q_d1}, k[2] = {v->k_d0, v->k_d1};
         gguf_w_tensor(w, "blk.1.engram_kv.weight", GGML_F16, 2, kv, 0, NULL, NULL);
-        gguf_w_tensor(w, "blk.1.engram_q_norm.weight", GGML_F32, 2, nrm, 0, NULL, NULL);
+        gguf_w_tensor(w, "blk.1.engram_q_norm.weight", (uint32_t)v->q_type, 2, q, 0, NULL, NULL);
+        if (!v->omit_k)
+            gguf_w_tensor(w, "blk.1.engram_k_norm.weight", GGML_F32, 2, k, 0, NULL, NULL);
+    }
+    if (v->proj14) {
+        uint64_t kv[2] = {6144, 5 * v->w14}, q[2] = {v->w14, 4};
+        gguf_w_tensor(w, "blk.14.engram_kv.weight", GGML_F16, 2, kv, 0, NULL, NULL);
+        gguf_w_tensor(w, "blk.14.engram_q_norm.weight", GGML_F32, 2, q, 0, NULL, NULL);
+        gguf_w_tensor(w, "blk.14.engram_k_norm.weight", GGML_F32, 2, q, 0, NULL, NULL);
     }
     uint64_t d0[2] = {v->table_d0, l->rows[0]};
     uint64_t d1[2] = {v->table_d0, (uint64_t)((int64_t)l->rows[1] + v->table_rows_delta)};
@@ -137,6 +154,22 @@ static void expect_open(const struct variant *v, const engram_layout *l, int wan
     engram_error err;
     memset(&err, 0, sizeof err);
     int rc = engram_model_open(path, &m, &err);
+    if (want == 0) { /* a valid variant: the projection as written */
+        CHECK_EQ(rc, 0);
+        if (rc < 0) {
+            fprintf(stderr, "variant '%s': %s\n", what, err.msg);
+            return;
+        }
+        engram_model_info in;
+        engram_model_get_info(m, &in);
+        CHECK_EQ(in.table[0].has_projection, v->proj);
+        CHECK_EQ(in.table[1].has_projection, v->proj14);
+        CHECK_EQ(in.has_projection, v->proj && v->proj14);
+        CHECK_EQ(in.width, v->q_d0);
+        CHECK_EQ(in.streams, v->q_d1);
+        engram_model_close(m);
+        return;
+    }
     if (rc != want || !strstr(err.msg, needle) || getenv("TEST_VERBOSE"))
         fprintf(stderr, "variant '%s': rc %d, message '%s'\n", what, rc, err.msg);
     CHECK_ERR(rc, err, want, needle);
@@ -176,8 +209,20 @@ static void validation(const engram_layout *l)
     CASE(v.omit_table1 = 1, -EBADMSG, "missing table tensor 'blk.14.engram_embd.weight'");
     CASE(v.truncate_by = 1, -EBADMSG, "outside the file");
     CASE(v.truncate_by = 264 * 5, -EBADMSG, "blk.14.engram_embd.weight");
-    CASE(v.kv_partial = 1, -EBADMSG, "incomplete");
-    CASE(v.kv_width_bad = 1, -EBADMSG, "5 x width");
+    /* Projection weights: shapes checked against each other and the rows. */
+    CASE((v.proj = 1, v.omit_k = 1), -EBADMSG, "incomplete: missing tensor 'blk.1.engram_k_norm.weight'");
+    CASE((v.proj = 1, v.kv_d1 = 5 * 16 + 1), -EBADMSG, "blk.1.engram_kv.weight");
+    CASE((v.proj = 1, v.kv_d0 = 6143), -EBADMSG, "expected F16 [6144, 80]");
+    CASE((v.proj = 1, v.q_type = GGML_F16), -EBADMSG, "blk.1.engram_q_norm.weight");
+    CASE((v.proj = 1, v.k_d0 = 17), -EBADMSG, "blk.1.engram_k_norm.weight");
+    CASE((v.proj = 1, v.k_d1 = 3), -EBADMSG, "expected F32 [16, 4]");
+    CASE((v.proj = 1, v.q_d1 = 17, v.k_d1 = 17, v.kv_d1 = 18 * 16), -EBADMSG, "1 <= S <= 16");
+    CASE((v.proj = 1, v.q_d0 = 0), -EBADMSG, "blk.1.engram_q_norm.weight");
+    CASE((v.proj = 1, v.proj14 = 1, v.w14 = 32), -EBADMSG, "other layer");
+    /* valid: one layer only, and another stream count */
+    CASE(v.proj = 1, 0, "");
+    CASE((v.proj = 1, v.q_d1 = 2, v.k_d1 = 2, v.kv_d1 = 3 * 16), 0, "");
+    CASE((v.proj = 1, v.proj14 = 1), 0, "");
 #undef CASE
 }
 

@@ -27,6 +27,8 @@ want clang clang
 # libFuzzer and the sanitizer runtimes for clang (make fuzz)
 dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need="$need libclang-rt-14-dev"
 want fio fio   # the device's limit in engram bench io
+# OpenBLAS: the comparator of the projection (tests/test_blas.c, bench_apply; loaded at run time)
+dpkg -s libopenblas-dev >/dev/null 2>&1 || need="$need libopenblas-dev"
 fi
 
 if [ -n "$need" ]; then

@@ -11,7 +11,7 @@ B=${BUILD:-build}
 M="$B/demo.gguf"
 # (rebuilt whenever the engram binary is newer than the model)
 if [ ! -f "$M" ] || [ "$B/engram" -nt "$M" ]; then
-    "$B/engram" build "$M" --base 16000 --width 64 --fill random --seed 1
+    "$B/engram" build "$M" --base 16000 --width 64 --fill normal --seed 1
 fi
 echo "== engram layout --vocab-size 99092 --base 16000   (the demo; V4.1 itself uses --base 16000000)"
 "$B/engram" layout --vocab-size 99092 --base 16000
@@ -29,3 +29,9 @@ rows=$(head -1 data/gpl3.tok | cut -d' ' -f1 | "$B/engram" hash "$M" --tokens - 
 echo
 echo "== engram verify $M"
 "$B/engram" verify "$M"
+echo
+for L in 1 14; do
+    echo "== engram apply $M --layer $L --tokens data/gpl3.tok --residual-in seed:1 --threads 2"
+    "$B/engram" apply "$M" --layer "$L" --tokens data/gpl3.tok --residual-in seed:1 \
+        --residual-out "$B/demo-residual-$L.f32" --threads 2
+done

@@ -1,0 +1,403 @@
+/*
+ * bench_apply.c - Engram's output stage against the machine's own limits,
+ * measured in the same run:
+ *  (a) decode: applying one token (the projection is a GEMV over the
+ *      layer's F16 weights, memory-bound) vs a large memcpy's bandwidth:
+ *      weight bytes streamed per second / memcpy bytes copied per second;
+ *  (b) prefill: projecting a block of tokens (default 2048; the GEMM) vs
+ *      OpenBLAS sgemm on the same shapes with the weights widened to F32
+ *      once (the unconstrained comparator: its reduction order is its own),
+ *      both in GFLOP/s, each with 1..T threads;
+ *  (c) the gate and update alone, ns per token (S streams of W);
+ *  (d) the whole apply of the block, tokens/s.
+ * OpenBLAS is loaded at run time (libopenblas.so.0) so the build does not
+ * depend on it; without it (b) has no comparator column.
+ *
+ *   bench_apply [--model M.gguf] [--width W] [--tokens N] [--threads 1,2]
+ *               [--reps R] [--csv OUT]
+ * Without --model it writes /tmp/engram-bench/apply-W.gguf (engram build
+ * --width W --fill normal, small tables) once.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engram.h"
+#include "engram_tools.h"
+#include "../src/apply.h"
+#include "../src/gguf.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t rng(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* memcpy of `bytes`, best of 5: bytes copied per second. */
+static double memcpy_bw(size_t bytes)
+{
+    char *a = malloc(bytes), *b = malloc(bytes);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 0;
+    }
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        memcpy(b, a, bytes);
+        double dt = now() - t0;
+        if (bytes / dt > best)
+            best = bytes / dt;
+        a[r] = b[bytes - 1 - (size_t)r]; /* keep the copy observable */
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+static int build_model(const char *path, uint32_t width)
+{
+    static uint32_t map[129280];
+    engram_build_opts o;
+    memset(&o, 0, sizeof o);
+    engram_layout *l = &o.layout;
+    l->vocab = 129280;
+    l->compressed_vocab = 99092;
+    for (uint32_t t = 0; t < l->vocab; t++)
+        map[t] = t % l->compressed_vocab;
+    l->token_map = map;
+    l->pad_id = 2;
+    uint32_t primes[48];
+    if (engram_layout_primes(5000, 2, 4, 8, primes, 48) < 0)
+        return -1;
+    for (int t = 0; t < 2; t++) {
+        engram_layout_multipliers(l->compressed_vocab, t ? 14 : 1, 4, l->multipliers[t]);
+        for (int c = 0; c < 24; c++) {
+            l->primes[t][c] = primes[t * 24 + c];
+            l->rows[t] += primes[t * 24 + c];
+        }
+    }
+    o.width = width;
+    o.fill = ENGRAM_FILL_NORMAL;
+    o.seed = 1;
+    engram_error err;
+    if (engram_build_model(path, &o, &err) < 0) {
+        fprintf(stderr, "build %s: %s\n", path, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha,
+                         const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                         int ldc);
+typedef void (*set_threads_fn)(int);
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *csv = NULL;
+    uint32_t width = 5120;
+    size_t n = ENGRAM_BATCH_TOKENS;
+    unsigned threads_list[8] = {1, 2}, n_threads = 2;
+    int reps = 3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--width") && i + 1 < argc)
+            width = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
+            n = strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--csv") && i + 1 < argc)
+            csv = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            n_threads = 0;
+            for (char *p = argv[++i]; *p && n_threads < 8; p++) {
+                threads_list[n_threads++] = (unsigned)strtoul(p, &p, 10);
+                if (!*p)
+                    break;
+            }
+        } else {
+            fprintf(stderr, "usage: bench_apply [--model M] [--width W] [--tokens N] "
+                            "[--threads 1,2] [--reps R] [--csv OUT]\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 99 || n == 0)
+        return 2;
+    char path[256];
+    if (!model) {
+        mkdir("/tmp/engram-bench", 0755);
+        snprintf(path, sizeof path, "/tmp/engram-bench/apply-%u.gguf", width);
+        if (access(path, R_OK) != 0 && build_model(path, width) < 0)
+            return 1;
+        model = path;
+    }
+    engram_model *m;
+    engram_layer *L;
+    engram_error err;
+    if (engram_model_open(model, &m, &err) < 0 || engram_layer_open(m, 0, &L, &err) < 0) {
+        fprintf(stderr, "%s: %s\n", model, err.msg);
+        return 1;
+    }
+    engram_layer_info li;
+    engram_layer_get_info(L, &li);
+    const uint32_t W = li.width, S = li.streams, N = (S + 1) * W;
+    const size_t K = ENGRAM_K;
+    const double weight_bytes = (double)L->panels * K * PANEL * 2;
+
+    char cpu[300] = "?";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "model name", 10)) {
+                char *c = strchr(line, ':');
+                snprintf(cpu, sizeof cpu, "%s", c ? c + 2 : line);
+                cpu[strcspn(cpu, "\n")] = 0;
+                break;
+            }
+        fclose(f);
+    }
+    time_t tt = time(NULL);
+    char date[32];
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M", localtime(&tt));
+    printf("bench_apply  %s  %s, %ld cores  kernels %s\n", date, cpu, sysconf(_SC_NPROCESSORS_ONLN),
+           engram_simd_name(engram_simd_selected()));
+    printf("layer: W %u, S %u, N %u outputs x K %zu, F16 weights %.1f MB\n\n", W, S, N, K,
+           weight_bytes / 1e6);
+
+    /* inputs: rows of n tokens as BF16 (normal-like values through BF16),
+     * residual BF16 values in F32 */
+    uint64_t seed = 42;
+    uint16_t *rows = malloc(n * K * 2);
+    float *rowsf = malloc(n * K * 4);
+    size_t per = (size_t)S * W;
+    float *x0 = malloc(n * per * 4), *x = malloc(n * per * 4), *kv = malloc(n * N * 4);
+    if (!rows || !rowsf || !x0 || !x || !kv)
+        return 3;
+    for (size_t i = 0; i < n * K; i++) {
+        float v = ((float)(rng(&seed) & 0xffff) / 65536.0f - 0.5f) * 3.0f;
+        rows[i] = f32_to_bf16_bits(v);
+        rowsf[i] = bf16_to_f32(rows[i]);
+    }
+    for (size_t i = 0; i < n * per; i++)
+        x0[i] = bf16_round(((float)(rng(&seed) & 0xffff) / 65536.0f - 0.5f) * 8.0f);
+
+    FILE *out = csv ? fopen(csv, "w") : NULL;
+    if (out)
+        fprintf(out, "what,threads,value,unit,ratio\n");
+
+    /* (a) decode */
+    double bw = memcpy_bw((size_t)1 << 30);
+    printf("(a) decode: one token, GEMV over the weights\n");
+    printf("    memcpy of 1 GiB: %.2f GB/s (bytes copied per second, best of 5)\n", bw / 1e9);
+    printf("    threads  apply ms  weights GB/s  / memcpy\n");
+    for (unsigned ti = 0; ti < n_threads; ti++) {
+        engram_apply_opts o = {.threads = threads_list[ti]};
+        engram_applier *a;
+        if (engram_applier_new(L, &o, &a, &err) < 0) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+        double t[99];
+        memcpy(x, x0, per * 4);
+        engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, 1, &err); /* warm */
+        int r20 = 20;
+        double ts[20];
+        for (int r = 0; r < r20; r++) {
+            memcpy(x, x0 + (size_t)r * per % (n * per), per * 4);
+            double t0 = now();
+            engram_apply(a, rows + (size_t)r * K % (n * K), ENGRAM_BF16, x, ENGRAM_F32, NULL, 1, &err);
+            ts[r] = now() - t0;
+        }
+        (void)t;
+        double med = median(ts, r20);
+        printf("    %7u  %8.2f  %12.2f  %8.2f\n", threads_list[ti], med * 1e3, weight_bytes / med / 1e9,
+               weight_bytes / med / bw);
+        if (out)
+            fprintf(out, "decode_apply_ms,%u,%.4f,ms,%.3f\n", threads_list[ti], med * 1e3,
+                    weight_bytes / med / bw);
+        engram_applier_free(a);
+    }
+
+    /* (b) prefill projection vs OpenBLAS */
+    double flops = 2.0 * (double)n * N * K;
+    void *blas = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    /* dlsym returns an object pointer; a union turns it into a function pointer */
+    union { void *p; sgemm_fn f; } sg = {blas ? dlsym(blas, "cblas_sgemm") : NULL};
+    union { void *p; set_threads_fn f; } st = {blas ? dlsym(blas, "openblas_set_num_threads") : NULL};
+    sgemm_fn sgemm = sg.f;
+    set_threads_fn set_threads = st.f;
+    float *wf = NULL, *cb = NULL;
+    if (sgemm) {
+        /* weights widened to F32 once, [N][K] as in the file */
+        gguf_file *g = NULL;
+        wf = malloc((size_t)N * K * 4);
+        cb = malloc(n * N * 4);
+        uint16_t *h = malloc(K * 2);
+        const gguf_tensor *wt = NULL;
+        if (wf && cb && h && gguf_open(model, &g, NULL) == 0 &&
+            (wt = gguf_find_tensor(g, "blk.1.engram_kv.weight")) != NULL) {
+            for (uint32_t o = 0; o < N; o++) {
+                if (pread(g->fd, h, K * 2, (off_t)(wt->offset + (uint64_t)o * K * 2)) != (ssize_t)(K * 2))
+                    break;
+                for (size_t i = 0; i < K; i++)
+                    wf[(size_t)o * K + i] = f16_to_f32(h[i]);
+            }
+        } else {
+            sgemm = NULL;
+        }
+        free(h);
+        gguf_close(g);
+    }
+    printf("\n(b) prefill projection: %zu tokens x %u outputs x %zu inputs (%.0f GFLOP)\n", n, N, K,
+           flops / 1e9);
+    printf("    engram: fixed order (batch-invariant, every kernel the same bits);\n");
+    printf("    OpenBLAS sgemm (%s): unconstrained order, weights widened to F32\n",
+           sgemm ? "loaded" : "not found");
+    printf("    threads  engram s  GFLOP/s   OpenBLAS s  GFLOP/s   engram/OpenBLAS\n");
+    for (unsigned ti = 0; ti < n_threads; ti++) {
+        unsigned th = threads_list[ti];
+        engram_apply_opts o = {.threads = th};
+        engram_applier *a;
+        if (engram_applier_new(L, &o, &a, &err) < 0)
+            return 1;
+        double te[99], tbl[99];
+        for (int r = 0; r < reps; r++) {
+            double t0 = now();
+            engram_project(a, rows, ENGRAM_BF16, n, kv, &err);
+            te[r] = now() - t0;
+        }
+        double me = median(te, reps), mb = 0;
+        if (sgemm) {
+            if (set_threads)
+                set_threads((int)th);
+            for (int r = 0; r < reps; r++) {
+                double t0 = now();
+                sgemm(101 /* row major */, 111 /* no trans */, 112 /* trans */, (int)n, (int)N, (int)K,
+                      1.0f, rowsf, (int)K, wf, (int)K, 0.0f, cb, (int)N);
+                tbl[r] = now() - t0;
+            }
+            mb = median(tbl, reps);
+        }
+        printf("    %7u  %8.3f  %7.1f   %10.3f  %7.1f   %6.2f\n", th, me, flops / me / 1e9, mb,
+               mb > 0 ? flops / mb / 1e9 : 0.0, mb > 0 ? mb / me : 0.0);
+        if (out) {
+            fprintf(out, "prefill_project_gflops,%u,%.2f,GFLOP/s,%.3f\n", th, flops / me / 1e9,
+                    mb > 0 ? mb / me : 0.0);
+            if (mb > 0)
+                fprintf(out, "openblas_sgemm_gflops,%u,%.2f,GFLOP/s,1\n", th, flops / mb / 1e9);
+        }
+        /* the same outputs, within the F32 bound (spot check of 1000) */
+        if (sgemm) {
+            double worst = 0;
+            for (int k = 0; k < 1000; k++) {
+                size_t t = rng(&seed) % n, oo = rng(&seed) % N;
+                double mag = 0;
+                for (size_t i = 0; i < K; i++)
+                    mag += fabs((double)rowsf[t * K + i] * wf[oo * K + i]);
+                double d = fabs((double)kv[t * N + oo] - cb[t * N + oo]);
+                double lim = 2 * K * 0x1p-24 * mag;
+                if (lim > 0 && d / lim > worst)
+                    worst = d / lim;
+            }
+            printf("             (engram vs OpenBLAS: worst |difference| %.3g of 2 gamma_K sum|e w|)\n",
+                   worst);
+        }
+        engram_applier_free(a);
+    }
+
+    /* (c) gate and update alone */
+    {
+        const struct apply_kernels *k = apply_kernels_for(ENGRAM_SIMD_AUTO);
+        engram_applier *a;
+        engram_apply_opts o = {.threads = 1};
+        engram_applier_new(L, &o, &a, &err);
+        engram_project(a, rows, ENGRAM_BF16, n < 64 ? n : 64, kv, &err);
+        size_t nt = n < 64 ? n : 64;
+        double best = 1e9;
+        for (int r = 0; r < 5; r++) {
+            memcpy(x, x0, nt * per * 4);
+            double t0 = now();
+            for (size_t t = 0; t < nt; t++)
+                for (uint32_t s = 0; s < S; s++) {
+                    float red[3];
+                    float *xs = x + t * per + (size_t)s * W;
+                    const float *kvt = kv + t * N;
+                    k->reduce(xs, 0, kvt + (size_t)s * W, L->wq + (size_t)s * W, W, red);
+                    float gv = gate_value(red[0], red[1], red[2], W);
+                    k->update(xs, 0, kvt + (size_t)S * W, gv, W, NULL, 0);
+                    k->update(xs, 0, kvt + (size_t)S * W, gv, W, xs, 0);
+                }
+            double dt = (now() - t0) / (double)nt;
+            if (dt < best)
+                best = dt;
+        }
+        printf("\n(c) gate + update (check pass and write pass) of %u streams x %u: %.0f ns per token\n",
+               S, W, best * 1e9);
+        if (out)
+            fprintf(out, "gate_update_ns_per_token,1,%.1f,ns,\n", best * 1e9);
+        engram_applier_free(a);
+    }
+
+    /* (d) whole apply */
+    printf("\n(d) apply of %zu tokens (project, gate, update), F32 residual\n", n);
+    printf("    threads  s        tokens/s\n");
+    for (unsigned ti = 0; ti < n_threads; ti++) {
+        engram_apply_opts o = {.threads = threads_list[ti]};
+        engram_applier *a;
+        engram_applier_new(L, &o, &a, &err);
+        memcpy(x, x0, n * per * 4);
+        double t0 = now();
+        int rc = engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, n, &err);
+        double dt = now() - t0;
+        printf("    %7u  %7.3f  %8.1f%s\n", threads_list[ti], dt, (double)n / dt, rc ? "  (failed)" : "");
+        if (out)
+            fprintf(out, "prefill_apply_tokens_per_s,%u,%.2f,tokens/s,\n", threads_list[ti], (double)n / dt);
+        engram_applier_free(a);
+    }
+    if (out)
+        fclose(out);
+    free(wf);
+    free(cb);
+    free(rows);
+    free(rowsf);
+    free(x0);
+    free(x);
+    free(kv);
+    engram_layer_close(L);
+    engram_model_close(m);
+    return 0;
+}

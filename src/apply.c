@@ -1,0 +1,351 @@
+/*
+ * apply.c - Engram's output stage (SPEC.md section 8) for n tokens: check
+ * the inputs, then per block of tokens project (the GEMM, or a GEMV for one
+ * token), gate and update.  Work is split over workers by outputs (the
+ * projection) and by tokens (the gate), never inside one sum, so a token's
+ * result is the same bits whatever the number of tokens, their blocking and
+ * the number of workers.
+ *
+ * A block runs in phases, each a fork-join over the workers: convert the
+ * rows to F32 (BF16 rows only), project, gate-and-check, then write the
+ * tokens before the first one that failed the check (all of them when none
+ * did).  Checking before writing is what keeps the promise that a failing
+ * token and everything after it are left untouched.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apply.h"
+#include "pool.h"
+#include "util.h"
+
+enum phase { PH_CONVERT, PH_PROJECT, PH_GATE, PH_WRITE };
+
+struct engram_applier {
+    const struct engram_layer *L;
+    const struct apply_kernels *k;
+    unsigned threads, tb;
+    engram_fork_join fj;
+    void *fj_ctx;
+    struct pool *pool;
+    uint64_t bytes;
+
+    /* workspace, allocated once */
+    float *e32;            /* [tb][K] rows as F32 (BF16 input)          */
+    float *kv;             /* [tb][N]                                   */
+    float *g;              /* [tb][S]                                   */
+    const float **e;       /* [tb] each token's F32 rows                */
+    size_t *tok;           /* [tb] the block's tokens (call indices)    */
+    uint8_t *ok;           /* [tb] gate check passed                    */
+
+    /* the block in progress, read by the workers */
+    enum phase phase;
+    unsigned nt, workers, n_write;
+    const void *rows;
+    engram_dtype rows_dtype;
+    uint8_t *res;
+    engram_dtype res_dtype;
+    float *kv_out;
+    size_t kv_ld;
+};
+
+/* ------------------------------------------------------------ workers */
+
+static size_t esize(engram_dtype d)
+{
+    return d == ENGRAM_F32 ? 4 : 2;
+}
+
+static void *resid_at(const engram_applier *a, size_t t, unsigned s)
+{
+    const struct engram_layer *L = a->L;
+    return a->res + ((t * L->S + s) * (size_t)L->W) * esize(a->res_dtype);
+}
+
+/* [lo, hi) of n items for worker w of nw. */
+static void share(unsigned n, unsigned w, unsigned nw, unsigned *lo, unsigned *hi)
+{
+    *lo = (unsigned)((uint64_t)n * w / nw);
+    *hi = (unsigned)((uint64_t)n * (w + 1) / nw);
+}
+
+static void gate_token(engram_applier *a, unsigned j)
+{
+    const struct engram_layer *L = a->L;
+    const float *kv = a->kv + (size_t)j * L->N;
+    int ok = 1;
+    for (unsigned s = 0; s < L->S && ok; s++) {
+        const void *x = resid_at(a, a->tok[j], s);
+        int xb = a->res_dtype == ENGRAM_BF16;
+        float r[3];
+        a->k->reduce(x, xb, kv + (size_t)s * L->W, L->wq + (size_t)s * L->W, L->W, r);
+        float g = gate_value(r[0], r[1], r[2], L->W);
+        a->g[(size_t)j * L->S + s] = g;
+        ok = isfinite(r[0]) && isfinite(r[1]) && isfinite(r[2]) && isfinite(g) &&
+             a->k->update(x, xb, kv + (size_t)L->S * L->W, g, L->W, NULL, 0);
+    }
+    a->ok[j] = (uint8_t)ok;
+}
+
+static void work(void *arg, unsigned w)
+{
+    engram_applier *a = arg;
+    const struct engram_layer *L = a->L;
+    unsigned lo, hi;
+    switch (a->phase) {
+    case PH_CONVERT:
+        share(a->nt, w, a->workers, &lo, &hi);
+        for (unsigned j = lo; j < hi; j++) {
+            const uint16_t *src = (const uint16_t *)a->rows + a->tok[j] * ENGRAM_K;
+            float *dst = a->e32 + (size_t)j * ENGRAM_K;
+            for (unsigned i = 0; i < ENGRAM_K; i++)
+                dst[i] = bf16_to_f32(src[i]);
+        }
+        break;
+    case PH_PROJECT:
+        share(L->panels, w, a->workers, &lo, &hi);
+        if (lo < hi)
+            a->k->project(L, a->e, a->nt, a->kv_out, a->kv_ld, lo, hi);
+        break;
+    case PH_GATE:
+        share(a->nt, w, a->workers, &lo, &hi);
+        for (unsigned j = lo; j < hi; j++)
+            gate_token(a, j);
+        break;
+    case PH_WRITE:
+        share(a->n_write, w, a->workers, &lo, &hi);
+        for (unsigned j = lo; j < hi; j++)
+            for (unsigned s = 0; s < L->S; s++) {
+                void *x = resid_at(a, a->tok[j], s);
+                int xb = a->res_dtype == ENGRAM_BF16;
+                a->k->update(x, xb, a->kv + (size_t)j * L->N + (size_t)L->S * L->W,
+                             a->g[(size_t)j * L->S + s], L->W, x, xb);
+            }
+        break;
+    }
+}
+
+/* Runs a phase over up to `items` workers. */
+static void run(engram_applier *a, enum phase ph, unsigned items)
+{
+    unsigned nw = a->threads < items ? a->threads : items;
+    if (nw == 0)
+        return;
+    a->phase = ph;
+    a->workers = nw;
+    if (nw == 1)
+        work(a, 0);
+    else if (a->fj)
+        a->fj(a->fj_ctx, nw, work, a);
+    else
+        pool_run(a->pool, nw, work, a);
+}
+
+/* ------------------------------------------------------------ set-up */
+
+void engram_applier_free(engram_applier *a)
+{
+    if (!a)
+        return;
+    pool_free(a->pool);
+    free(a->e32);
+    free(a->kv);
+    free(a->g);
+    free(a->e);
+    free(a->tok);
+    free(a->ok);
+    free(a);
+}
+
+static void *alloc64(size_t bytes)
+{
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
+}
+
+int engram_applier_new(const engram_layer *L, const engram_apply_opts *opts, engram_applier **out,
+                       engram_error *err)
+{
+    if (!L || !out)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    engram_apply_opts o = {0};
+    if (opts)
+        o = *opts;
+    unsigned threads = o.threads ? o.threads : 1;
+    unsigned tb = o.block_tokens ? o.block_tokens : ENGRAM_APPLY_BLOCK;
+    if (threads > ENGRAM_APPLY_MAX_THREADS)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "%u threads: at most %u", threads,
+                       ENGRAM_APPLY_MAX_THREADS);
+    if (tb > 65536)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "block of %u tokens: at most 65536", tb);
+    const struct apply_kernels *k = apply_kernels_for(o.simd);
+    if (!k && o.simd == ENGRAM_SIMD_AUTO) /* a CPU with AVX2 but without F16C/FMA */
+        k = apply_kernels_for(ENGRAM_SIMD_SCALAR);
+    if (!k)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "kernels '%s' are not supported here",
+                       engram_simd_name(o.simd));
+    engram_applier *a = calloc(1, sizeof *a);
+    if (!a)
+        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+    a->L = L;
+    a->k = k;
+    a->threads = threads;
+    a->tb = tb;
+    a->fj = o.fork_join;
+    a->fj_ctx = o.fork_join_ctx;
+    a->e32 = alloc64((size_t)tb * ENGRAM_K * sizeof(float));
+    a->kv = alloc64((size_t)tb * L->N * sizeof(float));
+    a->g = malloc((size_t)tb * L->S * sizeof(float));
+    a->e = malloc(tb * sizeof *a->e);
+    a->tok = malloc(tb * sizeof *a->tok);
+    a->ok = malloc(tb);
+    if (!a->e32 || !a->kv || !a->g || !a->e || !a->tok || !a->ok) {
+        engram_applier_free(a);
+        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for the workspace");
+    }
+    if (threads > 1 && !a->fj) {
+        int rc = pool_new(threads, &a->pool);
+        if (rc < 0) {
+            engram_applier_free(a);
+            return err_set(err, rc, ENGRAM_NO_OFFSET, "cannot start %u threads: %s", threads - 1,
+                           engram_strerror(rc));
+        }
+    }
+    a->bytes = sizeof *a + (uint64_t)tb * (ENGRAM_K * sizeof(float) + (uint64_t)L->N * sizeof(float) +
+                                           (uint64_t)L->S * sizeof(float) + sizeof *a->e +
+                                           sizeof *a->tok + 1);
+    *out = a;
+    return 0;
+}
+
+uint64_t engram_applier_bytes(const engram_applier *a)
+{
+    return a->bytes;
+}
+
+/* ------------------------------------------------------------ the calls */
+
+static int bad_args(engram_applier *a, const void *rows, engram_dtype rd, const void *res,
+                    engram_dtype xd, size_t n, engram_error *err)
+{
+    if (!a || (n > 0 && (!rows || !res)))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if ((rd != ENGRAM_BF16 && rd != ENGRAM_F32) || (xd != ENGRAM_BF16 && xd != ENGRAM_F32))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "unknown element type");
+    return 0;
+}
+
+/* Rows of token t: every value finite (decoded rows always are). */
+static int check_rows(const void *rows, engram_dtype rd, size_t t, engram_error *err)
+{
+    for (unsigned i = 0; i < ENGRAM_K; i++) {
+        float v = rd == ENGRAM_F32 ? ((const float *)rows)[t * ENGRAM_K + i]
+                                   : bf16_to_f32(((const uint16_t *)rows)[t * ENGRAM_K + i]);
+        if (!isfinite(v))
+            return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
+                           "token %zu: row %u value %u is %s (rows must be finite)", t,
+                           i / ENGRAM_ROW_VALUES, i % ENGRAM_ROW_VALUES, isnan(v) ? "NaN" : "infinite");
+    }
+    return 0;
+}
+
+static int check_resid(const engram_applier *a, size_t t, engram_error *err)
+{
+    const struct engram_layer *L = a->L;
+    for (unsigned s = 0; s < L->S; s++) {
+        const void *x = resid_at(a, t, s);
+        for (uint32_t i = 0; i < L->W; i++) {
+            float v = a->res_dtype == ENGRAM_F32 ? ((const float *)x)[i]
+                                                 : bf16_to_f32(((const uint16_t *)x)[i]);
+            if (!isfinite(v))
+                return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
+                               "token %zu stream %u index %u: the residual is %s", t, s, i,
+                               isnan(v) ? "NaN" : "infinite");
+        }
+    }
+    return 0;
+}
+
+/* Sets up the block of tokens tok[0..nt) for the projection. */
+static void block_rows(engram_applier *a)
+{
+    if (a->rows_dtype == ENGRAM_F32) {
+        for (unsigned j = 0; j < a->nt; j++)
+            a->e[j] = (const float *)a->rows + a->tok[j] * ENGRAM_K;
+        return;
+    }
+    for (unsigned j = 0; j < a->nt; j++)
+        a->e[j] = a->e32 + (size_t)j * ENGRAM_K;
+    run(a, PH_CONVERT, a->nt);
+}
+
+int engram_apply(engram_applier *a, const void *rows, engram_dtype rows_dtype, void *residual,
+                 engram_dtype resid_dtype, const uint8_t *mask, size_t n, engram_error *err)
+{
+    int rc = bad_args(a, rows, rows_dtype, residual, resid_dtype, n, err);
+    if (rc < 0)
+        return rc;
+    a->rows = rows;
+    a->rows_dtype = rows_dtype;
+    a->res = residual;
+    a->res_dtype = resid_dtype;
+    for (size_t t = 0; t < n; t++) {
+        if (mask && !mask[t])
+            continue;
+        if ((rc = check_rows(rows, rows_dtype, t, err)) < 0 || (rc = check_resid(a, t, err)) < 0)
+            return rc;
+    }
+    const struct engram_layer *L = a->L;
+    size_t t = 0;
+    while (t < n) {
+        a->nt = 0;
+        for (; t < n && a->nt < a->tb; t++)
+            if (!mask || mask[t])
+                a->tok[a->nt++] = t;
+        if (a->nt == 0)
+            break;
+        block_rows(a);
+        a->kv_out = a->kv;
+        a->kv_ld = L->N;
+        run(a, PH_PROJECT, L->panels);
+        run(a, PH_GATE, a->nt);
+        unsigned bad = 0;
+        while (bad < a->nt && a->ok[bad])
+            bad++;
+        a->n_write = bad;
+        run(a, PH_WRITE, bad);
+        if (bad < a->nt)
+            return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
+                           "token %zu: the projection or gate is not finite (F32 overflow); "
+                           "tokens before it were updated, it and later ones were not",
+                           a->tok[bad]);
+    }
+    return 0;
+}
+
+int engram_project(engram_applier *a, const void *rows, engram_dtype rows_dtype, size_t n,
+                   float *kv, engram_error *err)
+{
+    int rc = bad_args(a, rows, rows_dtype, kv, ENGRAM_F32, n, err);
+    if (rc < 0)
+        return rc;
+    for (size_t t = 0; t < n; t++)
+        if ((rc = check_rows(rows, rows_dtype, t, err)) < 0)
+            return rc;
+    a->rows = rows;
+    a->rows_dtype = rows_dtype;
+    const struct engram_layer *L = a->L;
+    for (size_t t = 0; t < n;) {
+        a->nt = 0;
+        size_t first = t;
+        for (; t < n && a->nt < a->tb; t++)
+            a->tok[a->nt++] = t;
+        block_rows(a);
+        a->kv_out = kv + first * L->N;
+        a->kv_ld = L->N;
+        run(a, PH_PROJECT, L->panels);
+    }
+    return 0;
+}

@@ -1,0 +1,582 @@
+/*
+ * test_apply.c - Engram's output stage (engram_layer / engram_apply /
+ * engram_project) on real models written by the builder (rows quantized
+ * from normal-like values, F16 weights), at widths that fill whole weight
+ * panels (64) and that leave a partial one (200):
+ *  - every kernel (scalar reference, AVX2, AVX-512) gives the same bits for
+ *    the projection and for the update, with F32 and BF16 residuals;
+ *  - the projection is within the error bound of an F32 sum of exact
+ *    products, |kv - sum| <= gamma_K * sum |e_i w_i| (gamma_K = K u / (1 - K u),
+ *    u = 2^-24), against a double-precision sum computed here;
+ *  - batch invariance: a token's result is the same bits alone, inside a
+ *    call of any length, at any position, in any block size, with any number
+ *    of threads (the applier's own or a caller's fork-join hook);
+ *  - masked tokens are untouched; d = +0 gives sigmoid(0.001);
+ *  - bad input: every error path, with the residual proven unchanged (or
+ *    updated exactly up to the failing token, as documented);
+ *  - a call allocates nothing (counted in plain builds), and the applier's
+ *    memory is within ENGRAM_APPLY_WORKSPACE.
+ * The numpy float64 reference of the whole path (hash, read, decode,
+ * project, gate) is tests/apply_ref.py, run by test_cli.sh.
+ */
+#include <math.h>
+#include <pthread.h>
+
+#include "testutil.h"
+#include "../src/gguf.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+#define K ENGRAM_K
+
+/* ------------------------------------------------ allocation counter (plain builds) */
+#if !SANITIZED
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+extern void __libc_free(void *);
+static volatile long alloc_calls;
+static volatile int counting;
+#define EXPORT __attribute__((visibility("default")))
+#define COUNT() (counting ? (void)__atomic_add_fetch(&alloc_calls, 1, __ATOMIC_RELAXED) : (void)0)
+EXPORT void *malloc(size_t n) { COUNT(); return __libc_malloc(n); }
+EXPORT void *calloc(size_t a, size_t b) { COUNT(); return __libc_calloc(a, b); }
+EXPORT void *realloc(void *p, size_t n) { COUNT(); return __libc_realloc(p, n); }
+EXPORT void free(void *p) { __libc_free(p); }
+void *memalign(size_t a, size_t n);
+EXPORT void *memalign(size_t a, size_t n) { COUNT(); return __libc_memalign(a, n); }
+EXPORT void *aligned_alloc(size_t a, size_t n) { COUNT(); return __libc_memalign(a, n); }
+EXPORT int posix_memalign(void **p, size_t a, size_t n)
+{
+    COUNT();
+    void *q = __libc_memalign(a, n);
+    if (!q)
+        return ENOMEM;
+    *p = q;
+    return 0;
+}
+#endif
+
+/* ------------------------------------------------ fixtures */
+
+struct fixture {
+    engram_model *m;
+    engram_layer *L;
+    uint32_t W, S, N;
+    char path[512];
+};
+
+static int fixture_open(struct fixture *f, const char *name, uint32_t width)
+{
+    static uint32_t map[3000];
+    engram_layout l;
+    memset(f, 0, sizeof *f);
+    if (tu_layout(&l, map, 3000, 2000, 20000) < 0 ||
+        tu_build(name, &l, ENGRAM_FILL_NORMAL, width, f->path, sizeof f->path) < 0)
+        return -1;
+    engram_error err;
+    if (engram_model_open(f->path, &f->m, &err) < 0 || engram_layer_open(f->m, 0, &f->L, &err) < 0) {
+        fprintf(stderr, "%s: %s\n", name, err.msg);
+        return -1;
+    }
+    engram_layer_info li;
+    engram_layer_get_info(f->L, &li);
+    f->W = li.width;
+    f->S = li.streams;
+    f->N = (f->S + 1) * f->W;
+    return 0;
+}
+
+static void fixture_close(struct fixture *f)
+{
+    engram_layer_close(f->L);
+    engram_model_close(f->m);
+}
+
+/* Rows of n tokens of real text-like hashes, read from table 0 (BF16). */
+static uint16_t *model_rows(struct fixture *f, size_t n, uint64_t seed)
+{
+    uint32_t *tok = malloc(n * sizeof *tok), *rows = malloc(n * 48 * sizeof *rows);
+    uint32_t *ids = malloc(n * 24 * sizeof *ids);
+    uint16_t *out = malloc(n * K * 2);
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (uint32_t)(tu_rand(&seed) % 400);
+    engram_history h;
+    engram_history_reset(&h);
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(f->m), &h, tok, NULL, n, rows, NULL), 0);
+    for (size_t i = 0; i < n; i++)
+        memcpy(ids + i * 24, rows + i * 48, 24 * sizeof *ids);
+    CHECK_EQ(engram_model_read_bf16(f->m, 0, ids, n * 24, out, NULL), 0);
+    free(tok);
+    free(rows);
+    free(ids);
+    return out;
+}
+
+static float bf16f(uint16_t b)
+{
+    union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+    return v.f;
+}
+
+static float f16f(uint16_t h) /* exact, by the definition of binary16 */
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+    return (float)((h & 0x8000) ? -v : v);
+}
+
+static uint16_t f2bf(float f) /* round to nearest even */
+{
+    union { float f; uint32_t u; } v = {f};
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/* A residual of n tokens: BF16 values of magnitude ~0.1 .. 10, some zeros. */
+static float *make_resid(size_t count, uint64_t seed)
+{
+    float *x = malloc(count * sizeof *x);
+    for (size_t i = 0; i < count; i++) {
+        uint64_t r = tu_rand(&seed);
+        float v = ((float)(r & 0xffff) / 65536.0f - 0.5f) * 8.0f;
+        x[i] = (r >> 20) % 97 == 0 ? 0.0f : bf16f(f2bf(v));
+    }
+    return x;
+}
+
+static engram_applier *applier(struct fixture *f, engram_simd simd, unsigned threads, unsigned tb)
+{
+    engram_apply_opts o = {.threads = threads, .simd = simd, .block_tokens = tb};
+    engram_applier *a = NULL;
+    engram_error err;
+    int rc = engram_applier_new(f->L, &o, &a, &err);
+    CHECK_EQ(rc, 0);
+    if (rc < 0)
+        fprintf(stderr, "applier: %s\n", err.msg);
+    return a;
+}
+
+static const engram_simd kernels[] = {ENGRAM_SIMD_SCALAR, ENGRAM_SIMD_AVX2, ENGRAM_SIMD_AVX512};
+
+/* ------------------------------------------------ kernels agree; bound */
+
+static void kernels_agree(struct fixture *f)
+{
+    const size_t n = 13;
+    uint16_t *rows = model_rows(f, n, 1);
+    size_t nkv = n * f->N, nx = n * f->S * f->W;
+    float *kv[3], *xf[3];
+    uint16_t *xb[3];
+    float *x0 = make_resid(nx, 2);
+    int have[3] = {0};
+    for (int k = 0; k < 3; k++) {
+        if (!engram_simd_supported(kernels[k]))
+            continue;
+        engram_applier *a = applier(f, kernels[k], 1, 0);
+        if (!a)
+            continue;
+        have[k] = 1;
+        kv[k] = malloc(nkv * 4);
+        xf[k] = malloc(nx * 4);
+        xb[k] = malloc(nx * 2);
+        memcpy(xf[k], x0, nx * 4);
+        for (size_t i = 0; i < nx; i++)
+            xb[k][i] = f2bf(x0[i]);
+        engram_error err;
+        CHECK_EQ(engram_project(a, rows, ENGRAM_BF16, n, kv[k], &err), 0);
+        CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, xf[k], ENGRAM_F32, NULL, n, &err), 0);
+        CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, xb[k], ENGRAM_BF16, NULL, n, &err), 0);
+        /* F32 residual holding BF16 values = BF16 residual, value for value */
+        int same = 1;
+        for (size_t i = 0; i < nx; i++)
+            same &= f2bf(xf[k][i]) == xb[k][i] && bf16f(xb[k][i]) == xf[k][i];
+        CHECK(same);
+        engram_applier_free(a);
+    }
+    CHECK(have[0]);
+    for (int k = 1; k < 3; k++) {
+        if (!have[k])
+            continue;
+        CHECK(memcmp(kv[k], kv[0], nkv * 4) == 0);
+        CHECK(memcmp(xf[k], xf[0], nx * 4) == 0);
+        CHECK(memcmp(xb[k], xb[0], nx * 2) == 0);
+        printf("W=%u: %s = scalar bit for bit (projection of %zu tokens, updates F32 and BF16)\n",
+               f->W, engram_simd_name(kernels[k]), n);
+    }
+    /* The bound, against a double-precision sum of the same products, with
+     * the weights read straight from the file (engram_kv: output o's 6144
+     * F16 inputs contiguous), not through the layer's panels. */
+    gguf_file *g = NULL;
+    CHECK_EQ(gguf_open(f->path, &g, NULL), 0);
+    const gguf_tensor *wt = g ? gguf_find_tensor(g, "blk.1.engram_kv.weight") : NULL;
+    CHECK(wt != NULL);
+    const double u = 0x1p-24, gamma = K * u / (1 - K * u);
+    double worst = 0; /* largest |error| / (gamma * sum |e w|) */
+    long beyond = 0, checked = 0;
+    uint16_t *wrow = malloc(K * 2);
+    for (uint32_t o = 0; wt && o < f->N; o++) {
+        CHECK_EQ(pread(g->fd, wrow, K * 2, (off_t)(wt->offset + (uint64_t)o * K * 2)), K * 2);
+        for (size_t t = 0; t < n; t++) {
+            double sum = 0, mag = 0;
+            for (int i = 0; i < K; i++) {
+                double p = (double)bf16f(rows[t * K + i]) * (double)f16f(wrow[i]);
+                sum += p;
+                mag += fabs(p);
+            }
+            double errv = fabs((double)kv[0][t * f->N + o] - sum), lim = gamma * mag;
+            if (errv > lim)
+                beyond++;
+            if (lim > 0 && errv / lim > worst)
+                worst = errv / lim;
+            checked++;
+        }
+    }
+    printf("W=%u: projection vs double: %ld outputs, worst error %.3g of the bound gamma_K * sum|e w|, "
+           "%ld beyond it\n", f->W, checked, worst, beyond);
+    CHECK_EQ(beyond, 0);
+    CHECK(checked == (long)(n * f->N));
+    free(wrow);
+    gguf_close(g);
+    for (int k = 0; k < 3; k++)
+        if (have[k]) {
+            free(kv[k]);
+            free(xf[k]);
+            free(xb[k]);
+        }
+    free(x0);
+    free(rows);
+}
+
+/* ------------------------------------------------ batch invariance */
+
+/* A caller's fork-join hook: one pthread per worker beyond the first. */
+struct hook_job {
+    engram_worker_fn fn;
+    void *arg;
+    unsigned w;
+};
+static long hook_calls;
+
+static void *hook_thread(void *p)
+{
+    struct hook_job *j = p;
+    j->fn(j->arg, j->w);
+    return NULL;
+}
+
+static void hook(void *ctx, unsigned workers, engram_worker_fn fn, void *arg)
+{
+    (void)ctx;
+    hook_calls++;
+    pthread_t th[16];
+    struct hook_job jobs[16];
+    unsigned n = workers < 16 ? workers : 16;
+    /* run the workers in reverse order too: the result must not care */
+    for (unsigned w = 1; w < n; w++) {
+        jobs[w] = (struct hook_job){fn, arg, n - w};
+        pthread_create(&th[w], NULL, hook_thread, &jobs[w]);
+    }
+    fn(arg, 0);
+    for (unsigned w = 1; w < n; w++)
+        pthread_join(th[w], NULL);
+}
+
+static void batch_invariance(struct fixture *f)
+{
+    const size_t n = ENGRAM_BATCH_TOKENS + 37;
+    uint16_t *rows = model_rows(f, n, 7);
+    size_t per = (size_t)f->S * f->W;
+    float *x0 = make_resid(n * per, 8), *want = malloc(n * per * 4), *got = malloc(n * per * 4);
+    uint8_t *mask = malloc(n);
+    uint64_t seed = 9;
+    for (size_t t = 0; t < n; t++)
+        mask[t] = tu_rand(&seed) % 13 != 0;
+    /* Reference: each token alone, one thread, the smallest block. */
+    memcpy(want, x0, n * per * 4);
+    engram_applier *a1 = applier(f, ENGRAM_SIMD_AUTO, 1, 1);
+    engram_error err;
+    for (size_t t = 0; t < n; t++)
+        CHECK_EQ(engram_apply(a1, rows + t * K, ENGRAM_BF16, want + t * per, ENGRAM_F32, mask + t, 1,
+                              &err), 0);
+    engram_applier_free(a1);
+    const int trials = SANITIZED ? 4 : 16;
+    int same = 0;
+    for (int trial = 0; trial < trials; trial++) {
+        unsigned threads = 1 + (unsigned)(tu_rand(&seed) % 4);
+        unsigned tb = trial % 3 == 0 ? 0 : 1 + (unsigned)(tu_rand(&seed) % 300);
+        int use_hook = trial % 2;
+        engram_apply_opts o = {.threads = threads, .block_tokens = tb,
+                               .fork_join = use_hook ? hook : NULL};
+        engram_applier *a = NULL;
+        CHECK_EQ(engram_applier_new(f->L, &o, &a, &err), 0);
+        if (!a)
+            continue;
+        memcpy(got, x0, n * per * 4);
+        /* the sequence cut at random points into calls of 1 .. 2048 tokens */
+        size_t at = 0, calls = 0;
+        while (at < n) {
+            size_t k = 1 + (size_t)(tu_rand(&seed) % (trial % 4 == 3 ? 7 : ENGRAM_BATCH_TOKENS));
+            if (k > n - at)
+                k = n - at;
+            CHECK_EQ(engram_apply(a, rows + at * K, ENGRAM_BF16, got + at * per, ENGRAM_F32,
+                                  mask + at, k, &err), 0);
+            at += k;
+            calls++;
+        }
+        int ok = memcmp(got, want, n * per * 4) == 0;
+        CHECK(ok);
+        if (!ok)
+            fprintf(stderr, "trial %d: %u threads (%s), block %u, %zu calls: outputs differ\n", trial,
+                    threads, use_hook ? "hook" : "own", tb, calls);
+        same += ok;
+        engram_applier_free(a);
+    }
+    CHECK(hook_calls > 0);
+    /* masked tokens: bit for bit untouched */
+    int masked_same = 1;
+    for (size_t t = 0; t < n; t++)
+        if (!mask[t])
+            masked_same &= memcmp(want + t * per, x0 + t * per, per * 4) == 0;
+    CHECK(masked_same);
+    printf("W=%u: batch invariance: %d of %d trials (random calls of 1..2048 tokens, 1-4 threads, "
+           "own pool or a caller's hook, blocks of 1..300) equal to token-by-token\n", f->W, same, trials);
+    free(rows);
+    free(x0);
+    free(want);
+    free(got);
+    free(mask);
+}
+
+/* ------------------------------------------------ the gate's edge: d = +0 */
+
+static void zero_stream(struct fixture *f)
+{
+    uint16_t *rows = model_rows(f, 1, 11);
+    size_t per = (size_t)f->S * f->W;
+    float *x = make_resid(per, 12), *kv = malloc(f->N * 4);
+    for (uint32_t i = 0; i < f->W; i++) { /* stream 1 all +0, stream 2 all -0 */
+        x[f->W + i] = 0.0f;
+        x[2 * f->W + i] = -0.0f;
+    }
+    engram_applier *a = applier(f, ENGRAM_SIMD_AUTO, 1, 0);
+    engram_error err;
+    CHECK_EQ(engram_project(a, rows, ENGRAM_BF16, 1, kv, &err), 0);
+    CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, 1, &err), 0);
+    /* x = 0: D = Sxx = 0, d = +0, g = sigmoid(0.001) (computed here in double) */
+    double g = 1.0 / (1.0 + exp(-0.001));
+    long off = 0;
+    for (int s = 1; s <= 2; s++)
+        for (uint32_t i = 0; i < f->W; i++) {
+            float v = bf16f(f2bf(kv[f->S * f->W + i]));
+            double want = g * v, got = x[s * f->W + i];
+            double step = ldexp(1.0, ilogb(want == 0 ? 1e-30 : want) - 7);
+            off += fabs(got - want) > step;
+        }
+    CHECK_EQ(off, 0);
+    free(rows);
+    free(x);
+    free(kv);
+    engram_applier_free(a);
+}
+
+/* ------------------------------------------------ bad input */
+
+static void errors(struct fixture *f)
+{
+    const size_t n = 10;
+    uint16_t *rows = model_rows(f, n, 13);
+    size_t per = (size_t)f->S * f->W;
+    float *x0 = make_resid(n * per, 14), *x = malloc(n * per * 4);
+    engram_applier *a = applier(f, ENGRAM_SIMD_AUTO, 2, 4);
+    engram_error err;
+#define UNCHANGED() CHECK(memcmp(x, x0, n * per * 4) == 0)
+    memcpy(x, x0, n * per * 4);
+    CHECK_ERR(engram_apply(a, NULL, ENGRAM_BF16, x, ENGRAM_F32, NULL, n, &err), err, -EINVAL, "NULL");
+    CHECK_ERR(engram_apply(a, rows, (engram_dtype)7, x, ENGRAM_F32, NULL, n, &err), err, -EINVAL, "type");
+    CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, 0, &err), 0);
+    UNCHANGED();
+    /* NaN / infinity in the residual of an unmasked token: nothing written */
+    x[7 * per + 2 * f->W + 5] = NAN;
+    CHECK_ERR(engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, n, &err), err, -EDOM,
+              "token 7 stream 2 index 5");
+    x[7 * per + 2 * f->W + 5] = x0[7 * per + 2 * f->W + 5];
+    UNCHANGED();
+    x[3 * per] = -INFINITY;
+    CHECK_ERR(engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, n, &err), err, -EDOM,
+              "token 3 stream 0 index 0: the residual is infinite");
+    x[3 * per] = x0[3 * per];
+    UNCHANGED();
+    /* ... but a masked token is not looked at */
+    uint8_t mask[10];
+    memset(mask, 1, sizeof mask);
+    mask[4] = 0;
+    x[4 * per + 1] = NAN;
+    CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, mask, n, &err), 0);
+    CHECK(isnan(x[4 * per + 1]));
+    memcpy(x, x0, n * per * 4);
+    /* non-finite rows: nothing written */
+    uint16_t keep = rows[6 * K + 300];
+    rows[6 * K + 300] = 0x7fc0; /* NaN */
+    CHECK_ERR(engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, n, &err), err, -EDOM,
+              "token 6: row 1 value 44 is NaN");
+    UNCHANGED();
+    float *kv = malloc(n * f->N * 4);
+    memset(kv, 0x55, n * f->N * 4);
+    CHECK_ERR(engram_project(a, rows, ENGRAM_BF16, n, kv, &err), err, -EDOM, "token 6");
+    CHECK(((uint8_t *)kv)[0] == 0x55 && ((uint8_t *)kv)[n * f->N * 4 - 1] == 0x55);
+    rows[6 * K + 300] = keep;
+    /* Overflow in the computation (rows of ~1e36 make kv infinite): -EDOM
+     * naming the token; earlier tokens updated exactly, it and later ones
+     * untouched.  Token 5 of 10, blocks of 4 tokens, 2 threads. */
+    float *big = malloc(n * K * 4);
+    for (size_t i = 0; i < n * K; i++)
+        big[i] = bf16f(rows[i]);
+    for (int i = 0; i < K; i++)
+        big[5 * K + i] = 1e36f;
+    float *want = malloc(n * per * 4);
+    memcpy(want, x0, n * per * 4);
+    engram_applier *a1 = applier(f, ENGRAM_SIMD_AUTO, 1, 0);
+    CHECK_EQ(engram_apply(a1, big, ENGRAM_F32, want, ENGRAM_F32, NULL, 5, &err), 0);
+    CHECK_ERR(engram_apply(a, big, ENGRAM_F32, x, ENGRAM_F32, NULL, n, &err), err, -EDOM,
+              "token 5: the projection or gate is not finite");
+    CHECK(memcmp(x, want, 5 * per * 4) == 0);
+    CHECK(memcmp(x + 5 * per, x0 + 5 * per, 5 * per * 4) == 0);
+    free(big);
+    free(want);
+    free(kv);
+    engram_applier_free(a1);
+    /* options */
+    engram_apply_opts o = {.threads = ENGRAM_APPLY_MAX_THREADS + 1};
+    engram_applier *bad = (engram_applier *)0x1;
+    CHECK_ERR(engram_applier_new(f->L, &o, &bad, &err), err, -EINVAL, "threads");
+    CHECK(bad == (engram_applier *)0x1);
+    CHECK_ERR(engram_applier_new(NULL, NULL, &bad, &err), err, -EINVAL, "NULL");
+    engram_layer *L = (engram_layer *)0x1;
+    CHECK_ERR(engram_layer_open(f->m, 2, &L, &err), err, -EINVAL, "table 2");
+    CHECK(L == (engram_layer *)0x1);
+    engram_applier_free(NULL);
+    engram_layer_close(NULL);
+#undef UNCHANGED
+    engram_applier_free(a);
+    free(rows);
+    free(x0);
+    free(x);
+}
+
+/* A model without projection weights opens and reads; the layer says what
+ * is missing.  Weights holding NaN or infinity are refused, naming them. */
+static void weights(void)
+{
+    static uint32_t map[3000];
+    engram_layout l;
+    CHECK_EQ(tu_layout(&l, map, 3000, 2000, 20000), 0);
+    char path[512];
+    CHECK_EQ(tu_build("noweights.gguf", &l, ENGRAM_FILL_NORMAL, 0, path, sizeof path), 0);
+    engram_model *m = NULL;
+    engram_error err;
+    CHECK_EQ(engram_model_open(path, &m, &err), 0);
+    engram_layer *L = (engram_layer *)0x1;
+    CHECK_ERR(engram_layer_open(m, 1, &L, &err), err, -ENOENT, "blk.14.engram_kv.weight");
+    CHECK(L == (engram_layer *)0x1);
+    engram_model_close(m);
+    /* poison one weight, then one norm */
+    CHECK_EQ(tu_build("poison.gguf", &l, ENGRAM_FILL_NORMAL, 16, path, sizeof path), 0);
+    gguf_file *g = NULL;
+    CHECK_EQ(gguf_open(path, &g, NULL), 0);
+    const gguf_tensor *kv = gguf_find_tensor(g, "blk.14.engram_kv.weight");
+    const gguf_tensor *kn = gguf_find_tensor(g, "blk.1.engram_k_norm.weight");
+    uint64_t kv_off = kv->offset, kn_off = kn->offset;
+    gguf_close(g);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    uint16_t nan16 = 0x7e00;
+    CHECK_EQ(pwrite(fd, &nan16, 2, (off_t)(kv_off + (3 * K + 17) * 2)), 2);
+    float inf = INFINITY;
+    CHECK_EQ(pwrite(fd, &inf, 4, (off_t)(kn_off + (2 * 16 + 9) * 4)), 4);
+    close(fd);
+    CHECK_EQ(engram_model_open(path, &m, &err), 0);
+    CHECK_ERR(engram_layer_open(m, 1, &L, &err), err, -EBADMSG, "'blk.14.engram_kv.weight': element [3][17]");
+    CHECK_ERR(engram_layer_open(m, 0, &L, &err), err, -EBADMSG,
+              "'blk.1.engram_k_norm.weight': element [2][9]");
+    CHECK(L == (engram_layer *)0x1);
+    engram_model_close(m);
+}
+
+/* ------------------------------------------------ memory */
+
+static void memory(struct fixture *f)
+{
+    const size_t n = 300;
+    uint16_t *rows = model_rows(f, n, 15);
+    size_t per = (size_t)f->S * f->W;
+    float *x = make_resid(n * per, 16);
+    uint16_t *xb = malloc(n * per * 2);
+    for (size_t i = 0; i < n * per; i++)
+        xb[i] = f2bf(x[i]);
+    float *kv = malloc(n * f->N * 4);
+    for (unsigned threads = 1; threads <= 3; threads += 2) {
+        engram_applier *a = applier(f, ENGRAM_SIMD_AUTO, threads, 0);
+        if (!a)
+            continue;
+        uint64_t bytes = engram_applier_bytes(a);
+        CHECK(bytes <= ENGRAM_APPLY_WORKSPACE(f->W, f->S, ENGRAM_APPLY_BLOCK));
+        CHECK(bytes >= (uint64_t)ENGRAM_APPLY_BLOCK * (f->N + K) * 4);
+        engram_error err;
+#if !SANITIZED
+        alloc_calls = 0;
+        counting = 1;
+#endif
+        CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, n, &err), 0);
+        CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, xb, ENGRAM_BF16, NULL, n, &err), 0);
+        CHECK_EQ(engram_project(a, rows, ENGRAM_BF16, n, kv, &err), 0);
+#if !SANITIZED
+        counting = 0;
+        printf("W=%u: %u thread(s): applier holds %llu bytes (bound %llu); allocations during "
+               "three calls of %zu tokens: %ld\n", f->W, threads, (unsigned long long)bytes,
+               (unsigned long long)ENGRAM_APPLY_WORKSPACE(f->W, f->S, ENGRAM_APPLY_BLOCK), n, alloc_calls);
+        CHECK_EQ(alloc_calls, 0);
+#endif
+        engram_applier_free(a);
+    }
+    free(rows);
+    free(x);
+    free(xb);
+    free(kv);
+}
+
+int main(void)
+{
+    struct fixture f;
+    if (fixture_open(&f, "apply64.gguf", 64) == 0) {
+        kernels_agree(&f);
+        batch_invariance(&f);
+        zero_stream(&f);
+        errors(&f);
+        memory(&f);
+        fixture_close(&f);
+    } else {
+        CHECK(0);
+    }
+    /* a width that leaves the last weight panel partial (N = 1000) */
+    if (fixture_open(&f, "apply200.gguf", 200) == 0) {
+        kernels_agree(&f);
+        if (!SANITIZED)
+            batch_invariance(&f);
+        zero_stream(&f);
+        fixture_close(&f);
+    } else {
+        CHECK(0);
+    }
+    weights();
+    tu_cleanup();
+    return tu_finish("test_apply");
+}

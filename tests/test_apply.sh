@@ -1,0 +1,112 @@
+#!/bin/sh
+# test_apply.sh - `engram apply` end to end against tests/apply_ref.py, an
+# independent numpy float64 reference that parses the GGUF file itself and
+# hashes, reads, decodes, projects and gates on its own; at W = 64 (both
+# layers) and the real W = 5120, with masks and a starting history; the same
+# output with 1 and 3 threads; and every error path of the command, with
+# the output file proven absent afterwards.
+# Usage: tests/test_apply.sh BUILD_DIR
+set -u
+BUILD=${1:-build}
+ENGRAM="$BUILD/engram"
+PY=/usr/bin/python3
+T=$(mktemp -d "${TMPDIR:-/tmp}/engram-apply-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+check() { # check DESCRIPTION COMMAND...
+    desc=$1; shift
+    if "$@" >"$T/out" 2>"$T/err"; then ok; else bad "$desc"; sed 's/^/    /' "$T/out" "$T/err" | tail -8 >&2; fi
+}
+expect_rc() { # expect_rc RC NEEDLE DESCRIPTION COMMAND...
+    want=$1; needle=$2; desc=$3; shift 3
+    "$@" >"$T/out" 2>"$T/err"
+    rc=$?
+    if [ "$rc" -eq "$want" ] && grep -q -- "$needle" "$T/out" "$T/err"; then ok; else
+        bad "$desc (rc $rc, wanted $want and '$needle')"; head -3 "$T/err" >&2; fi
+}
+absent() { # absent DESCRIPTION PATH: neither the file nor a temporary of it
+    if [ -e "$2" ] || ls "$2".tmp* >/dev/null 2>&1; then bad "$1: $2 or a temporary exists"; else ok; fi
+}
+
+# run_ref NAME MODEL LAYER N SEED THREADS: generate inputs, apply, compare
+run_ref() {
+    d="$T/$1"
+    mkdir -p "$d"
+    check "$1: inputs" "$PY" tests/apply_ref.py gen "$d" "$4" "$5" "$2"
+    check "$1: engram apply" "$ENGRAM" apply "$2" --layer "$3" --tokens "$d/tokens" --mask "$d/mask" \
+        --history "$(cat "$d/history")" --residual-in "$d/resid.f32" --residual-out "$d/out.f32" \
+        --kv-out "$d/kv.f32" --threads "$6"
+    check "$1: against the float64 reference" "$PY" tests/apply_ref.py check "$2" "$3" "$d" \
+        "$d/out.f32" "$d/kv.f32"
+    sed 's/^/    /' "$T/out"
+}
+
+M64="$T/m64.gguf"
+check "build W=64" "$ENGRAM" build "$M64" --base 20000 --width 64 --fill normal --seed 5
+run_ref w64-layer1 "$M64" 1 400 1 1
+run_ref w64-layer14 "$M64" 14 400 2 3
+# threads change nothing (same inputs as w64-layer1)
+d="$T/w64-layer1"
+check "3 threads" "$ENGRAM" apply "$M64" --layer 1 --tokens "$d/tokens" --mask "$d/mask" \
+    --history "$(cat "$d/history")" --residual-in "$d/resid.f32" --residual-out "$T/t3.f32" --threads 3
+if cmp -s "$T/t3.f32" "$d/out.f32"; then ok; else bad "3 threads differ from 1"; fi
+
+M5120="$T/m5120.gguf"
+check "build W=5120" "$ENGRAM" build "$M5120" --base 5000 --width 5120 --fill normal --seed 6
+run_ref w5120-layer14 "$M5120" 14 48 3 2
+rm -f "$M5120"
+
+# seed:N residuals are deterministic
+check "seed run 1" "$ENGRAM" apply "$M64" --layer 1 --tokens data/gpl3.tok --residual-in seed:7 \
+    --residual-out "$T/s1.f32"
+check "seed run 2" "$ENGRAM" apply "$M64" --layer 1 --tokens data/gpl3.tok --residual-in seed:7 \
+    --residual-out "$T/s2.f32" --threads 2
+if cmp -s "$T/s1.f32" "$T/s2.f32"; then ok; else bad "seed:7 runs differ"; fi
+
+# ---------------------------------------------------------------- errors
+d="$T/w64-layer1"
+O="$T/never.f32"
+args="--tokens $d/tokens --residual-out $O"
+head -c 1000 "$d/resid.f32" > "$T/short.f32"
+# shellcheck disable=SC2086
+expect_rc 1 "1000 bytes" "residual of the wrong size" "$ENGRAM" apply "$M64" --layer 1 $args --residual-in "$T/short.f32"
+absent "wrong size" "$O"
+"$PY" - "$d/resid.f32" "$T/nan.f32" <<'EOF'
+import sys, numpy as np
+x = np.fromfile(sys.argv[1], dtype="<f4"); x[5 * 256 + 2 * 64 + 9] = np.nan; x.tofile(sys.argv[2])
+EOF
+# token 5 is unmasked in the generated mask? use no mask: every token checked
+# shellcheck disable=SC2086
+expect_rc 1 "token 5 stream 2 index 9" "NaN in the residual" "$ENGRAM" apply "$M64" --layer 1 $args --residual-in "$T/nan.f32"
+absent "NaN" "$O"
+printf '1 2 129280\n' > "$T/badtok"
+head -c $((3 * 256 * 4)) "$d/resid.f32" > "$T/r3.f32"
+expect_rc 1 "at position 2 is not < vocab" "token out of range" "$ENGRAM" apply "$M64" --layer 1 --tokens "$T/badtok" \
+    --residual-in "$T/r3.f32" --residual-out "$O"
+absent "bad token" "$O"
+printf '1 0\n' > "$T/mask2"
+# shellcheck disable=SC2086
+expect_rc 1 "2 entries" "mask of the wrong length" "$ENGRAM" apply "$M64" --layer 1 $args --residual-in "$d/resid.f32" --mask "$T/mask2"
+absent "mask" "$O"
+check "build without weights" "$ENGRAM" build "$T/now.gguf" --base 20000 --fill normal
+expect_rc 1 "no projection weights" "layer without weights" "$ENGRAM" apply "$T/now.gguf" --layer 14 \
+    --tokens "$T/badtok" --residual-in seed:1 --residual-out "$O"
+absent "no weights" "$O"
+check "build random rows" "$ENGRAM" build "$T/rand.gguf" --base 20000 --width 64 --fill random
+expect_rc 1 "not finite" "rows that overflow the projection" "$ENGRAM" apply "$T/rand.gguf" --layer 1 \
+    --tokens data/gpl3.tok --residual-in seed:1 --residual-out "$O"
+absent "overflow" "$O"
+expect_rc 2 "--layer takes 1 or 14" "layer 2" "$ENGRAM" apply "$M64" --layer 2 --tokens x --residual-in seed:1 --residual-out "$O"
+expect_rc 2 "required" "missing --residual-out" "$ENGRAM" apply "$M64" --layer 1 --tokens x --residual-in seed:1
+expect_rc 2 "unknown option" "unknown option" "$ENGRAM" apply "$M64" --layer 1 --bogus
+expect_rc 2 "threads" "threads 0" "$ENGRAM" apply "$M64" --layer 1 --threads 0 --tokens x --residual-in seed:1 --residual-out "$O"
+expect_rc 3 "cannot write" "output directory missing" "$ENGRAM" apply "$M64" --layer 1 --tokens data/gpl3.tok \
+    --residual-in seed:1 --residual-out "$T/nodir/out.f32"
+expect_rc 0 "usage: engram apply" "--help" "$ENGRAM" apply --help
+absent "after all errors" "$O"
+
+echo "test_apply.sh: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
