@@ -20,46 +20,66 @@
 #define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 #define INLINE inline __attribute__((always_inline))
-/* The micro-kernels' loops over tokens and column groups must be unrolled
- * for the accumulators to live in registers. */
-#define UNROLL _Pragma("GCC unroll 8")
+
 
 /* ============================================================ AVX-512 */
 
 /* mr tokens x 64 outputs over kc inputs.  a[r] -> token r's inputs of this
  * K block, b -> the panel's rows of this block (64 F16 per input), c ->
- * token 0's first output of the panel (row stride ld); ncols valid outputs. */
+ * token 0's first output of the panel (row stride ld); ncols valid outputs.
+ * The accumulators are named variables (not an array) so that every
+ * compiler keeps all 24 of them in registers; mr is a constant in each
+ * instance (micro512_1 .. _6), so the unused rows compile away. */
+#define R512_DECL(r) __m512 c##r##0, c##r##1, c##r##2, c##r##3; const float *a##r = mr > r ? a[r] : a[0];
+#define R512_INIT(r)                                                                    \
+    if (mr > r) {                                                                       \
+        c##r##0 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * ld);      \
+        c##r##1 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * ld + 16); \
+        c##r##2 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m2, c + r * ld + 32); \
+        c##r##3 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m3, c + r * ld + 48); \
+    } else {                                                                            \
+        c##r##0 = c##r##1 = c##r##2 = c##r##3 = _mm512_setzero_ps();                    \
+    }
+#define R512_STEP(r)                                                                    \
+    if (mr > r) {                                                                       \
+        __m512 x = _mm512_set1_ps(a##r[i]);                                             \
+        c##r##0 = _mm512_fmadd_ps(x, w0, c##r##0);                                      \
+        c##r##1 = _mm512_fmadd_ps(x, w1, c##r##1);                                      \
+        c##r##2 = _mm512_fmadd_ps(x, w2, c##r##2);                                      \
+        c##r##3 = _mm512_fmadd_ps(x, w3, c##r##3);                                      \
+    }
+#define R512_STORE(r)                                                                   \
+    if (mr > r) {                                                                       \
+        _mm512_mask_storeu_ps(c + r * ld, m0, c##r##0);                                 \
+        _mm512_mask_storeu_ps(c + r * ld + 16, m1, c##r##1);                            \
+        _mm512_mask_storeu_ps(c + r * ld + 32, m2, c##r##2);                            \
+        _mm512_mask_storeu_ps(c + r * ld + 48, m3, c##r##3);                            \
+    }
+#define ROWS6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+TGT_AVX512 static INLINE __mmask16 cols16(unsigned ncols, unsigned q)
+{
+    int v = (int)ncols - 16 * (int)q;
+    return v >= 16 ? (__mmask16)0xffff : v <= 0 ? (__mmask16)0 : (__mmask16)((1u << v) - 1);
+}
+
 TGT_AVX512 static INLINE void micro512(const float *const *a, const uint16_t *b, unsigned kc,
                                       float *c, size_t ld, const unsigned mr, int first,
                                       unsigned ncols)
 {
-    __mmask16 m[4];
-    for (unsigned q = 0; q < 4; q++) {
-        int v = (int)ncols - 16 * (int)q;
-        m[q] = v >= 16 ? (__mmask16)0xffff : v <= 0 ? (__mmask16)0 : (__mmask16)((1u << v) - 1);
-    }
-    __m512 acc[MR][4];
-    UNROLL for (unsigned r = 0; r < mr; r++)
-        UNROLL for (unsigned q = 0; q < 4; q++)
-            acc[r][q] = first ? _mm512_setzero_ps()
-                              : _mm512_maskz_loadu_ps(m[q], c + r * ld + 16 * q);
+    const __mmask16 m0 = cols16(ncols, 0), m1 = cols16(ncols, 1), m2 = cols16(ncols, 2),
+                    m3 = cols16(ncols, 3);
+    ROWS6(R512_DECL)
+    ROWS6(R512_INIT)
     for (unsigned i = 0; i < kc; i++) {
         const uint16_t *bi = b + (size_t)i * PANEL;
         __m512 w0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(bi + 0)));
         __m512 w1 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(bi + 16)));
         __m512 w2 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(bi + 32)));
         __m512 w3 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(bi + 48)));
-        UNROLL for (unsigned r = 0; r < mr; r++) {
-            __m512 x = _mm512_set1_ps(a[r][i]);
-            acc[r][0] = _mm512_fmadd_ps(x, w0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(x, w1, acc[r][1]);
-            acc[r][2] = _mm512_fmadd_ps(x, w2, acc[r][2]);
-            acc[r][3] = _mm512_fmadd_ps(x, w3, acc[r][3]);
-        }
+        ROWS6(R512_STEP)
     }
-    UNROLL for (unsigned r = 0; r < mr; r++)
-        UNROLL for (unsigned q = 0; q < 4; q++)
-            _mm512_mask_storeu_ps(c + r * ld + 16 * q, m[q], acc[r][q]);
+    ROWS6(R512_STORE)
 }
 
 #define MICRO512(n)                                                                            \
@@ -189,33 +209,44 @@ const struct apply_kernels apply_kernels_avx512 = {avx512_project, avx512_reduce
 
 /* ============================================================ AVX2 */
 
-/* mr tokens x 16 outputs (columns col .. col+15 of the panel). */
+/* mr tokens x 16 outputs (columns col .. col+15 of the panel); named
+ * accumulators as in micro512. */
+#define R256_DECL(r) __m256 c##r##0, c##r##1; const float *a##r = mr > r ? a[r] : a[0];
+#define R256_INIT(r)                                                                    \
+    if (mr > r) {                                                                       \
+        c##r##0 = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + r * ld, m0);        \
+        c##r##1 = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + r * ld + 8, m1);    \
+    } else {                                                                            \
+        c##r##0 = c##r##1 = _mm256_setzero_ps();                                        \
+    }
+#define R256_STEP(r)                                                                    \
+    if (mr > r) {                                                                       \
+        __m256 x = _mm256_broadcast_ss(a##r + i);                                       \
+        c##r##0 = _mm256_fmadd_ps(x, w0, c##r##0);                                      \
+        c##r##1 = _mm256_fmadd_ps(x, w1, c##r##1);                                      \
+    }
+#define R256_STORE(r)                                                                   \
+    if (mr > r) {                                                                       \
+        _mm256_maskstore_ps(c + r * ld, m0, c##r##0);                                   \
+        _mm256_maskstore_ps(c + r * ld + 8, m1, c##r##1);                               \
+    }
+
 TGT_AVX2 static INLINE void micro256(const float *const *a, const uint16_t *b, unsigned kc,
                                      float *c, size_t ld, const unsigned mr, int first,
                                      unsigned ncols)
 {
-    __m256i m[2];
-    for (unsigned q = 0; q < 2; q++) {
-        int v = (int)ncols - 8 * (int)q;
-        m[q] = _mm256_cmpgt_epi32(_mm256_set1_epi32(v), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    }
-    __m256 acc[MR][2];
-    UNROLL for (unsigned r = 0; r < mr; r++)
-        UNROLL for (unsigned q = 0; q < 2; q++)
-            acc[r][q] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + r * ld + 8 * q, m[q]);
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)ncols), lanes);
+    const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)ncols - 8), lanes);
+    ROWS6(R256_DECL)
+    ROWS6(R256_INIT)
     for (unsigned i = 0; i < kc; i++) {
         const uint16_t *bi = b + (size_t)i * PANEL;
         __m256 w0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(bi + 0)));
         __m256 w1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(bi + 8)));
-        UNROLL for (unsigned r = 0; r < mr; r++) {
-            __m256 x = _mm256_broadcast_ss(a[r] + i);
-            acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
-        }
+        ROWS6(R256_STEP)
     }
-    UNROLL for (unsigned r = 0; r < mr; r++)
-        UNROLL for (unsigned q = 0; q < 2; q++)
-            _mm256_maskstore_ps(c + r * ld + 8 * q, m[q], acc[r][q]);
+    ROWS6(R256_STORE)
 }
 
 #define MICRO256(n)                                                                            \

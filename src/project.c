@@ -6,6 +6,9 @@
  * every fused multiply-add here is an explicit fmaf.
  */
 #include <math.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "apply.h"
 
@@ -99,13 +102,13 @@ const struct apply_kernels *apply_kernels_for(engram_simd s)
         s = engram_simd_selected();
     if (!engram_simd_supported(s))
         return NULL;
-#if defined(__x86_64__)
-    __builtin_cpu_init();
     /* The AVX2 kernels also need F16C and FMA (every AVX2 CPU so far has
-     * them, but they are separate flags). */
-    int f16_fma = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
-#else
+     * them, but they are separate CPUID flags: leaf 1, ECX bits 29 and 12). */
     int f16_fma = 0;
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d))
+        f16_fma = (c >> 29 & 1) && (c >> 12 & 1);
 #endif
     switch (s) {
     case ENGRAM_SIMD_SCALAR: return &apply_kernels_scalar;
