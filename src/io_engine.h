@@ -48,6 +48,11 @@ struct io_engine_ops {
      * completes through reap, with -ECANCELED or its real result (reads
      * already at the device finish).  0 or -errno. */
     int (*cancel)(struct io_engine *e);
+    /* Makes a reap() that is blocked (or the next one) return, with the
+     * completions there are, possibly none.  The only op that may be called
+     * from any thread, concurrently with the others.  Engines created
+     * without `wakeable` ignore it. */
+    void (*wake)(struct io_engine *e);
     void (*destroy)(struct io_engine *e);
 };
 
@@ -59,8 +64,10 @@ struct io_engine {
 
 /* io_uring on fd with `depth` entries; the buffers in [arena, arena+len) are
  * registered as fixed buffers and fd as a fixed file where the kernel allows
- * (note says what it could not do).  -errno if io_uring is refused. */
-int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
+ * (note says what it could not do).  wakeable: keep a read of an eventfd in
+ * the ring so that wake() can interrupt a reap (one descriptor more).
+ * -errno if io_uring is refused. */
+int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, int wakeable,
                         struct io_engine **out, char *note, size_t note_len);
 
 /* `threads` pread workers on fd; drop says how reads leave the page cache on

@@ -40,6 +40,7 @@ struct thread_engine {
     struct io_cqe *cqes;         /* ring of completions      */
     unsigned c_head, c_count;
     int stop;
+    int woken;                   /* wake() since the last reap */
 };
 
 /* One read to completion: retries EINTR/EAGAIN, continues partial reads,
@@ -129,8 +130,9 @@ static int t_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigne
     struct thread_engine *t = (struct thread_engine *)e;
     t_submit(e);
     pthread_mutex_lock(&t->mu);
-    while (t->c_count < min)
+    while (t->c_count < min && !t->woken)
         pthread_cond_wait(&t->done, &t->mu);
+    t->woken = 0;
     unsigned n = t->c_count < max ? t->c_count : max;
     for (unsigned i = 0; i < n; i++)
         out[i] = t->cqes[(t->c_head + i) % t->cap];
@@ -159,6 +161,15 @@ static int t_cancel(struct io_engine *e)
     return 0;
 }
 
+static void t_wake(struct io_engine *e)
+{
+    struct thread_engine *t = (struct thread_engine *)e;
+    pthread_mutex_lock(&t->mu);
+    t->woken = 1;
+    pthread_cond_broadcast(&t->done);
+    pthread_mutex_unlock(&t->mu);
+}
+
 static void t_destroy(struct io_engine *e)
 {
     struct thread_engine *t = (struct thread_engine *)e;
@@ -177,7 +188,7 @@ static void t_destroy(struct io_engine *e)
     free(t);
 }
 
-static const struct io_engine_ops thread_ops = {t_queue, t_submit, t_reap, t_cancel, t_destroy};
+static const struct io_engine_ops thread_ops = {t_queue, t_submit, t_reap, t_cancel, t_wake, t_destroy};
 
 int io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out)
 {

@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "io_engine.h"
 
@@ -17,11 +19,30 @@ struct uring_engine {
     struct io_uring ring;
     int fd;
     int fixed_file, fixed_buf;
+    /* wake(): an eventfd whose read sits in the ring (wakeable engines) */
+    int efd;
+    int wake_armed;       /* its read is queued or in flight */
+    uint64_t efd_buf;
 };
 
-/* Tag of the cancel request's own completion, which reap() drops (read
+/* Tags of the engine's own requests, whose completions reap() drops (read
  * completions carry their slot number, always < ENGRAM_READER_MAX_DEPTH). */
 #define CANCEL_TAG UINT64_MAX
+#define WAKE_TAG (UINT64_MAX - 1)
+
+/* Queues the eventfd read if it is not in the ring; goes with the next
+ * submission. */
+static void arm_wake(struct uring_engine *u)
+{
+    if (u->efd < 0 || u->wake_armed)
+        return;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+    if (!sqe)
+        return; /* the ring is full: armed at the next reap */
+    io_uring_prep_read(sqe, u->efd, &u->efd_buf, sizeof u->efd_buf, 0);
+    io_uring_sqe_set_data64(sqe, WAKE_TAG);
+    u->wake_armed = 1;
+}
 
 static int u_submit(struct io_engine *e)
 {
@@ -80,7 +101,9 @@ static int u_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigne
             break;
         for (unsigned i = 0; i < n; i++) {
             uint64_t tag = io_uring_cqe_get_data64(batch[i]);
-            if (tag == CANCEL_TAG)
+            if (tag == WAKE_TAG)
+                u->wake_armed = 0;
+            if (tag == CANCEL_TAG || tag == WAKE_TAG)
                 continue;
             out[got].slot = (unsigned)tag;
             out[got].res = batch[i]->res;
@@ -88,9 +111,20 @@ static int u_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigne
         }
         io_uring_cq_advance(&u->ring, n);
     }
+    arm_wake(u);
     if (got == 0 && wait_rc < 0)
         return wait_rc;
     return (int)got;
+}
+
+static void u_wake(struct io_engine *e)
+{
+    struct uring_engine *u = (struct uring_engine *)e;
+    if (u->efd >= 0) {
+        uint64_t one = 1;
+        ssize_t w = write(u->efd, &one, sizeof one); /* EAGAIN: a wake-up is pending anyway */
+        (void)w;
+    }
 }
 
 static int u_cancel(struct io_engine *e)
@@ -116,24 +150,49 @@ static int u_cancel(struct io_engine *e)
 static void u_destroy(struct io_engine *e)
 {
     struct uring_engine *u = (struct uring_engine *)e;
+    if (u->efd >= 0 && u->wake_armed) {
+        /* The eventfd read targets efd_buf inside this struct: make it
+         * complete (a write does that) and reap it before freeing. */
+        u_wake(e);
+        io_uring_submit(&u->ring);
+        for (int tries = 0; u->wake_armed && tries < 1000; tries++) {
+            struct io_uring_cqe *cqe;
+            if (io_uring_wait_cqe(&u->ring, &cqe) == 0) {
+                if (io_uring_cqe_get_data64(cqe) == WAKE_TAG)
+                    u->wake_armed = 0;
+                io_uring_cqe_seen(&u->ring, cqe);
+            }
+        }
+    }
     io_uring_queue_exit(&u->ring);
+    if (u->efd >= 0)
+        close(u->efd);
     free(u);
 }
 
-static const struct io_engine_ops uring_ops = {u_queue, u_submit, u_reap, u_cancel, u_destroy};
+static const struct io_engine_ops uring_ops = {u_queue, u_submit, u_reap, u_cancel, u_wake, u_destroy};
 
-int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
+int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, int wakeable,
                         struct io_engine **out, char *note, size_t note_len)
 {
     struct uring_engine *u = calloc(1, sizeof *u);
     if (!u)
         return -ENOMEM;
+    u->efd = -1;
+    if (wakeable && (u->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+        int e = -errno;
+        free(u);
+        return e;
+    }
     struct io_uring_params p;
     memset(&p, 0, sizeof p);
     p.flags = IORING_SETUP_CQSIZE;
-    p.cq_entries = 2 * depth; /* reads in flight (<= depth) and cancel completions */
-    int rc = io_uring_queue_init_params(depth, &u->ring, &p);
+    /* reads in flight (<= depth), cancel completions, the eventfd read */
+    p.cq_entries = 2 * depth + 2;
+    int rc = io_uring_queue_init_params(depth + (wakeable ? 1 : 0), &u->ring, &p);
     if (rc < 0) {
+        if (u->efd >= 0)
+            close(u->efd);
         free(u);
         return rc;
     }
@@ -152,6 +211,7 @@ int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
     }
     u->base.ops = &uring_ops;
     u->base.name = "io_uring";
+    arm_wake(u);
     /* SQ entries, their index array and the CQ (twice the SQ). */
     u->base.bytes = sizeof *u + (size_t)depth * (sizeof(struct io_uring_sqe) + sizeof(unsigned)) +
                     2u * depth * sizeof(struct io_uring_cqe);

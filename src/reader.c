@@ -32,6 +32,7 @@
 #include "io_engine.h"
 #include "model.h"
 #include "radix.h"
+#include "reader_int.h"
 #include "rowcache.h"
 #include "util.h"
 
@@ -47,7 +48,6 @@
  * much per row that the buffered fallback is the better path. */
 #define MIN_DIRECT_DEPTH 8u
 #define CHUNK_REQS (ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS)
-#define LANES 64
 #define HIST_SUB 16
 #define HIST_BUCKETS (64 * HIST_SUB)
 /* A read is resubmitted at most this often (short results, -EAGAIN). */
@@ -58,8 +58,6 @@
  * up for dead. */
 #define DRAIN_HARD_LIMIT 8
 
-enum { OWN_NONE = 0, OWN_BATCH, OWN_STEP };
-
 struct slot {
     uint64_t off;          /* aligned file offset of the read       */
     uint32_t len;          /* bytes asked                           */
@@ -68,8 +66,9 @@ struct slot {
     uint32_t from;         /* where the read in flight starts       */
     uint32_t got;          /* bytes in place from the start         */
     uint32_t row;
-    uint8_t table, owner, tries;
-    uint32_t lo, hi;       /* batch: request range; step: lo = index */
+    uint8_t table, tries;
+    struct rjob *job;      /* whose read it is (NULL: free)         */
+    size_t lo, hi;         /* the job's requests for this row       */
 };
 
 struct engram_reader {
@@ -89,7 +88,7 @@ struct engram_reader {
     unsigned *pending, n_pending;  /* owned slots waiting to be queued    */
     unsigned inflight;             /* queued to the engine, not reaped    */
     struct io_cqe *cqes;
-    uint64_t *reqs;                /* one chunk: (row << 32) | destination */
+    uint64_t *reqs;                /* one chunk: (key << 32) | destination */
     struct radix_scratch sort;
     struct rowcache *cache;        /* NULL without one                     */
 
@@ -99,22 +98,16 @@ struct engram_reader {
     char broken_msg[160];
     engram_reader *grave_next;
 
-    /* the one decode step in flight */
+    /* the one decode step in flight (engram_reader_step_*) */
     int step_active, step_cancel_sent;
-    engram_dtype step_dtype;
+    struct rjob step;
+    uint64_t step_reqs[ENGRAM_ROWS_PER_TOKEN];
     void *step_out;
-    uint32_t step_rows[ENGRAM_ROWS_PER_TOKEN];
-    uint8_t step_miss[ENGRAM_ROWS_PER_TOKEN]; /* columns not in the cache */
-    unsigned n_miss, step_issued, step_done;
     uint64_t step_t0;
-    int step_rc;
-    engram_error step_err;
 
     /* the batch in progress */
-    engram_dtype b_dtype;
+    struct rjob batch;
     uint8_t *b_out;                /* first token of the current chunk    */
-    int b_rc;
-    engram_error *b_err;
 
     engram_io_stats st;
     uint32_t hist[HIST_BUCKETS];
@@ -339,7 +332,7 @@ static void reader_free(engram_reader *r)
     free(r);
 }
 
-int engram_reader_open(const engram_model *m, const engram_reader_opts *opts,
+static int reader_open(const engram_model *m, const engram_reader_opts *opts, int wakeable,
                        engram_reader **out, engram_error *err)
 {
     if (!m || !out)
@@ -401,7 +394,8 @@ int engram_reader_open(const engram_model *m, const engram_reader_opts *opts,
 
     if (try_uring) {
         char note[96];
-        rc = io_uring_engine_new(r->fd, r->depth, r->arena, arena, &r->eng, note, sizeof note);
+        rc = io_uring_engine_new(r->fd, r->depth, r->arena, arena, wakeable, &r->eng, note,
+                                 sizeof note);
         if (rc == 0 && note[0])
             snprintf(r->note, sizeof r->note, "%s", note);
         if (rc < 0) {
@@ -432,6 +426,18 @@ int engram_reader_open(const engram_model *m, const engram_reader_opts *opts,
     return 0;
 }
 
+int engram_reader_open(const engram_model *m, const engram_reader_opts *opts,
+                       engram_reader **out, engram_error *err)
+{
+    return reader_open(m, opts, 0, out, err);
+}
+
+int reader_open_wakeable(const engram_model *m, const engram_reader_opts *opts,
+                         engram_reader **out, engram_error *err)
+{
+    return reader_open(m, opts, 1, out, err);
+}
+
 /* Readers whose engine died with reads possibly still in flight: their
  * buffers may yet be written by the kernel, so they are never freed (kept
  * reachable here rather than leaked). */
@@ -446,16 +452,15 @@ static void bury(engram_reader *r)
     pthread_mutex_unlock(&grave_mu);
 }
 
-static void cancel_and_drain(engram_reader *r);
-
 void engram_reader_close(engram_reader *r)
 {
     if (!r)
         return;
-    if (r->step_active && !r->broken) {
-        if (r->step_rc == 0)
-            r->step_rc = -ECANCELED;
-        cancel_and_drain(r);
+    if (!r->broken && (r->inflight > 0 || r->n_pending > 0)) {
+        /* a step in flight (or a pool's jobs): abandon them */
+        if (r->step_active)
+            reader_job_fail(&r->step, -ECANCELED, "the reader was closed");
+        reader_drain_all(r, 1);
         r->step_active = 0;
     }
     if (r->broken || r->inflight > 0) {
@@ -495,9 +500,10 @@ void engram_reader_stats(const engram_reader *r, engram_io_stats *st)
 
 /* ------------------------------------------------------------ slots */
 
-static size_t elem_size(engram_dtype d)
+static size_t row_out_bytes(int d)
 {
-    return d == ENGRAM_F32 ? sizeof(float) : sizeof(uint16_t);
+    return d == ENGRAM_F32 ? ENGRAM_ROW_VALUES * 4 : d == ENGRAM_BF16 ? ENGRAM_ROW_VALUES * 2
+                                                                      : ENGRAM_ROW_BYTES;
 }
 
 static uint64_t slot_row_offset(const struct slot *sl)
@@ -505,9 +511,20 @@ static uint64_t slot_row_offset(const struct slot *sl)
     return sl->off + sl->skip;
 }
 
-/* Takes a free slot for (table, row) and puts it on the pending list; the
- * caller has checked n_free > 0. */
-static unsigned take_slot(engram_reader *r, int owner, int table, uint32_t row)
+unsigned reader_free_slots(const engram_reader *r)
+{
+    return r->n_free;
+}
+
+unsigned reader_in_flight(const engram_reader *r)
+{
+    return r->inflight + r->n_pending;
+}
+
+/* Takes a free slot for (table, row) of job j, requests [lo, hi), and puts
+ * it on the pending list; the caller has checked n_free > 0. */
+static unsigned take_slot(engram_reader *r, struct rjob *j, int table, uint32_t row, size_t lo,
+                          size_t hi)
 {
     unsigned s = r->free_slots[--r->n_free];
     struct slot *sl = &r->slots[s];
@@ -521,8 +538,12 @@ static unsigned take_slot(engram_reader *r, int owner, int table, uint32_t row)
     sl->from = sl->got = 0;
     sl->row = row;
     sl->table = (uint8_t)table;
-    sl->owner = (uint8_t)owner;
     sl->tries = 0;
+    sl->job = j;
+    sl->lo = lo;
+    sl->hi = hi;
+    j->outstanding++;
+    j->rows_read++;
     r->pending[r->n_pending++] = s;
     r->st.rows_read++;
     return s;
@@ -530,37 +551,41 @@ static unsigned take_slot(engram_reader *r, int owner, int table, uint32_t row)
 
 static void release(engram_reader *r, unsigned s)
 {
-    r->slots[s].owner = OWN_NONE;
+    struct slot *sl = &r->slots[s];
+    if (sl->job)
+        sl->job->outstanding--;
+    sl->job = NULL;
     r->free_slots[r->n_free++] = s;
 }
 
-static int owner_failed(const engram_reader *r, int owner)
+void reader_job_fail(struct rjob *j, int code, const char *what)
 {
-    return owner == OWN_BATCH ? r->b_rc != 0 : r->step_rc != 0;
+    if (j->rc != 0)
+        return;
+    j->rc = code;
+    err_set(&j->err, code, ENGRAM_NO_OFFSET, "%s", what);
+    j->live = 0;
 }
 
-/* Records the first error of the slot's owner (batch or step), naming the
- * row and its file offset. */
+/* Records the first error of the slot's job, naming the row and its file
+ * offset. */
 __attribute__((format(printf, 4, 5)))
-static void fail(engram_reader *r, unsigned s, int code, const char *fmt, ...)
+static void fail_slot(engram_reader *r, unsigned s, int code, const char *fmt, ...)
 {
+    (void)r;
     const struct slot *sl = &r->slots[s];
-    engram_error e;
+    struct rjob *j = sl->job;
+    if (!j || j->rc != 0)
+        return;
     char what[160];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    err_set_at(&e, code, slot_row_offset(sl), sl->row, "row %u of table %d: %s (file offset %llu)",
+    j->rc = code;
+    err_set_at(&j->err, code, slot_row_offset(sl), sl->row, "row %u of table %d: %s (file offset %llu)",
                sl->row, sl->table, what, (unsigned long long)slot_row_offset(sl));
-    if (sl->owner == OWN_BATCH && r->b_rc == 0) {
-        r->b_rc = code;
-        if (r->b_err)
-            *r->b_err = e;
-    } else if (sl->owner == OWN_STEP && r->step_rc == 0) {
-        r->step_rc = code;
-        r->step_err = e;
-    }
+    j->live = 0;
 }
 
 /* Queues the pending slots (what has not arrived of each read).  0 when
@@ -572,7 +597,7 @@ static int flush_pending(engram_reader *r)
     while (r->n_pending > 0) {
         unsigned s = r->pending[r->n_pending - 1];
         struct slot *sl = &r->slots[s];
-        if (owner_failed(r, sl->owner)) {
+        if (sl->job->rc != 0) {
             r->n_pending--;
             release(r, s);
             continue;
@@ -584,7 +609,7 @@ static int flush_pending(engram_reader *r)
             return rc;
         r->n_pending--;
         if (rc < 0) {
-            fail(r, s, rc, "cannot queue the read: %s", strerror(-rc));
+            fail_slot(r, s, rc, "cannot queue the read: %s", strerror(-rc));
             release(r, s);
             return rc;
         }
@@ -593,72 +618,58 @@ static int flush_pending(engram_reader *r)
     return 0;
 }
 
-/* Decodes a valid raw row into dst; the decoder validates the row first
- * and writes nothing if it is invalid (-EDOM, err naming the row). */
-static int decode_raw(const uint8_t *raw, int table, uint32_t row, engram_dtype d, void *dst,
-                      engram_error *err)
+/* Writes a valid-or-not raw row where the job wants it: decoded (the
+ * decoder checks the row first and writes nothing for an invalid one) or,
+ * for raw delivery, checked and copied.  0 or -EDOM with *why set. */
+static int write_row(const uint8_t *raw, int dtype, void *dst, const char **why)
 {
-    int rc = d == ENGRAM_F32 ? engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, dst, NULL)
-                             : engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, dst, NULL);
-    if (rc == -EDOM) {
-        const char *why = "invalid";
-        engram_row_check(raw, &why);
-        return err_set_row(err, -EDOM, row, "row %u of table %d: %s", row, table, why);
-    }
+    int rc;
+    if (dtype == ENGRAM_F32)
+        rc = engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, (float *)dst, NULL);
+    else if (dtype == ENGRAM_BF16)
+        rc = engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, (uint16_t *)dst, NULL);
+    else if ((rc = engram_row_check(raw, why)) == 0)
+        memcpy(dst, raw, ENGRAM_ROW_BYTES);
+    if (rc == -EDOM && dtype != ENGRAM_RAW_DTYPE)
+        engram_row_check(raw, why);
     return rc;
 }
 
-/* Decodes (table, row) from the cache into dst: 1 if it was there, 0 if
- * not, <0 on error (err filled). */
-static int decode_cached(engram_reader *r, int table, uint32_t row, engram_dtype d, void *dst,
-                         engram_error *err)
+/* The row for the job's requests [lo, hi) is in raw: write it for the
+ * first request, copy it to the others, tell the job.  0 or -EDOM (nothing
+ * written; *why says why). */
+static int deliver_rows(struct rjob *j, const uint8_t *raw, size_t lo, size_t hi, const char **why)
 {
-    const uint8_t *raw = r->cache ? rowcache_get(r->cache, table, row) : NULL;
-    if (!raw)
-        return 0;
-    r->st.cache_hits++;
-    int rc = decode_raw(raw, table, row, d, dst, err);
-    return rc < 0 ? rc : 1;
-}
-
-/* Copies the decoded row at request lo to the other requests [lo+1, hi). */
-static void batch_fan_out(engram_reader *r, size_t lo, size_t hi)
-{
-    size_t row_bytes = ENGRAM_ROW_VALUES * elem_size(r->b_dtype);
-    const uint8_t *first = r->b_out + (r->reqs[lo] & 0xffffffffu) * row_bytes;
+    void *first = j->dst(j, (uint32_t)j->reqs[lo]);
+    int rc = write_row(raw, j->dtype, first, why);
+    if (rc < 0)
+        return rc;
+    size_t bytes = row_out_bytes(j->dtype);
     for (size_t i = lo + 1; i < hi; i++)
-        memcpy(r->b_out + (r->reqs[i] & 0xffffffffu) * row_bytes, first, row_bytes);
+        memcpy(j->dst(j, (uint32_t)j->reqs[i]), first, bytes);
+    if (j->done)
+        for (size_t i = lo; i < hi; i++)
+            j->done(j, (uint32_t)j->reqs[i]);
+    return 0;
 }
 
-/* The row of slot s has arrived whole: decode it where its owner wants it;
- * a row that decodes goes into the cache. */
+/* The row of slot s has arrived whole: deliver it; a row that decodes goes
+ * into the cache. */
 static void deliver(engram_reader *r, unsigned s)
 {
     const struct slot *sl = &r->slots[s];
     const uint8_t *raw = r->arena + (size_t)s * r->slot_size + sl->skip;
-    engram_dtype d = sl->owner == OWN_BATCH ? r->b_dtype : r->step_dtype;
-    size_t row_bytes = ENGRAM_ROW_VALUES * elem_size(d);
-    uint8_t *dst = sl->owner == OWN_BATCH
-                       ? r->b_out + (r->reqs[sl->lo] & 0xffffffffu) * row_bytes
-                       : (uint8_t *)r->step_out + (size_t)sl->lo * row_bytes;
-    int rc = d == ENGRAM_F32 ? engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, (float *)dst, NULL)
-                             : engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, (uint16_t *)dst, NULL);
-    if (rc < 0) {
-        const char *why = "invalid";
-        engram_row_check(raw, &why);
-        fail(r, s, rc, "%s", why);
+    const char *why = "invalid";
+    if (deliver_rows(sl->job, raw, sl->lo, sl->hi, &why) < 0) {
+        fail_slot(r, s, -EDOM, "%s", why);
         return;
     }
     if (r->cache)
         rowcache_put(r->cache, sl->table, sl->row, raw);
-    if (sl->owner == OWN_BATCH)
-        batch_fan_out(r, sl->lo, sl->hi);
-    else
-        r->step_done++;
 }
 
 /* One completion.  The slot goes back to the free list unless its read is
- * resubmitted (short result, -EAGAIN/-EINTR); once its owner has failed or
+ * resubmitted (short result, -EAGAIN/-EINTR); once its job has failed or
  * was cancelled, completions are only collected. */
 static void complete(engram_reader *r, const struct io_cqe *c)
 {
@@ -668,7 +679,7 @@ static void complete(engram_reader *r, const struct io_cqe *c)
     r->inflight--;
     if (res > 0)
         r->st.bytes_read += (uint64_t)res;
-    if (owner_failed(r, sl->owner)) {
+    if (sl->job->rc != 0) {
         release(r, s);
         return;
     }
@@ -680,20 +691,20 @@ static void complete(engram_reader *r, const struct io_cqe *c)
             return;
         }
         if (res == 0) {
-            fail(r, s, -EIO, "short read (end of file after %u of the row's %u bytes)",
-                 sl->got > sl->skip ? sl->got - sl->skip : 0, ENGRAM_ROW_BYTES);
+            fail_slot(r, s, -EIO, "short read (end of file after %u of the row's %u bytes)",
+                      sl->got > sl->skip ? sl->got - sl->skip : 0, ENGRAM_ROW_BYTES);
             release(r, s);
             return;
         }
     } else if (res != -EAGAIN && res != -EINTR) {
-        fail(r, s, res, "%s", strerror(-res));
+        fail_slot(r, s, res, "%s", strerror(-res));
         release(r, s);
         return;
     }
     /* A short result or a transient error: read what is missing again. */
     if (++sl->tries > MAX_TRIES) {
-        fail(r, s, res < 0 ? res : -EIO, "read still incomplete after %d attempts (%s)", MAX_TRIES,
-             res < 0 ? strerror(-res) : "short reads");
+        fail_slot(r, s, res < 0 ? res : -EIO, "read still incomplete after %d attempts (%s)",
+                  MAX_TRIES, res < 0 ? strerror(-res) : "short reads");
         release(r, s);
         return;
     }
@@ -701,10 +712,7 @@ static void complete(engram_reader *r, const struct io_cqe *c)
     r->pending[r->n_pending++] = s;
 }
 
-/* Reaps at least min completions (min <= reads in flight) and handles
- * them.  Transient engine refusals are retried here (bounded).  Returns the
- * number handled, or a hard -errno (no completion was taken). */
-static int pump(engram_reader *r, unsigned min)
+int reader_pump(engram_reader *r, unsigned min)
 {
     for (unsigned spins = 0;; spins++) {
         int n = r->eng->ops->reap(r->eng, r->cqes, r->depth, min);
@@ -721,16 +729,24 @@ static int pump(engram_reader *r, unsigned min)
     }
 }
 
-/* Collects every read in flight (their owner has failed or was cancelled,
- * so nothing is delivered) and drops pending ones.  If the engine keeps
- * failing, the reader is marked broken: its buffers are never reused. */
-static void drain(engram_reader *r)
+void reader_drain_all(engram_reader *r, int cancel)
 {
+    /* every job with reads here is done for: fail the ones that are not,
+     * so completions are collected rather than delivered */
+    for (unsigned s = 0; s < r->depth; s++) {
+        struct rjob *j = r->slots[s].job;
+        if (j && j->rc == 0) {
+            reader_job_fail(j, -ECANCELED, "abandoned after another read failed");
+            j->abandoned = 1;
+        }
+    }
     while (r->n_pending > 0)
         release(r, r->pending[--r->n_pending]);
+    if (cancel && r->inflight > 0)
+        r->eng->ops->cancel(r->eng); /* best effort: the drain reaps either way */
     int hard = 0;
     while (r->inflight > 0) {
-        int n = pump(r, r->inflight);
+        int n = reader_pump(r, r->inflight);
         if (n >= 0) {
             hard = 0;
             continue;
@@ -745,17 +761,19 @@ static void drain(engram_reader *r)
     }
 }
 
-static void cancel_and_drain(engram_reader *r)
+void reader_wake(engram_reader *r)
 {
-    if (r->inflight > 0)
-        r->eng->ops->cancel(r->eng); /* best effort: the drain reaps either way */
-    drain(r);
+    r->eng->ops->wake(r->eng);
 }
 
-/* Queues what is pending and hands it to the engine; transient refusals
- * are left for the next round (pending reads stay pending; queued ones go
- * with the next reap).  0 or a hard -errno. */
-static int push(engram_reader *r)
+int reader_broken(const engram_reader *r, engram_error *err)
+{
+    if (r->broken)
+        return err_set(err, -EIO, ENGRAM_NO_OFFSET, "%s", r->broken_msg);
+    return 0;
+}
+
+int reader_push(engram_reader *r)
 {
     int rc = flush_pending(r);
     if (rc < 0 && !io_transient(rc))
@@ -775,7 +793,7 @@ static int stalled(engram_reader *r, unsigned *spins)
     return 0;
 }
 
-/* ------------------------------------------------------------ batch */
+/* ------------------------------------------------------------ jobs */
 
 /* Start of the group (requests for one row) at or after position b. */
 static size_t group_start(const uint64_t *reqs, size_t n, size_t b)
@@ -785,95 +803,145 @@ static size_t group_start(const uint64_t *reqs, size_t n, size_t b)
     return b;
 }
 
-static int batch_chunk(engram_reader *r, int t, size_t nreq)
+void reader_job_start(engram_reader *r, struct rjob *j)
 {
-    radix_sort_rows(r->reqs, nreq, &r->sort);
+    radix_sort_rows(j->reqs, j->nreq, &r->sort);
     /* Sorting groups duplicates, but issuing in row order would keep every
      * read in flight inside a narrow stretch of the file, which network and
      * striped block devices serve with little parallelism.  The sorted
-     * requests are cut into LANES stretches issued round-robin, so reads in
-     * flight spread over the whole table while each row is still read once. */
-    size_t cur[LANES], end[LANES];
-    for (int l = 0; l < LANES; l++)
-        cur[l] = group_start(r->reqs, nreq, nreq * (size_t)l / LANES);
-    for (int l = 0; l < LANES; l++)
-        end[l] = l + 1 < LANES ? cur[l + 1] : nreq;
-    int lane = 0, live = 0;
-    for (int l = 0; l < LANES; l++)
-        live += cur[l] < end[l];
-    unsigned spins = 0;
-    size_t row_bytes = ENGRAM_ROW_VALUES * elem_size(r->b_dtype);
-    while (r->b_rc == 0) {
-        while (live > 0 && r->n_free > 0 && r->b_rc == 0) {
-            while (cur[lane] >= end[lane])
-                lane = (lane + 1) % LANES;
-            size_t i = cur[lane];
-            uint32_t row = (uint32_t)(r->reqs[i] >> 32);
-            size_t j = i + 1;
-            while (j < end[lane] && (uint32_t)(r->reqs[j] >> 32) == row)
-                j++;
-            cur[lane] = j;
-            live -= j >= end[lane];
-            lane = (lane + 1) % LANES;
-            if (r->cache) {
-                int hit = decode_cached(r, t, row, r->b_dtype,
-                                        r->b_out + (r->reqs[i] & 0xffffffffu) * row_bytes, r->b_err);
-                if (hit < 0) {
-                    r->b_rc = hit;
-                    break;
-                }
-                if (hit) {
-                    batch_fan_out(r, i, j);
-                    continue;
-                }
+     * requests are cut into lanes issued round-robin, so reads in flight
+     * spread over the whole table while each row is still read once. */
+    for (int l = 0; l < JOB_LANES; l++)
+        j->cur[l] = group_start(j->reqs, j->nreq, j->nreq * (size_t)l / JOB_LANES);
+    for (int l = 0; l < JOB_LANES; l++)
+        j->end[l] = l + 1 < JOB_LANES ? j->cur[l + 1] : j->nreq;
+    j->live = 0;
+    for (int l = 0; l < JOB_LANES; l++)
+        j->live += j->cur[l] < j->end[l];
+    j->lane = 0;
+    j->outstanding = 0;
+    j->rows_read = 0;
+    j->rc = 0;
+    j->abandoned = 0;
+    r->st.rows_requested += j->nreq;
+}
+
+unsigned reader_job_issue(engram_reader *r, struct rjob *j, unsigned max)
+{
+    unsigned taken = 0;
+    while (j->live > 0 && j->rc == 0 && taken < max && r->n_free > 0) {
+        while (j->cur[j->lane] >= j->end[j->lane])
+            j->lane = (j->lane + 1) % JOB_LANES;
+        int l = j->lane;
+        size_t i = j->cur[l];
+        uint32_t row = (uint32_t)(j->reqs[i] >> 32);
+        size_t k = i + 1;
+        while (k < j->end[l] && (uint32_t)(j->reqs[k] >> 32) == row)
+            k++;
+        j->cur[l] = k;
+        j->live -= k >= j->end[l];
+        j->lane = (l + 1) % JOB_LANES;
+        const uint8_t *raw = r->cache ? rowcache_get(r->cache, j->table, row) : NULL;
+        if (raw) {
+            /* cached rows were validated when they were read */
+            r->st.cache_hits++;
+            const char *why = "invalid";
+            if (deliver_rows(j, raw, i, k, &why) < 0) {
+                j->rc = err_set_row(&j->err, -EDOM, row, "row %u of table %d: %s", row, j->table, why);
+                j->live = 0;
             }
-            unsigned s = take_slot(r, OWN_BATCH, t, row);
-            r->slots[s].lo = (uint32_t)i;
-            r->slots[s].hi = (uint32_t)j;
+            continue;
         }
-        if (r->b_rc != 0)
+        take_slot(r, j, j->table, row, i, k);
+        taken++;
+    }
+    return taken;
+}
+
+/* Runs jobs on this thread until all are finished or one fails; a failure
+ * drains everything (the reader is single-user here).  0 or the first
+ * job's error (in *err). */
+static int run_jobs(engram_reader *r, struct rjob **jobs, int n, engram_error *err)
+{
+    unsigned spins = 0;
+    int failed = -1;
+    for (;;) {
+        int finished = 1;
+        for (int i = 0; i < n && failed < 0; i++) {
+            reader_job_issue(r, jobs[i], UINT32_MAX);
+            if (jobs[i]->rc != 0)
+                failed = i;
+            finished &= reader_job_finished(jobs[i]);
+        }
+        if (failed >= 0 || finished)
             break;
-        int rc = push(r);
+        int rc = reader_push(r);
         if (rc < 0) {
-            if (r->b_rc == 0) /* a submit failure (a queue failure names its row) */
-                r->b_rc = err_set(r->b_err, rc, ENGRAM_NO_OFFSET, "I/O engine refused to submit: %s",
-                                  strerror(-rc));
+            /* a queue failure has failed its own job, naming the row */
+            for (int i = 0; i < n && failed < 0; i++)
+                if (jobs[i]->rc != 0)
+                    failed = i;
+            if (failed < 0) {
+                failed = 0;
+                jobs[0]->rc = err_set(&jobs[0]->err, rc, ENGRAM_NO_OFFSET,
+                                      "I/O engine refused to submit: %s", strerror(-rc));
+                jobs[0]->live = 0;
+            }
             break;
         }
         if (r->inflight == 0) {
-            if (r->n_pending == 0 && live == 0)
-                break; /* chunk done */
             if (r->n_pending > 0 && stalled(r, &spins) < 0) {
-                r->b_rc = err_set(r->b_err, -EAGAIN, ENGRAM_NO_OFFSET,
-                                  "I/O engine kept refusing reads");
+                reader_job_fail(jobs[0], -EAGAIN, "I/O engine kept refusing reads");
+                failed = 0;
                 break;
             }
             continue;
         }
         /* Submit what was queued and wait, in one call; waiting for an eighth
          * of the queue rather than one read saves wake-ups and barely lowers
-         * the depth the device sees. */
-        unsigned want = r->inflight / 8 ? r->inflight / 8 : 1;
-        int done = pump(r, want);
+         * the depth the device sees (a single step waits for all). */
+        unsigned want = n > 1 || jobs[0]->nreq <= ENGRAM_ROWS_PER_TOKEN ? r->inflight
+                        : r->inflight / 8 ? r->inflight / 8 : 1;
+        int done = reader_pump(r, want);
         if (done < 0) {
-            if (r->b_rc == 0)
-                r->b_rc = err_set(r->b_err, done, ENGRAM_NO_OFFSET, "I/O engine failed: %s",
-                                  strerror(-done));
+            for (int i = 0; i < n && failed < 0; i++)
+                if (jobs[i]->rc != 0)
+                    failed = i;
+            if (failed < 0) {
+                failed = 0;
+                jobs[0]->rc = err_set(&jobs[0]->err, done, ENGRAM_NO_OFFSET, "I/O engine failed: %s",
+                                      strerror(-done));
+                jobs[0]->live = 0;
+            }
             break;
         }
         if (done > 0)
             spins = 0;
+        for (int i = 0; i < n && failed < 0; i++)
+            if (jobs[i]->rc != 0)
+                failed = i;
+        if (failed >= 0)
+            break;
     }
-    if (r->b_rc != 0)
-        drain(r); /* reads of a failed chunk finish quickly: no cancel */
-    return r->b_rc;
+    if (failed < 0)
+        return 0;
+    reader_drain_all(r, n > 1 || jobs[0]->nreq <= ENGRAM_ROWS_PER_TOKEN);
+    if (err)
+        *err = jobs[failed]->err;
+    return jobs[failed]->rc;
+}
+
+/* ------------------------------------------------------------ batch */
+
+static void *batch_dst(struct rjob *j, uint32_t idx)
+{
+    engram_reader *r = j->ctx;
+    return r->b_out + (size_t)idx * row_out_bytes(j->dtype);
 }
 
 static int reader_usable(const engram_reader *r, engram_error *err)
 {
-    if (r->broken)
-        return err_set(err, -EIO, ENGRAM_NO_OFFSET, "%s", r->broken_msg);
-    return 0;
+    return reader_broken(r, err);
 }
 
 static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, engram_dtype dtype,
@@ -899,13 +967,18 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
                                    "token %zu column %d: row %u of table %d is out of range (%u rows)",
                                    i, c, row, t, limit);
         }
-    r->b_dtype = dtype;
-    r->b_rc = 0;
-    r->b_err = err;
     r->st.batches++;
-    size_t token_bytes = (size_t)ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * elem_size(dtype);
+    struct rjob *j = &r->batch;
+    memset(j, 0, sizeof *j);
+    j->table = t;
+    j->dtype = dtype;
+    j->reqs = r->reqs;
+    j->dst = batch_dst;
+    j->ctx = r;
+    size_t token_bytes = (size_t)ENGRAM_COLUMNS * row_out_bytes(dtype);
     size_t chunk = window_tokens < ENGRAM_BATCH_TOKENS ? window_tokens : ENGRAM_BATCH_TOKENS;
-    for (size_t at = 0; at < n && r->b_rc == 0; at += chunk) {
+    rc = 0;
+    for (size_t at = 0; at < n && rc == 0; at += chunk) {
         size_t k = n - at < chunk ? n - at : chunk;
         size_t nreq = 0;
         for (size_t i = 0; i < k; i++)
@@ -913,17 +986,16 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
                 uint64_t row = rows[(at + i) * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + (size_t)c];
                 r->reqs[nreq++] = row << 32 | (uint64_t)(i * ENGRAM_COLUMNS + (size_t)c);
             }
-        r->st.rows_requested += nreq;
+        j->nreq = nreq;
         r->b_out = (uint8_t *)out + (sink ? 0 : at * token_bytes);
-        if (batch_chunk(r, t, nreq) == 0 && sink) {
-            rc = sink(ctx, at, k, out);
-            if (rc != 0)
-                r->b_rc = err_set(err, rc, ENGRAM_NO_OFFSET, "stopped by the sink (%d)", rc);
+        reader_job_start(r, j);
+        rc = run_jobs(r, &j, 1, err);
+        if (rc == 0 && sink) {
+            int s = sink(ctx, at, k, out);
+            if (s != 0)
+                rc = err_set(err, s, ENGRAM_NO_OFFSET, "stopped by the sink (%d)", s);
         }
     }
-    r->b_err = NULL;
-    rc = r->b_rc;
-    r->b_rc = 0;
     return rc;
 }
 
@@ -944,42 +1016,63 @@ int engram_reader_batch_stream(engram_reader *r, int t, const uint32_t *rows, si
 
 /* ------------------------------------------------------------ decode step */
 
-/* Takes slots for the step's rows not yet issued, as far as slots allow. */
-static void step_take_slots(engram_reader *r)
+/* The step's two jobs, one per table: request idx = the column (0..23). */
+static void *step_dst(struct rjob *j, uint32_t idx)
 {
-    while (r->step_issued < r->n_miss && r->n_free > 0) {
-        unsigned k = r->step_miss[r->step_issued++];
-        unsigned s = take_slot(r, OWN_STEP, (int)(k / ENGRAM_COLUMNS), r->step_rows[k]);
-        r->slots[s].lo = k;
-    }
+    engram_reader *r = j->ctx;
+    return (uint8_t *)r->step_out + ((size_t)j->table * ENGRAM_COLUMNS + idx) * row_out_bytes(j->dtype);
 }
 
-/* Issues what can be issued; a hard engine error fails the step. */
-static void step_push(engram_reader *r)
+static struct rjob *step_jobs(engram_reader *r, int t)
 {
-    if (r->step_rc != 0)
-        return;
-    step_take_slots(r);
-    int rc = push(r);
-    if (rc < 0 && r->step_rc == 0)
-        r->step_rc = err_set(&r->step_err, rc, ENGRAM_NO_OFFSET, "I/O engine refused to submit: %s",
-                             strerror(-rc));
+    return t == 0 ? &r->step : &r->batch;
+}
+
+static int step_error(engram_reader *r, engram_error *err)
+{
+    /* the job that failed first, not one abandoned because of it */
+    for (int pass = 0; pass < 2; pass++)
+        for (int t = 0; t < ENGRAM_TABLES; t++)
+            if (step_jobs(r, t)->rc != 0 && (pass == 1 || !step_jobs(r, t)->abandoned)) {
+                if (err)
+                    *err = step_jobs(r, t)->err;
+                return step_jobs(r, t)->rc;
+            }
+    return 0;
 }
 
 static int step_finish(engram_reader *r, engram_error *err)
 {
     r->step_active = 0;
-    if (r->step_rc == 0) {
+    int rc = step_error(r, err);
+    if (rc == 0) {
         uint64_t dt = now_ns() - r->step_t0;
         r->st.steps++;
         r->hist[hist_index(dt)]++;
         if (dt > r->st.step_max_ns)
             r->st.step_max_ns = dt;
-        return 0;
     }
-    if (err)
-        *err = r->step_err;
-    return r->step_rc;
+    return rc;
+}
+
+/* Issues what can be issued; a hard engine error fails the step. */
+static void step_push(engram_reader *r)
+{
+    for (int t = 0; t < ENGRAM_TABLES; t++)
+        reader_job_issue(r, step_jobs(r, t), UINT32_MAX);
+    if (step_error(r, NULL) != 0)
+        return;
+    int rc = reader_push(r);
+    if (rc < 0 && step_error(r, NULL) == 0) { /* not a queue failure, which names its row */
+        r->step.rc = err_set(&r->step.err, rc, ENGRAM_NO_OFFSET, "I/O engine refused to submit: %s",
+                             strerror(-rc));
+        r->step.live = 0;
+    }
+}
+
+static int step_finished(engram_reader *r)
+{
+    return reader_job_finished(&r->step) && reader_job_finished(&r->batch);
 }
 
 int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_PER_TOKEN],
@@ -998,33 +1091,28 @@ int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_
             return err_set_row(err, -EINVAL, rows[k], "column %d: row %u of table %d is out of range",
                                k % ENGRAM_COLUMNS, rows[k], t);
     }
-    memcpy(r->step_rows, rows, sizeof r->step_rows);
     r->step_active = 1;
     r->step_cancel_sent = 0;
-    r->step_dtype = dtype;
     r->step_out = out;
-    r->step_issued = r->step_done = r->n_miss = 0;
-    r->step_rc = 0;
-    r->st.rows_requested += ENGRAM_ROWS_PER_TOKEN;
     r->step_t0 = now_ns();
-    size_t row_bytes = ENGRAM_ROW_VALUES * elem_size(dtype);
-    for (unsigned k = 0; k < ENGRAM_ROWS_PER_TOKEN; k++) {
-        engram_error e;
-        int hit = decode_cached(r, (int)(k / ENGRAM_COLUMNS), rows[k], dtype,
-                                (uint8_t *)out + k * row_bytes, &e);
-        if (hit == 0) {
-            r->step_miss[r->n_miss++] = (uint8_t)k;
-            continue;
-        }
-        if (hit < 0 && r->step_rc == 0) {
-            r->step_rc = hit;
-            r->step_err = e;
-        }
-        r->step_done++;
+    /* The step's second job borrows the batch's job struct: no batch runs
+     * while a step is in flight. */
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        struct rjob *j = step_jobs(r, t);
+        memset(j, 0, sizeof *j);
+        j->table = t;
+        j->dtype = dtype;
+        j->reqs = r->step_reqs + t * ENGRAM_COLUMNS;
+        for (int c = 0; c < ENGRAM_COLUMNS; c++)
+            j->reqs[c] = (uint64_t)rows[t * ENGRAM_COLUMNS + c] << 32 | (uint64_t)c;
+        j->nreq = ENGRAM_COLUMNS;
+        j->dst = step_dst;
+        j->ctx = r;
+        reader_job_start(r, j);
     }
     step_push(r);
-    if (r->step_rc != 0) { /* nothing of a failed step stays in flight */
-        cancel_and_drain(r);
+    if (step_error(r, NULL) != 0) { /* nothing of a failed step stays in flight */
+        reader_drain_all(r, 1);
         return step_finish(r, err);
     }
     return 0;
@@ -1035,27 +1123,28 @@ int engram_reader_step_wait(engram_reader *r, engram_error *err)
     if (!r || !r->step_active)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no decode step in flight");
     unsigned spins = 0;
-    while (r->step_rc == 0 && r->step_done < ENGRAM_ROWS_PER_TOKEN) {
+    while (step_error(r, NULL) == 0 && !step_finished(r)) {
         step_push(r);
-        if (r->step_rc != 0)
+        if (step_error(r, NULL) != 0 || step_finished(r))
             break;
         if (r->inflight == 0) {
-            if (stalled(r, &spins) < 0)
-                r->step_rc = err_set(&r->step_err, -EAGAIN, ENGRAM_NO_OFFSET,
-                                     "I/O engine kept refusing reads");
+            if (stalled(r, &spins) < 0) {
+                reader_job_fail(&r->step, -EAGAIN, "I/O engine kept refusing reads");
+            }
             continue;
         }
         /* Wait for everything in flight in one wake-up: waking per row costs
          * a context switch each, which on a VM is a good part of a step. */
-        int n = pump(r, r->inflight);
-        if (n < 0 && r->step_rc == 0)
-            r->step_rc = err_set(&r->step_err, n, ENGRAM_NO_OFFSET, "I/O engine failed: %s",
-                                 strerror(-n));
-        else if (n > 0)
+        int n = reader_pump(r, r->inflight);
+        if (n < 0 && step_error(r, NULL) == 0) {
+            r->step.rc = err_set(&r->step.err, n, ENGRAM_NO_OFFSET, "I/O engine failed: %s", strerror(-n));
+            r->step.live = 0;
+        } else if (n > 0) {
             spins = 0;
+        }
     }
-    if (r->step_rc != 0)
-        cancel_and_drain(r);
+    if (step_error(r, NULL) != 0)
+        reader_drain_all(r, 1);
     return step_finish(r, err);
 }
 
@@ -1063,33 +1152,42 @@ int engram_reader_step_poll(engram_reader *r, engram_error *err)
 {
     if (!r || !r->step_active)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no decode step in flight");
-    if (r->step_rc == 0 && r->step_done < ENGRAM_ROWS_PER_TOKEN) {
+    if (step_error(r, NULL) == 0 && !step_finished(r)) {
         step_push(r);
-        if (r->step_rc == 0 && r->inflight > 0) {
-            int n = pump(r, 0);
-            if (n < 0 && r->step_rc == 0)
-                r->step_rc = err_set(&r->step_err, n, ENGRAM_NO_OFFSET, "I/O engine failed: %s",
+        if (step_error(r, NULL) == 0 && r->inflight > 0) {
+            int n = reader_pump(r, 0);
+            if (n < 0 && step_error(r, NULL) == 0) {
+                r->step.rc = err_set(&r->step.err, n, ENGRAM_NO_OFFSET, "I/O engine failed: %s",
                                      strerror(-n));
+                r->step.live = 0;
+            }
             step_push(r);
         }
     }
-    if (r->step_rc != 0) {
+    if (step_error(r, NULL) != 0) {
         /* Failed: collect the rest without blocking, after asking for it
-         * to be cancelled once. */
+         * to be cancelled once (the other table's job is abandoned first, so
+         * its cancelled reads are not taken for its own failure). */
+        for (int t = 0; t < ENGRAM_TABLES; t++) {
+            struct rjob *j = step_jobs(r, t);
+            if (j->rc == 0) {
+                reader_job_fail(j, -ECANCELED, "abandoned after another read failed");
+                j->abandoned = 1;
+            }
+        }
         while (r->n_pending > 0)
             release(r, r->pending[--r->n_pending]);
         if (r->inflight > 0 && !r->step_cancel_sent) {
             r->step_cancel_sent = 1;
             r->eng->ops->cancel(r->eng);
         }
-        if (r->inflight > 0 && pump(r, 0) < 0) {
-            drain(r); /* the engine failed while collecting: block once */
-        }
+        if (r->inflight > 0 && reader_pump(r, 0) < 0)
+            reader_drain_all(r, 0); /* the engine failed while collecting: block once */
         if (r->inflight > 0)
             return -EAGAIN;
         return step_finish(r, err);
     }
-    if (r->step_done < ENGRAM_ROWS_PER_TOKEN)
+    if (!step_finished(r))
         return -EAGAIN;
     return step_finish(r, err);
 }
@@ -1098,9 +1196,8 @@ int engram_reader_step_cancel(engram_reader *r)
 {
     if (!r || !r->step_active)
         return -EINVAL;
-    if (r->step_rc == 0)
-        r->step_rc = err_set(&r->step_err, -ECANCELED, ENGRAM_NO_OFFSET, "step cancelled");
-    cancel_and_drain(r);
+    reader_job_fail(&r->step, -ECANCELED, "step cancelled");
+    reader_drain_all(r, 1);
     r->step_active = 0;
     r->st.steps_cancelled++;
     return 0;

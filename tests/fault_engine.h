@@ -146,6 +146,12 @@ static int fe_cancel(struct io_engine *e)
     return f->inner->ops->cancel(f->inner);
 }
 
+static void fe_wake(struct io_engine *e)
+{
+    struct fe_engine *f = (struct fe_engine *)e;
+    f->inner->ops->wake(f->inner);
+}
+
 static void fe_destroy(struct io_engine *e)
 {
     struct fe_engine *f = (struct fe_engine *)e;
@@ -156,7 +162,7 @@ static void fe_destroy(struct io_engine *e)
     free(f);
 }
 
-static const struct io_engine_ops fe_ops = {fe_queue, fe_submit, fe_reap, fe_cancel, fe_destroy};
+static const struct io_engine_ops fe_ops = {fe_queue, fe_submit, fe_reap, fe_cancel, fe_wake, fe_destroy};
 
 static inline struct io_engine *fe_wrap_engine(struct io_engine *inner)
 {
@@ -171,16 +177,16 @@ static inline struct io_engine *fe_wrap_engine(struct io_engine *inner)
     return &f->base;
 }
 
-int __real_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
+int __real_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, int wakeable,
                                struct io_engine **out, char *note, size_t note_len);
-int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
+int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, int wakeable,
                                struct io_engine **out, char *note, size_t note_len);
-int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len,
+int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, int wakeable,
                                struct io_engine **out, char *note, size_t note_len)
 {
     if (fe.setup_uring)
         return fe.setup_uring;
-    int rc = __real_io_uring_engine_new(fd, depth, arena, arena_len, out, note, note_len);
+    int rc = __real_io_uring_engine_new(fd, depth, arena, arena_len, wakeable, out, note, note_len);
     if (rc == 0 && fe.wrap)
         *out = fe_wrap_engine(*out);
     return rc;

@@ -1,0 +1,80 @@
+/*
+ * reader_int.h - the reader's job interface, for the session pool.
+ *
+ * A job is one owner's set of row requests (a batch chunk, a decode step, a
+ * round of decode steps of many sessions, a prefill chunk): requests sorted
+ * by (table, row) so that each distinct row is read once and fanned out to
+ * every request for it.  Any number of jobs may be in progress on a reader
+ * at once; their reads share the reader's slots.  Everything here is
+ * driven by one thread at a time (the reader's user), except
+ * reader_wake().
+ */
+#ifndef ENGRAM_READER_INT_H
+#define ENGRAM_READER_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engram.h"
+
+#define JOB_LANES 64
+/* Rows delivered as their raw 264 bytes (validated), besides BF16 / F32. */
+#define ENGRAM_RAW_DTYPE 2
+
+struct rjob;
+typedef void *(*rjob_dst_fn)(struct rjob *j, uint32_t idx);
+typedef void (*rjob_done_fn)(struct rjob *j, uint32_t idx);
+
+struct rjob {
+    int rc;                  /* first error; then completions are only collected */
+    int abandoned;           /* rc came from another job's failure (drain)     */
+    engram_error err;
+    int table;               /* every request of a job is for one table        */
+    int dtype;               /* ENGRAM_BF16, ENGRAM_F32 or ENGRAM_RAW_DTYPE     */
+    uint64_t *reqs;          /* (row << 32) | idx, sorted by reader_job_start  */
+    size_t nreq;
+    size_t cur[JOB_LANES], end[JOB_LANES];
+    int lane, live;          /* issue cursor: lanes still holding requests     */
+    unsigned outstanding;    /* slots taken for this job, not yet released     */
+    uint64_t rows_read;      /* distinct rows this job read from the device    */
+    rjob_dst_fn dst;         /* where request idx's row goes                   */
+    rjob_done_fn done;       /* after request idx's row is written (or NULL)   */
+    void *ctx;
+};
+
+/* Sorts the job's requests and sets up its issue cursor (rc = 0).  No heap
+ * memory. */
+void reader_job_start(engram_reader *r, struct rjob *j);
+/* Issues up to `max` more distinct rows of j (row cache hits are served at
+ * once and count as none); returns how many reads were taken.  Errors land
+ * in j->rc. */
+unsigned reader_job_issue(engram_reader *r, struct rjob *j, unsigned max);
+/* 1 when every request of j has been issued and no read of it is left. */
+static inline int reader_job_finished(const struct rjob *j)
+{
+    return j->live == 0 && j->outstanding == 0;
+}
+/* Fails the job (if it has not failed): no more of its rows are issued or
+ * delivered; reads in flight are collected by later pumps. */
+void reader_job_fail(struct rjob *j, int code, const char *what);
+
+unsigned reader_free_slots(const engram_reader *r);
+unsigned reader_in_flight(const engram_reader *r);
+/* Queues and submits what is pending: 0 or a hard -errno. */
+int reader_push(engram_reader *r);
+/* Reaps at least min completions (min <= in flight; a wake-up may end the
+ * wait early) and delivers them to their jobs.  Returns how many, or a
+ * hard -errno (transients retried). */
+int reader_pump(engram_reader *r, unsigned min);
+/* Collects every read in flight (asking the engine to cancel them first
+ * when cancel), delivering none; marks the reader broken if the engine
+ * stops answering. */
+void reader_drain_all(engram_reader *r, int cancel);
+/* From any thread: makes a blocked reader_pump return. */
+void reader_wake(engram_reader *r);
+/* Opens a reader whose engine can be woken (for the pool's I/O thread). */
+int reader_open_wakeable(const engram_model *m, const engram_reader_opts *opts,
+                         engram_reader **out, engram_error *err);
+int reader_broken(const engram_reader *r, engram_error *err);
+
+#endif
