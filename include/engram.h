@@ -261,7 +261,12 @@ int engram_model_dup_fd(const engram_model *m);
 
 /* Element type of decoded rows and of residuals: BF16 bit patterns (uint16)
  * or float32. */
-typedef enum engram_dtype { ENGRAM_BF16 = 0, ENGRAM_F32 = 1 } engram_dtype;
+typedef enum engram_dtype {
+    ENGRAM_BF16 = 0,
+    ENGRAM_F32 = 1,
+    ENGRAM_RAW = 2      /* rows only, sessions only: the 264 bytes as stored
+                           (checked to decode), for decoding elsewhere (GPU) */
+} engram_dtype;
 
 /*
  * Engram's output (SPEC.md section 8): for each token, the 24 decoded rows
@@ -536,6 +541,163 @@ int engram_reader_step_cancel(engram_reader *r);
 
 void engram_reader_stats(const engram_reader *r, engram_io_stats *st);
 void engram_reader_reset_stats(engram_reader *r);
+
+/* ------------------------------------------------------------------ sessions */
+
+/*
+ * Many sequences of one model, each a session, share one pool: the pool
+ * owns the I/O machinery (one uncached reader with its engine, slots and
+ * buffers) and one I/O thread that issues every session's reads, merges
+ * reads of the same row wanted by several sessions at once, decodes rows
+ * into the sessions' buffers and wakes whoever waits for them.  A session
+ * is its hash history and the state of its current step or prefill:
+ * sizeof(struct) <= ENGRAM_SESSION_MAX_BYTES besides the caller's buffers.
+ *
+ * Concurrency: the pool's functions may be called from any threads.  A
+ * session is used by one thread at a time (its calls are not concurrent
+ * with each other), but different sessions may be used concurrently from
+ * any number of threads.  engram_pool_close() must come after every
+ * session's close.
+ *
+ * Decode: engram_step_begin() validates and hashes the step's tokens
+ * (1, or up to ENGRAM_MAX_DRAFT draft tokens for speculative decoding),
+ * queues their reads and returns at once; engram_step_wait(s, t) blocks
+ * until table t's rows of every token of the step are in `out` (table 0
+ * before layer 1, table 1 before layer 14); then the caller applies, and
+ * ends the step with commit(j) (the history takes the first j tokens, j <=
+ * k) or abort (history unchanged).  The history changes only in a commit
+ * after a step whose reads all succeeded.  Masked tokens read nothing (their
+ * rows in `out` are left as they were).
+ */
+typedef struct engram_pool engram_pool;
+typedef struct engram_session engram_session;
+
+#define ENGRAM_MAX_DRAFT 8u               /* tokens of one step             */
+#define ENGRAM_SESSION_MAX_BYTES 4096u    /* a session's own memory         */
+#define ENGRAM_ROUND_TOKENS 512u          /* tokens the I/O thread merges into one round of reads */
+
+typedef struct engram_pool_opts {
+    engram_reader_opts reader;   /* engine, depth, row cache of the pool's reader */
+} engram_pool_opts;
+
+/* Opens the pool (its reader, the I/O thread).  Memory: the reader's
+ * (ENGRAM_READER_MAX_BYTES + its cache) + 4 rounds of ENGRAM_ROUND_TOKENS
+ * tokens' requests (about 800 KiB) + a 256 KiB stack.  The model must
+ * outlive the pool.  Errors as engram_reader_open, -EAGAIN (thread). */
+int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram_pool **out,
+                     engram_error *err);
+void engram_pool_close(engram_pool *p);
+
+typedef struct engram_pool_stats {
+    engram_io_stats io;          /* the reader's: rows_requested counts every
+                                    request, rows_read the distinct rows read */
+    uint64_t steps;              /* steps begun                              */
+    uint64_t rounds;             /* rounds of merged step reads              */
+    uint64_t step_rows_requested, step_rows_read; /* of steps: requested vs distinct reads */
+    uint64_t prefill_chunks;     /* chunk reads of prefills finished         */
+    uint64_t prefill_rows_requested, prefill_rows_read;
+} engram_pool_stats;
+void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st);
+
+/* A session: history reset (all dead), idle.  -ENOMEM. */
+int engram_session_open(engram_pool *p, engram_session **out, engram_error *err);
+/* Aborts a step or prefill in progress, waits until the I/O thread holds no
+ * reference to the session (at most the reads in flight), frees it. */
+void engram_session_close(engram_session *s);
+/* Snapshot: the committed history (3 ints; a copy is the whole state). */
+void engram_session_history(const engram_session *s, engram_history *h);
+/* Restore from a snapshot (validated: -EINVAL, unchanged) or rebuild from
+ * the last min(n, 3) tokens of a sequence through the token map, mask as
+ * in engram_hash_tokens (a masked token is a dead entry).  -EBUSY while a
+ * step or prefill is in progress. */
+int engram_session_set_history(engram_session *s, const engram_history *h, engram_error *err);
+int engram_session_restore(engram_session *s, const uint32_t *tokens, const uint8_t *mask,
+                           size_t n, engram_error *err);
+
+/* Starts a step of k tokens (1 .. ENGRAM_MAX_DRAFT; mask NULL or [k]).  out:
+ * [k][48][256] of dtype (BF16 / F32), or [k][48][264] bytes (ENGRAM_RAW);
+ * per token table 0's 24 rows then table 1's.  out must stay valid until
+ * the step ends (commit, abort, close).  Tokens are validated and hashed
+ * first (-EINVAL naming the token, nothing queued); -EBUSY if a step or
+ * prefill is in progress.  No heap memory. */
+int engram_step_begin(engram_session *s, const uint32_t *tokens, const uint8_t *mask, unsigned k,
+                      engram_dtype dtype, void *out, engram_error *err);
+/* One step of one token for each of n sessions (continuous batching):
+ * validated as a whole first (nothing is queued unless every session can
+ * begin), then queued together, so rows wanted by several of them are read
+ * once.  mask NULL or [n]; outs[i] as for engram_step_begin with k = 1. */
+int engram_step_begin_batch(engram_session *const *s, const uint32_t *tokens, const uint8_t *mask,
+                            size_t n, engram_dtype dtype, void *const *outs, engram_error *err);
+/* Blocks until table t's rows of the step are in out: 0, or the error of a
+ * read or a row that does not decode (err names the row).  Poll: 0,
+ * -EAGAIN (not yet) or the error. */
+int engram_step_wait(engram_session *s, int table, engram_error *err);
+int engram_step_poll(engram_session *s, int table, engram_error *err);
+/* Ends the step keeping the history of its first j tokens (0 <= j <= k):
+ * waits for the step's reads first.  If a read failed: the error, history
+ * unchanged.  Either way the step is over. */
+int engram_step_commit(engram_session *s, unsigned j, engram_error *err);
+/* Ends the step without changing the history; returns at once: no row is
+ * written into out after it returns.  No-op when no step is in progress. */
+void engram_step_abort(engram_session *s);
+
+typedef struct engram_step_info {
+    unsigned k;                  /* tokens of the step                      */
+    uint64_t begin_ns;           /* CLOCK_MONOTONIC at begin                */
+    uint64_t ready_ns[ENGRAM_TABLES]; /* when each table's rows were all in (0: not yet) */
+    unsigned rows[ENGRAM_TABLES];     /* rows the step asked for per table    */
+} engram_step_info;
+void engram_step_get_info(const engram_session *s, engram_step_info *info);
+
+/*
+ * Prefill with prefetch: the prompt's tokens are validated first, then the
+ * pool's I/O thread hashes and reads them chunk by chunk (chunk_tokens, each
+ * chunk de-duplicated) into a ring of ring_chunks chunk buffers per table,
+ * publishing each finished chunk (engram_prefill_ready, an atomic count);
+ * the consumer waits per chunk and releases it, which frees its buffer for
+ * a later chunk.  Table 1's reads start table1_delay_ns after the prefill
+ * began, or at engram_prefill_start_table1() (its layer signal).  Memory:
+ * 2 x ring_chunks x chunk_tokens x 24 rows of dtype (2 x 2 x 2048 x 24 x
+ * 512 B = 100 MB by default, BF16) + 2 x chunk_tokens x 24 x 12 bytes of
+ * requests, whatever the prompt's length; allocated at begin, freed at
+ * end or cancel.  Masked tokens read nothing.  The session's history
+ * becomes that after the prompt at engram_prefill_end, if every chunk of
+ * both tables was read.
+ */
+typedef struct engram_prefill engram_prefill;
+
+#define ENGRAM_PREFILL_MANUAL UINT64_MAX  /* table1_delay_ns: wait for start_table1 */
+
+typedef struct engram_prefill_opts {
+    unsigned chunk_tokens;       /* 0 = ENGRAM_BATCH_TOKENS                 */
+    unsigned ring_chunks;        /* chunk buffers per table; 0 = 2          */
+    engram_dtype dtype;          /* BF16, F32 or RAW                        */
+    uint64_t table1_delay_ns;    /* 0: at once; ENGRAM_PREFILL_MANUAL        */
+} engram_prefill_opts;
+
+/* tokens and mask (NULL or [n]) must stay valid until end or cancel.
+ * -EINVAL (a bad token, naming its position; options), -EBUSY, -ENOMEM. */
+int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_t *mask, size_t n,
+                         const engram_prefill_opts *opts, engram_prefill **out, engram_error *err);
+size_t engram_prefill_chunks(const engram_prefill *pf);
+/* Chunks of table t read so far (acquire load of the progress counter). */
+size_t engram_prefill_ready(const engram_prefill *pf, int table);
+/* Blocks until chunk c of table t is read: *rows -> [n_tokens][24][row]
+ * (row: 256 values of dtype, or 264 bytes), tokens first .. first+n-1 of
+ * the prompt; valid until engram_prefill_release(pf, t, c).  Chunks of a
+ * table are waited for and released in order.  Errors: a read's (err names
+ * the row), -ECANCELED, -EINVAL. */
+int engram_prefill_wait(engram_prefill *pf, int table, size_t c, const void **rows,
+                        size_t *first, size_t *n_tokens, engram_error *err);
+void engram_prefill_release(engram_prefill *pf, int table, size_t c);
+void engram_prefill_start_table1(engram_prefill *pf);
+/* Ends the prefill: stops what is left, commits the history if every chunk
+ * of both tables was read (0), else returns the first error or -ECANCELED
+ * (history unchanged).  Frees pf. */
+int engram_prefill_end(engram_prefill *pf, engram_error *err);
+/* Stops the prefill and frees it; the history is unchanged.  No buffer of
+ * it is written after this returns. */
+void engram_prefill_cancel(engram_prefill *pf);
 
 #pragma GCC visibility pop
 

@@ -521,6 +521,11 @@ unsigned reader_in_flight(const engram_reader *r)
     return r->inflight + r->n_pending;
 }
 
+unsigned reader_reaping(const engram_reader *r)
+{
+    return r->inflight;
+}
+
 /* Takes a free slot for (table, row) of job j, requests [lo, hi), and puts
  * it on the pending list; the caller has checked n_free > 0. */
 static unsigned take_slot(engram_reader *r, struct rjob *j, int table, uint32_t row, size_t lo,
@@ -582,9 +587,15 @@ static void fail_slot(engram_reader *r, unsigned s, int code, const char *fmt, .
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    j->rc = code;
-    err_set_at(&j->err, code, slot_row_offset(sl), sl->row, "row %u of table %d: %s (file offset %llu)",
+    engram_error e;
+    err_set_at(&e, code, slot_row_offset(sl), sl->row, "row %u of table %d: %s (file offset %llu)",
                sl->row, sl->table, what, (unsigned long long)slot_row_offset(sl));
+    if (j->failed) { /* the owner takes it; the job goes on */
+        j->failed(j, sl->lo, sl->hi, &e);
+        return;
+    }
+    j->rc = code;
+    j->err = e;
     j->live = 0;
 }
 
@@ -630,7 +641,7 @@ static int write_row(const uint8_t *raw, int dtype, void *dst, const char **why)
         rc = engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, (uint16_t *)dst, NULL);
     else if ((rc = engram_row_check(raw, why)) == 0)
         memcpy(dst, raw, ENGRAM_ROW_BYTES);
-    if (rc == -EDOM && dtype != ENGRAM_RAW_DTYPE)
+    if (rc == -EDOM && dtype != ENGRAM_RAW)
         engram_row_check(raw, why);
     return rc;
 }
@@ -640,6 +651,8 @@ static int write_row(const uint8_t *raw, int dtype, void *dst, const char **why)
  * written; *why says why). */
 static int deliver_rows(struct rjob *j, const uint8_t *raw, size_t lo, size_t hi, const char **why)
 {
+    if (j->deliver)
+        return j->deliver(j, raw, lo, hi, why);
     void *first = j->dst(j, (uint32_t)j->reqs[lo]);
     int rc = write_row(raw, j->dtype, first, why);
     if (rc < 0)
@@ -660,11 +673,12 @@ static void deliver(engram_reader *r, unsigned s)
     const struct slot *sl = &r->slots[s];
     const uint8_t *raw = r->arena + (size_t)s * r->slot_size + sl->skip;
     const char *why = "invalid";
-    if (deliver_rows(sl->job, raw, sl->lo, sl->hi, &why) < 0) {
+    int rc = deliver_rows(sl->job, raw, sl->lo, sl->hi, &why);
+    if (rc < 0) {
         fail_slot(r, s, -EDOM, "%s", why);
         return;
     }
-    if (r->cache)
+    if (rc == 0 && r->cache) /* > 0: the owner took an invalid row itself */
         rowcache_put(r->cache, sl->table, sl->row, raw);
 }
 
@@ -847,8 +861,15 @@ unsigned reader_job_issue(engram_reader *r, struct rjob *j, unsigned max)
             r->st.cache_hits++;
             const char *why = "invalid";
             if (deliver_rows(j, raw, i, k, &why) < 0) {
-                j->rc = err_set_row(&j->err, -EDOM, row, "row %u of table %d: %s", row, j->table, why);
-                j->live = 0;
+                engram_error e;
+                err_set_row(&e, -EDOM, row, "row %u of table %d: %s", row, j->table, why);
+                if (j->failed) {
+                    j->failed(j, i, k, &e);
+                } else {
+                    j->rc = -EDOM;
+                    j->err = e;
+                    j->live = 0;
+                }
             }
             continue;
         }

@@ -18,19 +18,26 @@
 #include "engram.h"
 
 #define JOB_LANES 64
-/* Rows delivered as their raw 264 bytes (validated), besides BF16 / F32. */
-#define ENGRAM_RAW_DTYPE 2
 
 struct rjob;
 typedef void *(*rjob_dst_fn)(struct rjob *j, uint32_t idx);
 typedef void (*rjob_done_fn)(struct rjob *j, uint32_t idx);
+/* Custom delivery of the row for requests [lo, hi) (raw: its 264 bytes,
+ * valid during the call, not yet validated).  0; -EDOM with *why to fail
+ * the job; 1 when the row did not decode and the owner dealt with it.  The
+ * reader puts rows delivered with 0 into its row cache. */
+typedef int (*rjob_deliver_fn)(struct rjob *j, const uint8_t *raw, size_t lo, size_t hi,
+                               const char **why);
+/* A read that failed for requests [lo, hi): with this set the job goes on
+ * (the owner decides what the failure means); without it the job fails. */
+typedef void (*rjob_failed_fn)(struct rjob *j, size_t lo, size_t hi, const engram_error *e);
 
 struct rjob {
     int rc;                  /* first error; then completions are only collected */
     int abandoned;           /* rc came from another job's failure (drain)     */
     engram_error err;
     int table;               /* every request of a job is for one table        */
-    int dtype;               /* ENGRAM_BF16, ENGRAM_F32 or ENGRAM_RAW_DTYPE     */
+    int dtype;               /* ENGRAM_BF16, ENGRAM_F32 or ENGRAM_RAW          */
     uint64_t *reqs;          /* (row << 32) | idx, sorted by reader_job_start  */
     size_t nreq;
     size_t cur[JOB_LANES], end[JOB_LANES];
@@ -39,6 +46,8 @@ struct rjob {
     uint64_t rows_read;      /* distinct rows this job read from the device    */
     rjob_dst_fn dst;         /* where request idx's row goes                   */
     rjob_done_fn done;       /* after request idx's row is written (or NULL)   */
+    rjob_deliver_fn deliver; /* instead of dst/done (or NULL)                  */
+    rjob_failed_fn failed;   /* per-read failures (or NULL: the job fails)     */
     void *ctx;
 };
 
@@ -59,7 +68,9 @@ static inline int reader_job_finished(const struct rjob *j)
 void reader_job_fail(struct rjob *j, int code, const char *what);
 
 unsigned reader_free_slots(const engram_reader *r);
+/* Reads taken (in flight or waiting to be queued), and those in flight. */
 unsigned reader_in_flight(const engram_reader *r);
+unsigned reader_reaping(const engram_reader *r);
 /* Queues and submits what is pending: 0 or a hard -errno. */
 int reader_push(engram_reader *r);
 /* Reaps at least min completions (min <= in flight; a wake-up may end the

@@ -1,0 +1,666 @@
+/*
+ * test_session.c - sessions on a shared pool (engram.h, "sessions"), on a
+ * real file with every engine.  Rows are compared with the exact
+ * single-row path (engram_model_read_*), residuals with serial applies:
+ *  - decode steps deliver exactly the rows of the hashed tokens, per table;
+ *    a step of k draft tokens with commit(j) equals j single steps (rows and
+ *    history); abort leaves the history unchanged;
+ *  - batched decode of B sessions (one round, shared rows read once) equals
+ *    the same sessions stepped one by one;
+ *  - prefill through the prefetch ring equals the reader's serial batch, and
+ *    prefill of T tokens followed by steps equals T + more steps one by one
+ *    (rows, history and applied residuals); table 1 starts on a signal;
+ *  - a session restored from a snapshot or from the last tokens continues
+ *    exactly as the uninterrupted one;
+ *  - 8 threads with interleaved sessions equal the same sessions run one
+ *    after another, with a prefill running meanwhile on the same pool;
+ *  - cancellation at random points, a file truncated under a running
+ *    prefill and a NaN row: errors named, histories unchanged, nothing left
+ *    (LeakSanitizer, ThreadSanitizer in the suite);
+ *  - a session's own memory is within ENGRAM_SESSION_MAX_BYTES.
+ */
+#include <pthread.h>
+#include <time.h>
+
+#include "testutil.h"
+#include "../src/session_int.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+#define ROWB (256 * 2) /* a BF16 row */
+#define TOKB (48 * ROWB)
+
+static engram_model *model;
+static char model_path[512];
+static const engram_io_engine engines[] = {ENGRAM_IO_URING, ENGRAM_IO_THREADS, ENGRAM_IO_BUFFERED};
+static const char *const engine_names[] = {"io_uring", "threads", "buffered"};
+
+static uint32_t *random_tokens(size_t n, uint64_t seed, unsigned alphabet)
+{
+    uint32_t *t = malloc(n * sizeof *t);
+    for (size_t i = 0; i < n; i++)
+        t[i] = (uint32_t)(tu_rand(&seed) % alphabet);
+    return t;
+}
+
+/* Expected rows [n][48][256] BF16 of a token stream from history h (masked
+ * tokens: zeros, never compared). */
+static uint16_t *expected_rows(const uint32_t *tok, const uint8_t *mask, size_t n, engram_history h)
+{
+    uint32_t *rows = malloc(n * 48 * sizeof *rows);
+    uint16_t *out = calloc(n * 48, ROWB);
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(model), &h, tok, mask, n, rows, NULL), 0);
+    for (size_t i = 0; i < n; i++) {
+        if (mask && !mask[i])
+            continue;
+        for (int t = 0; t < 2; t++)
+            CHECK_EQ(engram_model_read_bf16(model, t, rows + i * 48 + t * 24, 24,
+                                            out + (i * 48 + (size_t)t * 24) * 256, NULL), 0);
+    }
+    free(rows);
+    return out;
+}
+
+static engram_pool *pool_open(int e, uint64_t cache)
+{
+    engram_pool_opts o = {.reader = {.engine = engines[e], .depth = 32, .cache_bytes = cache}};
+    engram_pool *p = NULL;
+    engram_error err;
+    int rc = engram_pool_open(model, &o, &p, &err);
+    CHECK_EQ(rc, 0);
+    if (rc < 0)
+        fprintf(stderr, "pool %s: %s\n", engine_names[e], err.msg);
+    return p;
+}
+
+static int hist_eq(const engram_history *a, const engram_history *b)
+{
+    return memcmp(a, b, sizeof *a) == 0;
+}
+
+/* ------------------------------------------------ steps */
+
+static void steps(int e)
+{
+    engram_pool *p = pool_open(e, 0);
+    if (!p)
+        return;
+    const size_t n = 40;
+    uint32_t *tok = random_tokens(n, 1, 500);
+    uint8_t mask[40];
+    for (size_t i = 0; i < n; i++)
+        mask[i] = i % 9 != 4;
+    engram_history h0;
+    engram_history_reset(&h0);
+    uint16_t *want = expected_rows(tok, mask, n, h0);
+    engram_session *s;
+    engram_error err;
+    CHECK_EQ(engram_session_open(p, &s, &err), 0);
+    static uint16_t out[ENGRAM_MAX_DRAFT * 48 * 256];
+    /* one token at a time, waited table by table, alternating wait/poll */
+    int bad = 0;
+    for (size_t i = 0; i < 20; i++) {
+        memset(out, 0xee, TOKB);
+        CHECK_EQ(engram_step_begin(s, tok + i, mask + i, 1, ENGRAM_BF16, out, &err), 0);
+        CHECK_EQ(engram_step_begin(s, tok + i, mask + i, 1, ENGRAM_BF16, out, &err), -EBUSY);
+        if (i % 2) {
+            CHECK_EQ(engram_step_wait(s, 0, &err), 0);
+            CHECK_EQ(engram_step_wait(s, 1, &err), 0);
+        } else {
+            int rc;
+            while ((rc = engram_step_poll(s, 1, &err)) == -EAGAIN)
+                ;
+            CHECK_EQ(rc, 0);
+            while ((rc = engram_step_poll(s, 0, &err)) == -EAGAIN)
+                ;
+            CHECK_EQ(rc, 0);
+        }
+        engram_step_info info;
+        engram_step_get_info(s, &info);
+        CHECK(info.ready_ns[0] >= info.begin_ns && info.ready_ns[1] >= info.begin_ns);
+        CHECK_EQ(info.rows[0], mask[i] ? 24 : 0);
+        CHECK_EQ(engram_step_commit(s, 1, &err), 0);
+        if (mask[i])
+            bad += memcmp(out, want + i * 48 * 256, TOKB) != 0;
+        else
+            bad += out[0] != 0xeeee; /* masked: nothing read, nothing written */
+    }
+    CHECK_EQ(bad, 0);
+    /* the history now equals hashing the 20 tokens */
+    engram_history h = h0, hs;
+    uint32_t rows[20 * 48];
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(model), &h, tok, mask, 20, rows, NULL), 0);
+    engram_session_history(s, &hs);
+    CHECK(hist_eq(&h, &hs));
+    /* a k-token step, commit(j) = j single steps */
+    for (unsigned k = 1; k <= ENGRAM_MAX_DRAFT; k += 3)
+        for (unsigned j = 0; j <= k; j += k > 1 ? k / 2 : 1) {
+            engram_history before;
+            engram_session_history(s, &before);
+            memset(out, 0xee, sizeof out);
+            CHECK_EQ(engram_step_begin(s, tok + 20, mask + 20, k, ENGRAM_BF16, out, &err), 0);
+            CHECK_EQ(engram_step_commit(s, j, &err), 0);
+            uint16_t *w = expected_rows(tok + 20, mask + 20, k, before);
+            for (unsigned i = 0; i < k; i++)
+                if (mask[20 + i])
+                    CHECK(memcmp(out + (size_t)i * 48 * 256, w + (size_t)i * 48 * 256, TOKB) == 0);
+            free(w);
+            engram_history after = before;
+            CHECK_EQ(engram_hash_tokens(engram_model_hasher(model), &after, tok + 20, mask + 20, j, rows,
+                                        NULL), 0);
+            engram_session_history(s, &hs);
+            CHECK(hist_eq(&after, &hs));
+            CHECK_EQ(engram_session_set_history(s, &before, &err), 0);
+        }
+    /* abort: history unchanged, and the next step exact */
+    engram_session_history(s, &h);
+    CHECK_EQ(engram_step_begin(s, tok + 30, NULL, 4, ENGRAM_BF16, out, &err), 0);
+    engram_step_abort(s);
+    engram_session_history(s, &hs);
+    CHECK(hist_eq(&h, &hs));
+    CHECK_EQ(engram_step_commit(s, 1, &err), -EINVAL);
+    /* bad input: nothing queued, history unchanged */
+    uint32_t badtok = engram_model_layout(model)->vocab;
+    CHECK_ERR(engram_step_begin(s, &badtok, NULL, 1, ENGRAM_BF16, out, &err), err, -EINVAL, "token 0");
+    CHECK_ERR(engram_step_begin(s, tok, NULL, ENGRAM_MAX_DRAFT + 1, ENGRAM_BF16, out, &err), err, -EINVAL, "k must be");
+    engram_history wild = {{5, 1 << 30, -1}};
+    CHECK_ERR(engram_session_set_history(s, &wild, &err), err, -EINVAL, "history entry 1");
+    engram_session_history(s, &hs);
+    CHECK(hist_eq(&h, &hs));
+    /* F32 and raw delivery */
+    static float outf[48 * 256];
+    static uint8_t outr[48 * 264];
+    CHECK_EQ(engram_step_begin(s, tok + 31, NULL, 1, ENGRAM_F32, outf, &err), 0);
+    CHECK_EQ(engram_step_commit(s, 0, &err), 0);
+    CHECK_EQ(engram_step_begin(s, tok + 31, NULL, 1, ENGRAM_RAW, outr, &err), 0);
+    CHECK_EQ(engram_step_commit(s, 0, &err), 0);
+    uint16_t *w = expected_rows(tok + 31, NULL, 1, hs);
+    int fbad = 0, rbad = 0;
+    for (int i = 0; i < 48 * 256; i++) {
+        union { float f; uint32_t u; } v = {outf[i]};
+        fbad += (uint16_t)(v.u >> 16) != w[i] || (v.u & 0xffff);
+    }
+    uint16_t dec[48 * 256];
+    CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, outr, 48, dec, NULL), 0);
+    rbad = memcmp(dec, w, sizeof dec) != 0;
+    CHECK_EQ(fbad, 0);
+    CHECK_EQ(rbad, 0);
+    free(w);
+    engram_session_close(s);
+    engram_pool_close(p);
+    free(tok);
+    free(want);
+}
+
+/* ------------------------------------------------ batched decode */
+
+static void batched(int e)
+{
+    engram_pool *p = pool_open(e, 0);
+    if (!p)
+        return;
+    enum { B = 32, STEPS = 6 };
+    engram_session *s[B];
+    engram_error err;
+    for (int b = 0; b < B; b++)
+        CHECK_EQ(engram_session_open(p, &s[b], &err), 0);
+    /* the sessions read slices of one stream with few distinct tokens, so
+     * they share many rows */
+    uint32_t *tok = random_tokens((size_t)B * STEPS, 3, 12);
+    uint16_t *outs = malloc((size_t)B * TOKB);
+    void *ptrs[B];
+    for (int b = 0; b < B; b++)
+        ptrs[b] = outs + (size_t)b * 48 * 256;
+    engram_history h0;
+    engram_history_reset(&h0);
+    int bad = 0;
+    uint32_t stepped[B];
+    for (int st = 0; st < STEPS; st++) {
+        for (int b = 0; b < B; b++)
+            stepped[b] = tok[(size_t)b * STEPS + (size_t)st];
+        CHECK_EQ(engram_step_begin_batch(s, stepped, NULL, B, ENGRAM_BF16, ptrs, &err), 0);
+        for (int b = 0; b < B; b++) {
+            CHECK_EQ(engram_step_wait(s[b], 0, &err), 0);
+            CHECK_EQ(engram_step_commit(s[b], 1, &err), 0);
+        }
+        for (int b = 0; b < B; b++) { /* each session's rows as its own serial stream */
+            uint16_t *w = expected_rows(tok + (size_t)b * STEPS, NULL, (size_t)st + 1, h0);
+            bad += memcmp(outs + (size_t)b * 48 * 256, w + (size_t)st * 48 * 256, TOKB) != 0;
+            free(w);
+        }
+    }
+    CHECK_EQ(bad, 0);
+    engram_pool_stats st;
+    engram_pool_stats_get(p, &st);
+    CHECK_EQ(st.step_rows_requested, (uint64_t)B * STEPS * 48);
+    CHECK(st.step_rows_read < st.step_rows_requested); /* shared rows read once */
+    CHECK(st.rounds >= STEPS);
+    printf("batched %-8s: %d sessions x %d steps: %llu rows requested, %llu read, %llu rounds\n",
+           engine_names[e], B, STEPS, (unsigned long long)st.step_rows_requested,
+           (unsigned long long)st.step_rows_read, (unsigned long long)st.rounds);
+    /* a session twice in a batch, or busy: refused, nothing begun */
+    engram_session *twice[2] = {s[0], s[0]};
+    CHECK_ERR(engram_step_begin_batch(twice, stepped, NULL, 2, ENGRAM_BF16, ptrs, &err), err, -EINVAL, "twice");
+    CHECK_EQ(engram_step_begin(s[1], stepped, NULL, 1, ENGRAM_BF16, ptrs[1], &err), 0);
+    CHECK_ERR(engram_step_begin_batch(s, stepped, NULL, 3, ENGRAM_BF16, ptrs, &err), err, -EBUSY, "session 1");
+    CHECK_EQ(engram_step_begin(s[0], stepped, NULL, 1, ENGRAM_BF16, ptrs[0], &err), 0); /* s[0] was idle */
+    engram_step_abort(s[0]);
+    engram_step_abort(s[1]);
+    for (int b = 0; b < B; b++)
+        engram_session_close(s[b]);
+    engram_pool_close(p);
+    free(tok);
+    free(outs);
+}
+
+/* ------------------------------------------------ prefill */
+
+static void prefill(int e)
+{
+    engram_pool *p = pool_open(e, 0);
+    if (!p)
+        return;
+    const size_t n = 2 * 700 + 123; /* 3 chunks of 700, the last partial */
+    uint32_t *tok = random_tokens(n + 10, 5, 300);
+    uint8_t *mask = malloc(n + 10);
+    for (size_t i = 0; i < n + 10; i++)
+        mask[i] = i % 17 != 3;
+    engram_history h0;
+    engram_history_reset(&h0);
+    uint16_t *want = expected_rows(tok, mask, n + 10, h0);
+    engram_session *s;
+    engram_error err;
+    CHECK_EQ(engram_session_open(p, &s, &err), 0);
+    engram_prefill_opts o = {.chunk_tokens = 700, .ring_chunks = 2, .dtype = ENGRAM_BF16,
+                             .table1_delay_ns = ENGRAM_PREFILL_MANUAL};
+    engram_prefill *pf;
+    CHECK_EQ(engram_prefill_begin(s, tok, mask, n, &o, &pf, &err), 0);
+    CHECK_EQ(engram_prefill_chunks(pf), 3);
+    CHECK_EQ(engram_step_begin(s, tok, NULL, 1, ENGRAM_BF16, want, &err), -EBUSY);
+    /* table 0 runs ahead while table 1 waits for its signal */
+    const void *rows;
+    size_t first, k;
+    CHECK_EQ(engram_prefill_wait(pf, 0, 0, &rows, &first, &k, &err), 0);
+    struct timespec ts = {0, 20000000};
+    nanosleep(&ts, NULL);
+    CHECK_EQ(engram_prefill_ready(pf, 1), 0);
+    engram_prefill_start_table1(pf);
+    int bad = 0;
+    for (size_t c = 0; c < 3; c++)
+        for (int t = 0; t < 2; t++) {
+            CHECK_EQ(engram_prefill_wait(pf, t, c, &rows, &first, &k, &err), 0);
+            CHECK_EQ(first, c * 700);
+            CHECK_EQ(k, c < 2 ? 700 : 123);
+            const uint16_t *r = rows;
+            for (size_t i = 0; i < k; i++)
+                if (mask[first + i])
+                    bad += memcmp(r + i * 24 * 256, want + ((first + i) * 48 + (size_t)t * 24) * 256,
+                                  24 * ROWB) != 0;
+            engram_prefill_release(pf, t, c);
+        }
+    CHECK_EQ(bad, 0);
+    CHECK_EQ(engram_prefill_ready(pf, 0), 3);
+    CHECK_EQ(engram_prefill_end(pf, &err), 0);
+    /* prefill of n tokens + steps = n + 10 steps one by one */
+    engram_history hs, h = h0;
+    uint32_t *rws = malloc((n + 10) * 48 * sizeof *rws);
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(model), &h, tok, mask, n, rws, NULL), 0);
+    engram_session_history(s, &hs);
+    CHECK(hist_eq(&h, &hs));
+    static uint16_t out[48 * 256];
+    for (size_t i = n; i < n + 10; i++) {
+        CHECK_EQ(engram_step_begin(s, tok + i, mask + i, 1, ENGRAM_BF16, out, &err), 0);
+        CHECK_EQ(engram_step_commit(s, 1, &err), 0);
+        if (mask[i])
+            bad += memcmp(out, want + i * 48 * 256, TOKB) != 0;
+    }
+    CHECK_EQ(bad, 0);
+    /* the same prompt through the serial reader: the same rows */
+    engram_reader *rd;
+    CHECK_EQ(engram_reader_open(model, NULL, &rd, &err), 0);
+    uint16_t *serial = malloc(n * 24 * ROWB);
+    engram_history hz = h0;
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(model), &hz, tok, mask, n, rws, NULL), 0);
+    CHECK_EQ(engram_reader_batch(rd, 1, rws, n, ENGRAM_BF16, serial, &err), 0);
+    int same = 1;
+    for (size_t i = 0; i < n; i++)
+        if (mask[i])
+            same &= memcmp(serial + i * 24 * 256, want + (i * 48 + 24) * 256, 24 * ROWB) == 0;
+    CHECK(same);
+    engram_reader_close(rd);
+    /* cancellation at chunk boundaries and mid-chunk: history unchanged */
+    for (int at = 0; at < 4; at++) {
+        engram_session_history(s, &h);
+        o.table1_delay_ns = (uint64_t)at * 1000000;
+        CHECK_EQ(engram_prefill_begin(s, tok, mask, n, &o, &pf, &err), 0);
+        if (at >= 2) {
+            CHECK_EQ(engram_prefill_wait(pf, 0, 0, NULL, NULL, NULL, &err), 0);
+            engram_prefill_release(pf, 0, 0);
+        }
+        if (at == 3)
+            engram_prefill_cancel(pf);
+        else
+            CHECK_EQ(engram_prefill_end(pf, &err), -ECANCELED);
+        engram_session_history(s, &hs);
+        CHECK(hist_eq(&h, &hs));
+    }
+    /* bad input */
+    uint32_t bt[3] = {1, engram_model_layout(model)->vocab, 2};
+    CHECK_ERR(engram_prefill_begin(s, bt, NULL, 3, &o, &pf, &err), err, -EINVAL, "token 1");
+    o.chunk_tokens = ENGRAM_BATCH_TOKENS + 1;
+    CHECK_ERR(engram_prefill_begin(s, tok, NULL, 3, &o, &pf, &err), err, -EINVAL, "chunk");
+    engram_session_close(s);
+    engram_pool_close(p);
+    free(rws);
+    free(serial);
+    free(tok);
+    free(mask);
+    free(want);
+}
+
+/* ------------------------------------------------ restore */
+
+static void restore(void)
+{
+    engram_pool *p = pool_open(0, 0);
+    if (!p)
+        return;
+    const size_t n = 30;
+    uint32_t *tok = random_tokens(n, 7, 800);
+    uint8_t mask[30];
+    for (size_t i = 0; i < n; i++)
+        mask[i] = i != 12 && i != 19;
+    engram_session *a, *b, *c;
+    engram_error err;
+    CHECK_EQ(engram_session_open(p, &a, &err), 0);
+    CHECK_EQ(engram_session_open(p, &b, &err), 0);
+    CHECK_EQ(engram_session_open(p, &c, &err), 0);
+    static uint16_t oa[48 * 256], ob[48 * 256], oc[48 * 256];
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        CHECK_EQ(engram_step_begin(a, tok + i, mask + i, 1, ENGRAM_BF16, oa, &err), 0);
+        CHECK_EQ(engram_step_commit(a, 1, &err), 0);
+        if (i == 19 || i == 20) { /* snapshot into b; rebuild c from the last tokens (masked tail) */
+            engram_history h;
+            engram_session_history(a, &h);
+            CHECK_EQ(engram_session_set_history(b, &h, &err), 0);
+            CHECK_EQ(engram_session_restore(c, tok, mask, i + 1, &err), 0);
+            engram_history hc;
+            engram_session_history(c, &hc);
+            CHECK(hist_eq(&h, &hc));
+        }
+        if (i > 20) {
+            CHECK_EQ(engram_step_begin(b, tok + i, mask + i, 1, ENGRAM_BF16, ob, &err), 0);
+            CHECK_EQ(engram_step_begin(c, tok + i, mask + i, 1, ENGRAM_BF16, oc, &err), 0);
+            CHECK_EQ(engram_step_commit(b, 1, &err), 0);
+            CHECK_EQ(engram_step_commit(c, 1, &err), 0);
+            if (mask[i])
+                bad += memcmp(oa, ob, sizeof oa) != 0 || memcmp(oa, oc, sizeof oa) != 0;
+        }
+    }
+    CHECK_EQ(bad, 0);
+    engram_session_close(a);
+    engram_session_close(b);
+    engram_session_close(c);
+    engram_pool_close(p);
+    free(tok);
+}
+
+/* ------------------------------------------------ threads */
+
+#define THREADS 8
+#define PER 3          /* sessions per thread */
+#define TSTEPS 24
+
+struct tjob {
+    engram_pool *p;
+    int id;
+    uint32_t *tok;     /* [PER][TSTEPS] */
+    uint16_t *got;     /* [PER][TSTEPS][48][256] */
+    int failed;
+};
+
+static void *tworker(void *arg)
+{
+    struct tjob *j = arg;
+    engram_session *s[PER];
+    engram_error err;
+    for (int q = 0; q < PER; q++)
+        if (engram_session_open(j->p, &s[q], &err) < 0)
+            j->failed = 1;
+    if (j->failed)
+        return NULL;
+    for (int st = 0; st < TSTEPS; st++)
+        for (int q = 0; q < PER; q++) { /* interleaved */
+            uint16_t *out = j->got + ((size_t)q * TSTEPS + (size_t)st) * 48 * 256;
+            if (engram_step_begin(s[q], j->tok + q * TSTEPS + st, NULL, 1, ENGRAM_BF16, out, &err) < 0 ||
+                engram_step_wait(s[q], 1, &err) < 0 || engram_step_commit(s[q], 1, &err) < 0)
+                j->failed = 1;
+        }
+    for (int q = 0; q < PER; q++)
+        engram_session_close(s[q]);
+    return NULL;
+}
+
+static void threads(int e)
+{
+    engram_pool *p = pool_open(e, e == 0 ? 1u << 20 : 0);
+    if (!p)
+        return;
+    struct tjob jobs[THREADS];
+    pthread_t th[THREADS];
+    engram_history h0;
+    engram_history_reset(&h0);
+    /* a prefill on the same pool meanwhile */
+    engram_session *ps;
+    engram_error err;
+    CHECK_EQ(engram_session_open(p, &ps, &err), 0);
+    uint32_t *ptok = random_tokens(3000, 99, 1000);
+    engram_prefill *pf;
+    engram_prefill_opts o = {.chunk_tokens = 1000, .dtype = ENGRAM_BF16};
+    CHECK_EQ(engram_prefill_begin(ps, ptok, NULL, 3000, &o, &pf, &err), 0);
+    for (int i = 0; i < THREADS; i++) {
+        jobs[i] = (struct tjob){p, i, random_tokens(PER * TSTEPS, 100 + (uint64_t)i, 200),
+                                malloc((size_t)PER * TSTEPS * TOKB), 0};
+        CHECK_EQ(pthread_create(&th[i], NULL, tworker, &jobs[i]), 0);
+    }
+    for (size_t c = 0; c < 3; c++)
+        for (int t = 0; t < 2; t++) {
+            CHECK_EQ(engram_prefill_wait(pf, t, c, NULL, NULL, NULL, &err), 0);
+            engram_prefill_release(pf, t, c);
+        }
+    CHECK_EQ(engram_prefill_end(pf, &err), 0);
+    engram_session_close(ps);
+    int bad = 0;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ(jobs[i].failed, 0);
+        for (int q = 0; q < PER; q++) { /* serially, one session after another */
+            uint16_t *w = expected_rows(jobs[i].tok + q * TSTEPS, NULL, TSTEPS, h0);
+            bad += memcmp(w, jobs[i].got + (size_t)q * TSTEPS * 48 * 256, (size_t)TSTEPS * TOKB) != 0;
+            free(w);
+        }
+        free(jobs[i].tok);
+        free(jobs[i].got);
+    }
+    CHECK_EQ(bad, 0);
+    engram_pool_stats st;
+    engram_pool_stats_get(p, &st);
+    printf("threads %-8s: %d threads x %d sessions x %d steps + a 3000-token prefill: %llu rounds, "
+           "%llu step rows requested, %llu read\n", engine_names[e], THREADS, PER, TSTEPS,
+           (unsigned long long)st.rounds, (unsigned long long)st.step_rows_requested,
+           (unsigned long long)st.step_rows_read);
+    engram_pool_close(p);
+    free(ptok);
+}
+
+/* ------------------------------------------------ failures */
+
+static void failures(void)
+{
+    /* a copy of the model, poisoned and then truncated under the pool */
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s.bad", model_path);
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", model_path, bad);
+    CHECK_EQ(system(cmd), 0);
+    engram_model *m;
+    engram_error err;
+    CHECK_EQ(engram_model_open(bad, &m, &err), 0);
+    engram_model *keep = model;
+    model = m;
+    engram_model_info in;
+    engram_model_get_info(m, &in);
+    engram_pool *p = pool_open(0, 0);
+    engram_session *s;
+    CHECK_EQ(engram_session_open(p, &s, &err), 0);
+    /* a NaN row: the step names it, the history stays */
+    uint32_t tok[1] = {77};
+    engram_history h, hs;
+    engram_session_history(s, &h);
+    uint32_t rows[48];
+    engram_history hh = h;
+    engram_hash_token(engram_model_hasher(m), &hh, tok[0], 0, rows);
+    int fd = open(bad, O_WRONLY | O_CLOEXEC);
+    uint8_t ff = 0xff;
+    CHECK_EQ(pwrite(fd, &ff, 1, (off_t)(in.table[1].offset + (uint64_t)rows[30] * 264 + 260)), 1);
+    close(fd);
+    static uint16_t out[48 * 256];
+    CHECK_EQ(engram_step_begin(s, tok, NULL, 1, ENGRAM_BF16, out, &err), 0);
+    CHECK_EQ(engram_step_wait(s, 0, &err), 0);
+    char want[64];
+    snprintf(want, sizeof want, "row %u of table 1", rows[30]);
+    CHECK_ERR(engram_step_wait(s, 1, &err), err, -EDOM, want);
+    CHECK_ERR(engram_step_commit(s, 1, &err), err, -EDOM, want);
+    engram_session_history(s, &hs);
+    CHECK(hist_eq(&h, &hs));
+    /* a file truncated under a running prefill: the chunk's read fails,
+     * named; the history stays */
+    const size_t n = 4000;
+    uint32_t *pt = random_tokens(n, 11, 100000);
+    engram_prefill_opts o = {.chunk_tokens = 1000, .ring_chunks = 1, .dtype = ENGRAM_BF16};
+    engram_prefill *pf;
+    CHECK_EQ(engram_prefill_begin(s, pt, NULL, n, &o, &pf, &err), 0);
+    CHECK_EQ(engram_prefill_wait(pf, 0, 0, NULL, NULL, NULL, &err), 0);
+    CHECK_EQ(truncate(bad, (off_t)(in.table[0].offset + 1000)), 0);
+    engram_prefill_release(pf, 0, 0);
+    engram_prefill_release(pf, 1, 0);
+    int rc = 0;
+    for (size_t c = 1; c < 4 && rc == 0; c++) {
+        rc = engram_prefill_wait(pf, 0, c, NULL, NULL, NULL, &err);
+        engram_prefill_release(pf, 0, c);
+        engram_prefill_release(pf, 1, c);
+    }
+    CHECK_ERR(rc, err, -EIO, "short read");
+    CHECK(engram_prefill_end(pf, &err) == -EIO);
+    engram_session_history(s, &hs);
+    CHECK(hist_eq(&h, &hs));
+    engram_session_close(s);
+    engram_pool_close(p);
+    engram_model_close(m);
+    model = keep;
+    unlink(bad);
+    free(pt);
+}
+
+/* Cancellation at random points: every way a step or prefill can end
+ * early, with other sessions' reads in flight; histories unchanged. */
+static void cancels(void)
+{
+    engram_pool *p = pool_open(0, 0);
+    if (!p)
+        return;
+    engram_session *s[4];
+    engram_error err;
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(engram_session_open(p, &s[i], &err), 0);
+    uint32_t *tok = random_tokens(5000, 13, 30000);
+    static uint16_t out[4][ENGRAM_MAX_DRAFT * 48 * 256];
+    uint64_t seed = 17;
+    int moved = 0;
+    for (int round = 0; round < (SANITIZED ? 60 : 300); round++) {
+        int who = (int)(tu_rand(&seed) % 4), how = (int)(tu_rand(&seed) % 5);
+        engram_history h, hs;
+        engram_session_history(s[who], &h);
+        unsigned k = 1 + (unsigned)(tu_rand(&seed) % ENGRAM_MAX_DRAFT);
+        const uint32_t *t0 = tok + tu_rand(&seed) % 4000;
+        if (how < 3) {
+            CHECK_EQ(engram_step_begin(s[who], t0, NULL, k, ENGRAM_BF16, out[who], &err), 0);
+            if (how == 1)
+                engram_step_wait(s[who], 0, &err);
+            if (how == 2) {
+                struct timespec ts = {0, (long)(tu_rand(&seed) % 300000)};
+                nanosleep(&ts, NULL);
+            }
+            engram_step_abort(s[who]);
+        } else {
+            engram_prefill_opts o = {.chunk_tokens = 256, .dtype = ENGRAM_BF16,
+                                     .table1_delay_ns = tu_rand(&seed) % 2000000};
+            engram_prefill *pf;
+            CHECK_EQ(engram_prefill_begin(s[who], t0, NULL, 1000, &o, &pf, &err), 0);
+            if (how == 4) {
+                CHECK_EQ(engram_prefill_wait(pf, 0, 0, NULL, NULL, NULL, &err), 0);
+                engram_prefill_release(pf, 0, 0);
+            }
+            engram_prefill_cancel(pf);
+        }
+        engram_session_history(s[who], &hs);
+        moved += !hist_eq(&h, &hs);
+        /* and another session steps to completion meanwhile */
+        int other = (who + 1) % 4;
+        CHECK_EQ(engram_step_begin(s[other], t0 + 1, NULL, 1, ENGRAM_BF16, out[other], &err), 0);
+        CHECK_EQ(engram_step_commit(s[other], 1, &err), 0);
+    }
+    CHECK_EQ(moved, 0);
+    /* closing sessions with a step or a prefill in flight */
+    CHECK_EQ(engram_step_begin(s[0], tok, NULL, 8, ENGRAM_BF16, out[0], &err), 0);
+    engram_prefill *pf;
+    engram_prefill_opts o = {.chunk_tokens = 512, .dtype = ENGRAM_BF16};
+    CHECK_EQ(engram_prefill_begin(s[1], tok, NULL, 3000, &o, &pf, &err), 0);
+    for (int i = 0; i < 4; i++)
+        engram_session_close(s[i]);
+    engram_pool_close(p);
+    free(tok);
+}
+
+static void memory(void)
+{
+    printf("a session holds %zu bytes (limit %u)\n", sizeof(struct engram_session),
+           ENGRAM_SESSION_MAX_BYTES);
+    CHECK(sizeof(struct engram_session) <= ENGRAM_SESSION_MAX_BYTES);
+}
+
+int main(void)
+{
+    static uint32_t map[100000];
+    engram_layout l;
+    CHECK_EQ(tu_layout(&l, map, 100000, 60000, 40000), 0);
+    CHECK_EQ(tu_build("session.gguf", &l, ENGRAM_FILL_RANDOM, 0, model_path, sizeof model_path), 0);
+    engram_error err;
+    if (engram_model_open(model_path, &model, &err) < 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    memory();
+    for (int e = 0; e < 3; e++) {
+        steps(e);
+        batched(e);
+        prefill(e);
+        threads(e);
+    }
+    restore();
+    cancels();
+    failures();
+    engram_model_close(model);
+    tu_cleanup();
+    return tu_finish("test_session");
+}
