@@ -78,8 +78,22 @@ $(BUILD)/libengram-tools.so: $(TOOLS_OBJ) $(TOOLS_SO_EXTRA) $(BUILD)/libengram.s
 	$(CC) -shared -Wl,-soname,libengram-tools.so.0 $(SO_CHECK) $(LDFLAGS) -o $@ \
 	    $(TOOLS_OBJ) $(TOOLS_SO_EXTRA) -L$(BUILD) -lengram $(LDLIBS_TOOLS) $(LDLIBS_CORE)
 
-$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(LIBS)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(LIBS) $(LDLIBS_ALL)
+# The bundled token stream, compiled into the CLI (engram run's default).
+$(BUILD)/gen/bundled_tokens.c: data/gpl3.tok
+	@mkdir -p $(dir $@)
+	@{ echo '/* generated from data/gpl3.tok by the Makefile */'; \
+	  echo '#include <stddef.h>'; echo '#include <stdint.h>'; \
+	  echo 'extern const uint32_t engram_bundled_tokens[];'; \
+	  echo 'extern const size_t engram_bundled_tokens_n;'; \
+	  echo 'const uint32_t engram_bundled_tokens[] = {'; \
+	  tr -s ' \t\r\n' '\n\n\n\n' < $< | grep -v '^$$' | sed 's/$$/u,/' | paste -sd' ' - | fold -s -w 100; \
+	  echo '};'; \
+	  echo 'const size_t engram_bundled_tokens_n = sizeof engram_bundled_tokens / sizeof engram_bundled_tokens[0];'; \
+	} > $@
+
+$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(BUILD)/gen/bundled_tokens.c $(LIBS)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(BUILD)/gen/bundled_tokens.c \
+	    $(LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/tests/%: tests/%.c tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)

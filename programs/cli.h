@@ -46,6 +46,11 @@ int fout_close(struct fout *o, int ok);
 
 int cmd_build(int argc, char **argv);
 int cmd_apply(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+
+/* The bundled real-text token stream (data/gpl3.tok), compiled in. */
+extern const uint32_t engram_bundled_tokens[];
+extern const size_t engram_bundled_tokens_n;
 /* tokmap, layout, quantize, dequantize; -1 if name is none of them. */
 int cmd_tools(const char *name, int argc, char **argv);
 int cmd_bench(int argc, char **argv);

@@ -575,6 +575,7 @@ static const char *main_help =
     "  rows MODEL --table T ROW...         decoded rows\n"
     "  verify MODEL [--table T]            scan tables for rows that do not decode\n"
     "  apply MODEL --layer 1|14 [...]      an Engram layer on a token stream and a residual\n"
+    "  run [MODEL] [...]                   sessions, prefill and decode in a simulated engine\n"
     "  build OUT.gguf [...]                write a complete V4.1-layout model\n"
     "  tokmap TOKENIZER.json [...]         token map of a tokenizer (V', SHA-256)\n"
     "  layout --vocab-size V' [...]        multipliers and primes of a layout\n"
@@ -602,7 +603,7 @@ int main(int argc, char **argv)
     } cmds[] = {
         {"info", cmd_info}, {"hash", cmd_hash}, {"rows", cmd_rows},
         {"verify", cmd_verify}, {"build", cmd_build}, {"bench", cmd_bench},
-        {"apply", cmd_apply},
+        {"apply", cmd_apply}, {"run", cmd_run},
     };
     for (size_t i = 0; i <= sizeof cmds / sizeof cmds[0]; i++)
         if (i == sizeof cmds / sizeof cmds[0] || !strcmp(cmd, cmds[i].name)) {

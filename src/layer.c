@@ -175,16 +175,26 @@ int engram_layer_open(const engram_model *m, int table, engram_layer **out, engr
 #ifdef MADV_HUGEPAGE
     madvise(w, weight_bytes(L), MADV_HUGEPAGE); /* fewer TLB misses when streamed */
 #endif
-    int fd = model_fd(m);
+    /* A descriptor of our own on the same file, without read-ahead: the
+     * tables follow the weights, and read-ahead would pull their first
+     * megabytes into the page cache. */
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", model_fd(m));
+    int own = open(proc, O_RDONLY | O_CLOEXEC);
+    int fd = own >= 0 ? own : model_fd(m);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     int rc = load_kv(L, fd, t[0], err);
     if (rc == 0)
         rc = load_norms(L, fd, t[1], t[2], err);
+    /* The weights were read once; leave no copy of them in the page cache. */
+    for (int k = 0; k < 3; k++)
+        posix_fadvise(fd, (off_t)t[k]->offset, (off_t)t[k]->bytes, POSIX_FADV_DONTNEED);
+    if (own >= 0)
+        close(own);
     if (rc < 0) {
         engram_layer_close(L);
         return rc;
     }
-    /* The weights were read once; leave no copy of them in the page cache. */
-    posix_fadvise(fd, (off_t)t[0]->offset, (off_t)t[0]->bytes, POSIX_FADV_DONTNEED);
     L->bytes = sizeof *L + weight_bytes(L) + (uint64_t)L->S * L->W * sizeof(float);
     *out = L;
     return 0;

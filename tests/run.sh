@@ -45,12 +45,14 @@ build "gcc -O2" && {
     run "test_cli" sh tests/test_cli.sh build
     run "test_install (make install, pkg-config, library split)" sh tests/test_install.sh build
     run "test_apply.sh (numpy float64 reference)" sh tests/test_apply.sh build
+    run "test_run.sh (engram run vs serial apply)" sh tests/test_run.sh build
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }
 build "asan+ubsan" SANITIZE=address,undefined && {
     suite "asan+ubsan: " build-san-address,undefined
     run "asan+ubsan: test_cli" sh tests/test_cli.sh build-san-address,undefined
     run "asan+ubsan: test_apply.sh" sh tests/test_apply.sh build-san-address,undefined
+    run "asan+ubsan: test_run.sh" sh tests/test_run.sh build-san-address,undefined
     run "asan+ubsan: fuzz_model replay of seeds" build-san-address,undefined/tests/fuzz_model_replay "$SEEDS"/*
     run "asan+ubsan: fuzz_tokmap replay of seeds" build-san-address,undefined/tests/fuzz_tokmap_replay tests/fuzz/tokmap_seeds/*
 }
