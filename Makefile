@@ -54,9 +54,30 @@ BENCH_SRC = $(wildcard bench/*.c)
 BENCHES  = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 VERSION  = $(shell sed -n 's/^\#define ENGRAM_VERSION "\(.*\)"/\1/p' include/engram.h)
 
+# The CUDA path (cuda/): built when nvcc is found (CUDA=0 turns it off) and
+# only in builds without sanitizers.  CI has no GPU: it compiles and links
+# it, and test_cuda checks that it reports why it cannot run.
+CUDA ?= auto
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+ifeq ($(CUDA),0)
+NVCC :=
+endif
+ifneq ($(SANITIZE),)
+NVCC :=
+endif
+ifneq ($(NVCC),)
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90
+NVFLAGS = -std=c++17 -O2 -g $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread
+CUDA_LIB = $(BUILD)/libengram-cuda.a
+CUDA_TARGETS = $(CUDA_LIB) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda
+CLI_CUDA = -DENGRAM_HAVE_CUDA -I$(CUDA_HOME)/include
+endif
+
 .PHONY: all lib test run bench clean deps fuzz install
 all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
-     $(BUILD)/tests/fuzz_tokmap_replay
+     $(BUILD)/tests/fuzz_tokmap_replay $(CUDA_TARGETS)
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
 
 $(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(wildcard src/*.h) Makefile
@@ -91,9 +112,25 @@ $(BUILD)/gen/bundled_tokens.c: data/gpl3.tok
 	  echo 'const size_t engram_bundled_tokens_n = sizeof engram_bundled_tokens / sizeof engram_bundled_tokens[0];'; \
 	} > $@
 
-$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(BUILD)/gen/bundled_tokens.c $(LIBS)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(BUILD)/gen/bundled_tokens.c \
-	    $(LIBS) $(LDLIBS_ALL)
+$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(BUILD)/gen/bundled_tokens.c $(LIBS) $(CUDA_LIB)
+	$(CC) $(CFLAGS_ALL) $(CLI_CUDA) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(BUILD)/gen/bundled_tokens.c \
+	    $(CUDA_LIB) $(LIBS) $(LDLIBS_ALL) $(CUDA_LIBS) $(if $(NVCC),-lstdc++)
+
+ifneq ($(NVCC),)
+$(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu include/engram_cuda.h include/engram.h Makefile
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(CUDA_LIB): $(BUILD)/obj/engram_cuda.o
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/cuda/%: cuda/%.cu $(CUDA_LIB) $(LIBS) tests/testutil.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -o $@ $< $(CUDA_LIB) $(LIBS) -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublas \
+	    $(patsubst -Wl$(comma)%,,$(LDLIBS_ALL))
+endif
+comma := ,
 
 $(BUILD)/tests/%: tests/%.c tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)

@@ -264,8 +264,9 @@ int engram_model_dup_fd(const engram_model *m);
 typedef enum engram_dtype {
     ENGRAM_BF16 = 0,
     ENGRAM_F32 = 1,
-    ENGRAM_RAW = 2      /* rows only, sessions only: the 264 bytes as stored
-                           (checked to decode), for decoding elsewhere (GPU) */
+    ENGRAM_RAW = 2      /* rows only (sessions, reader batches): the 264 bytes
+                           as stored, checked to decode, for decoding elsewhere
+                           (a GPU); out then holds [n][24][264] bytes */
 } engram_dtype;
 
 /*
@@ -329,6 +330,10 @@ typedef struct engram_layer_info {
 int engram_layer_open(const engram_model *m, int table, engram_layer **out, engram_error *err);
 void engram_layer_close(engram_layer *L);
 void engram_layer_get_info(const engram_layer *L, engram_layer_info *info);
+/* Copies the layer's weights out, for other backends (the CUDA path): w
+ * [(S+1)W][6144] F16 bit patterns, output-major as in the file (may be
+ * NULL), wq [S][W] = q_norm * k_norm as F32 (may be NULL). */
+void engram_layer_export(const engram_layer *L, uint16_t *w, float *wq);
 
 /* Fork-join hook of a caller's thread pool: run fn(arg, w) for every w in
  * 0 .. workers-1 (concurrently or not, on any threads, each exactly once)

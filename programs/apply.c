@@ -17,6 +17,7 @@
 static const char *apply_help =
     "usage: engram apply MODEL --layer 1|14 --tokens FILE --residual-in IN --residual-out OUT\n"
     "                    [--mask FILE] [--history A,B,C] [--threads N] [--kv-out FILE]\n"
+    "                    [--device cpu|cuda|cuda-fma]\n"
     "Runs one Engram layer (SPEC.md section 8) over a token stream: hashes the\n"
     "tokens (from --history: 3 compressed ids, newest first, -1 = dead; default\n"
     "all dead), reads the layer's 24 rows per token through the uncached reader,\n"
@@ -28,7 +29,12 @@ static const char *apply_help =
     "tokens (mask 0) are copied bit for bit.  OUT is written under a temporary\n"
     "name and renamed only when everything succeeded.  --kv-out FILE also writes\n"
     "each token's projection, float32 [token][(S+1)W].  --threads N: workers for\n"
-    "the projection (default 1).  Memory: about 50 MB at W = 5120 whatever the\n"
+    "the projection (default 1).  --device cuda: project, gate and update on the\n"
+    "GPU (builds with the CUDA path; rows go there raw and are decoded there;\n"
+    "more than 8 tokens a call are projected on the tensor cores, whose sums are\n"
+    "less accurate than the CPU's); --device cuda-fma: every sum by F32 FMAs on\n"
+    "the CUDA cores (the CPU path's accuracy, slower for long inputs).\n"
+    "Memory: about 50 MB at W = 5120 whatever the\n"
     "stream's length (2048 tokens of rows at a time, 256 of residual).\n"
     "Exit codes: 0 ok; 1 invalid data (IN's size, a bad token or mask, a layer\n"
     "without projection weights, NaN/Inf in IN, non-finite results); 2 usage;\n"
@@ -62,10 +68,10 @@ struct run {
     engram_model *m;
     engram_reader *rd;
     engram_layer *L;
-    engram_applier *a;
+    struct dev *d;
     uint32_t *tokens, *rows48;
     uint8_t *mask;
-    uint16_t *rows;
+    void *rows;
     float *x, *kv;
     int in_fd;
     int seeded;
@@ -79,7 +85,7 @@ int cmd_apply(int argc, char **argv)
         return 0;
     }
     const char *path = NULL, *tok_path = NULL, *mask_path = NULL, *hist = NULL, *in = NULL,
-               *outp = NULL, *kv_path = NULL;
+               *outp = NULL, *kv_path = NULL, *device = "cpu";
     uint64_t layer = 0, threads = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -89,6 +95,7 @@ int cmd_apply(int argc, char **argv)
                          : !strcmp(a, "--residual-in") ? &in
                          : !strcmp(a, "--residual-out") ? &outp
                          : !strcmp(a, "--kv-out") ? &kv_path
+                         : !strcmp(a, "--device") ? &device
                          : NULL;
         if (dst || !strcmp(a, "--layer") || !strcmp(a, "--threads")) {
             if (i + 1 >= argc)
@@ -111,6 +118,8 @@ int cmd_apply(int argc, char **argv)
     }
     if (!path || !layer || !tok_path || !in || !outp)
         return fail_usage("apply: MODEL, --layer, --tokens, --residual-in and --residual-out are required");
+    if (!dev_name_ok(device))
+        return fail_usage("apply: unknown device '%s' (cpu, cuda or cuda-fma)", device);
     engram_history h;
     engram_history_reset(&h);
     if (hist && parse_history(hist, &h) < 0)
@@ -166,14 +175,16 @@ int cmd_apply(int argc, char **argv)
             st = EXIT_DATA;
         }
     }
-    engram_apply_opts ao = {.threads = (unsigned)threads};
-    if (!st && (rc = engram_applier_new(r.L, &ao, &r.a, &err)) < 0)
-        st = fail_lib(rc, &err, "apply");
+    if (!st && (rc = dev_open(device, r.L, (unsigned)threads, APPLY_CHUNK, &r.d, &err)) < 0)
+        st = rc == -EINVAL ? fail_usage("apply: %s", err.msg) : fail_lib(rc, &err, "apply");
+    int rdt = r.d ? dev_rows_dtype(r.d) : ENGRAM_BF16;
+    size_t rowb = rdt == ENGRAM_RAW ? ENGRAM_ROW_BYTES : ENGRAM_ROW_VALUES * 2;
+    size_t tokb = (size_t)ENGRAM_COLUMNS * rowb;
     if (!st && (rc = engram_reader_open(r.m, NULL, &r.rd, &err)) < 0)
         st = fail_lib(rc, &err, "apply: opening the reader");
     if (!st) {
         r.rows48 = malloc((size_t)READ_CHUNK * ENGRAM_ROWS_PER_TOKEN * sizeof *r.rows48);
-        r.rows = malloc((size_t)READ_CHUNK * ENGRAM_K * 2);
+        r.rows = malloc((size_t)READ_CHUNK * tokb);
         r.x = malloc((size_t)APPLY_CHUNK * per * 4);
         r.kv = kv_path ? malloc((size_t)APPLY_CHUNK * nkv * 4) : NULL;
         if (!r.rows48 || !r.rows || !r.x || (kv_path && !r.kv))
@@ -199,7 +210,7 @@ int cmd_apply(int argc, char **argv)
             break;
         }
         double ta = now_s();
-        rc = engram_reader_batch(r.rd, t, r.rows48, k, ENGRAM_BF16, r.rows, &err);
+        rc = engram_reader_batch(r.rd, t, r.rows48, k, (engram_dtype)rdt, r.rows, &err);
         t_read += now_s() - ta;
         if (rc < 0) {
             st = fail_lib(rc, &err, "apply: reading rows");
@@ -217,9 +228,7 @@ int cmd_apply(int argc, char **argv)
             }
             const uint8_t *mk = r.mask ? r.mask + at + j : NULL;
             ta = now_s();
-            rc = engram_apply(r.a, r.rows + j * ENGRAM_K, ENGRAM_BF16, r.x, ENGRAM_F32, mk, c, &err);
-            if (rc == 0 && kv_path)
-                rc = engram_project(r.a, r.rows + j * ENGRAM_K, ENGRAM_BF16, c, r.kv, &err);
+            rc = dev_apply(r.d, (const uint8_t *)r.rows + j * tokb, tokb, r.x, mk, c, r.kv, &err);
             t_apply += now_s() - ta;
             if (rc < 0) {
                 /* messages name the token within the call: give the stream's */
@@ -258,14 +267,15 @@ int cmd_apply(int argc, char **argv)
                layer, n, masked, li.width, li.streams);
         printf("  rows: %" PRIu64 " requested, %" PRIu64 " read (%s%s), %.3f s\n", io.rows_requested,
                io.rows_read, io.engine, io.direct ? ", O_DIRECT" : ", buffered", t_read);
-        printf("  apply: %.3f s (%.1f tokens/s, %" PRIu64 " thread%s); total %.3f s\n", t_apply,
-               t_apply > 0 ? (double)n / t_apply : 0.0, threads, threads > 1 ? "s" : "", dt);
+        printf("  apply on the %s: %.3f s (%.1f tokens/s, %" PRIu64 " thread%s); total %.3f s\n",
+               device, t_apply, t_apply > 0 ? (double)n / t_apply : 0.0, threads,
+               threads > 1 ? "s" : "", dt);
         printf("  wrote %s (%zu x %zu float32), FNV-1a 64 of it: %016" PRIx64 "\n", outp, n, per, fnv);
     }
     if (r.in_fd >= 0)
         close(r.in_fd);
     engram_reader_close(r.rd);
-    engram_applier_free(r.a);
+    dev_close(r.d);
     engram_layer_close(r.L);
     engram_model_close(r.m);
     free(r.tokens);

@@ -44,6 +44,23 @@ struct fout {
 int fout_open(struct fout *o, const char *path);
 int fout_close(struct fout *o, int ok);
 
+/* Where a layer is applied (device.c): "cpu" or "cuda". */
+struct dev;
+int dev_open(const char *name, const engram_layer *L, unsigned threads, size_t max_tokens,
+             struct dev **out, engram_error *err);
+void dev_close(struct dev *d);
+/* ENGRAM_BF16 (CPU) or ENGRAM_RAW (CUDA): how the device wants its rows. */
+int dev_rows_dtype(const struct dev *d);
+/* 1 for cpu, cuda, cuda-fma (whether or not this build or machine has CUDA). */
+int dev_name_ok(const char *name);
+/* Page-locks a host buffer the caller passes to dev_apply (CUDA: faster,
+ * asynchronous copies; unregistered by dev_close).  1 if pinned, 0 if not
+ * (CPU device, the limit reached or the driver refused: still usable). */
+#define DEV_PIN_MAX 16
+int dev_pin(struct dev *d, void *p, size_t len);
+int dev_apply(struct dev *d, const void *rows, size_t stride, float *x, const uint8_t *mask,
+              size_t n, float *kv_out, engram_error *err);
+
 int cmd_build(int argc, char **argv);
 int cmd_apply(int argc, char **argv);
 int cmd_run(int argc, char **argv);

@@ -29,6 +29,7 @@
 static const char *run_help =
     "usage: engram run [MODEL] [--tokens FILE] [--decode N] [--sessions B] [--layers L]\n"
     "                  [--layer-us X] [--threads N] [--no-overlap] [--no-prefetch] [--json]\n"
+    "                  [--device cpu|cuda|cuda-fma]\n"
     "Runs the Engram part of a model inside a simulated engine of L layers (Engram\n"
     "at layers 1 and 14; every other layer costs X us of busy work on the engine's\n"
     "thread): B sessions, each on its own slice of the token stream, prefill their\n"
@@ -37,7 +38,10 @@ static const char *run_help =
     "applying layers 1 and 14 to a deterministic residual (engram apply's seed:1+b\n"
     "for session b).  Reads start when a token is known and are waited for at the\n"
     "Engram layers only (--no-overlap: waited for before layer 0; --no-prefetch:\n"
-    "each prompt chunk read serially before its layers).\n"
+    "each prompt chunk read serially before its layers).  --device cuda: the Engram\n"
+    "layers run on the GPU (rows delivered raw into page-locked buffers, copied up\n"
+    "asynchronously per call; more than 8 tokens a call on the tensor cores);\n"
+    "cuda-fma: every sum by F32 FMAs on the CUDA cores (the CPU's accuracy).\n"
     "Reports prefill and decode tokens/s, step latency p50/p99, rows requested vs\n"
     "distinct rows read, read time hidden behind the layers vs exposed, the I/O\n"
     "engine, page-cache growth of the tables' part of the model file and an\n"
@@ -157,7 +161,9 @@ struct run {
     engram_model *m;
     engram_pool *pool;
     engram_layer *L[2];
-    engram_applier *A[2];
+    struct dev *D[2];
+    int rdt;               /* rows as the device wants them: BF16 or raw  */
+    size_t rowb;           /* bytes of one row in that form               */
     struct sess *ss;
     unsigned B, layers, N;
     uint64_t layer_us;
@@ -168,16 +174,16 @@ struct run {
     uint64_t read_ns[2], exposed_ns[2];
     uint64_t *step_lat;
     size_t n_steps;
-    uint16_t *rows;        /* [B][24][256] contiguous rows of one table   */
-    uint16_t *outs;        /* [B][48][256] step deliveries                */
+    uint8_t *rows;         /* [B][24] contiguous rows of one table        */
+    uint8_t *outs;         /* [B][48] rows: step deliveries               */
     float *xs;             /* [B][S][W] residual rows of one step          */
 };
 
-/* Applies table t's layer to n tokens whose rows are given. */
-static int apply_layer(struct run *R, int t, const uint16_t *rows, float *x, size_t n,
+/* Applies table t's layer to n tokens whose rows are `stride` bytes apart. */
+static int apply_layer(struct run *R, int t, const void *rows, size_t stride, float *x, size_t n,
                        engram_error *err)
 {
-    return engram_apply(R->A[t], rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, n, err);
+    return dev_apply(R->D[t], rows, stride, x, NULL, n, NULL, err);
 }
 
 /* Prefill of one session's prompt through the prefetch ring. */
@@ -187,11 +193,11 @@ static int prefill(struct run *R, struct sess *q, engram_error *err)
     if (n == 0)
         return 0;
     engram_prefill_opts o = {.chunk_tokens = ENGRAM_BATCH_TOKENS, .ring_chunks = 2,
-                             .dtype = ENGRAM_BF16, .table1_delay_ns = ENGRAM_PREFILL_MANUAL};
+                             .dtype = (engram_dtype)R->rdt, .table1_delay_ns = ENGRAM_PREFILL_MANUAL};
     engram_prefill *pf = NULL;
     engram_reader *rd = NULL;
     uint32_t *rows48 = NULL;
-    uint16_t *serial[2] = {NULL, NULL};
+    uint8_t *serial[2] = {NULL, NULL};
     engram_history h;
     engram_session_history(q->s, &h);
     int rc = 0;
@@ -203,8 +209,8 @@ static int prefill(struct run *R, struct sess *q, engram_error *err)
          * own, before the chunk's layers run */
         rc = engram_reader_open(R->m, NULL, &rd, err);
         rows48 = malloc(chunk * ENGRAM_ROWS_PER_TOKEN * sizeof *rows48);
-        serial[0] = malloc(chunk * ENGRAM_COLUMNS * 512);
-        serial[1] = malloc(chunk * ENGRAM_COLUMNS * 512);
+        serial[0] = malloc(chunk * ENGRAM_COLUMNS * R->rowb);
+        serial[1] = malloc(chunk * ENGRAM_COLUMNS * R->rowb);
         if (rc == 0 && (!rows48 || !serial[0] || !serial[1]))
             rc = -ENOMEM;
     }
@@ -216,7 +222,7 @@ static int prefill(struct run *R, struct sess *q, engram_error *err)
             uint64_t t0 = ns_now();
             rc = engram_hash_tokens(engram_model_hasher(R->m), &h, q->tok + first, NULL, k, rows48, err);
             for (int t = 0; t < 2 && rc == 0; t++)
-                rc = engram_reader_batch(rd, t, rows48, k, ENGRAM_BF16, serial[t], err);
+                rc = engram_reader_batch(rd, t, rows48, k, (engram_dtype)R->rdt, serial[t], err);
             uint64_t dt = ns_now() - t0;
             R->read_ns[0] += dt;
             R->exposed_ns[0] += dt;
@@ -232,7 +238,7 @@ static int prefill(struct run *R, struct sess *q, engram_error *err)
                     R->exposed_ns[t] += ns_now() - w0;
                 }
                 if (rc == 0)
-                    rc = apply_layer(R, t, rows[t], q->x + first * R->per, k, err);
+                    rc = apply_layer(R, t, rows[t], ENGRAM_COLUMNS * R->rowb, q->x + first * R->per, k, err);
                 if (R->prefetch)
                     engram_prefill_release(pf, t, c);
             } else {
@@ -267,11 +273,11 @@ static int decode_step(struct run *R, size_t step, engram_error *err)
         struct sess *q = &R->ss[b];
         sv[b] = q->s;
         tok[b] = q->tok[q->prompt + step];
-        outs[b] = R->outs + (size_t)b * ENGRAM_ROWS_PER_TOKEN * 256;
+        outs[b] = R->outs + (size_t)b * ENGRAM_ROWS_PER_TOKEN * R->rowb;
         memcpy(R->xs + (size_t)b * R->per, q->x + (q->prompt + step) * R->per, R->per * 4);
     }
     uint64_t t0 = ns_now();
-    int rc = engram_step_begin_batch(sv, tok, NULL, B, ENGRAM_BF16, outs, err);
+    int rc = engram_step_begin_batch(sv, tok, NULL, B, (engram_dtype)R->rdt, outs, err);
     for (unsigned l = 0; l < R->layers && rc == 0; l++) {
         int t = l == 14 ? 1 : 0;
         if ((l == 1 || l == 14) || (!R->overlap && l == 0)) {
@@ -311,12 +317,16 @@ static int decode_step(struct run *R, size_t step, engram_error *err)
                 R->read_ns[t] += total;
                 R->exposed_ns[t] += exposed;
             }
-            for (unsigned b = 0; b < B; b++)
-                memcpy(R->rows + (size_t)b * ENGRAM_COLUMNS * 256,
-                       R->outs + ((size_t)b * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS) * 256,
-                       ENGRAM_COLUMNS * 512);
-            if (rc == 0)
-                rc = apply_layer(R, t, R->rows, R->xs, B, err);
+            if (rc == 0 && R->rdt == ENGRAM_RAW) { /* the GPU takes them strided */
+                rc = apply_layer(R, t, R->outs + (size_t)t * ENGRAM_COLUMNS * R->rowb,
+                                 ENGRAM_ROWS_PER_TOKEN * R->rowb, R->xs, B, err);
+            } else if (rc == 0) {
+                for (unsigned b = 0; b < B; b++)
+                    memcpy(R->rows + (size_t)b * ENGRAM_COLUMNS * R->rowb,
+                           R->outs + ((size_t)b * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS) * R->rowb,
+                           ENGRAM_COLUMNS * R->rowb);
+                rc = apply_layer(R, t, R->rows, ENGRAM_COLUMNS * R->rowb, R->xs, B, err);
+            }
         } else {
             busy(R->layer_us);
         }
@@ -382,7 +392,7 @@ int cmd_run(int argc, char **argv)
         fputs(run_help, stdout);
         return 0;
     }
-    const char *path = NULL, *tok_path = NULL;
+    const char *path = NULL, *tok_path = NULL, *device = "cpu";
     uint64_t N = 64, B = 4, L = 43, X = 100, threads = 1;
     int json = 0, overlap = 1, prefetch = 1;
     for (int i = 1; i < argc; i++) {
@@ -398,6 +408,8 @@ int cmd_run(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
             tok_path = argv[++i];
+        } else if (!strcmp(a, "--device") && i + 1 < argc) {
+            device = argv[++i];
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--no-overlap")) {
@@ -414,6 +426,8 @@ int cmd_run(int argc, char **argv)
     }
     if (B == 0 || threads == 0 || L < 15)
         return fail_usage("run: --sessions and --threads are >= 1, --layers >= 15 (Engram at 1 and 14)");
+    if (!dev_name_ok(device))
+        return fail_usage("run: unknown device '%s' (cpu, cuda or cuda-fma)", device);
     char defpath[4200];
     if (!path) {
         if (default_model(defpath, sizeof defpath) < 0) {
@@ -460,10 +474,11 @@ int cmd_run(int argc, char **argv)
 
     for (int t = 0; t < 2 && rc == 0; t++) {
         rc = engram_layer_open(R.m, t, &R.L[t], &err);
-        engram_apply_opts ao = {.threads = (unsigned)threads};
         if (rc == 0)
-            rc = engram_applier_new(R.L[t], &ao, &R.A[t], &err);
+            rc = dev_open(device, R.L[t], (unsigned)threads, ENGRAM_BATCH_TOKENS, &R.D[t], &err);
     }
+    R.rdt = R.D[0] ? dev_rows_dtype(R.D[0]) : ENGRAM_BF16;
+    R.rowb = R.rdt == ENGRAM_RAW ? ENGRAM_ROW_BYTES : ENGRAM_ROW_VALUES * 2;
     engram_model_info mi;
     engram_model_get_info(R.m, &mi);
     uint64_t tab_lo = mi.table[0].offset, tab_hi = mi.table[1].offset + mi.table[1].bytes;
@@ -478,10 +493,14 @@ int cmd_run(int argc, char **argv)
     R.ss = calloc(B, sizeof *R.ss);
     R.step_lat = malloc((N ? N : 1) * sizeof *R.step_lat);
     R.rows = malloc(B * ENGRAM_COLUMNS * 512);
-    R.outs = malloc(B * ENGRAM_ROWS_PER_TOKEN * 512);
+    R.outs = malloc(B * ENGRAM_ROWS_PER_TOKEN * 512); /* room for BF16 or raw rows */
     R.xs = malloc(B * (R.per ? R.per : 1) * 4);
     if (rc == 0 && (!R.ss || !R.step_lat || !R.rows || !R.outs || !R.xs))
         rc = -ENOMEM;
+    if (rc == 0 && R.D[0]) { /* page-locked for the GPU's copies (one registration serves both layers) */
+        dev_pin(R.D[0], R.outs, B * ENGRAM_ROWS_PER_TOKEN * 512);
+        dev_pin(R.D[0], R.xs, B * R.per * 4);
+    }
     size_t slice = n / B;
     for (unsigned b = 0; b < B && rc == 0; b++) {
         struct sess *q = &R.ss[b];
@@ -494,6 +513,7 @@ int cmd_run(int argc, char **argv)
             break;
         }
         seeded(1 + b, 0, slice * R.per, q->x);
+        dev_pin(R.D[0], q->x, slice * R.per * 4);
         rc = engram_session_open(R.pool, &q->s, &err);
     }
     /* prefill, session by session */
@@ -538,7 +558,7 @@ int cmd_run(int argc, char **argv)
          * of the prompt's read time ran behind the layers */
         int64_t growth = pages0 >= 0 && pages1 >= 0 ? pages1 - pages0 : -1;
         if (json) {
-            printf("{\"model\":\"%s\",\"sessions\":%u,\"layers\":%u,\"layer_us\":%" PRIu64
+            printf("{\"model\":\"%s\",\"device\":\"%s\",\"sessions\":%u,\"layers\":%u,\"layer_us\":%" PRIu64
                    ",\"threads\":%" PRIu64 ",\"overlap\":%s,\"prefetch\":%s,"
                    "\"width\":%u,\"streams\":%u,"
                    "\"prefill\":{\"tokens\":%zu,\"seconds\":%.6f,\"tokens_per_s\":%.2f,"
@@ -552,7 +572,7 @@ int cmd_run(int argc, char **argv)
                    ",\"exposed_total_ns\":%" PRIu64 ",\"hidden_total_ns\":%" PRIu64 "},"
                    "\"io\":{\"engine\":\"%s\",\"direct\":%d},\"page_cache_growth_pages\":%" PRId64
                    ",\"checksum\":\"%016" PRIx64 "\"}\n",
-                   path, R.B, R.layers, X, threads, overlap ? "true" : "false",
+                   path, device, R.B, R.layers, X, threads, overlap ? "true" : "false",
                    prefetch ? "true" : "false", li.width, li.streams, prompt_tokens, pre_s,
                    pre_s > 0 ? (double)prompt_tokens / pre_s : 0.0, ps.prefill_rows_requested,
                    ps.prefill_rows_read, ps.prefill_chunks, pexp, R.n_steps, R.n_steps * B, dec_s,
@@ -562,8 +582,8 @@ int cmd_run(int argc, char **argv)
                    tot_read - tot_exp, ps.io.engine, ps.io.direct, growth, fnv);
         } else {
             printf("engram run: %s, W %u, %u streams; %u sessions, %u layers of %" PRIu64
-                   " us (Engram at 1 and 14), %" PRIu64 " apply thread%s%s%s\n",
-                   path, li.width, li.streams, R.B, R.layers, X, threads, threads > 1 ? "s" : "",
+                   " us (Engram at 1 and 14 on the %s), %" PRIu64 " apply thread%s%s%s\n",
+                   path, li.width, li.streams, R.B, R.layers, X, device, threads, threads > 1 ? "s" : "",
                    overlap ? "" : ", reads waited before layer 0", prefetch ? "" : ", no prefetch");
             printf("prefill: %zu tokens in %.3f s = %.1f tokens/s; %" PRIu64 " rows requested, %" PRIu64
                    " distinct read (%" PRIu64 " chunks)%s; waiting at the Engram layers %.3f s%s\n",
@@ -600,7 +620,7 @@ int cmd_run(int argc, char **argv)
     }
     engram_pool_close(R.pool);
     for (int t = 0; t < 2; t++) {
-        engram_applier_free(R.A[t]);
+        dev_close(R.D[t]);
         engram_layer_close(R.L[t]);
     }
     engram_model_close(R.m);

@@ -199,3 +199,15 @@ int engram_layer_open(const engram_model *m, int table, engram_layer **out, engr
     *out = L;
     return 0;
 }
+
+void engram_layer_export(const engram_layer *L, uint16_t *w, float *wq)
+{
+    if (w)
+        for (uint32_t o = 0; o < L->N; o++) {
+            const uint16_t *src = L->w + (size_t)(o / PANEL) * ENGRAM_K * PANEL + o % PANEL;
+            for (uint32_t i = 0; i < ENGRAM_K; i++)
+                w[(size_t)o * ENGRAM_K + i] = src[(size_t)i * PANEL];
+        }
+    if (wq)
+        memcpy(wq, L->wq, (size_t)L->S * L->W * sizeof *wq);
+}

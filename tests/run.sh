@@ -46,6 +46,9 @@ build "gcc -O2" && {
     run "test_install (make install, pkg-config, library split)" sh tests/test_install.sh build
     run "test_apply.sh (numpy float64 reference)" sh tests/test_apply.sh build
     run "test_run.sh (engram run vs serial apply)" sh tests/test_run.sh build
+    if [ -x build/cuda/test_cuda ]; then  # built when nvcc is present
+        run "test_cuda (GPU checks, or the no-GPU report)" build/cuda/test_cuda
+    fi
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }
 build "asan+ubsan" SANITIZE=address,undefined && {

@@ -5,11 +5,14 @@
 # layers) and the real W = 5120, with masks and a starting history; the same
 # output with 1 and 3 threads; and every error path of the command, with
 # the output file proven absent afterwards.
+# ENGRAM_DEVICE=cuda runs the applies on the GPU instead (the reference and
+# the tolerances are the same).
 # Usage: tests/test_apply.sh BUILD_DIR
 set -u
 BUILD=${1:-build}
 ENGRAM="$BUILD/engram"
-PY=/usr/bin/python3
+PY=${PY:-/usr/bin/python3}
+DEV=${ENGRAM_DEVICE:-cpu}
 T=$(mktemp -d "${TMPDIR:-/tmp}/engram-apply-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 pass=0
@@ -38,7 +41,7 @@ run_ref() {
     check "$1: inputs" "$PY" tests/apply_ref.py gen "$d" "$4" "$5" "$2"
     check "$1: engram apply" "$ENGRAM" apply "$2" --layer "$3" --tokens "$d/tokens" --mask "$d/mask" \
         --history "$(cat "$d/history")" --residual-in "$d/resid.f32" --residual-out "$d/out.f32" \
-        --kv-out "$d/kv.f32" --threads "$6"
+        --kv-out "$d/kv.f32" --threads "$6" --device "$DEV"
     check "$1: against the float64 reference" "$PY" tests/apply_ref.py check "$2" "$3" "$d" \
         "$d/out.f32" "$d/kv.f32"
     sed 's/^/    /' "$T/out"
@@ -51,7 +54,8 @@ run_ref w64-layer14 "$M64" 14 400 2 3
 # threads change nothing (same inputs as w64-layer1)
 d="$T/w64-layer1"
 check "3 threads" "$ENGRAM" apply "$M64" --layer 1 --tokens "$d/tokens" --mask "$d/mask" \
-    --history "$(cat "$d/history")" --residual-in "$d/resid.f32" --residual-out "$T/t3.f32" --threads 3
+    --history "$(cat "$d/history")" --residual-in "$d/resid.f32" --residual-out "$T/t3.f32" --threads 3 \
+    --device "$DEV"
 if cmp -s "$T/t3.f32" "$d/out.f32"; then ok; else bad "3 threads differ from 1"; fi
 
 M5120="$T/m5120.gguf"
@@ -102,6 +106,7 @@ absent "overflow" "$O"
 expect_rc 2 "--layer takes 1 or 14" "layer 2" "$ENGRAM" apply "$M64" --layer 2 --tokens x --residual-in seed:1 --residual-out "$O"
 expect_rc 2 "required" "missing --residual-out" "$ENGRAM" apply "$M64" --layer 1 --tokens x --residual-in seed:1
 expect_rc 2 "unknown option" "unknown option" "$ENGRAM" apply "$M64" --layer 1 --bogus
+expect_rc 2 "unknown device" "unknown device" "$ENGRAM" apply "$M64" --layer 1 --tokens x --residual-in seed:1 --residual-out "$O" --device nope
 expect_rc 2 "threads" "threads 0" "$ENGRAM" apply "$M64" --layer 1 --threads 0 --tokens x --residual-in seed:1 --residual-out "$O"
 expect_rc 3 "cannot write" "output directory missing" "$ENGRAM" apply "$M64" --layer 1 --tokens data/gpl3.tok \
     --residual-in seed:1 --residual-out "$T/nodir/out.f32"

@@ -89,6 +89,13 @@ if [ $? -eq 2 ]; then ok; else bad "--layers 10"; fi
 "$ENGRAM" build "$T/now.gguf" --base 20000 --fill normal >/dev/null
 "$ENGRAM" run "$T/now.gguf" --tokens "$T/tok" --decode 2 >/dev/null 2>"$T/err"
 if [ $? -eq 1 ] && grep -q "no projection weights" "$T/err"; then ok; else bad "model without weights"; fi
+# devices: an unknown one is refused; cuda either runs (a GPU) or says why not
+"$ENGRAM" run "$M" --tokens "$T/tok" --decode 2 --device nope >/dev/null 2>"$T/err"
+if [ $? -eq 2 ] && grep -q "unknown device 'nope'" "$T/err"; then ok; else bad "--device nope"; fi
+"$ENGRAM" run "$M" --tokens "$T/tok" --decode 2 --sessions 1 --device cuda >/dev/null 2>"$T/err"
+rc=$?
+if [ $rc -eq 0 ] || { [ $rc -eq 3 ] && grep -qiE "cuda|nvidia|gpu|device" "$T/err"; }; then ok; else
+    bad "--device cuda without a usable GPU must exit 3 naming the reason (rc $rc)"; cat "$T/err" >&2; fi
 
 echo "test_run.sh: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

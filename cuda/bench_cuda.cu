@@ -1,0 +1,236 @@
+/*
+ * bench_cuda.cu - the CUDA path against the card's own floors, measured in
+ * the same run (CUDA events, medians after warm-up):
+ *  - the device-to-device copy bandwidth of 1 GiB (bytes read + written);
+ *  - decode: engram_cuda_apply of B = 1..64 tokens per layer (and B = 1
+ *    captured in a CUDA graph) vs the time to read the layer's F16 weights
+ *    at that bandwidth (target <= 1.25x);
+ *  - prefill: the projection of 2048 tokens (rows decoded to F16 x 2^-k,
+ *    exact; cuBLAS F16 GEMM) and the whole apply, vs cuBLAS's F16 GEMM on
+ *    the same shapes (the speed floor; target <= 1.5x); and the apply with
+ *    ENGRAM_CUDA_FMA_ONLY (CUDA cores).
+ *   bench_cuda [MODEL]   (default: writes /tmp/engram-bench/cuda-5120.gguf)
+ */
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "../tests/testutil.h"
+#include "engram_cuda.h"
+
+#define CU(call)                                                                             \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) {                                                             \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static int cmpf(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* median ms of reps runs of fn(ctx) on stream st, after warm-up */
+template <typename F> static float timed(cudaStream_t st, int reps, F fn)
+{
+    for (int i = 0; i < 3; i++)
+        fn();
+    CU(cudaStreamSynchronize(st));
+    float ms[200];
+    cudaEvent_t a, b;
+    CU(cudaEventCreate(&a));
+    CU(cudaEventCreate(&b));
+    for (int i = 0; i < reps; i++) {
+        CU(cudaEventRecord(a, st));
+        fn();
+        CU(cudaEventRecord(b, st));
+        CU(cudaEventSynchronize(b));
+        CU(cudaEventElapsedTime(&ms[i], a, b));
+    }
+    CU(cudaEventDestroy(a));
+    CU(cudaEventDestroy(b));
+    qsort(ms, (size_t)reps, sizeof ms[0], cmpf);
+    return ms[reps / 2];
+}
+
+int main(int argc, char **argv)
+{
+    char why[200];
+    if (!engram_cuda_available(why, sizeof why)) {
+        fprintf(stderr, "no CUDA device: %s\n", why);
+        return 1;
+    }
+    char path[512];
+    engram_error err;
+    if (argc > 1) {
+        snprintf(path, sizeof path, "%s", argv[1]);
+    } else {
+        snprintf(path, sizeof path, "/tmp/engram-bench/cuda-5120.gguf");
+        mkdir("/tmp/engram-bench", 0755);
+        static uint32_t map[3000];
+        engram_layout l;
+        tu_layout(&l, map, 3000, 2000, 20000);
+        engram_build_opts o;
+        memset(&o, 0, sizeof o);
+        o.layout = l;
+        o.width = 5120;
+        o.fill = ENGRAM_FILL_NORMAL;
+        o.seed = 1;
+        if (access(path, R_OK) != 0 && engram_build_model(path, &o, &err) < 0) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+    }
+    engram_model *m;
+    engram_layer *L;
+    engram_cuda_layer *c;
+    if (engram_model_open(path, &m, &err) < 0 || engram_layer_open(m, 0, &L, &err) < 0 ||
+        engram_cuda_layer_open(L, 0, &c, &err) < 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    engram_layer_info li;
+    engram_layer_get_info(L, &li);
+    const int K = ENGRAM_K, N = (int)((li.streams + 1) * li.width);
+    const size_t per = (size_t)li.streams * li.width;
+    const double wbytes = (double)N * K * 2;
+    cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    time_t tt = time(NULL);
+    char date[32];
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&tt));
+    printf("bench_cuda  %s  %s, %d SMs; W %u, S %u: weights %.1f MB F16\n", date, prop.name,
+           prop.multiProcessorCount, li.width, li.streams, wbytes / 1e6);
+    cudaStream_t st;
+    CU(cudaStreamCreate(&st));
+
+    /* the card's copy bandwidth */
+    size_t cb = (size_t)1 << 30;
+    void *s0, *s1;
+    CU(cudaMalloc(&s0, cb));
+    CU(cudaMalloc(&s1, cb));
+    CU(cudaMemset(s0, 1, cb));
+    float cms = timed(st, 20, [&] { cudaMemcpyAsync(s1, s0, cb, cudaMemcpyDeviceToDevice, st); });
+    double bw = 2.0 * cb / (cms * 1e-3);
+    printf("device copy of 1 GiB: %.3f ms = %.0f GB/s (read + written)\n", cms, bw / 1e9);
+    double floor_ms = wbytes / bw * 1e3;
+    printf("floor for one layer's weights at that rate: %.1f us\n\n", floor_ms * 1e3);
+
+    /* inputs: 2048 tokens of random valid rows (normal-like values) */
+    const unsigned n = 2048;
+    uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
+    uint64_t seed = 3;
+    float vals[256];
+    for (size_t r = 0; r < (size_t)n * 24; r++) {
+        for (int i = 0; i < 256; i++)
+            vals[i] = ((float)(tu_rand(&seed) & 0xffff) / 65536.0f - 0.5f) * 3.0f;
+        engram_rows_quantize_f32(vals, 1, raw + r * 264, NULL, NULL);
+    }
+    uint8_t *d_raw;
+    float *d_x, *d_kv;
+    CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
+    CU(cudaMalloc(&d_x, n * per * 4));
+    CU(cudaMalloc(&d_kv, (size_t)n * N * 4));
+    CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
+    CU(cudaMemset(d_x, 0, n * per * 4));
+    engram_cuda_args a;
+    memset(&a, 0, sizeof a);
+    a.raw = d_raw;
+    a.resid = d_x;
+    a.resid_dtype = ENGRAM_F32;
+    a.stream = st;
+
+    printf("decode (B <= 8: GEMV over the F16 weights, rows decoded in shared memory; more: tensor cores)\n");
+    printf("   B   apply us   / floor\n");
+    const unsigned Bs[] = {1, 2, 4, 8, 16, 64};
+    for (int q = 0; q < 6; q++) {
+        a.n = Bs[q];
+        float ms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
+        printf("%4u %10.1f   %6.2f\n", Bs[q], ms * 1e3, ms / floor_ms);
+    }
+    a.n = 64;
+    a.flags = ENGRAM_CUDA_FMA_ONLY;
+    float f64 = timed(st, 20, [&] { engram_cuda_apply(c, &a, &err); });
+    printf("  64 %10.1f   %6.2f   (ENGRAM_CUDA_FMA_ONLY: 8 GEMVs of 8)\n", f64 * 1e3, f64 / floor_ms);
+    a.flags = 0;
+    a.n = 1;
+    float pms = timed(st, 100, [&] { engram_cuda_project(c, &a, d_kv, &err); });
+    printf("   1 (projection alone) %.1f us = %.2f x floor\n", pms * 1e3, pms / floor_ms);
+    /* B = 1 as an engine runs it: captured once into a graph with a device-side step index */
+    {
+        int *d_step;
+        CU(cudaMalloc(&d_step, sizeof(int)));
+        CU(cudaMemset(d_step, 0, sizeof(int)));
+        engram_cuda_args g = a;
+        g.d_step = d_step;
+        g.raw_step = 24 * 264;
+        g.resid_step = per * 4;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        int grc = engram_cuda_apply(c, &g, &err);
+        CU(cudaStreamEndCapture(st, &graph));
+        if (grc < 0) {
+            fprintf(stderr, "capture: %s\n", err.msg);
+            return 1;
+        }
+        CU(cudaGraphInstantiate(&exec, graph, 0));
+        float gms = timed(st, 100, [&] { cudaGraphLaunch(exec, st); });
+        /* 32 steps back to back, as a decode loop without host syncs */
+        float g32 = timed(st, 20, [&] {
+            for (int i = 0; i < 32; i++)
+                cudaGraphLaunch(exec, st);
+        });
+        printf("   1 (apply in a CUDA graph) %.1f us = %.2f x floor; 32 graph launches back to back: "
+               "%.1f us each = %.2f x floor\n\n",
+               gms * 1e3, gms / floor_ms, g32 * 1e3 / 32, g32 / 32 / floor_ms);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        cudaFree(d_step);
+    }
+
+    /* prefill vs cuBLAS F16 */
+    a.n = n;
+    float proj = timed(st, 10, [&] { engram_cuda_project(c, &a, d_kv, &err); });
+    float app = timed(st, 10, [&] { engram_cuda_apply(c, &a, &err); });
+    __half *e16, *w16;
+    CU(cudaMalloc(&e16, (size_t)n * K * 2));
+    CU(cudaMalloc(&w16, (size_t)N * K * 2));
+    uint16_t *hw = (uint16_t *)malloc((size_t)N * K * 2);
+    engram_layer_export(L, hw, NULL);
+    CU(cudaMemcpy(w16, hw, (size_t)N * K * 2, cudaMemcpyHostToDevice));
+    __half *he = (__half *)malloc((size_t)n * K * 2);
+    for (size_t i = 0; i < (size_t)n * K; i++)
+        he[i] = __float2half((float)((int)(i % 97) - 48) / 64.0f);
+    CU(cudaMemcpy(e16, he, (size_t)n * K * 2, cudaMemcpyHostToDevice));
+    cublasHandle_t h;
+    cublasCreate(&h);
+    cublasSetStream(h, st);
+    const float one = 1.0f, zero = 0.0f;
+    float blas = timed(st, 10, [&] {
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)n, K, &one, w16, CUDA_R_16F, K, e16,
+                     CUDA_R_16F, K, &zero, d_kv, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    });
+    double fl = 2.0 * n * N * K;
+    printf("prefill, %u tokens x %d outputs x %d inputs (%.0f GFLOP)\n", n, N, K, fl / 1e9);
+    printf("  cuBLAS F16 GEMM (inexact floor) %8.3f ms = %6.0f TFLOP/s\n", blas, fl / (blas * 1e-3) / 1e12);
+    printf("  engram projection (tensor cores) %7.3f ms = %6.0f TFLOP/s  %.2f x cuBLAS F16\n", proj,
+           fl / (proj * 1e-3) / 1e12, proj / blas);
+    printf("  engram apply (project + gate)   %8.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", app,
+           n / (app * 1e-3), app / blas);
+    a.flags = ENGRAM_CUDA_FMA_ONLY;
+    float fma = timed(st, 3, [&] { engram_cuda_apply(c, &a, &err); });
+    printf("  engram apply, ENGRAM_CUDA_FMA_ONLY %5.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", fma,
+           n / (fma * 1e-3), fma / blas);
+    a.flags = 0;
+    CU(cudaStreamSynchronize(st));
+    printf("\nlayer memory on the device: %.1f MB\n", engram_cuda_layer_bytes(c) / 1e6);
+    cublasDestroy(h);
+    engram_cuda_layer_close(c);
+    engram_layer_close(L);
+    engram_model_close(m);
+    return 0;
+}

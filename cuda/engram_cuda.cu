@@ -1,0 +1,937 @@
+/*
+ * engram_cuda.cu - Engram's output stage on an NVIDIA GPU (engram_cuda.h).
+ *
+ * Kernels, one per stage, with the CPU path (src/project.c) as reference:
+ *  - gemv1_kernel / gemv_kernel<T>: decode path (n <= 8).  Each warp owns 4
+ *    outputs; lane l takes input chunks l, l+32, ... (8 values each, 16-byte
+ *    weight loads) with one F32 FMA chain per (token, output); a fixed
+ *    xor-shuffle tree then adds the 32 lanes.  One token decodes its codes
+ *    in registers as the weights load; 2..8 tokens are decoded once per
+ *    block into shared memory.  Same order, same bits, for every T.
+ *  - decode16_kernel + cuBLAS: n > 8, rows x 2^-k to F16 exactly, one F16
+ *    GEMM on the tensor cores; gemv_list_kernel for tokens F16 cannot hold.
+ *  - gate_kernel (n <= 8: a cluster of 8 blocks per token) and
+ *    gate_block_kernel (one block per token): the three sums in a fixed
+ *    order, g, a check of every output, then the update; masked tokens
+ *    untouched.  Kept small: at B = 1 the cluster kernel took 24 us (ncu)
+ *    with inlined ldexpf and integer divisions in its unrolled loops, 12 us
+ *    without them (our guess: instruction fetch on 8 cold SMs).
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cooperative_groups.h>
+#include <cublas_v2.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engram_cuda.h"
+
+namespace cg = cooperative_groups;
+
+#define K ENGRAM_K
+#define ROW 264
+#define GEMV_TOKENS 8
+#define GEMV_ROWS 4
+#define GEMV_THREADS 512
+#define GEMV1_THREADS 128
+#define GEMV1_ROWS 4
+#define GATE_THREADS 256
+
+struct engram_cuda_layer {
+    int device;
+    uint32_t W, S, N;
+    uint16_t *w;             /* [N][K] F16 bits                  */
+    float *wq;               /* [S][W]                           */
+    float *kv;               /* [BLOCK][N] workspace             */
+    __half *e16;             /* [BLOCK][K] rows x 2^-k, F16      */
+    int *kshift;             /* [BLOCK] k of each token          */
+    int *wide;               /* [BLOCK] tokens too wide for F16; wide[BLOCK] = count */
+    int *status;             /* first non-finite token, INT_MAX  */
+    cublasHandle_t blas;
+    uint64_t bytes;
+};
+
+static int cuda_err(engram_error *err, cudaError_t e, const char *what)
+{
+    if (err) {
+        err->code = -EIO;
+        err->offset = ENGRAM_NO_OFFSET;
+        err->row = ENGRAM_NO_ROW;
+        snprintf(err->msg, sizeof err->msg, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    }
+    return -EIO;
+}
+
+static int set_err(engram_error *err, int code, const char *msg)
+{
+    if (err) {
+        err->code = code;
+        err->offset = ENGRAM_NO_OFFSET;
+        err->row = ENGRAM_NO_ROW;
+        snprintf(err->msg, sizeof err->msg, "%s", msg);
+    }
+    return code;
+}
+
+#define CK(call, what)                                                                       \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess)                                                               \
+            return cuda_err(err, e_, what);                                                  \
+    } while (0)
+
+extern "C" int engram_cuda_available(char *why, size_t why_len)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        if (why && why_len)
+            snprintf(why, why_len, "%s", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        return 0;
+    }
+    if (why && why_len)
+        snprintf(why, why_len, "%d CUDA device%s", n, n > 1 ? "s" : "");
+    return 1;
+}
+
+/* ------------------------------------------------------------ device helpers */
+
+/* One value of a row (SPEC section 7), rounded to BF16 as F32.  Rows were
+ * checked to decode: no NaN code, no scale 255, no overflow.  The value's
+ * significand has at most 4 bits, so where the result is a normal float it
+ * is built exactly with integer operations (and is already a BF16 value);
+ * only results below 2^-126 (scales under 10) take ldexpf and rounding. */
+__device__ __noinline__ float decode_slow(unsigned mm, int ex, unsigned sign)
+{
+    float v = ldexpf((float)mm, ex); /* exact: >= 2^-136, <= 4 bits */
+    unsigned u = __float_as_uint(v);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return __uint_as_float(u | sign);
+}
+
+__device__ __forceinline__ float decode1(unsigned c, int sc)
+{
+    unsigned e = (c >> 3) & 15u, m = c & 7u, sign = (c & 0x80u) << 24;
+    unsigned mm = e ? 8u + m : m; /* |v| = mm * 2^ex */
+    int ex = (e ? (int)e - 10 : -9) + sc - 127;
+    if (mm == 0)
+        return __uint_as_float(sign);
+    int lead = 31 - __clz((int)mm);
+    int field = lead + ex + 127;
+    if (field < 1)
+        return decode_slow(mm, ex, sign);
+    return __uint_as_float(sign | ((unsigned)field << 23) | ((mm << (23 - lead)) & 0x7fffffu));
+}
+
+__device__ __forceinline__ float bf16r(float f)
+{
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return f;
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return __uint_as_float(u);
+}
+
+/* x * 2^ks rounded once to nearest (as ldexpf would): a multiplication by
+ * an exact power of two, 2^ks a normal float. */
+__device__ __forceinline__ float pow2scale(float x, int ks)
+{
+    return x * __int_as_float((ks + 127) << 23); /* |ks| <= 126: see decode16_kernel */
+}
+
+/* 8 F16 weights (16 bytes) -> 8 floats, exact. */
+__device__ __forceinline__ void halves8(const uint4 &v, float *w)
+{
+    const __half2 *h = (const __half2 *)&v;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float2 f = __half22float2(h[q]);
+        w[2 * q] = f.x;
+        w[2 * q + 1] = f.y;
+    }
+}
+
+/* ------------------------------------------------------------ kernels */
+
+/* Two decoded values (BF16, low 16 bits zero) packed into one word, the
+ * first in the low half (memory order). */
+__device__ __forceinline__ unsigned pack2(float a, float b)
+{
+    return (__float_as_uint(a) >> 16) | (__float_as_uint(b) & 0xffff0000u);
+}
+
+/*
+ * Decode GEMV of one token: each warp decodes the codes it needs in
+ * registers as it loads the weights (no shared memory, no barrier: weight
+ * loads start at once).  The same values and the same order of every sum
+ * as gemv_kernel below, so the same bits.
+ */
+__global__ void __launch_bounds__(GEMV1_THREADS)
+gemv1_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, const int *d_step,
+             size_t raw_step, int n_out, float *__restrict__ kv)
+{
+    if (d_step)
+        raw += (size_t)(*d_step) * raw_step;
+    int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    int o0 = warp * GEMV1_ROWS;
+    if (o0 >= n_out)
+        return;
+    float acc[GEMV1_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV1_ROWS; r++)
+        acc[r] = 0.0f;
+#pragma unroll 3 /* more weight loads in flight */
+    for (int j = 0; j < K / 8 / 32; j++) {
+        int i0 = (lane + 32 * j) * 8, col = i0 & 255;
+        uint4 wv[GEMV1_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV1_ROWS; r++)
+            wv[r] = o0 + r < n_out ? __ldg((const uint4 *)(w + (size_t)(o0 + r) * K + i0))
+                                   : make_uint4(0, 0, 0, 0);
+        const uint8_t *rr = raw + (size_t)j * ROW; /* chunk j of every lane is row j */
+        uint2 codes = *(const uint2 *)(rr + col);
+        int sc = rr[256 + (col >> 5)];
+        float e[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            e[k] = decode1(((k < 4 ? codes.x : codes.y) >> (8 * (k & 3))) & 0xffu, sc);
+#pragma unroll
+        for (int r = 0; r < GEMV1_ROWS; r++) {
+            float wf[8];
+            halves8(wv[r], wf);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                acc[r] = fmaf(e[k], wf[k], acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV1_ROWS; r++) {
+        float v = acc[r];
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0 && o0 + r < n_out)
+            kv[o0 + r] = v;
+    }
+}
+
+/*
+ * Decode GEMV.  The block first decodes its T tokens' rows into shared
+ * memory (BF16 bits, T x 12 KiB: each value decoded once per block of 64
+ * outputs rather than once per warp), then each warp owns 4 outputs: lane l
+ * takes input chunks l, l+32, ... (8 values; chunk j of all lanes is row j),
+ * 16-byte weight loads, one F32 FMA chain per (token, output), and a fixed
+ * xor-shuffle tree adds the 32 lanes.  The order of every sum is the same
+ * for any T: a token's bits do not depend on its batch.
+ */
+template <int T>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride,
+            const int *d_step, size_t raw_step, int n_out, float *__restrict__ kv, int ldkv)
+{
+    extern __shared__ uint4 smem[];
+    unsigned *es = (unsigned *)smem; /* [T][K/2] pairs of BF16 */
+    if (d_step)
+        raw += (size_t)(*d_step) * raw_step;
+    for (int q = threadIdx.x; q < T * (K / 4); q += GEMV_THREADS) {
+        int t = q / (K / 4), i = (q % (K / 4)) * 4, row = i >> 8, col = i & 255;
+        const uint8_t *rr = raw + (size_t)t * stride + (size_t)row * ROW;
+        unsigned c = *(const unsigned *)(rr + col);
+        int sc = rr[256 + (col >> 5)];
+        uint2 o;
+        o.x = pack2(decode1(c & 0xffu, sc), decode1((c >> 8) & 0xffu, sc));
+        o.y = pack2(decode1((c >> 16) & 0xffu, sc), decode1(c >> 24, sc));
+        *(uint2 *)(es + (size_t)t * (K / 2) + i / 2) = o;
+    }
+    __syncthreads();
+    int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    int o0 = warp * GEMV_ROWS;
+    if (o0 >= n_out)
+        return;
+    float acc[T][GEMV_ROWS];
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++)
+            acc[t][r] = 0.0f;
+#pragma unroll 3 /* more weight loads in flight */
+    for (int j = 0; j < K / 8 / 32; j++) {
+        int i0 = (lane + 32 * j) * 8;
+        uint4 wv[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++)
+            wv[r] = o0 + r < n_out ? __ldg((const uint4 *)(w + (size_t)(o0 + r) * K + i0))
+                                   : make_uint4(0, 0, 0, 0);
+        float wf[GEMV_ROWS][8];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++)
+            halves8(wv[r], wf[r]);
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            uint4 ev = *(const uint4 *)(es + (size_t)t * (K / 2) + i0 / 2);
+            unsigned p[4] = {ev.x, ev.y, ev.z, ev.w};
+            float e[8];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                e[2 * q] = __uint_as_float(p[q] << 16);
+                e[2 * q + 1] = __uint_as_float(p[q] & 0xffff0000u);
+            }
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    acc[t][r] = fmaf(e[k], wf[r][k], acc[t][r]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            float v = acc[t][r];
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == 0 && o0 + r < n_out)
+                kv[(size_t)t * ldkv + o0 + r] = v;
+        }
+}
+
+/*
+ * Prefill path, rows -> F16 exactly.  A token's values are codes of at most
+ * 4 significant bits times 2^(scale - 127); with k = (largest scale of a
+ * block holding a nonzero code) - 133, every value times 2^-k lies in
+ * [2^-24, 448 * 2^6] and is exact in F16 whenever the token's scales span
+ * at most 21 (trained tables: a few).  Then one F16 GEMM (exact products,
+ * F32 accumulation) gives kv * 2^-k, and the gate scales it back (a power of
+ * two: exact).  Wider tokens are listed and projected by the GEMV instead.
+ */
+#define SPAN_MAX 21
+__global__ void decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, __half *e16,
+                                int *kshift, int *wide)
+{
+    int t = blockIdx.x;
+    const uint8_t *rr = raw + (size_t)t * stride;
+    __shared__ int smax, smin;
+    if (threadIdx.x == 0) {
+        smax = -1;
+        smin = 1000;
+    }
+    __syncthreads();
+    if (threadIdx.x < ENGRAM_COLUMNS * 8) {
+        int row = threadIdx.x >> 3, blk = threadIdx.x & 7;
+        const uint8_t *cb = rr + row * ROW + blk * 32;
+        unsigned nz = 0;
+        for (int i = 0; i < 32; i++)
+            nz |= cb[i] & 0x7fu;
+        if (nz) {
+            int sc = rr[row * ROW + 256 + blk];
+            atomicMax(&smax, sc);
+            atomicMin(&smin, sc);
+        }
+    }
+    __syncthreads();
+    /* too wide for F16, or k below -126 (block scales under 2^-120: not
+     * in trained tables) so that 2^k would not be a normal float */
+    if (smax >= 0 && (smax - smin > SPAN_MAX || smax - 133 < -126)) {
+        if (threadIdx.x == 0) {
+            kshift[t] = 0;
+            wide[atomicAdd(&wide[ENGRAM_CUDA_BLOCK], 1)] = t;
+        }
+        return;
+    }
+    int k = smax >= 0 ? smax - 133 : 0;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) {
+        int row = i >> 8, j = i & 255;
+        float v = decode1(rr[row * ROW + j], rr[row * ROW + 256 + (j >> 5)] - k);
+        e16[(size_t)t * K + i] = __float2half_rn(v); /* exact, see above */
+    }
+    if (threadIdx.x == 0)
+        kshift[t] = k;
+}
+
+/* The listed (wide) tokens, one at a time, through the GEMV's arithmetic;
+ * their rows of kv are unscaled (k = 0). */
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_list_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride,
+                 const int *wide, int n_out, float *__restrict__ kv, int ldkv)
+{
+    int count = wide[ENGRAM_CUDA_BLOCK];
+    for (int q = 0; q < count; q++) {
+        int t = wide[q];
+        int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+        int o0 = warp * GEMV_ROWS;
+        if (o0 >= n_out)
+            return;
+        const uint8_t *r = raw + (size_t)t * stride;
+        float acc[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int j = 0; j < K / 8 / 32; j++) {
+            int i0 = (lane + 32 * j) * 8, row = i0 >> 8, col = i0 & 255;
+            const uint8_t *rr = r + (size_t)row * ROW;
+            int sc = rr[256 + (col >> 5)];
+            for (int rw = 0; rw < GEMV_ROWS; rw++) {
+                if (o0 + rw >= n_out)
+                    break;
+                uint4 wv = __ldg((const uint4 *)(w + (size_t)(o0 + rw) * K + i0));
+                float wf[8];
+                halves8(wv, wf);
+                for (int kk = 0; kk < 8; kk++)
+                    acc[rw] = fmaf(decode1(rr[col + kk], sc), wf[kk], acc[rw]);
+            }
+        }
+        for (int rw = 0; rw < GEMV_ROWS; rw++) {
+            float v = acc[rw];
+            for (int off = 16; off >= 1; off >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == 0 && o0 + rw < n_out)
+                kv[(size_t)t * ldkv + o0 + rw] = v;
+        }
+    }
+}
+
+/* kv rows times 2^k (engram_cuda_project's output). */
+__global__ void scale_kernel(float *kv, int ld, const int *kshift)
+{
+    int t = blockIdx.y;
+    int k = kshift[t];
+    for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < ld; o += gridDim.x * blockDim.x)
+        kv[(size_t)t * ld + o] = pow2scale(kv[(size_t)t * ld + o], k);
+}
+
+__device__ __forceinline__ float load_x(const void *x, int bf16, int i)
+{
+    if (bf16)
+        return __uint_as_float((unsigned)((const unsigned short *)x)[i] << 16);
+    return ((const float *)x)[i];
+}
+
+/*
+ * Gate and update, one token per cluster of GATE_CTAS blocks (Hopper
+ * thread-block clusters; at B = 1 one block on one SM was issue-bound).
+ * Block r of a cluster takes the columns [r w, (r+1) w) of every stream,
+ * w = ceil(W / GATE_CTAS).  Streams go four at a time: each thread keeps the
+ * three partial sums (x.q k, x.x, k.k) of each, the 12 are added by
+ * xor-shuffle trees within warps and across the warps in warp 0; every
+ * block then adds the blocks' sums in rank order through distributed shared
+ * memory (the same order, so the same gates, in every block).  Outputs are
+ * computed once into registers (GATE_KEEP per thread; beyond that, twice),
+ * checked, and written only if no block of the token found one non-finite:
+ * the token is written whole or not at all.  Masked tokens: untouched.
+ */
+#define GATE_CTAS 8
+#define GATE_GROUP 4
+#define GATE_KEEP 12
+__global__ void __cluster_dims__(GATE_CTAS, 1, 1) __launch_bounds__(GATE_THREADS)
+gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq, void *resid,
+            int bf16, const uint8_t *mask, int W, int S, int *status, int token_base,
+            const int *d_step, size_t resid_step, const int *kshift)
+{
+    cg::cluster_group cl = cg::this_cluster();
+    const int t = blockIdx.x / GATE_CTAS, rank = (int)cl.block_rank();
+    int ks = kshift ? kshift[t] : 0; /* kv rows of the F16 path are kv * 2^-ks */
+    if (mask && !mask[t])
+        return; /* the whole cluster */
+    if (d_step)
+        resid = (char *)resid + (size_t)(*d_step) * resid_step;
+    __shared__ float sh[GATE_THREADS / 32][3 * GATE_GROUP];
+    __shared__ float part[3 * ENGRAM_MAX_STREAMS]; /* this block's sums  */
+    __shared__ float gs[ENGRAM_MAX_STREAMS];
+    __shared__ int sbad;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int span = (W + GATE_CTAS - 1) / GATE_CTAS, lo = min(W, rank * span),
+              cols = min(W, lo + span) - lo;
+    const float *kvt = kv + (size_t)t * ldkv, *v = kvt + (size_t)S * W;
+    size_t es = bf16 ? 2 : 4;
+    char *xt = (char *)resid + (size_t)t * S * W * es;
+    for (int s0 = 0; s0 < S; s0 += GATE_GROUP) {
+        float p[3 * GATE_GROUP];
+#pragma unroll
+        for (int q = 0; q < 3 * GATE_GROUP; q++)
+            p[q] = 0.0f;
+        const int ns = min(GATE_GROUP, S - s0);
+#pragma unroll 2
+        for (int i = lo + threadIdx.x; i < lo + cols; i += GATE_THREADS) {
+            float xv[GATE_GROUP], qv[GATE_GROUP], kr[GATE_GROUP];
+#pragma unroll
+            for (int s = 0; s < GATE_GROUP; s++) /* every load first: one latency */
+                if (s < ns) {
+                    size_t o = (size_t)(s0 + s) * W + i;
+                    xv[s] = load_x(xt, bf16, (int)o);
+                    qv[s] = wq[o];
+                    kr[s] = kvt[o];
+                }
+#pragma unroll
+            for (int s = 0; s < GATE_GROUP; s++)
+                if (s < ns) {
+                    float xi = xv[s], k = bf16r(pow2scale(kr[s], ks));
+                    p[3 * s] = fmaf(xi * qv[s], k, p[3 * s]);
+                    p[3 * s + 1] = fmaf(xi, xi, p[3 * s + 1]);
+                    p[3 * s + 2] = fmaf(k, k, p[3 * s + 2]);
+                }
+        }
+#pragma unroll
+        for (int q = 0; q < 3 * GATE_GROUP; q++)
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1)
+                p[q] += __shfl_xor_sync(0xffffffffu, p[q], off);
+        if (lane == 0)
+#pragma unroll
+            for (int q = 0; q < 3 * GATE_GROUP; q++)
+                sh[warp][q] = p[q];
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int q = 0; q < 3 * GATE_GROUP; q++) {
+                float u = lane < GATE_THREADS / 32 ? sh[lane][q] : 0.0f;
+#pragma unroll
+                for (int off = 16; off >= 1; off >>= 1)
+                    u += __shfl_xor_sync(0xffffffffu, u, off);
+                if (lane == q && 3 * s0 + q < 3 * S)
+                    part[3 * s0 + q] = u;
+            }
+        }
+        __syncthreads();
+    }
+    cl.sync(); /* every block's sums are in its shared memory */
+    __shared__ float tot[3 * ENGRAM_MAX_STREAMS];
+    if (threadIdx.x < 3 * S) {
+        float u = 0.0f;
+        for (int r = 0; r < GATE_CTAS; r++)
+            u += *cl.map_shared_rank(&part[threadIdx.x], r);
+        tot[threadIdx.x] = u;
+    }
+    __syncthreads();
+    if (threadIdx.x < S) {
+        float D = tot[3 * threadIdx.x], Sxx = tot[3 * threadIdx.x + 1], Skk = tot[3 * threadIdx.x + 2];
+        const float wf = (float)W, eps = 1e-6f;
+        float dd = D * (1.0f / sqrtf(Sxx / wf + eps)) * (1.0f / sqrtf(Skk / wf + eps)) *
+                   (1.0f / sqrtf(wf));
+        float z = copysignf(sqrtf(fmaxf(fabsf(dd), 1e-6f)), dd);
+        float g = 1.0f / (1.0f + expf(-z));
+        gs[threadIdx.x] = isfinite(D) && isfinite(Sxx) && isfinite(Skk) ? g : __int_as_float(0x7fc00000);
+    }
+    __syncthreads();
+    /* this block's outputs: all streams, its columns; element e of the
+     * block is (stream e / cols, column lo + e % cols), stepped without
+     * divisions (a small kernel: fewer instructions to fetch) */
+    const int total = S * cols;
+    int bad = 0;
+    float y[GATE_KEEP];
+    const int keep = total <= GATE_THREADS * GATE_KEEP;
+    int s = cols > 0 ? 0 : S, i = threadIdx.x; /* no columns: no elements */
+    if (cols > 0)
+        while (i >= cols && s < S) {
+            i -= cols;
+            s++;
+        }
+    if (keep) {
+        float vv[GATE_KEEP];
+        int sq[GATE_KEEP], iq[GATE_KEEP];
+#pragma unroll
+        for (int q = 0; q < GATE_KEEP; q++) { /* every load first: one latency */
+            sq[q] = s;
+            iq[q] = lo + i;
+            if (s < S) {
+                vv[q] = v[lo + i];
+                y[q] = load_x(xt, bf16, s * W + lo + i);
+            }
+            i += GATE_THREADS;
+            while (i >= cols && s < S) {
+                i -= cols;
+                s++;
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < GATE_KEEP; q++)
+            if (sq[q] < S) {
+                y[q] = bf16r(fmaf(gs[sq[q]], bf16r(pow2scale(vv[q], ks)), y[q]));
+                bad |= !isfinite(y[q]);
+            }
+#pragma unroll
+        for (int q = 0; q < GATE_KEEP; q++)
+            iq[q] += sq[q] * W; /* the residual's index, for the writes */
+        bad = __syncthreads_or(bad);
+        if (threadIdx.x == 0)
+            sbad = bad;
+        cl.sync(); /* every block's verdict is in its shared memory */
+        int any = 0;
+        for (int r = 0; r < GATE_CTAS; r++)
+            any |= *cl.map_shared_rank(&sbad, r);
+        cl.sync(); /* nobody reads another block's shared memory after this */
+        if (any) {
+            if (rank == 0 && threadIdx.x == 0)
+                atomicMin(status, token_base + t);
+            return;
+        }
+#pragma unroll
+        for (int q = 0; q < GATE_KEEP; q++)
+            if (sq[q] < S) {
+                if (bf16)
+                    ((unsigned short *)xt)[iq[q]] = (unsigned short)(__float_as_uint(y[q]) >> 16);
+                else
+                    ((float *)xt)[iq[q]] = y[q];
+            }
+        return;
+    }
+    for (int e = threadIdx.x; e < total; e += GATE_THREADS) {
+        int se = e / cols, ie = lo + e - se * cols;
+        bad |= !isfinite(bf16r(fmaf(gs[se], bf16r(pow2scale(v[ie], ks)), load_x(xt, bf16, se * W + ie))));
+    }
+    bad = __syncthreads_or(bad);
+    if (threadIdx.x == 0)
+        sbad = bad;
+    cl.sync(); /* every block's verdict is in its shared memory */
+    int any = 0;
+    for (int r = 0; r < GATE_CTAS; r++)
+        any |= *cl.map_shared_rank(&sbad, r);
+    cl.sync(); /* nobody reads another block's shared memory after this */
+    if (any) {
+        if (rank == 0 && threadIdx.x == 0)
+            atomicMin(status, token_base + t);
+        return;
+    }
+    for (int e = threadIdx.x; e < total; e += GATE_THREADS) {
+        int se = e / cols, ie = lo + e - se * cols;
+        float yy = bf16r(fmaf(gs[se], bf16r(pow2scale(v[ie], ks)), load_x(xt, bf16, se * W + ie)));
+        if (bf16)
+            ((unsigned short *)xt)[se * W + ie] = (unsigned short)(__float_as_uint(yy) >> 16);
+        else
+            ((float *)xt)[se * W + ie] = yy;
+    }
+}
+
+/*
+ * Gate and update for n > ENGRAM_CUDA_GEMV_MAX tokens: one block of
+ * GATEB_THREADS per token (many tokens keep every SM busy; the cluster
+ * kernel's synchronisation would cost more than it saves).  Stream by
+ * stream: the three sums by a fixed-order block reduction (xor trees in
+ * warps, then the warps' sums in index order), the gate, then a check pass
+ * over the token and the update: written whole or not at all.
+ */
+#define GATEB_THREADS 1024
+__device__ float block_sum(float v, float *sh)
+{
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = sh[0];
+        for (int i = 1; i < GATEB_THREADS / 32; i++)
+            s += sh[i];
+        sh[GATEB_THREADS / 32] = s;
+    }
+    __syncthreads();
+    return sh[GATEB_THREADS / 32];
+}
+
+__global__ void __launch_bounds__(GATEB_THREADS)
+gate_block_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq, void *resid,
+                  int bf16, const uint8_t *mask, int W, int S, int *status, int token_base,
+                  const int *kshift)
+{
+    int t = blockIdx.x;
+    int ks = kshift ? kshift[t] : 0;
+    if (mask && !mask[t])
+        return;
+    __shared__ float sh[GATEB_THREADS / 32 + 1];
+    __shared__ float gs[ENGRAM_MAX_STREAMS];
+    const float *kvt = kv + (size_t)t * ldkv, *v = kvt + (size_t)S * W;
+    size_t es = bf16 ? 2 : 4;
+    char *xt = (char *)resid + (size_t)t * S * W * es;
+    for (int s = 0; s < S; s++) {
+        const void *x = xt + (size_t)s * W * es;
+        float d = 0.0f, sx = 0.0f, sk = 0.0f;
+        for (int i = threadIdx.x; i < W; i += GATEB_THREADS) {
+            float xi = load_x(x, bf16, i), k = bf16r(pow2scale(kvt[(size_t)s * W + i], ks));
+            d = fmaf(xi * wq[(size_t)s * W + i], k, d);
+            sx = fmaf(xi, xi, sx);
+            sk = fmaf(k, k, sk);
+        }
+        float D = block_sum(d, sh), Sxx = block_sum(sx, sh), Skk = block_sum(sk, sh);
+        if (threadIdx.x == 0) {
+            const float wf = (float)W, eps = 1e-6f;
+            float dd = D * (1.0f / sqrtf(Sxx / wf + eps)) * (1.0f / sqrtf(Skk / wf + eps)) *
+                       (1.0f / sqrtf(wf));
+            float z = copysignf(sqrtf(fmaxf(fabsf(dd), 1e-6f)), dd);
+            float g = 1.0f / (1.0f + expf(-z));
+            gs[s] = isfinite(D) && isfinite(Sxx) && isfinite(Skk) ? g : __int_as_float(0x7fc00000);
+        }
+        __syncthreads();
+    }
+    int bad = 0;
+    for (int s = 0; s < S; s++) {
+        const void *x = xt + (size_t)s * W * es;
+        for (int i = threadIdx.x; i < W; i += GATEB_THREADS)
+            bad |= !isfinite(bf16r(fmaf(gs[s], bf16r(pow2scale(v[i], ks)), load_x(x, bf16, i))));
+    }
+    if (__syncthreads_or(bad)) {
+        if (threadIdx.x == 0)
+            atomicMin(status, token_base + t);
+        return;
+    }
+    for (int s = 0; s < S; s++) {
+        void *x = xt + (size_t)s * W * es;
+        for (int i = threadIdx.x; i < W; i += GATEB_THREADS) {
+            float y = bf16r(fmaf(gs[s], bf16r(pow2scale(v[i], ks)), load_x(x, bf16, i)));
+            if (bf16)
+                ((unsigned short *)x)[i] = (unsigned short)(__float_as_uint(y) >> 16);
+            else
+                ((float *)x)[i] = y;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ host side */
+
+extern "C" void engram_cuda_layer_close(engram_cuda_layer *c)
+{
+    if (!c)
+        return;
+    cudaSetDevice(c->device);
+    cudaFree(c->w);
+    cudaFree(c->wq);
+    cudaFree(c->kv);
+    cudaFree(c->e16);
+    cudaFree(c->kshift);
+    cudaFree(c->wide);
+    cudaFree(c->status);
+    if (c->blas)
+        cublasDestroy(c->blas);
+    free(c);
+}
+
+extern "C" uint64_t engram_cuda_layer_bytes(const engram_cuda_layer *c)
+{
+    return c->bytes;
+}
+
+static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_error *err)
+{
+    char why[160];
+    if (!engram_cuda_available(why, sizeof why))
+        return set_err(err, -ENODEV, why);
+    CK(cudaSetDevice(c->device), "cudaSetDevice");
+    size_t nw = (size_t)c->N * K, blk = ENGRAM_CUDA_BLOCK;
+    CK(cudaMalloc(&c->w, nw * 2), "cudaMalloc (weights)");
+    CK(cudaMalloc(&c->wq, (size_t)c->S * c->W * 4), "cudaMalloc (norms)");
+    CK(cudaMalloc(&c->kv, blk * c->N * 4), "cudaMalloc (workspace)");
+    CK(cudaMalloc(&c->e16, blk * K * 2), "cudaMalloc (workspace)");
+    CK(cudaMalloc(&c->kshift, blk * sizeof(int)), "cudaMalloc (workspace)");
+    CK(cudaMalloc(&c->wide, (blk + 1) * sizeof(int)), "cudaMalloc (workspace)");
+    CK(cudaMalloc(&c->status, sizeof(int)), "cudaMalloc (status)");
+    c->bytes = nw * 2 + (uint64_t)c->S * c->W * 4 + blk * c->N * 4 + blk * K * 2 +
+               (2 * blk + 2) * sizeof(int);
+    uint16_t *hw = (uint16_t *)malloc(nw * 2);
+    float *hq = (float *)malloc((size_t)c->S * c->W * 4);
+    if (!hw || !hq) {
+        free(hw);
+        free(hq);
+        return set_err(err, -ENOMEM, "out of host memory for the upload");
+    }
+    engram_layer_export(L, hw, hq);
+    cudaError_t e1 = cudaMemcpy(c->w, hw, nw * 2, cudaMemcpyHostToDevice);
+    cudaError_t e2 = cudaMemcpy(c->wq, hq, (size_t)c->S * c->W * 4, cudaMemcpyHostToDevice);
+    free(hw);
+    free(hq);
+    CK(e1, "cudaMemcpy (weights)");
+    CK(e2, "cudaMemcpy (norms)");
+    int big = INT_MAX;
+    CK(cudaMemcpy(c->status, &big, sizeof big, cudaMemcpyHostToDevice), "cudaMemcpy (status)");
+    CK(cudaDeviceSynchronize(), "upload");
+    /* T tokens' decoded rows in shared memory: T x 12 KiB (over the 48 KiB
+     * default from T = 5) */
+#define SMEM(T)                                                                                \
+    CK(cudaFuncSetAttribute(gemv_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, T * K * 2), \
+       "cudaFuncSetAttribute")
+    SMEM(2); SMEM(3); SMEM(4); SMEM(5); SMEM(6); SMEM(7); SMEM(8);
+#undef SMEM
+    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS)
+        return set_err(err, -EIO, "cublasCreate failed");
+    /* split-K partial sums at F32, never narrower */
+    if (cublasSetMathMode(c->blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) !=
+        CUBLAS_STATUS_SUCCESS)
+        return set_err(err, -EIO, "cublasSetMathMode failed");
+    return 0;
+}
+
+extern "C" int engram_cuda_layer_open(const engram_layer *L, int device, engram_cuda_layer **out,
+                                      engram_error *err)
+{
+    if (!L || !out)
+        return set_err(err, -EINVAL, "NULL argument");
+    engram_layer_info li;
+    engram_layer_get_info(L, &li);
+    engram_cuda_layer *c = (engram_cuda_layer *)calloc(1, sizeof *c);
+    if (!c)
+        return set_err(err, -ENOMEM, "out of memory");
+    c->device = device;
+    c->W = li.width;
+    c->S = li.streams;
+    c->N = (li.streams + 1) * li.width;
+    int rc = open_on_device(c, L, err);
+    if (rc < 0) {
+        engram_cuda_layer_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+static int check_args(const engram_cuda_layer *c, const engram_cuda_args *a, int need_resid,
+                      engram_error *err)
+{
+    if (!c || !a || !a->raw || (need_resid && !a->resid))
+        return set_err(err, -EINVAL, "NULL argument");
+    if (need_resid && a->resid_dtype != ENGRAM_BF16 && a->resid_dtype != ENGRAM_F32)
+        return set_err(err, -EINVAL, "the residual is BF16 or F32");
+    if (a->raw_stride && (a->raw_stride < (size_t)ENGRAM_COLUMNS * ROW || a->raw_stride % 8))
+        return set_err(err, -EINVAL, "raw_stride: at least 24 x 264 bytes, a multiple of 8");
+    if (a->d_step && a->n > ENGRAM_CUDA_GEMV_MAX)
+        return set_err(err, -EINVAL, "d_step is for the decode path (n <= 8)");
+    if ((uintptr_t)a->raw % 8 || a->raw_step % 8)
+        return set_err(err, -EINVAL, "raw and raw_step: multiples of 8 bytes");
+    if (a->flags & ~(unsigned)ENGRAM_CUDA_FMA_ONLY)
+        return set_err(err, -EINVAL, "unknown flags");
+    return 0;
+}
+
+/* kv for tokens [0, n) of a (n <= one block). */
+static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const uint8_t *raw,
+                         unsigned n, float *kv, cudaStream_t st, int *scaled, engram_error *err)
+{
+    *scaled = 0;
+    size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
+    if (n <= ENGRAM_CUDA_GEMV_MAX || (a->flags & ENGRAM_CUDA_FMA_ONLY)) {
+        unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
+        unsigned blocks = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
+        for (unsigned t0 = 0; t0 < n; t0 += GEMV_TOKENS) {
+            unsigned k = n - t0 < GEMV_TOKENS ? n - t0 : GEMV_TOKENS;
+            const uint8_t *r = raw + (size_t)t0 * stride;
+            float *o = kv + (size_t)t0 * c->N;
+            if (k == 1) {
+                unsigned w1 = (c->N + GEMV1_ROWS - 1) / GEMV1_ROWS;
+                unsigned b1 = (w1 * 32 + GEMV1_THREADS - 1) / GEMV1_THREADS;
+                gemv1_kernel<<<b1, GEMV1_THREADS, 0, st>>>(c->w, r, a->d_step, a->raw_step,
+                                                            (int)c->N, o);
+                CK(cudaGetLastError(), "gemv1_kernel");
+                continue;
+            }
+            switch (k) {
+#define CASE(T)                                                                                \
+    case T:                                                                                    \
+        gemv_kernel<T><<<blocks, GEMV_THREADS, T * K * 2, st>>>(c->w, r, stride, a->d_step,     \
+                                                               a->raw_step,                      \
+                                                        (int)c->N, o, (int)c->N);              \
+        break;
+                CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+            }
+            CK(cudaGetLastError(), "gemv_kernel");
+        }
+        return 0;
+    }
+    CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, sizeof(int), st), "cudaMemsetAsync");
+    decode16_kernel<<<n, 256, 0, st>>>(raw, stride, c->e16, c->kshift, c->wide);
+    CK(cudaGetLastError(), "decode16_kernel");
+    cublasSetStream(c->blas, st);
+    const float one = 1.0f, zero = 0.0f;
+    /* column-major: kv^T (N x n) = W (N x K, stored as K x N) ^T x E^T (K x n) */
+    cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)c->N, (int)n, K, &one,
+                                    c->w, CUDA_R_16F, K, c->e16, CUDA_R_16F, K, &zero, kv,
+                                    CUDA_R_32F, (int)c->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        char m[96];
+        snprintf(m, sizeof m, "cublasGemmEx failed (status %d)", (int)s);
+        return set_err(err, -EIO, m);
+    }
+    unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
+    gemv_list_kernel<<<(warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS, GEMV_THREADS, 0, st>>>(
+        c->w, raw, stride, c->wide, (int)c->N, kv, (int)c->N);
+    CK(cudaGetLastError(), "gemv_list_kernel");
+    *scaled = 1;
+    return 0;
+}
+
+extern "C" int engram_cuda_project(engram_cuda_layer *c, const engram_cuda_args *a, float *kv,
+                                   engram_error *err)
+{
+    int rc = check_args(c, a, 0, err);
+    if (rc < 0 || !kv)
+        return rc < 0 ? rc : set_err(err, -EINVAL, "NULL kv");
+    CK(cudaSetDevice(c->device), "cudaSetDevice");
+    cudaStream_t st = (cudaStream_t)a->stream;
+    size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
+    for (unsigned t0 = 0; t0 < a->n; t0 += ENGRAM_CUDA_BLOCK) {
+        unsigned k = a->n - t0 < ENGRAM_CUDA_BLOCK ? a->n - t0 : ENGRAM_CUDA_BLOCK;
+        int scaled;
+        float *out = kv + (size_t)t0 * c->N;
+        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, out, st, &scaled, err)) < 0)
+            return rc;
+        if (scaled) {
+            scale_kernel<<<dim3(16, k), 256, 0, st>>>(out, (int)c->N, c->kshift);
+            CK(cudaGetLastError(), "scale_kernel");
+        }
+    }
+    return 0;
+}
+
+extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a, engram_error *err)
+{
+    int rc = check_args(c, a, 1, err);
+    if (rc < 0)
+        return rc;
+    CK(cudaSetDevice(c->device), "cudaSetDevice");
+    cudaStream_t st = (cudaStream_t)a->stream;
+    size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
+    size_t es = a->resid_dtype == ENGRAM_BF16 ? 2 : 4;
+    for (unsigned t0 = 0; t0 < a->n; t0 += ENGRAM_CUDA_BLOCK) {
+        unsigned k = a->n - t0 < ENGRAM_CUDA_BLOCK ? a->n - t0 : ENGRAM_CUDA_BLOCK;
+        int scaled;
+        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, c->kv, st, &scaled, err)) < 0)
+            return rc;
+        char *resid = (char *)a->resid + (size_t)t0 * c->S * c->W * es;
+        const uint8_t *mk = a->mask ? a->mask + t0 : NULL;
+        int bf = a->resid_dtype == ENGRAM_BF16;
+        if (k <= ENGRAM_CUDA_GEMV_MAX)
+            gate_kernel<<<k * GATE_CTAS, GATE_THREADS, 0, st>>>(
+                c->kv, (int)c->N, c->wq, resid, bf, mk, (int)c->W, (int)c->S, c->status, (int)t0,
+                a->d_step, a->resid_step, scaled ? c->kshift : NULL);
+        else
+            gate_block_kernel<<<k, GATEB_THREADS, 0, st>>>(c->kv, (int)c->N, c->wq, resid, bf, mk,
+                                                           (int)c->W, (int)c->S, c->status, (int)t0,
+                                                           scaled ? c->kshift : NULL);
+        CK(cudaGetLastError(), "gate_kernel");
+    }
+    return 0;
+}
+
+extern "C" int engram_cuda_sync(engram_cuda_layer *c, void *stream, engram_error *err)
+{
+    if (!c)
+        return set_err(err, -EINVAL, "NULL argument");
+    CK(cudaSetDevice(c->device), "cudaSetDevice");
+    CK(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
+    int first = INT_MAX, big = INT_MAX;
+    CK(cudaMemcpy(&first, c->status, sizeof first, cudaMemcpyDeviceToHost), "cudaMemcpy (status)");
+    if (first == INT_MAX)
+        return 0;
+    CK(cudaMemcpy(c->status, &big, sizeof big, cudaMemcpyHostToDevice), "cudaMemcpy (status)");
+    if (err) {
+        err->code = -EDOM;
+        err->offset = ENGRAM_NO_OFFSET;
+        err->row = ENGRAM_NO_ROW;
+        snprintf(err->msg, sizeof err->msg,
+                 "token %d: the residual or the result is not finite; that token was left "
+                 "untouched (others were updated)", first);
+    }
+    return -EDOM;
+}

@@ -1,0 +1,506 @@
+/*
+ * test_cuda.cu - the CUDA path against the CPU path and a double-precision
+ * reference, on models the builder writes (W = 64 and the real W = 5120):
+ *  - without a GPU (CI): engram_cuda_available says why, opening a layer
+ *    fails with -ENODEV and that reason; nothing else runs;
+ *  - with one: projections of n = 1..8 tokens (GEMV path), 9..300 and 2100
+ *    tokens (F16 GEMM path, two blocks), and 300 tokens of which every third
+ *    has block scales 24 binades apart (too wide for F16: the GEMV fallback
+ *    inside the GEMM path), within gamma_K * sum|e w| of a double sum
+ *    (sampled outputs), every output written (poisoned first);
+ *  - applies: masked tokens bit for bit untouched; against the CPU path,
+ *    each being within the tolerance of the float64 reference (checked on GPU
+ *    outputs by tests/test_apply.sh with ENGRAM_DEVICE=cuda): >= 99.5% within
+ *    one BF16 step, all within 4 steps of the update's operands; F32 and BF16
+ *    residuals; NaN in a residual: that token untouched, named by sync;
+ *  - the decode path is batch-invariant: a token's output is the same bits
+ *    alone and among 8;
+ *  - a captured CUDA graph with a device-side step index replays four
+ *    steps to the same bits as direct calls.
+ * Every CUDA call is checked.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "../tests/testutil.h"
+#include "engram_cuda.h"
+
+#define CU(call)                                                                             \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) {                                                             \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static const int K = ENGRAM_K;
+
+struct fx {
+    engram_model *m;
+    engram_layer *L;
+    engram_cuda_layer *c;
+    engram_applier *a;
+    uint32_t W, S, N;
+    char path[512];
+};
+
+static int fx_open(fx *f, const char *name, uint32_t width)
+{
+    static uint32_t map[3000];
+    engram_layout l;
+    if (tu_layout(&l, map, 3000, 2000, 20000) < 0 ||
+        tu_build(name, &l, ENGRAM_FILL_NORMAL, width, f->path, sizeof f->path) < 0)
+        return -1;
+    engram_error err;
+    if (engram_model_open(f->path, &f->m, &err) < 0 || engram_layer_open(f->m, 1, &f->L, &err) < 0 ||
+        engram_cuda_layer_open(f->L, 0, &f->c, &err) < 0 || engram_applier_new(f->L, NULL, &f->a, &err) < 0) {
+        fprintf(stderr, "%s: %s\n", name, err.msg);
+        return -1;
+    }
+    engram_layer_info li;
+    engram_layer_get_info(f->L, &li);
+    f->W = li.width;
+    f->S = li.streams;
+    f->N = (f->S + 1) * f->W;
+    return 0;
+}
+
+/* n tokens' raw rows of table 1 [n][24][264] and BF16 rows [n][24][256]. */
+static void rows_of(fx *f, size_t n, uint64_t seed, uint8_t *raw, uint16_t *bf)
+{
+    uint32_t *tok = (uint32_t *)malloc(n * 4), *rows = (uint32_t *)malloc(n * 48 * 4),
+             *ids = (uint32_t *)malloc(n * 24 * 4);
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (uint32_t)(tu_rand(&seed) % 2999);
+    engram_history h;
+    engram_history_reset(&h);
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(f->m), &h, tok, NULL, n, rows, NULL), 0);
+    for (size_t i = 0; i < n; i++)
+        memcpy(ids + i * 24, rows + i * 48 + 24, 24 * 4);
+    CHECK_EQ(engram_model_read_raw(f->m, 1, ids, n * 24, raw, NULL), 0);
+    CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, n * 24, bf, NULL), 0);
+    free(tok);
+    free(rows);
+    free(ids);
+}
+
+static float bf2f(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float f16f(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+    return (float)((h & 0x8000) ? -v : v);
+}
+
+static double ulp_bf16(double a)
+{
+    a = fabs(a);
+    int ex = a > 0 ? ilogb(a) : -133;
+    if (ex < -126)
+        ex = -126;
+    return ldexp(1.0, ex - 7);
+}
+
+/* projection: GPU vs a double sum over sampled outputs (weights exported). */
+static float bf16_of(double v)
+{
+    float x = (float)v;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* Every path's projection against a float64 sum of the same exact products
+ * (within gamma_K sum|e w|, and how often its BF16 rounding differs from
+ * the float64 sum's); flags = ENGRAM_CUDA_FMA_ONLY: the GEMV for all n. */
+static void projection(fx *f, const uint16_t *w16, unsigned flags)
+{
+    const unsigned ns[] = {1, 2, 7, 8, 9, 33, 64, 300, 300, 300, 2100};
+    const double u = 0x1p-24, gamma = K * u / (1 - K * u);
+    for (unsigned q = 0; q < sizeof ns / sizeof ns[0]; q++) {
+        unsigned n = ns[q];
+        int wide = q == 8, tiny = q == 9;
+        if (flags && n <= ENGRAM_CUDA_GEMV_MAX)
+            continue; /* the same path either way */
+        if (f->W > 64 && n > 300)
+            continue; /* the double reference at W = 5120 is slow on the host */
+        uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
+        uint16_t *bf = (uint16_t *)malloc((size_t)n * K * 2);
+        rows_of(f, n, 100 + n, raw, bf);
+        if (wide)
+            for (unsigned t = 0; t < n; t += 3) { /* scales 24 binades apart */
+                uint8_t *sc = raw + (size_t)t * 24 * 264 + 256;
+                sc[0] = (uint8_t)(sc[0] + 24);
+                CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw + (size_t)t * 24 * 264, 1,
+                                                 bf + (size_t)t * K, NULL), 0);
+            }
+        if (tiny)
+            for (unsigned t = 0; t < n; t += 3) { /* every block scale <= 6: values under 2^-111 */
+                uint8_t *tr = raw + (size_t)t * 24 * 264;
+                for (int r = 0; r < 24; r++)
+                    for (int b = 0; b < 8; b++)
+                        tr[r * 264 + 256 + b] = (uint8_t)(tr[r * 264 + 256 + b] % 7);
+                CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, tr, 24, bf + (size_t)t * K, NULL), 0);
+            }
+        uint8_t *d_raw;
+        float *d_kv, *kv = (float *)malloc((size_t)n * f->N * 4);
+        CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
+        CU(cudaMalloc(&d_kv, (size_t)n * f->N * 4));
+        CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
+        CU(cudaMemset(d_kv, 0xff, (size_t)n * f->N * 4)); /* poison: NaN */
+        engram_cuda_args a;
+        memset(&a, 0, sizeof a);
+        a.raw = d_raw;
+        a.n = n;
+        a.flags = flags;
+        engram_error err;
+        CHECK_EQ(engram_cuda_project(f->c, &a, d_kv, &err), 0);
+        CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+        CU(cudaMemcpy(kv, d_kv, (size_t)n * f->N * 4, cudaMemcpyDeviceToHost));
+        long unwritten = 0, beyond = 0, checked = 0, rdiff = 0;
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)n * f->N; i++)
+            unwritten += isnan(kv[i]);
+        unsigned step = f->W > 64 ? 97 : 3;
+        for (unsigned t = 0; t < n; t += n > 64 ? 7 : 1)
+            for (unsigned o = t % step; o < f->N; o += step) {
+                double sum = 0, mag = 0;
+                for (int i = 0; i < K; i++) {
+                    double p = (double)bf2f(bf[(size_t)t * K + i]) * f16f(w16[(size_t)o * K + i]);
+                    sum += p;
+                    mag += fabs(p);
+                }
+                /* plus K half-ulps of the smallest subnormal: the bound with underflow */
+                double d = fabs(kv[(size_t)t * f->N + o] - sum), lim = gamma * mag + K * 0x1p-150;
+                beyond += d > lim;
+                rdiff += bf16_of(kv[(size_t)t * f->N + o]) != bf16_of(sum);
+                if (lim > 0 && d / lim > worst)
+                    worst = d / lim;
+                checked++;
+            }
+        printf("W=%u n=%4u (%s%s): %ld sampled outputs, worst %.3g of gamma_K sum|e w|, %ld beyond, "
+               "%ld unwritten; BF16 rounding unlike float64's: %.3f%%\n", f->W, n,
+               n <= ENGRAM_CUDA_GEMV_MAX || flags ? "GEMV" : "F16 GEMM",
+               wide ? ", a third too wide for F16" : tiny ? ", a third with block scales <= 6" : "", checked, worst, beyond, unwritten,
+               100.0 * rdiff / (checked ? checked : 1));
+        CHECK_EQ(beyond, 0);
+        CHECK_EQ(unwritten, 0);
+        CU(cudaFree(d_raw));
+        CU(cudaFree(d_kv));
+        free(raw);
+        free(bf);
+        free(kv);
+    }
+}
+
+/* apply on the GPU vs the CPU path; masks; BF16 residual; NaN policy. */
+static void applies(fx *f)
+{
+    const unsigned ns[] = {1, 8, 64, 300};
+    for (unsigned q = 0; q < 4; q++) {
+        unsigned n = ns[q];
+        size_t per = (size_t)f->S * f->W;
+        uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
+        uint16_t *bf = (uint16_t *)malloc((size_t)n * K * 2);
+        rows_of(f, n, 200 + n, raw, bf);
+        float *x0 = (float *)malloc(n * per * 4), *xc = (float *)malloc(n * per * 4),
+              *xg = (float *)malloc(n * per * 4);
+        uint64_t seed = n;
+        for (size_t i = 0; i < n * per; i++) {
+            float v = ((float)(tu_rand(&seed) & 0xffff) / 65536.0f - 0.5f) * 8.0f;
+            uint32_t b;
+            memcpy(&b, &v, 4);
+            b &= 0xffff0000u;
+            memcpy(&x0[i], &b, 4);
+        }
+        uint8_t *mask = (uint8_t *)malloc(n);
+        for (unsigned i = 0; i < n; i++)
+            mask[i] = i % 5 != 3;
+        memcpy(xc, x0, n * per * 4);
+        engram_error err;
+        CHECK_EQ(engram_apply(f->a, bf, ENGRAM_BF16, xc, ENGRAM_F32, mask, n, &err), 0);
+        uint8_t *d_raw, *d_mask;
+        float *d_x;
+        CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
+        CU(cudaMalloc(&d_x, n * per * 4));
+        CU(cudaMalloc(&d_mask, n));
+        CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(d_mask, mask, n, cudaMemcpyHostToDevice));
+        engram_cuda_args a;
+        memset(&a, 0, sizeof a);
+        a.raw = d_raw;
+        a.resid = d_x;
+        a.resid_dtype = ENGRAM_F32;
+        a.mask = d_mask;
+        a.n = n;
+        CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+        CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+        CU(cudaMemcpy(xg, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+        long total = 0, within1 = 0, beyond2 = 0, exact = 0, masked_changed = 0;
+        for (unsigned t = 0; t < n; t++) {
+            if (!mask[t]) {
+                masked_changed += memcmp(xg + t * per, x0 + t * per, per * 4) != 0;
+                continue;
+            }
+            for (size_t i = 0; i < per; i++) {
+                double c = xc[t * per + i], g = xg[t * per + i], x = x0[t * per + i];
+                double d = fabs(c - g);
+                total++;
+                exact += d == 0;
+                within1 += d <= ulp_bf16(fmax(fabs(c), fabs(g)));
+                /* operands' scale: x and g v ~ c - x */
+                double opq = ulp_bf16(fmax(fmax(fabs(x), fabs(c - x)), fmax(fabs(c), fabs(g))));
+                beyond2 += d > 4 * opq;
+            }
+        }
+        printf("W=%u apply n=%3u: %ld outputs vs CPU: %.4f%% exact, %.4f%% within one BF16 step, "
+               "%ld beyond 4 steps of the operands; masked tokens changed: %ld\n", f->W, n, total,
+               100.0 * exact / total, 100.0 * within1 / total, beyond2, masked_changed);
+        CHECK(within1 >= total * 0.995);
+        CHECK_EQ(beyond2, 0);
+        CHECK_EQ(masked_changed, 0);
+        /* BF16 residual: the same values as the F32 one */
+        uint16_t *xb = (uint16_t *)malloc(n * per * 2), *d_xb;
+        for (size_t i = 0; i < n * per; i++) {
+            uint32_t b;
+            memcpy(&b, &x0[i], 4);
+            xb[i] = (uint16_t)(b >> 16);
+        }
+        CU(cudaMalloc(&d_xb, n * per * 2));
+        CU(cudaMemcpy(d_xb, xb, n * per * 2, cudaMemcpyHostToDevice));
+        a.resid = d_xb;
+        a.resid_dtype = ENGRAM_BF16;
+        CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+        CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+        CU(cudaMemcpy(xb, d_xb, n * per * 2, cudaMemcpyDeviceToHost));
+        long differ = 0;
+        for (size_t i = 0; i < n * per; i++)
+            differ += bf2f(xb[i]) != xg[i];
+        CHECK_EQ(differ, 0);
+        /* a NaN in token 1's residual: it stays, others are updated */
+        if (n >= 8) {
+            CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+            float nan = NAN;
+            CU(cudaMemcpy(d_x + 1 * per + 7, &nan, 4, cudaMemcpyHostToDevice));
+            a.resid = d_x;
+            a.resid_dtype = ENGRAM_F32;
+            a.mask = NULL;
+            CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+            CHECK_ERR(engram_cuda_sync(f->c, NULL, &err), err, -EDOM, "token 1");
+            CU(cudaMemcpy(xg, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+            CHECK(memcmp(xg + per + 8, x0 + per + 8, (per - 8) * 4) == 0);
+            CHECK(memcmp(xg + 2 * per, x0 + 2 * per, per * 4) != 0);
+            CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0); /* reported once */
+        }
+        CU(cudaFree(d_raw));
+        CU(cudaFree(d_x));
+        CU(cudaFree(d_xb));
+        CU(cudaFree(d_mask));
+        free(raw);
+        free(bf);
+        free(x0);
+        free(xc);
+        free(xg);
+        free(xb);
+        free(mask);
+    }
+}
+
+/* decode path: a token alone = among 64; graph capture with a step index. */
+static void invariance_and_graph(fx *f)
+{
+    const unsigned n = ENGRAM_CUDA_GEMV_MAX;
+    size_t per = (size_t)f->S * f->W;
+    uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
+    uint16_t *bf = (uint16_t *)malloc((size_t)n * K * 2);
+    rows_of(f, n, 300, raw, bf);
+    uint8_t *d_raw;
+    float *d_kv, *kv64 = (float *)malloc(n * f->N * 4), *kv1 = (float *)malloc(f->N * 4);
+    CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
+    CU(cudaMalloc(&d_kv, n * f->N * 4));
+    CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
+    engram_cuda_args a;
+    memset(&a, 0, sizeof a);
+    a.raw = d_raw;
+    a.n = n;
+    engram_error err;
+    CHECK_EQ(engram_cuda_project(f->c, &a, d_kv, &err), 0);
+    CU(cudaMemcpy(kv64, d_kv, n * f->N * 4, cudaMemcpyDeviceToHost));
+    int same = 1;
+    for (unsigned t = 0; t < n; t += 3) {
+        a.raw = d_raw + (size_t)t * 24 * 264;
+        a.n = 1;
+        CHECK_EQ(engram_cuda_project(f->c, &a, d_kv, &err), 0);
+        CU(cudaMemcpy(kv1, d_kv, f->N * 4, cudaMemcpyDeviceToHost));
+        same &= memcmp(kv1, kv64 + (size_t)t * f->N, f->N * 4) == 0;
+    }
+    CHECK(same);
+    printf("W=%u decode path batch-invariant (alone vs among %u): %s\n", f->W, n, same ? "yes" : "NO");
+    /* FMA_ONLY: n > 8 tokens in the decode path's bits */
+    {
+        const unsigned nf = 13;
+        uint8_t *rf = (uint8_t *)malloc((size_t)nf * 24 * 264), *d_rf;
+        uint16_t *bff = (uint16_t *)malloc((size_t)nf * K * 2);
+        float *kvf = (float *)malloc((size_t)nf * f->N * 4), *d_kvf;
+        rows_of(f, nf, 310, rf, bff);
+        CU(cudaMalloc(&d_rf, (size_t)nf * 24 * 264));
+        CU(cudaMalloc(&d_kvf, (size_t)nf * f->N * 4));
+        CU(cudaMemcpy(d_rf, rf, (size_t)nf * 24 * 264, cudaMemcpyHostToDevice));
+        engram_cuda_args b;
+        memset(&b, 0, sizeof b);
+        b.raw = d_rf;
+        b.n = nf;
+        b.flags = ENGRAM_CUDA_FMA_ONLY;
+        CHECK_EQ(engram_cuda_project(f->c, &b, d_kvf, &err), 0);
+        CU(cudaMemcpy(kvf, d_kvf, (size_t)nf * f->N * 4, cudaMemcpyDeviceToHost));
+        int fsame = 1;
+        for (unsigned t = 0; t < nf; t += 4) {
+            b.raw = d_rf + (size_t)t * 24 * 264;
+            b.n = 1;
+            b.flags = 0;
+            CHECK_EQ(engram_cuda_project(f->c, &b, d_kv, &err), 0);
+            CU(cudaMemcpy(kv1, d_kv, f->N * 4, cudaMemcpyDeviceToHost));
+            fsame &= memcmp(kv1, kvf + (size_t)t * f->N, f->N * 4) == 0;
+        }
+        CHECK(fsame);
+        printf("W=%u FMA_ONLY: %u tokens in one call, the decode path's bits: %s\n", f->W, nf,
+               fsame ? "yes" : "NO");
+        b.flags = 2; /* unknown */
+        CHECK_ERR(engram_cuda_project(f->c, &b, d_kvf, &err), err, -EINVAL, "flags");
+        b.flags = 0;
+        b.raw = d_rf + 4; /* misaligned */
+        CHECK_ERR(engram_cuda_project(f->c, &b, d_kvf, &err), err, -EINVAL, "multiples of 8");
+        CU(cudaFree(d_rf));
+        CU(cudaFree(d_kvf));
+        free(rf);
+        free(bff);
+        free(kvf);
+    }
+    /* graph: 4 steps of 2 tokens each, step index on the device */
+    const unsigned steps = 4, B = 2; /* 8 tokens of rows: steps x B */
+    float *x0 = (float *)malloc(steps * B * per * 4), *xd = (float *)malloc(steps * B * per * 4),
+          *xgph = (float *)malloc(steps * B * per * 4);
+    uint64_t seed = 5;
+    for (size_t i = 0; i < steps * B * per; i++)
+        x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
+    float *d_x;
+    int *d_step;
+    CU(cudaMalloc(&d_x, steps * B * per * 4));
+    CU(cudaMalloc(&d_step, sizeof(int)));
+    CU(cudaMemcpy(d_x, x0, steps * B * per * 4, cudaMemcpyHostToDevice));
+    for (unsigned s = 0; s < steps; s++) { /* direct */
+        a.raw = d_raw + (size_t)s * B * 24 * 264;
+        a.resid = d_x + (size_t)s * B * per;
+        a.resid_dtype = ENGRAM_F32;
+        a.n = B;
+        CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+    }
+    CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+    CU(cudaMemcpy(xd, d_x, steps * B * per * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(d_x, x0, steps * B * per * 4, cudaMemcpyHostToDevice));
+    cudaStream_t st;
+    CU(cudaStreamCreate(&st));
+    a.raw = d_raw;
+    a.resid = d_x;
+    a.d_step = d_step;
+    a.raw_step = (size_t)B * 24 * 264;
+    a.resid_step = B * per * 4;
+    a.stream = st;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+    CU(cudaStreamEndCapture(st, &g));
+    CU(cudaGraphInstantiate(&ge, g, 0));
+    for (int s = 0; s < (int)steps; s++) {
+        CU(cudaMemcpyAsync(d_step, &s, sizeof s, cudaMemcpyHostToDevice, st));
+        CU(cudaStreamSynchronize(st)); /* s lives on the host stack */
+        CU(cudaGraphLaunch(ge, st));
+    }
+    CHECK_EQ(engram_cuda_sync(f->c, st, &err), 0);
+    CU(cudaMemcpy(xgph, d_x, steps * B * per * 4, cudaMemcpyDeviceToHost));
+    int gsame = memcmp(xgph, xd, steps * B * per * 4) == 0;
+    CHECK(gsame);
+    printf("W=%u graph with a device-side step index: 4 replays %s direct calls\n", f->W,
+           gsame ? "equal" : "DIFFER FROM");
+    CU(cudaGraphExecDestroy(ge));
+    CU(cudaGraphDestroy(g));
+    CU(cudaStreamDestroy(st));
+    CU(cudaFree(d_raw));
+    CU(cudaFree(d_kv));
+    CU(cudaFree(d_x));
+    CU(cudaFree(d_step));
+    free(raw);
+    free(bf);
+    free(kv64);
+    free(kv1);
+    free(x0);
+    free(xd);
+    free(xgph);
+}
+
+int main(void)
+{
+    char why[200];
+    if (!engram_cuda_available(why, sizeof why)) {
+        /* CI: no GPU.  The library loads, says why, and refuses cleanly. */
+        printf("no CUDA device: %s\n", why);
+        CHECK(why[0] != 0);
+        static uint32_t map[3000];
+        engram_layout l;
+        char path[512];
+        CHECK_EQ(tu_layout(&l, map, 3000, 2000, 20000), 0);
+        CHECK_EQ(tu_build("nogpu.gguf", &l, ENGRAM_FILL_NORMAL, 16, path, sizeof path), 0);
+        engram_model *m;
+        engram_layer *L;
+        engram_error err;
+        CHECK_EQ(engram_model_open(path, &m, &err), 0);
+        CHECK_EQ(engram_layer_open(m, 0, &L, &err), 0);
+        engram_cuda_layer *c = (engram_cuda_layer *)0x1;
+        int rc = engram_cuda_layer_open(L, 0, &c, &err);
+        CHECK_EQ(rc, -ENODEV);
+        CHECK(strstr(err.msg, why) != NULL);
+        CHECK(c == (engram_cuda_layer *)0x1);
+        engram_layer_close(L);
+        engram_model_close(m);
+        tu_cleanup();
+        return tu_finish("test_cuda (no GPU: availability and refusal only)");
+    }
+    printf("CUDA: %s\n", why);
+    const uint32_t widths[2] = {64, 5120};
+    for (int q = 0; q < 2; q++) {
+        fx f;
+        memset(&f, 0, sizeof f);
+        char name[32];
+        snprintf(name, sizeof name, "cuda%u.gguf", widths[q]);
+        if (fx_open(&f, name, widths[q]) < 0) {
+            CHECK(0);
+            continue;
+        }
+        uint16_t *w16 = (uint16_t *)malloc((size_t)f.N * K * 2);
+        engram_layer_export(f.L, w16, NULL);
+        projection(&f, w16, 0);
+        projection(&f, w16, ENGRAM_CUDA_FMA_ONLY);
+        applies(&f);
+        invariance_and_graph(&f);
+        free(w16);
+        engram_cuda_layer_close(f.c);
+        engram_applier_free(f.a);
+        engram_layer_close(f.L);
+        engram_model_close(f.m);
+        unlink(f.path);
+    }
+    tu_cleanup();
+    return tu_finish("test_cuda");
+}

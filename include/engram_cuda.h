@@ -1,0 +1,111 @@
+/*
+ * engram_cuda.h - Engram's output stage on an NVIDIA GPU (libengram-cuda,
+ * built when nvcc is present; it needs libengram).  The library loads and
+ * links without a GPU or a driver: engram_cuda_available() says why it
+ * cannot run.  Conventions as in engram.h (0 or a negative errno, an
+ * engram_error naming what failed); CUDA errors map to -EIO with the CUDA
+ * error's name and text in the message.
+ *
+ * Rows arrive raw (264 bytes each, as the pool delivers them with
+ * ENGRAM_RAW, already checked to decode) and are decoded on the GPU inside
+ * the projection's loads (E4M3 x 2^E8M0, rounded to BF16 as SPEC.md section
+ * 7 says).  Two projection paths, by the number of tokens of a call:
+ *  - n <= ENGRAM_CUDA_GEMV_MAX (decode): a memory-bound GEMV over the F16
+ *    weights on the CUDA cores; every product exact in F32, each output's
+ *    sum split over the 32 lanes of a warp in a fixed way, F32 FMAs rounded
+ *    to nearest, added by a fixed shuffle tree: the same bits for a token
+ *    whatever n <= 8 (not the CPU's bits: another order; the same accuracy).
+ *  - larger n (batched decode, prefill): each token's rows times 2^-k (k
+ *    from its largest block scale) are exact in F16 when its block scales
+ *    span at most 21 binades (trained tables: a few); one cuBLAS F16 GEMM
+ *    on the tensor cores then has exact products, and 2^k is put back
+ *    exactly.  A token whose scales span more is projected by the GEMV's
+ *    arithmetic instead (slower, one at a time).  The tensor cores' F32
+ *    sums are less accurate than F32 FMAs (measured on an H200: 0.3% of
+ *    projections round to another BF16 value than the exact sum's, against
+ *    0.03% for the GEMV; end to end at W = 5120, 99.75% of outputs within
+ *    one BF16 step of a float64 reference, against the CPU path's 99.99%).
+ *    ENGRAM_CUDA_FMA_ONLY takes the GEMV for every n: the CPU path's
+ *    accuracy at about 1/40 of the speed for prefill.
+ * Then the gate and update, fused: for n <= 8 one token per cluster of 8
+ * blocks (reductions through distributed shared memory), else one token per
+ * block; masked tokens not touched; the same arithmetic as engram.h's, with
+ * the device's expf/sqrtf.
+ * Memory on the device per layer: F16 weights (N x 6144 x 2 bytes, 315 MB
+ * at W = 5120), q*k norms, and a workspace for ENGRAM_CUDA_BLOCK tokens (kv
+ * F32 and rows F16: 235 MB).
+ * Calls on one cuda layer are ordered on the stream they are given and must
+ * not run concurrently (one workspace); use a layer per stream.
+ */
+#ifndef ENGRAM_CUDA_H
+#define ENGRAM_CUDA_H
+
+#include "engram.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+#define ENGRAM_CUDA_GEMV_MAX 8u      /* tokens taking the GEMV path          */
+#define ENGRAM_CUDA_BLOCK 2048u      /* tokens per GEMM block                 */
+/* engram_cuda_args.flags: every token through the GEMV's arithmetic (F32
+ * FMAs rounded to nearest on the CUDA cores, no tensor cores), whatever n:
+ * the CPU path's accuracy for prefill too, at a fraction of the speed. */
+#define ENGRAM_CUDA_FMA_ONLY 1u
+
+/* 1 if a CUDA device can be used; else 0 with the reason in why. */
+int engram_cuda_available(char *why, size_t why_len);
+
+typedef struct engram_cuda_layer engram_cuda_layer;
+
+/* Uploads a layer's weights (from an engram_layer, which may be closed
+ * afterwards) to `device`.  -ENODEV (no usable GPU, why in err), -ENOMEM,
+ * -EIO. */
+int engram_cuda_layer_open(const engram_layer *L, int device, engram_cuda_layer **out,
+                           engram_error *err);
+void engram_cuda_layer_close(engram_cuda_layer *c);
+uint64_t engram_cuda_layer_bytes(const engram_cuda_layer *c);
+
+typedef struct engram_cuda_args {
+    const uint8_t *raw;      /* device: rows of the layer's table, 24 x 264 bytes per token */
+    size_t raw_stride;       /* bytes from one token's rows to the next's (0 = 24 x 264);
+                                48 x 264 for the pool's [token][48][264] deliveries,
+                                with raw pointing at the table's first row          */
+    void *resid;             /* device: [n][S][W], updated in place                 */
+    engram_dtype resid_dtype;/* ENGRAM_BF16 or ENGRAM_F32                           */
+    const uint8_t *mask;     /* device: [n], 0 = masked (untouched); NULL: none       */
+    unsigned n;
+    /* For graph capture: if not NULL, a device int i read by the kernels at
+     * run time: raw += i * raw_step, resid += i * resid_step bytes (decode
+     * path only: n <= 8), so one captured graph serves every step. */
+    const int *d_step;
+    size_t raw_step, resid_step;
+    void *stream;            /* cudaStream_t; NULL = the default stream          */
+    unsigned flags;          /* 0 or ENGRAM_CUDA_FMA_ONLY                          */
+} engram_cuda_args;
+
+/*
+ * Projection, gate and update on the stream, asynchronously: nothing is
+ * allocated and the host does not wait, so it can be captured into a CUDA
+ * graph (with d_step, one graph serves every decode step).  Non-finite values (the policy): a token
+ * whose residual input or outputs are not all finite is left untouched and
+ * recorded; engram_cuda_sync() reports the first such token (-EDOM).
+ * -EINVAL for bad arguments (checked on the host first).
+ */
+int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a, engram_error *err);
+/* The projection alone: kv [n][(S+1)W] F32 on the device. */
+int engram_cuda_project(engram_cuda_layer *c, const engram_cuda_args *a, float *kv,
+                        engram_error *err);
+/* Waits for the stream; reports (and clears) a non-finite token recorded by
+ * earlier applies (-EDOM naming it) or a CUDA error (-EIO). */
+int engram_cuda_sync(engram_cuda_layer *c, void *stream, engram_error *err);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
