@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "io_engine.h"
+#include "util.h"
 
 #ifndef RWF_DONTCACHE
 #define RWF_DONTCACHE 0x00000080
@@ -214,20 +215,15 @@ int io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io
     t->base.ops = &thread_ops;
     t->base.name = drop == DROP_NONE ? "threads" : "buffered";
     t->base.bytes = sizeof *t + (size_t)threads * (sizeof *t->threads + sizeof *t->jobs + sizeof *t->cqes);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 64 * 1024); /* workers only read */
     for (unsigned i = 0; i < threads; i++) {
-        int rc = pthread_create(&t->threads[i], &attr, worker, t);
-        if (rc != 0) {
+        int rc = thread_start(&t->threads[i], 64 * 1024, worker, t); /* workers only read */
+        if (rc < 0) {
             t->n_threads = i;
-            pthread_attr_destroy(&attr);
             t_destroy(&t->base);
-            return -rc;
+            return rc;
         }
         t->n_threads = i + 1;
     }
-    pthread_attr_destroy(&attr);
     *out = &t->base;
     return 0;
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "pool.h"
+#include "util.h"
 
 /* Workers run kernels with small stack frames; 256 KiB is ample and keeps
  * a team of many threads cheap. */
@@ -87,9 +88,6 @@ int pool_new(unsigned workers, struct pool **out)
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->go, NULL);
     pthread_cond_init(&p->done, NULL);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, WORKER_STACK);
     p->workers = 1;
     int rc = 0;
     for (unsigned i = 1; i < workers && rc == 0; i++) {
@@ -99,15 +97,14 @@ int pool_new(unsigned workers, struct pool **out)
             break;
         }
         *s = (struct start){p, i};
-        int e = pthread_create(&p->threads[i], &attr, worker, s);
-        if (e != 0) {
+        int e = thread_start(&p->threads[i], WORKER_STACK, worker, s);
+        if (e < 0) {
             free(s);
-            rc = -e;
+            rc = e;
             break;
         }
         p->workers = i + 1;
     }
-    pthread_attr_destroy(&attr);
     if (rc < 0) {
         pool_free(p);
         return rc;

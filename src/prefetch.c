@@ -357,3 +357,12 @@ void prefetch_fail_all(engram_pool *p, int code, const engram_error *e)
                 pf->job[t].live = 0;
             }
 }
+
+int prefetch_collectable(engram_pool *p)
+{
+    for (engram_prefill *pf = p->pf_head; pf; pf = pf->next_pf)
+        for (int t = 0; t < ENGRAM_TABLES; t++)
+            if (pf->active[t] && reader_job_finished(&pf->job[t]))
+                return 1;
+    return 0;
+}

@@ -787,6 +787,17 @@ int reader_broken(const engram_reader *r, engram_error *err)
     return 0;
 }
 
+int reader_push_jobs(engram_reader *r)
+{
+    int rc;
+    /* a read the engine will not queue has failed its own job (naming the
+     * row); the other jobs' reads go on */
+    while ((rc = flush_pending(r)) < 0 && !io_transient(rc))
+        ;
+    rc = r->eng->ops->submit(r->eng);
+    return rc < 0 && !io_transient(rc) ? rc : 0;
+}
+
 int reader_push(engram_reader *r)
 {
     int rc = flush_pending(r);

@@ -73,6 +73,10 @@ unsigned reader_in_flight(const engram_reader *r);
 unsigned reader_reaping(const engram_reader *r);
 /* Queues and submits what is pending: 0 or a hard -errno. */
 int reader_push(engram_reader *r);
+/* The same for several owners (the pool): a read that cannot be queued
+ * fails its own job and the rest are queued; -errno only when submitting
+ * fails. */
+int reader_push_jobs(engram_reader *r);
 /* Reaps at least min completions (min <= in flight; a wake-up may end the
  * wait early) and delivers them to their jobs.  Returns how many, or a
  * hard -errno (transients retried). */

@@ -198,6 +198,10 @@ static int rounds_active(const engram_pool *p)
 
 /* ------------------------------------------------------------ the I/O thread */
 
+/* The engine failed as a whole (submit or reap, after retries): every read
+ * in flight is collected and every step and prefill chunk that had reads
+ * fails with the error.  The pool goes on with later steps unless the
+ * reader itself is broken (its engine stopped answering). */
 static void fail_everything(engram_pool *p, int rc, const char *what)
 {
     engram_error e;
@@ -212,12 +216,15 @@ static void fail_everything(engram_pool *p, int rc, const char *what)
             }
     prefetch_fail_all(p, rc, &e);
     reader_drain_all(p->r, 1);
-    pthread_mutex_lock(&p->mu);
-    if (!p->broken) {
-        p->broken = 1;
-        p->broken_err = e;
+    engram_error be;
+    if (reader_broken(p->r, &be) < 0) {
+        pthread_mutex_lock(&p->mu);
+        if (!p->broken) {
+            p->broken = 1;
+            p->broken_err = be;
+        }
+        pthread_mutex_unlock(&p->mu);
     }
-    pthread_mutex_unlock(&p->mu);
 }
 
 static void *io_main(void *arg)
@@ -241,7 +248,7 @@ static void *io_main(void *arg)
                     reader_job_issue(r, &p->rounds[ri].job[t], UINT32_MAX);
         unsigned budget = reader_free_slots(r);
         int timed = prefetch_service(p, &budget);
-        int rc = reader_push(r);
+        int rc = reader_push_jobs(r);
         if (rc < 0)
             fail_everything(p, rc, "submit");
         finish_rounds(p);
@@ -259,7 +266,7 @@ static void *io_main(void *arg)
             nanosleep(&ts, NULL);
         } else {
             pthread_mutex_lock(&p->mu);
-            if (!p->work && !p->stop && !p->q_head && !rounds_active(p)) {
+            if (!p->work && !p->stop && !p->q_head && !rounds_active(p) && !prefetch_collectable(p)) {
                 if (timed) {
                     struct timespec ts;
                     clock_gettime(CLOCK_REALTIME, &ts);
@@ -304,11 +311,7 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
     engram_reader_stats(p->r, &p->io0); /* before the I/O thread owns the reader */
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 256u << 10);
-    rc = -pthread_create(&p->thread, &attr, io_main, p);
-    pthread_attr_destroy(&attr);
+    rc = thread_start(&p->thread, 256u << 10, io_main, p);
     if (rc < 0) {
         engram_reader_close(p->r);
         pthread_mutex_destroy(&p->mu);

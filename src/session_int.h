@@ -123,6 +123,10 @@ void pool_kick(engram_pool *p);
 /* The I/O thread's part of prefills: progress, issue, collect; returns 1
  * if some prefill waits on time only (the delay of table 1). */
 int prefetch_service(engram_pool *p, unsigned *budget);
+/* 1 if a prefill has a job that ended (read, or failed before its reads
+ * were issued) and is still to be collected by prefetch_service.  Called
+ * by the I/O thread with p->mu held. */
+int prefetch_collectable(engram_pool *p);
 /* Fails every prefill's jobs (the engine died): under no lock. */
 void prefetch_fail_all(engram_pool *p, int code, const engram_error *e);
 

@@ -86,3 +86,20 @@ int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
     }
     return 0;
 }
+
+int thread_start(pthread_t *t, size_t stack, void *(*fn)(void *), void *arg)
+{
+    for (size_t s = stack;; s *= 4) {
+        pthread_attr_t attr;
+        if (pthread_attr_init(&attr) != 0)
+            return -ENOMEM;
+        int e = s <= ((size_t)8 << 20) ? pthread_attr_setstacksize(&attr, s) : 0;
+        if (e == 0)
+            e = pthread_create(t, &attr, fn, arg);
+        pthread_attr_destroy(&attr);
+        /* EINVAL: the stack cannot hold this process's static TLS (a CUDA
+         * runtime linked in has a large one); past 8 MiB, the default */
+        if (e != EINVAL || s > ((size_t)8 << 20))
+            return -e;
+    }
+}

@@ -2,6 +2,7 @@
 #ifndef ENGRAM_UTIL_H
 #define ENGRAM_UTIL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -43,5 +44,10 @@ static inline uint64_t splitmix64(uint64_t *state)
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
+
+/* pthread_create with a stack of `stack` bytes, or larger where the
+ * process's static TLS needs more (tried x4 up to 8 MiB, then the default
+ * size).  0 or -errno. */
+int thread_start(pthread_t *t, size_t stack, void *(*fn)(void *), void *arg);
 
 #endif

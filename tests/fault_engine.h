@@ -17,6 +17,7 @@
 #define ENGRAM_FAULT_ENGINE_H
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,28 +59,56 @@ static inline void fe_reset(void)
     fe.wrap = 1;
 }
 
+/* The plan and the counters are shared with a pool's I/O thread (the
+ * engine's only caller while a pool is open): arming, firing and reading
+ * them take this lock.  The contract counters below are the I/O thread's
+ * while it runs and are read after the pool is closed (joined). */
+static pthread_mutex_t fe_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static inline void fe_arm(int op, long at, int err, long count)
 {
+    pthread_mutex_lock(&fe_mu);
     fe.plan = (struct fe_plan){op, at, err, count};
     fe.fired = 0;
     memset(fe.calls, 0, sizeof fe.calls);
+    pthread_mutex_unlock(&fe_mu);
 }
 
 static inline void fe_disarm(void)
 {
+    pthread_mutex_lock(&fe_mu);
     fe.plan.op = -1;
+    pthread_mutex_unlock(&fe_mu);
 }
 
-/* 1 if this call of kind op is to fail (and counts it). */
+/* Faults fired since the last arm. */
+static inline long fe_fired(void)
+{
+    pthread_mutex_lock(&fe_mu);
+    long n = fe.fired;
+    pthread_mutex_unlock(&fe_mu);
+    return n;
+}
+
+/* 1 if this call of kind op is to fail (and counts it); *err: its error. */
+static inline int fe_hit_err(int op, int *err)
+{
+    pthread_mutex_lock(&fe_mu);
+    long n = ++fe.calls[op];
+    int hit = fe.plan.op == op && n >= fe.plan.at &&
+              !(fe.plan.count >= 0 && n >= fe.plan.at + fe.plan.count);
+    if (hit) {
+        fe.fired++;
+        *err = fe.plan.err;
+    }
+    pthread_mutex_unlock(&fe_mu);
+    return hit;
+}
+
 static inline int fe_hit(int op)
 {
-    long n = ++fe.calls[op];
-    if (fe.plan.op != op || n < fe.plan.at)
-        return 0;
-    if (fe.plan.count >= 0 && n >= fe.plan.at + fe.plan.count)
-        return 0;
-    fe.fired++;
-    return 1;
+    int e;
+    return fe_hit_err(op, &e);
 }
 
 struct fe_engine {
@@ -90,8 +119,9 @@ struct fe_engine {
 static int fe_queue(struct io_engine *e, unsigned slot, void *buf, uint32_t len, uint64_t off)
 {
     struct fe_engine *f = (struct fe_engine *)e;
-    if (fe_hit(FE_QUEUE))
-        return fe.plan.err;
+    int ferr;
+    if (fe_hit_err(FE_QUEUE, &ferr))
+        return ferr;
     if (slot < FE_MAX_SLOTS) {
         if (fe.inflight[slot])
             fe.requeue_inflight++;
@@ -108,16 +138,18 @@ static int fe_queue(struct io_engine *e, unsigned slot, void *buf, uint32_t len,
 static int fe_submit(struct io_engine *e)
 {
     struct fe_engine *f = (struct fe_engine *)e;
-    if (fe_hit(FE_SUBMIT))
-        return fe.plan.err;
+    int ferr;
+    if (fe_hit_err(FE_SUBMIT, &ferr))
+        return ferr;
     return f->inner->ops->submit(f->inner);
 }
 
 static int fe_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigned min)
 {
     struct fe_engine *f = (struct fe_engine *)e;
-    if (fe_hit(FE_REAP))
-        return fe.plan.err; /* nothing taken from the inner engine: nothing lost */
+    int ferr;
+    if (fe_hit_err(FE_REAP, &ferr))
+        return ferr; /* nothing taken from the inner engine: nothing lost */
     int n = f->inner->ops->reap(f->inner, out, max, min);
     for (int i = 0; i < n; i++) {
         unsigned s = out[i].slot;
@@ -126,13 +158,13 @@ static int fe_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsign
         else
             fe.inflight[s] = 0;
         fe.outstanding--;
-        if (fe_hit(FE_CQE) && out[i].res > 0) {
-            if (fe.plan.err == FE_SHORT)
+        if (out[i].res > 0 && fe_hit_err(FE_CQE, &ferr)) {
+            if (ferr == FE_SHORT)
                 out[i].res = out[i].res > 1 ? out[i].res / 2 : 0;
-            else if (fe.plan.err == FE_EOF)
+            else if (ferr == FE_EOF)
                 out[i].res = 0;
             else
-                out[i].res = fe.plan.err;
+                out[i].res = ferr;
         }
     }
     return n;
@@ -141,8 +173,9 @@ static int fe_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsign
 static int fe_cancel(struct io_engine *e)
 {
     struct fe_engine *f = (struct fe_engine *)e;
-    if (fe_hit(FE_CANCEL))
-        return fe.plan.err;
+    int ferr;
+    if (fe_hit_err(FE_CANCEL, &ferr))
+        return ferr;
     return f->inner->ops->cancel(f->inner);
 }
 
