@@ -71,13 +71,15 @@ CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=c
 NVFLAGS = -std=c++17 -O2 -g $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread
 CUDA_LIB = $(BUILD)/libengram-cuda.a
-CUDA_TARGETS = $(CUDA_LIB) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda
+CUDA_TARGETS = $(CUDA_LIB) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda $(BUILD)/engram-cuda.so
 CLI_CUDA = -DENGRAM_HAVE_CUDA -I$(CUDA_HOME)/include
 endif
 
 .PHONY: all lib test run bench clean deps fuzz install
 all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
-     $(BUILD)/tests/fuzz_tokmap_replay $(CUDA_TARGETS)
+     $(BUILD)/tests/fuzz_tokmap_replay $(BUILD)/tests/fuzz_cli_replay \
+     $(BUILD)/tests/fuzz_residual_replay $(BUILD)/tests/seccomp_run \
+     $(BUILD)/tests/nodirect_preload.so $(BUILD)/tests/stress_sessions $(CUDA_TARGETS)
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
 
 $(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(wildcard src/*.h) Makefile
@@ -112,9 +114,14 @@ $(BUILD)/gen/bundled_tokens.c: data/gpl3.tok
 	  echo 'const size_t engram_bundled_tokens_n = sizeof engram_bundled_tokens / sizeof engram_bundled_tokens[0];'; \
 	} > $@
 
-$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(BUILD)/gen/bundled_tokens.c $(LIBS) $(CUDA_LIB)
-	$(CC) $(CFLAGS_ALL) $(CLI_CUDA) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(BUILD)/gen/bundled_tokens.c \
-	    $(CUDA_LIB) $(LIBS) $(LDLIBS_ALL) $(CUDA_LIBS) $(if $(NVCC),-lstdc++)
+$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(BUILD)/gen/bundled_tokens.c $(LIBS)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(BUILD)/gen/bundled_tokens.c \
+	    $(LIBS) $(LDLIBS_ALL) -ldl
+
+# The CLI's CUDA plugin, loaded by `engram ... --device cuda` (programs/device.c)
+$(BUILD)/engram-cuda.so: programs/cuda/device_cuda.c programs/device_plugin.h $(CUDA_LIB) $(LIBS)
+	$(CC) $(CFLAGS_ALL) $(CLI_CUDA) $(LDFLAGS) -shared -o $@ $< -Wl,--whole-archive $(CUDA_LIB) \
+	    -Wl,--no-whole-archive $(LIBS) $(LDLIBS_ALL) $(CUDA_LIBS) -lstdc++
 
 ifneq ($(NVCC),)
 $(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu include/engram_cuda.h include/engram.h Makefile
@@ -146,7 +153,22 @@ $(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testu
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) $(FAULT_WRAP) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
+$(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/cli.h tests/testutil.h $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< programs/cli.c $(LIBS) $(LDLIBS_ALL)
+
+$(BUILD)/tests/nodirect_preload.so: tests/nodirect_preload.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -fPIC -shared -Wall -Wextra -o $@ $< -ldl
+
+$(BUILD)/tests/seccomp_run: tests/seccomp_run.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $<
+
 # The fuzz targets as standalone replayers (any compiler) ...
+$(BUILD)/tests/fuzz_cli_replay: tests/fuzz/fuzz_cli.c programs/cli.c programs/cli.h tests/fuzz/replay_main.h $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DFUZZ_REPLAY $(LDFLAGS) -o $@ $< programs/cli.c $(LIBS) $(LDLIBS_ALL)
 $(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.h $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DFUZZ_REPLAY $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS_ALL)
@@ -156,9 +178,10 @@ FUZZ_FLAGS = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 fuzz:
 	$(MAKE) CC=clang BUILD=build-fuzz CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" \
 	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/libengram.a build-fuzz/libengram-tools.a
-	for t in model tokmap; do \
+	for t in model tokmap cli residual; do \
 	    clang $(filter-out -fvisibility=hidden,$(CFLAGS_ALL)) $(FUZZ_FLAGS) -o build-fuzz/fuzz_$$t \
-	        tests/fuzz/fuzz_$$t.c build-fuzz/libengram-tools.a build-fuzz/libengram.a $(LDLIBS_ALL) || exit 1; \
+	        tests/fuzz/fuzz_$$t.c $$( [ $$t = cli ] && echo programs/cli.c ) \
+	        build-fuzz/libengram-tools.a build-fuzz/libengram.a $(LDLIBS_ALL) || exit 1; \
 	done
 
 $(BUILD)/bench/%: bench/%.c $(LIBS)
@@ -197,6 +220,10 @@ install: lib $(BUILD)/engram
 	        > "$$d/lib/pkgconfig/$$pc.pc"; \
 	done; \
 	cp $(BUILD)/engram "$$d/bin/"; \
+	if [ -f $(BUILD)/engram-cuda.so ]; then \
+	    mkdir -p "$$d/lib/engram"; cp $(BUILD)/engram-cuda.so "$$d/lib/engram/"; \
+	    cp include/engram_cuda.h "$$d/include/"; cp $(BUILD)/libengram-cuda.a "$$d/lib/"; \
+	fi; \
 	echo "installed into $$d"
 
 clean:

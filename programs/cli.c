@@ -49,7 +49,7 @@ double now_s(void)
 
 int parse_u64(const char *s, uint64_t max, uint64_t *out)
 {
-    if (!s || !*s || *s == '-' || *s == '+')
+    if (!s || *s < '0' || *s > '9') /* no sign, no leading space */
         return -1;
     char *end;
     errno = 0;
@@ -103,57 +103,172 @@ int slurp(const char *path, char **buf, size_t *len)
     return 0;
 }
 
-/* Whitespace-separated decimal numbers <= max into a new u32 array. */
-int read_numbers(const char *path, uint64_t max, uint32_t **out, size_t *count,
-                        const char *what)
+/* Whitespace-separated decimal numbers <= max in text[0, len) into a new
+ * u32 array.  Every byte counts (a NUL is not an end: it makes its item
+ * invalid).  0; -EINVAL with *bad = the index of the first invalid item;
+ * -ENOMEM. */
+int parse_numbers(const char *text, size_t len, uint64_t max, uint32_t **out, size_t *count,
+                  size_t *bad)
 {
-    char *text = NULL;
-    size_t len;
-    int rc = slurp(path, &text, &len);
-    if (rc < 0) {
-        fprintf(stderr, "%s: cannot read %s file '%s': %s\n", prog, what, path, strerror(-rc));
-        return EXIT_SYSTEM;
-    }
-    size_t cap = 1024, n = 0;
+    size_t cap = 1024, n = 0, i = 0;
     uint32_t *v = malloc(cap * sizeof *v);
-    char *p = text;
-    int status = v ? 0 : EXIT_SYSTEM;
-    while (status == 0) {
-        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
-            p++;
-        if (!*p)
-            break;
-        char *start = p;
-        while (*p && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
-            p++;
-        char save = *p;
-        *p = '\0';
-        uint64_t x;
-        if (parse_u64(start, max, &x) < 0) {
-            fprintf(stderr, "%s: %s file '%s': item %zu ('%.40s') is not a decimal number <= %" PRIu64 "\n",
-                    prog, what, path, n, start, max);
-            status = EXIT_DATA;
-            break;
+    if (!v)
+        return -ENOMEM;
+    while (i < len) {
+        char c = text[i];
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            i++;
+            continue;
         }
-        *p = save;
+        size_t start = i;
+        while (i < len && text[i] != ' ' && text[i] != '\t' && text[i] != '\n' && text[i] != '\r')
+            i++;
+        char item[32];
+        uint64_t x;
+        size_t k = i - start;
+        int ok = k < sizeof item && !memchr(text + start, '\0', k);
+        if (ok) {
+            memcpy(item, text + start, k);
+            item[k] = '\0';
+            ok = parse_u64(item, max, &x) == 0;
+        }
+        if (!ok) {
+            free(v);
+            *bad = n;
+            return -EINVAL;
+        }
         if (n == cap) {
             uint32_t *nv = realloc(v, 2 * cap * sizeof *v);
             if (!nv) {
-                status = EXIT_SYSTEM;
-                break;
+                free(v);
+                return -ENOMEM;
             }
             v = nv;
             cap *= 2;
         }
         v[n++] = (uint32_t)x;
     }
-    free(text);
-    if (status) {
-        free(v);
-        return status;
-    }
     *out = v;
     *count = n;
+    return 0;
+}
+
+int read_numbers(const char *path, uint64_t max, uint32_t **out, size_t *count,
+                        const char *what)
+{
+    char *text = NULL;
+    size_t len, bad = 0;
+    int rc = slurp(path, &text, &len);
+    if (rc < 0) {
+        fprintf(stderr, "%s: cannot read %s file '%s': %s\n", prog, what, path, strerror(-rc));
+        return EXIT_SYSTEM;
+    }
+    rc = parse_numbers(text, len, max, out, count, &bad);
+    free(text);
+    if (rc == -EINVAL) {
+        fprintf(stderr, "%s: %s file '%s': item %zu is not a decimal number <= %" PRIu64 "\n", prog,
+                what, path, bad, max);
+        return EXIT_DATA;
+    }
+    return rc < 0 ? EXIT_SYSTEM : 0;
+}
+
+/* One field of a .npy header dict: the quoted string, the (tuple) or the
+ * bare word after key. */
+static int npy_field(const char *hdr, const char *key, char *out, size_t n)
+{
+    const char *p = strstr(hdr, key);
+    if (!p)
+        return -1;
+    p = strchr(p + strlen(key), ':');
+    if (!p)
+        return -1;
+    p++;
+    while (*p == ' ')
+        p++;
+    size_t k = 0;
+    if (*p == '\'') {
+        p++;
+        while (*p && *p != '\'' && k + 1 < n)
+            out[k++] = *p++;
+        if (*p != '\'')
+            return -1; /* unterminated or too long */
+    } else if (*p == '(') {
+        while (*p && *p != ')' && k + 1 < n)
+            out[k++] = *p++;
+        if (*p != ')')
+            return -1;
+    } else {
+        while (*p && *p != ',' && *p != '}' && k + 1 < n)
+            out[k++] = *p++;
+    }
+    out[k] = '\0';
+    return 0;
+}
+
+int npy_parse(const uint8_t *p, size_t avail, uint64_t file_size, struct npy_info *o)
+{
+    memset(o, 0, sizeof *o);
+    if (avail < 10 || memcmp(p, "\x93NUMPY", 6) != 0)
+        return -ENOENT;
+    uint64_t hl, off;
+    if (p[6] == 1) {
+        hl = (uint64_t)p[8] | (uint64_t)p[9] << 8;
+        off = 10;
+    } else if ((p[6] == 2 || p[6] == 3) && avail >= 12) {
+        hl = (uint64_t)p[8] | (uint64_t)p[9] << 8 | (uint64_t)p[10] << 16 | (uint64_t)p[11] << 24;
+        off = 12;
+    } else {
+        return -EBADMSG;
+    }
+    if (hl > NPY_MAX_HEADER || off + hl > avail || off + hl > file_size)
+        return -EBADMSG;
+    char hdr[NPY_MAX_HEADER + 1];
+    memcpy(hdr, p + off, hl);
+    hdr[hl] = '\0';
+    if (memchr(hdr, '\0', hl))
+        return -EBADMSG;
+    char descr[16], order[16], shape[128];
+    if (npy_field(hdr, "'descr'", descr, sizeof descr) < 0 ||
+        npy_field(hdr, "'fortran_order'", order, sizeof order) < 0 ||
+        npy_field(hdr, "'shape'", shape, sizeof shape) < 0 || shape[0] != '(')
+        return -EBADMSG;
+    if (!strcmp(descr, "<f4"))
+        o->bf16 = 0;
+    else if (!strcmp(descr, "<u2") || !strcmp(descr, "<i2"))
+        o->bf16 = 1; /* numpy has no bfloat16: its bit patterns */
+    else
+        return -ENOTSUP;
+    if (strcmp(order, "False") != 0 && strcmp(order, "True") != 0)
+        return -EBADMSG;
+    /* C order is required unless at most one axis has more than one element */
+    uint64_t count = 1, big_axes = 0;
+    for (char *q = shape + 1; *q;) {
+        while (*q == ' ' || *q == ',')
+            q++;
+        if (!*q)
+            break;
+        if (*q < '0' || *q > '9')
+            return -EBADMSG;
+        char *end;
+        errno = 0;
+        unsigned long long d = strtoull(q, &end, 10);
+        if (errno)
+            return -EBADMSG;
+        if (d > 1)
+            big_axes++;
+        if (d && count > UINT64_MAX / d)
+            return -EBADMSG;
+        count *= d;
+        q = end;
+    }
+    if (!strcmp(order, "True") && big_axes > 1)
+        return -EDOM;
+    uint64_t es = o->bf16 ? 2 : 4;
+    if (count > (file_size - off - hl) / es)
+        return -EBADMSG;
+    o->data_offset = off + hl;
+    o->count = count;
     return 0;
 }
 
@@ -179,22 +294,31 @@ void progress_bar(int t, uint64_t done, uint64_t total, double t0)
 /* "A,B,C": 3 compressed ids, newest first, -1 = dead.  0 or -1. */
 int parse_history(const char *s, engram_history *h)
 {
-    char *copy = strdup(s), *save = NULL;
-    int n = 0, rc = copy ? 0 : -1;
-    for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && rc == 0;
-         tok = strtok_r(NULL, ",", &save)) {
-        uint64_t v;
-        if (n >= ENGRAM_HISTORY)
-            rc = -1;
-        else if (!strcmp(tok, "-1"))
-            h->id[n++] = ENGRAM_DEAD;
-        else if (parse_u64(tok, INT32_MAX, &v) == 0)
-            h->id[n++] = (int32_t)v;
+    engram_history v;
+    int n = 0;
+    for (const char *p = s;; n++) {
+        const char *e = strchr(p, ',');
+        size_t k = e ? (size_t)(e - p) : strlen(p);
+        char item[16];
+        uint64_t x;
+        if (n >= ENGRAM_HISTORY || k == 0 || k >= sizeof item)
+            return -1; /* too many, empty ("1,,2") or too long */
+        memcpy(item, p, k);
+        item[k] = '\0';
+        if (!strcmp(item, "-1"))
+            v.id[n] = ENGRAM_DEAD;
+        else if (parse_u64(item, INT32_MAX, &x) == 0)
+            v.id[n] = (int32_t)x;
         else
-            rc = -1;
+            return -1;
+        if (!e)
+            break;
+        p = e + 1;
     }
-    free(copy);
-    return rc == 0 && n == ENGRAM_HISTORY ? 0 : -1;
+    if (n + 1 != ENGRAM_HISTORY)
+        return -1;
+    *h = v; /* written only when all of it is valid */
+    return 0;
 }
 
 
@@ -218,6 +342,12 @@ int fout_open(struct fout *o, const char *path)
 /* Closes; renames into place if ok, else removes.  0 or an exit code. */
 int fout_close(struct fout *o, int ok)
 {
+    /* on disk before it is renamed into place: a crash leaves the old file
+     * or the new one, never a truncated new one */
+    if (ok && (fflush(o->f) != 0 || fsync(fileno(o->f)) != 0)) {
+        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->tmp, strerror(errno));
+        ok = 0;
+    }
     if (fclose(o->f) != 0)
         ok = 0;
     if (ok && rename(o->tmp, o->path) != 0) {

@@ -28,6 +28,24 @@ int slurp(const char *path, char **buf, size_t *len);
  * caller frees *out); 0, or an exit code after printing what is wrong. */
 int read_numbers(const char *path, uint64_t max, uint32_t **out, size_t *count, const char *what);
 
+/* The parsing behind read_numbers, on memory: 0, -EINVAL (*bad = index of
+ * the first invalid item; a NUL byte is invalid, not an end), -ENOMEM. */
+int parse_numbers(const char *text, size_t len, uint64_t max, uint32_t **out, size_t *count,
+                  size_t *bad);
+
+/* A .npy header (v1-3, C order or one long axis, '<f4', or '<u2'/'<i2' for
+ * bf16 bit patterns) from the first avail bytes of a file of file_size
+ * bytes.  0; -ENOENT: no .npy magic; -ENOTSUP: another dtype; -EDOM:
+ * Fortran order; -EBADMSG: malformed, truncated or more values claimed
+ * than the file holds. */
+#define NPY_MAX_HEADER 65536
+struct npy_info {
+    uint64_t count;        /* values                          */
+    uint64_t data_offset;  /* of the first value               */
+    int bf16;              /* 2-byte values                    */
+};
+int npy_parse(const uint8_t *p, size_t avail, uint64_t file_size, struct npy_info *o);
+
 /* pread until n bytes arrive (EINTR retried); 0 or -errno (-EIO at end of file). */
 int pread_all(int fd, void *buf, size_t n, uint64_t off);
 
@@ -56,7 +74,6 @@ int dev_name_ok(const char *name);
 /* Page-locks a host buffer the caller passes to dev_apply (CUDA: faster,
  * asynchronous copies; unregistered by dev_close).  1 if pinned, 0 if not
  * (CPU device, the limit reached or the driver refused: still usable). */
-#define DEV_PIN_MAX 16
 int dev_pin(struct dev *d, void *p, size_t len);
 int dev_apply(struct dev *d, const void *rows, size_t stride, float *x, const uint8_t *mask,
               size_t n, float *kv_out, engram_error *err);

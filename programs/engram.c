@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -586,6 +587,10 @@ static const char *main_help =
 
 int main(int argc, char **argv)
 {
+    /* past RLIMIT_FSIZE a write fails with EFBIG, which every command
+     * handles (its output removed), instead of the process being killed
+     * with its temporary file left behind */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2)
         return fail_usage("a COMMAND is required");
     const char *cmd = argv[1];

@@ -570,7 +570,7 @@ int cmd_run(int argc, char **argv)
                    "\"read_ns\":[%" PRIu64 ",%" PRIu64 "],\"exposed_ns\":[%" PRIu64 ",%" PRIu64
                    "],\"hidden_ns\":[%" PRIu64 ",%" PRIu64 "],\"read_total_ns\":%" PRIu64
                    ",\"exposed_total_ns\":%" PRIu64 ",\"hidden_total_ns\":%" PRIu64 "},"
-                   "\"io\":{\"engine\":\"%s\",\"direct\":%d},\"page_cache_growth_pages\":%" PRId64
+                   "\"io\":{\"engine\":\"%s\",\"direct\":%d,\"note\":\"%s\"},\"page_cache_growth_pages\":%" PRId64
                    ",\"checksum\":\"%016" PRIx64 "\"}\n",
                    path, device, R.B, R.layers, X, threads, overlap ? "true" : "false",
                    prefetch ? "true" : "false", li.width, li.streams, prompt_tokens, pre_s,
@@ -579,7 +579,7 @@ int cmd_run(int argc, char **argv)
                    dec_s > 0 ? (double)(R.n_steps * B) / dec_s : 0.0, p50, p99,
                    ps.step_rows_requested, ps.step_rows_read, ps.rounds, dread[0], dread[1], dexp[0],
                    dexp[1], dread[0] - dexp[0], dread[1] - dexp[1], tot_read, tot_exp,
-                   tot_read - tot_exp, ps.io.engine, ps.io.direct, growth, fnv);
+                   tot_read - tot_exp, ps.io.engine, ps.io.direct, ps.io.note ? ps.io.note : "", growth, fnv);
         } else {
             printf("engram run: %s, W %u, %u streams; %u sessions, %u layers of %" PRIu64
                    " us (Engram at 1 and 14 on the %s), %" PRIu64 " apply thread%s%s%s\n",
@@ -609,8 +609,10 @@ int cmd_run(int argc, char **argv)
                        (double)dexp[t] / 1e6);
             printf("         all reads: %.3f ms, hidden %.1f%%\n", (double)tot_read / 1e6,
                    tot_read ? 100.0 * (double)(tot_read - tot_exp) / (double)tot_read : 0.0);
-            printf("io:      %s%s; page cache of the tables grew by %" PRId64 " pages\n",
-                   ps.io.engine, ps.io.direct ? ", O_DIRECT" : ", buffered", growth);
+            printf("io:      %s%s%s%s%s; page cache of the tables grew by %" PRId64 " pages\n",
+                   ps.io.engine, ps.io.direct ? ", O_DIRECT" : ", buffered",
+                   ps.io.note && ps.io.note[0] ? " (" : "", ps.io.note && ps.io.note[0] ? ps.io.note : "",
+                   ps.io.note && ps.io.note[0] ? ")" : "", growth);
             printf("checksum of the final residuals (FNV-1a 64): %016" PRIx64 "\n", fnv);
         }
     }

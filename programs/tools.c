@@ -473,33 +473,6 @@ struct fin {
     int bf16;              /* 2-byte values   */
 };
 
-static int npy_field(const char *hdr, const char *key, char *out, size_t n)
-{
-    const char *p = strstr(hdr, key);
-    if (!p)
-        return -1;
-    p = strchr(p + strlen(key), ':');
-    if (!p)
-        return -1;
-    p++;
-    while (*p == ' ')
-        p++;
-    size_t k = 0;
-    if (*p == '\'') {
-        p++;
-        while (*p && *p != '\'' && k + 1 < n)
-            out[k++] = *p++;
-    } else if (*p == '(') {
-        while (*p && *p != ')' && k + 1 < n)
-            out[k++] = *p++;
-    } else {
-        while (*p && *p != ',' && *p != '}' && k + 1 < n)
-            out[k++] = *p++;
-    }
-    out[k] = '\0';
-    return 0;
-}
-
 /* Opens path and positions it at the first value.  0 or an exit code. */
 static int open_floats(const char *path, int want_bf16, struct fin *in)
 {
@@ -514,68 +487,30 @@ static int open_floats(const char *path, int want_bf16, struct fin *in)
     }
     uint64_t size = (uint64_t)st.st_size;
     in->bf16 = want_bf16;
-    uint8_t p[12];
+    static uint8_t p[12 + NPY_MAX_HEADER];
     size_t got = fread(p, 1, sizeof p, in->f);
-    if (got >= 10 && memcmp(p, "\x93NUMPY", 6) == 0) {
-        uint64_t hl, off;
-        static char hdr[65537];
-        char descr[16], order[16], shape[128];
-        if (p[6] == 1) {
-            hl = (uint64_t)p[8] | (uint64_t)p[9] << 8;
-            off = 10;
-        } else if ((p[6] == 2 || p[6] == 3) && got >= 12) {
-            hl = (uint64_t)p[8] | (uint64_t)p[9] << 8 | (uint64_t)p[10] << 16 | (uint64_t)p[11] << 24;
-            off = 12;
-        } else {
-            goto bad_npy;
-        }
-        if (hl > 65536 || off + hl > size || fseek(in->f, (long)off, SEEK_SET) != 0 ||
-            fread(hdr, 1, hl, in->f) != hl)
-            goto bad_npy;
-        hdr[hl] = '\0';
-        if (npy_field(hdr, "'descr'", descr, sizeof descr) < 0 ||
-            npy_field(hdr, "'fortran_order'", order, sizeof order) < 0 ||
-            npy_field(hdr, "'shape'", shape, sizeof shape) < 0)
-            goto bad_npy;
-        if (!strcmp(descr, "<f4")) {
-            in->bf16 = 0;
-        } else if (!strcmp(descr, "<u2") || !strcmp(descr, "<i2")) {
-            in->bf16 = 1; /* numpy has no bfloat16: its bit patterns */
-        } else {
-            fprintf(stderr, "%s: '%s': dtype %s; .npy input must be '<f4' (float32) or '<u2' "
-                            "(bfloat16 bit patterns)\n", prog, path, descr);
+    struct npy_info ni;
+    int rc = npy_parse(p, got, size, &ni);
+    if (rc == 0) {
+        if (fseek(in->f, (long)ni.data_offset, SEEK_SET) != 0) {
+            fprintf(stderr, "%s: cannot read '%s': %s\n", prog, path, strerror(errno));
             fclose(in->f);
-            return EXIT_DATA;
+            return EXIT_SYSTEM;
         }
-        /* C order is required unless at most one axis has more than one
-         * element. */
-        uint64_t count = 1, big_axes = 0;
-        for (char *q = shape + 1; *q;) {
-            while (*q == ' ' || *q == ',')
-                q++;
-            if (!*q)
-                break;
-            char *end;
-            unsigned long long d = strtoull(q, &end, 10);
-            if (end == q)
-                goto bad_npy;
-            if (d > 1)
-                big_axes++;
-            if (d && count > UINT64_MAX / d)
-                goto bad_npy;
-            count *= d;
-            q = end;
-        }
-        if (strcmp(order, "False") != 0 && big_axes > 1) {
-            fprintf(stderr, "%s: '%s': Fortran-ordered arrays are not supported\n", prog, path);
-            fclose(in->f);
-            return EXIT_DATA;
-        }
-        uint64_t es = in->bf16 ? 2 : 4;
-        if (count > (size - off - hl) / es)
-            goto bad_npy;
-        in->count = count;
+        in->bf16 = ni.bf16;
+        in->count = ni.count;
         return 0;
+    }
+    if (rc != -ENOENT) {
+        if (rc == -ENOTSUP)
+            fprintf(stderr, "%s: '%s': .npy input must be '<f4' (float32) or '<u2' (bfloat16 bit "
+                            "patterns)\n", prog, path);
+        else if (rc == -EDOM)
+            fprintf(stderr, "%s: '%s': Fortran-ordered arrays are not supported\n", prog, path);
+        else
+            fprintf(stderr, "%s: '%s': malformed or truncated .npy file\n", prog, path);
+        fclose(in->f);
+        return EXIT_DATA;
     }
     uint64_t es = in->bf16 ? 2 : 4;
     if (size % es) {
@@ -587,10 +522,6 @@ static int open_floats(const char *path, int want_bf16, struct fin *in)
     rewind(in->f);
     in->count = size / es;
     return 0;
-bad_npy:
-    fprintf(stderr, "%s: '%s': malformed or truncated .npy file\n", prog, path);
-    fclose(in->f);
-    return EXIT_DATA;
 }
 
 /* A v1 .npy header for an array of shape (rows, 256). */

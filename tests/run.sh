@@ -46,6 +46,13 @@ build "gcc -O2" && {
     run "test_install (make install, pkg-config, library split)" sh tests/test_install.sh build
     run "test_apply.sh (numpy float64 reference)" sh tests/test_apply.sh build
     run "test_run.sh (engram run vs serial apply)" sh tests/test_run.sh build
+    run "test_fallback.sh (refusals: same outputs)" sh tests/test_fallback.sh build
+    run "test_outputs.sh (full disk, SIGKILL)" sh tests/test_outputs.sh build
+    run "stress_sessions (64 threads, 5 s)" build/tests/stress_sessions --threads 64 --seconds 5
+    for t in model tokmap cli residual; do
+        ls "tests/fuzz/regressions/$t" 2>/dev/null | grep -q . &&
+            run "fuzz_$t replay of its regressions" build/tests/fuzz_${t}_replay tests/fuzz/regressions/$t/*
+    done
     if [ -x build/cuda/test_cuda ]; then  # built when nvcc is present
         run "test_cuda (GPU checks, or the no-GPU report)" build/cuda/test_cuda
     fi
@@ -58,19 +65,33 @@ build "asan+ubsan" SANITIZE=address,undefined && {
     run "asan+ubsan: test_run.sh" sh tests/test_run.sh build-san-address,undefined
     run "asan+ubsan: fuzz_model replay of seeds" build-san-address,undefined/tests/fuzz_model_replay "$SEEDS"/*
     run "asan+ubsan: fuzz_tokmap replay of seeds" build-san-address,undefined/tests/fuzz_tokmap_replay tests/fuzz/tokmap_seeds/*
+    run "asan+ubsan: fuzz_cli replay of seeds" build-san-address,undefined/tests/fuzz_cli_replay tests/fuzz/cli_seeds/*
+    run "asan+ubsan: fuzz_residual replay of seeds" build-san-address,undefined/tests/fuzz_residual_replay tests/fuzz/residual_seeds/*
+    for t in model tokmap cli residual; do
+        ls "tests/fuzz/regressions/$t" 2>/dev/null | grep -q . &&
+            run "asan+ubsan: fuzz_$t regressions" build-san-address,undefined/tests/fuzz_${t}_replay tests/fuzz/regressions/$t/*
+    done
 }
-build "tsan" SANITIZE=thread && suite "tsan: " build-san-thread
+build "tsan" SANITIZE=thread && {
+    suite "tsan: " build-san-thread
+    run "tsan: stress_sessions (16 threads, 3 s)" build-san-thread/tests/stress_sessions --threads 16 --seconds 3
+}
 if command -v clang >/dev/null 2>&1; then
     build "clang" CC=clang BUILD=build-clang && suite "clang: " build-clang
     # libFuzzer on the model reader and the tokenizer reader for a fixed
     # time; any crash fails.
     if run "build: libFuzzer targets" make fuzz; then
         mkdir -p "$LOG/corpus" "$LOG/corpus_tokmap"
-        run "libFuzzer: fuzz_model, ${FUZZ_SECONDS:-30} s" build-fuzz/fuzz_model \
-            -max_total_time="${FUZZ_SECONDS:-30}" -print_final_stats=1 "$LOG/corpus" "$SEEDS"
-        run "libFuzzer: fuzz_tokmap, ${FUZZ_SECONDS:-30} s" build-fuzz/fuzz_tokmap \
-            -max_total_time="${FUZZ_SECONDS:-30}" -max_len=4096 -print_final_stats=1 \
+        run "libFuzzer: fuzz_model, ${FUZZ_SECONDS:-20} s" build-fuzz/fuzz_model \
+            -max_total_time="${FUZZ_SECONDS:-20}" -print_final_stats=1 "$LOG/corpus" "$SEEDS"
+        run "libFuzzer: fuzz_tokmap, ${FUZZ_SECONDS:-20} s" build-fuzz/fuzz_tokmap \
+            -max_total_time="${FUZZ_SECONDS:-20}" -max_len=4096 -print_final_stats=1 \
             "$LOG/corpus_tokmap" tests/fuzz/tokmap_seeds
+        mkdir -p "$LOG/corpus_cli" "$LOG/corpus_residual"
+        run "libFuzzer: fuzz_cli, 10 s" build-fuzz/fuzz_cli -max_total_time=10 -max_len=4096 \
+            -print_final_stats=1 "$LOG/corpus_cli" tests/fuzz/cli_seeds
+        run "libFuzzer: fuzz_residual, 10 s" build-fuzz/fuzz_residual -max_total_time=10 \
+            -max_len=4200 -print_final_stats=1 "$LOG/corpus_residual" tests/fuzz/residual_seeds
     fi
 fi
 

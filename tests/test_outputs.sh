@@ -1,0 +1,112 @@
+#!/bin/sh
+# test_outputs.sh - outputs are all or nothing.  For each command that
+# writes a file (build, quantize, dequantize, tokmap --out, apply
+# --residual-out):
+#  - a full disk (RLIMIT_FSIZE, so writes fail with EFBIG): the command fails
+#    with exit 3, no file under the final name, no temporary left behind,
+#    and an older file under that name is kept as it was;
+#  - SIGKILL at random points of the run (some before, some during, some
+#    after the write), with and without an older file under the name:
+#    afterwards the name holds the complete new output (byte for byte the
+#    reference run's), the older file, or nothing; what else is left is only
+#    a temporary named after the output (OUT.tmp...), never a file that
+#    could be mistaken for it.  At least one kill must land mid-run.
+# Usage: tests/test_outputs.sh BUILD_DIR
+set -u
+BUILD=${1:-build}
+E="$BUILD/engram"
+T=$(mktemp -d "${TMPDIR:-/tmp}/engram-outputs-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+KILLS=${KILLS:-6}
+
+# inputs
+M="$T/m.gguf"
+"$E" build "$M" --base 3000 --width 64 --fill normal --seed 2 >/dev/null || bad "build the input model"
+head -c 4000 data/gpl3.tok > "$T/tok"
+python3 -c '
+import struct, math, sys
+with open(sys.argv[1], "wb") as f:
+    for i in range(256 * 2048):
+        f.write(struct.pack("<f", math.sin(i * 0.37) * (1 + (i % 97))))
+' "$T/in.f32" || bad "float input"
+"$E" quantize "$T/in.f32" "$T/in.rows" >/dev/null || bad "rows input"
+TOK=$(sh tools/fetch-tokenizer.sh 2>/dev/null) || TOK=""
+
+# run_cmd NAME OUT: the command of NAME writing OUT (stdout/stderr discarded)
+run_cmd() {
+    case $1 in
+    build) "$E" build "$2" --base 3000 --width 64 --fill normal --seed 7 ;;
+    quantize) "$E" quantize "$T/in.f32" "$2" ;;
+    dequantize) "$E" dequantize "$T/in.rows" "$2" ;;
+    tokmap) "$E" tokmap "$TOK" --out "$2" ;;
+    apply) "$E" apply "$M" --layer 14 --tokens "$T/tok" --residual-in seed:3 --residual-out "$2" ;;
+    esac >/dev/null 2>&1
+}
+leftovers() { # leftovers DIR: files other than out and out.tmp*
+    ls -A "$1" | grep -vE '^out(\.tmp.*)?$'
+}
+ms_now() { date +%s%N | cut -c1-13; }
+
+for c in build quantize dequantize tokmap apply; do
+    if [ $c = tokmap ] && [ -z "$TOK" ]; then bad "tokmap: no tokenizer.json (tools/fetch-tokenizer.sh)"; continue; fi
+    D="$T/$c"
+    mkdir -p "$D"
+    t0=$(ms_now)
+    run_cmd $c "$D/ref" || bad "$c: reference run"
+    dur=$(( $(ms_now) - t0 ))
+    [ -s "$D/ref" ] || bad "$c: no reference output"
+    size=$(wc -c < "$D/ref")
+    # full disk: the limit at a quarter of the output (ulimit -f counts
+    # blocks of 512 bytes in dash, 1024 in bash: both well below the size)
+    lim=$(( size / 4 / 1024 + 1 ))
+    mkdir -p "$D/full"
+    ( ulimit -f $lim; run_cmd $c "$D/full/out" ); rc=$?
+    if [ $rc -eq 3 ]; then ok; else bad "$c: full disk: exit $rc, wanted 3"; fi
+    if [ ! -e "$D/full/out" ] && [ -z "$(ls -A "$D/full")" ]; then ok; else
+        bad "$c: full disk left: $(ls -A "$D/full" | tr '\n' ' ')"; fi
+    echo "an older file" > "$D/full/out"
+    ( ulimit -f $lim; run_cmd $c "$D/full/out" ); rc=$?
+    if [ $rc -eq 3 ] && [ "$(cat "$D/full/out")" = "an older file" ] && [ "$(ls -A "$D/full")" = out ]; then ok; else
+        bad "$c: full disk over an older file: exit $rc, left: $(ls -A "$D/full" | tr '\n' ' ')"; fi
+    # SIGKILL at random points in [0, 1.2 x the reference run's time]
+    mid=0
+    i=0
+    while [ $i -lt "$KILLS" ]; do
+        K="$D/kill$i"
+        mkdir -p "$K"
+        old=$((i % 2))
+        [ $old -eq 1 ] && echo "an older file" > "$K/out"
+        r=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+        delay=$(( r % (dur * 12 / 10 + 1) ))
+        run_cmd $c "$K/out" &
+        pid=$!
+        sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
+        kill -9 $pid 2>/dev/null
+        wait $pid 2>/dev/null
+        if [ ! -e "$K/out" ]; then
+            state=absent
+            [ $old -eq 0 ] && ok || bad "$c: kill at ${delay} ms: the older file is gone"
+        elif cmp -s "$K/out" "$D/ref"; then
+            state=new
+            ok
+        elif [ $old -eq 1 ] && [ "$(cat "$K/out")" = "an older file" ]; then
+            state=old
+            ok
+        else
+            state=corrupt
+            bad "$c: kill at ${delay} ms left a partial or corrupt file under the final name ($(wc -c < "$K/out") of $size bytes)"
+        fi
+        [ "$state" != new ] && mid=$((mid + 1))
+        if [ -z "$(leftovers "$K")" ]; then ok; else bad "$c: kill at ${delay} ms left: $(leftovers "$K" | tr '\n' ' ')"; fi
+        i=$((i + 1))
+    done
+    echo "$c: reference run $dur ms, $size bytes; $mid of $KILLS kills landed before the output was complete"
+    if [ $mid -ge 1 ]; then ok; else bad "$c: no kill landed before the output was complete"; fi
+done
+
+echo "test_outputs.sh: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

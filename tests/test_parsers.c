@@ -1,0 +1,173 @@
+/*
+ * test_parsers.c - the engram command's input parsers (programs/cli.c) on
+ * hand-written inputs with known answers, every error branch included:
+ * token and mask files (parse_numbers), --history (parse_history: nothing
+ * written on error) and .npy headers (npy_parse: each field, each version,
+ * the size checks).  The fuzz target tests/fuzz/fuzz_cli.c covers the same
+ * functions on arbitrary bytes.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../programs/cli.h"
+#include "testutil.h"
+
+static int nums(const char *text, size_t len, uint64_t max, const uint32_t *want, size_t nwant)
+{
+    uint32_t *v = NULL;
+    size_t n = 0, bad = 999;
+    int rc = parse_numbers(text, len, max, &v, &n, &bad);
+    if (rc == 0) {
+        CHECK_EQ(n, nwant);
+        CHECK(n == nwant && (n == 0 || memcmp(v, want, n * 4) == 0));
+        free(v);
+        return 0;
+    }
+    CHECK(v == NULL);
+    return rc == -EINVAL ? -(int)bad - 1 : rc; /* -(bad item + 1) */
+}
+
+static void numbers(void)
+{
+    const uint32_t a[] = {0, 7, 4294967295u};
+    CHECK_EQ(nums("0 7\n4294967295\r\n", 16, UINT32_MAX, a, 3), 0);
+    CHECK_EQ(nums("  \t\n", 4, UINT32_MAX, NULL, 0), 0); /* no items */
+    CHECK_EQ(nums("", 0, UINT32_MAX, NULL, 0), 0);
+    const uint32_t b[] = {1, 0, 1};
+    CHECK_EQ(nums("1 0 1", 5, 1, b, 3), 0); /* a mask */
+    CHECK_EQ(nums("1 2 1", 5, 1, NULL, 0), -2);           /* item 1 > max */
+    CHECK_EQ(nums("5 4294967296", 12, UINT32_MAX, NULL, 0), -2); /* overflow */
+    CHECK_EQ(nums("5 -1", 4, UINT32_MAX, NULL, 0), -2);    /* negative */
+    CHECK_EQ(nums("+5", 2, UINT32_MAX, NULL, 0), -1);      /* sign */
+    CHECK_EQ(nums("5 x7", 4, UINT32_MAX, NULL, 0), -2);    /* not a number */
+    CHECK_EQ(nums("5 7x", 4, UINT32_MAX, NULL, 0), -2);    /* trailing text */
+    CHECK_EQ(nums("5,7", 3, UINT32_MAX, NULL, 0), -1);     /* commas are not separators */
+    CHECK_EQ(nums("5 7\0 9", 6, UINT32_MAX, NULL, 0), -2); /* a NUL is not an end */
+    CHECK_EQ(nums("1 2 3 0000000000000000000000000000000001", 40, UINT32_MAX, NULL, 0), -4); /* too long */
+    /* 3000 items: the array grows */
+    char *big = malloc(3000 * 6);
+    uint32_t *want = malloc(3000 * 4);
+    size_t len = 0;
+    for (uint32_t i = 0; i < 3000; i++) {
+        want[i] = i * 7;
+        len += (size_t)sprintf(big + len, "%u ", i * 7);
+    }
+    CHECK_EQ(nums(big, len, UINT32_MAX, want, 3000), 0);
+    free(big);
+    free(want);
+}
+
+static void history(void)
+{
+    engram_history h, before;
+    for (int i = 0; i < 3; i++)
+        before.id[i] = 100 + i;
+    h = before;
+    CHECK_EQ(parse_history("5,-1,2147483647", &h), 0);
+    CHECK(h.id[0] == 5 && h.id[1] == ENGRAM_DEAD && h.id[2] == 2147483647);
+    const char *badv[] = {"", " 1,2,3", "1,2",  "1,2,3,4", "1,,2", ",1,2", "1,2,", "1,2,x", "1,2,-2",
+                          "1,2,2147483648", "1, 2,3", "1,2,+3", "1,2,00000000000000000003"};
+    for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
+        h = before;
+        int rc = parse_history(badv[i], &h);
+        CHECK_EQ(rc, -1);
+        CHECK(memcmp(&h, &before, sizeof h) == 0); /* nothing written */
+        if (rc != -1)
+            fprintf(stderr, "history '%s' accepted\n", badv[i]);
+    }
+}
+
+/* a .npy file image: magic, version v, header text (padded as numpy does) */
+static size_t npy(uint8_t *buf, int v, const char *dict, size_t data_bytes)
+{
+    size_t pre = v == 1 ? 10 : 12, dl = strlen(dict);
+    size_t hl = ((pre + dl + 1 + 63) / 64) * 64 - pre;
+    memcpy(buf, "\x93NUMPY", 6);
+    buf[6] = (uint8_t)v;
+    buf[7] = 0;
+    if (v == 1) {
+        buf[8] = (uint8_t)hl;
+        buf[9] = (uint8_t)(hl >> 8);
+    } else {
+        for (int i = 0; i < 4; i++)
+            buf[8 + i] = (uint8_t)(hl >> (8 * i));
+    }
+    memcpy(buf + pre, dict, dl);
+    memset(buf + pre + dl, ' ', hl - dl - 1);
+    buf[pre + hl - 1] = '\n';
+    memset(buf + pre + hl, 0, data_bytes);
+    return pre + hl + data_bytes;
+}
+
+static void npy_headers(void)
+{
+    static uint8_t b[1 << 16];
+    struct npy_info ni;
+    size_t n = npy(b, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 256), }", 3 * 256 * 4);
+    CHECK_EQ(npy_parse(b, n, n, &ni), 0);
+    CHECK(ni.count == 768 && ni.bf16 == 0 && ni.data_offset == 128);
+    n = npy(b, 2, "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 256), }", 2 * 256 * 2);
+    CHECK_EQ(npy_parse(b, n, n, &ni), 0);
+    CHECK(ni.count == 512 && ni.bf16 == 1 && ni.data_offset == 128);
+    n = npy(b, 3, "{'descr': '<i2', 'fortran_order': True, 'shape': (512,), }", 1024);
+    CHECK_EQ(npy_parse(b, n, n, &ni), 0); /* one long axis: Fortran order is C order */
+    CHECK(ni.count == 512 && ni.bf16 == 1);
+    n = npy(b, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (), }", 4);
+    CHECK_EQ(npy_parse(b, n, n, &ni), 0); /* a scalar */
+    CHECK_EQ(ni.count, 1);
+    n = npy(b, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 256), }", 0);
+    CHECK_EQ(npy_parse(b, n, n, &ni), 0);
+    CHECK_EQ(ni.count, 0);
+    /* the file may be longer than the bytes at hand */
+    n = npy(b, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1000, 256), }", 0);
+    CHECK_EQ(npy_parse(b, n, n + 1000 * 256 * 4, &ni), 0);
+    CHECK_EQ(npy_parse(b, n, n + 1000 * 256 * 4 - 1, &ni), -EBADMSG); /* one byte short */
+
+    CHECK_EQ(npy_parse((const uint8_t *)"not numpy at all", 16, 16, &ni), -ENOENT);
+    CHECK_EQ(npy_parse((const uint8_t *)"\x93NUMPY", 6, 6, &ni), -ENOENT); /* too short */
+    n = npy(b, 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", 16);
+    CHECK_EQ(npy_parse(b, n, n, &ni), -ENOTSUP);
+    n = npy(b, 1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 256), }", 2048);
+    CHECK_EQ(npy_parse(b, n, n, &ni), -EDOM);
+    const char *badd[] = {
+        "{'fortran_order': False, 'shape': (2,), }",                   /* no descr */
+        "{'descr': '<f4', 'shape': (2,), }",                           /* no order */
+        "{'descr': '<f4', 'fortran_order': False, }",                  /* no shape */
+        "{'fortran_order': False, 'shape': (2,), 'descr': '<f4 }",     /* quote */
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (2, }",     /* paren */
+        "{'descr': '<f4', 'fortran_order': False, 'shape': 2, }",      /* not a tuple */
+        "{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2,), }",   /* order */
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", /* dimension */
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 2), }",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }",   /* more than the file */
+    };
+    for (size_t i = 0; i < sizeof badd / sizeof badd[0]; i++) {
+        n = npy(b, 1, badd[i], 8);
+        int rc = npy_parse(b, n, n, &ni);
+        CHECK_EQ(rc, -EBADMSG);
+        if (rc != -EBADMSG)
+            fprintf(stderr, "npy header %zu accepted (%d)\n", i, rc);
+    }
+    n = npy(b, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 8);
+    b[6] = 4; /* version */
+    CHECK_EQ(npy_parse(b, n, n, &ni), -EBADMSG);
+    b[6] = 1;
+    CHECK_EQ(npy_parse(b, 60, 60, &ni), -EBADMSG); /* header cut short */
+    b[20] = '\0'; /* a NUL inside the header */
+    CHECK_EQ(npy_parse(b, n, n, &ni), -EBADMSG);
+    n = npy(b, 2, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 8);
+    b[10] = 1; /* header length 65536 + ... */
+    CHECK_EQ(npy_parse(b, n, n, &ni), -EBADMSG);
+}
+
+int main(void)
+{
+    numbers();
+    history();
+    npy_headers();
+    return tu_finish("test_parsers");
+}
