@@ -60,13 +60,22 @@ VERSION  = $(shell sed -n 's/^\#define ENGRAM_VERSION "\(.*\)"/\1/p' include/eng
 CUDA ?= auto
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
 ifeq ($(CUDA),0)
-NVCC :=
+override NVCC :=
 endif
 ifneq ($(SANITIZE),)
-NVCC :=
+override NVCC :=
 endif
 ifneq ($(NVCC),)
-CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+# The toolkit's root as nvcc itself reports it: the nvcc on PATH may be a
+# wrapper script (/usr/local/bin/nvcc exec'ing the real one), whose own
+# directory has no include/ or lib64/.
+CUDA_HOME := $(if $(CUDA_HOME),$(CUDA_HOME),$(realpath $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p')))
+ifeq ($(wildcard $(CUDA_HOME)/include/cuda_runtime.h),)
+$(warning nvcc ($(NVCC)) found but no cuda_runtime.h under '$(CUDA_HOME)': the CUDA part is not built (set CUDA_HOME))
+override NVCC :=
+endif
+endif
+ifneq ($(NVCC),)
 CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90
 NVFLAGS = -std=c++17 -O2 -g $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread
@@ -155,7 +164,7 @@ $(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testu
 
 $(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/cli.h tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< programs/cli.c $(LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=realloc -o $@ $< programs/cli.c $(LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/tests/nodirect_preload.so: tests/nodirect_preload.c
 	@mkdir -p $(dir $@)

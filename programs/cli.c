@@ -211,14 +211,13 @@ int npy_parse(const uint8_t *p, size_t avail, uint64_t file_size, struct npy_inf
     memset(o, 0, sizeof *o);
     if (avail < 10 || memcmp(p, "\x93NUMPY", 6) != 0)
         return -ENOENT;
-    uint64_t hl, off;
-    if (p[6] == 1) {
-        hl = (uint64_t)p[8] | (uint64_t)p[9] << 8;
-        off = 10;
-    } else if ((p[6] == 2 || p[6] == 3) && avail >= 12) {
-        hl = (uint64_t)p[8] | (uint64_t)p[9] << 8 | (uint64_t)p[10] << 16 | (uint64_t)p[11] << 24;
+    uint64_t hl = (uint64_t)p[8] | (uint64_t)p[9] << 8, off = 10; /* version 1 */
+    if (p[6] == 2 || p[6] == 3) {
+        if (avail < 12)
+            return -EBADMSG;
+        hl |= (uint64_t)p[10] << 16 | (uint64_t)p[11] << 24;
         off = 12;
-    } else {
+    } else if (p[6] != 1) {
         return -EBADMSG;
     }
     if (hl > NPY_MAX_HEADER || off + hl > avail || off + hl > file_size)

@@ -15,6 +15,22 @@
 #include "../programs/cli.h"
 #include "testutil.h"
 
+/* Allocation failures (the test is linked with --wrap=malloc,--wrap=realloc):
+ * the N-th call fails while armed. */
+static long alloc_calls, alloc_fail_at;
+void *__real_malloc(size_t n);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n)
+{
+    return alloc_fail_at && ++alloc_calls == alloc_fail_at ? NULL : __real_malloc(n);
+}
+void *__wrap_realloc(void *p, size_t n)
+{
+    return alloc_fail_at && ++alloc_calls == alloc_fail_at ? NULL : __real_realloc(p, n);
+}
+
 static int nums(const char *text, size_t len, uint64_t max, const uint32_t *want, size_t nwant)
 {
     uint32_t *v = NULL;
@@ -56,6 +72,17 @@ static void numbers(void)
         len += (size_t)sprintf(big + len, "%u ", i * 7);
     }
     CHECK_EQ(nums(big, len, UINT32_MAX, want, 3000), 0);
+    /* out of memory at the first allocation and at the growth: -ENOMEM, nothing returned */
+    for (long k = 1; k <= 2; k++) {
+        uint32_t *v = (uint32_t *)1;
+        size_t cnt = 77, bad = 0;
+        alloc_calls = 0;
+        alloc_fail_at = k;
+        int rc = parse_numbers(big, len, UINT32_MAX, &v, &cnt, &bad);
+        alloc_fail_at = 0;
+        CHECK_EQ(rc, -ENOMEM);
+        CHECK(v == (uint32_t *)1 && cnt == 77);
+    }
     free(big);
     free(want);
 }
@@ -128,6 +155,12 @@ static void npy_headers(void)
 
     CHECK_EQ(npy_parse((const uint8_t *)"not numpy at all", 16, 16, &ni), -ENOENT);
     CHECK_EQ(npy_parse((const uint8_t *)"\x93NUMPY", 6, 6, &ni), -ENOENT); /* too short */
+    /* version 2 needs 12 bytes of preamble: 11 are refused without reading
+     * past them (exactly 11 bytes on the heap: ASan sees any overread) */
+    uint8_t *eleven = malloc(11);
+    memcpy(eleven, "\x93NUMPY\x02\x00\x10\x00\x00", 11);
+    CHECK_EQ(npy_parse(eleven, 11, 11, &ni), -EBADMSG);
+    free(eleven);
     n = npy(b, 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", 16);
     CHECK_EQ(npy_parse(b, n, n, &ni), -ENOTSUP);
     n = npy(b, 1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 256), }", 2048);
@@ -144,6 +177,8 @@ static void npy_headers(void)
         "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }",
         "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 2), }",
         "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }",   /* more than the file */
+        "{'fortran_order': False, 'shape': (2,), 'descr' }",           /* no ':' after a key */
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999, 0), }", /* overflow */
     };
     for (size_t i = 0; i < sizeof badd / sizeof badd[0]; i++) {
         n = npy(b, 1, badd[i], 8);
@@ -152,6 +187,21 @@ static void npy_headers(void)
         if (rc != -EBADMSG)
             fprintf(stderr, "npy header %zu accepted (%d)\n", i, rc);
     }
+    /* a header that ends inside the shape's tuple (no newline, no ')') */
+    {
+        const char *d = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,";
+        size_t dl = strlen(d);
+        memcpy(b, "\x93NUMPY\x01\x00", 8);
+        b[8] = (uint8_t)dl;
+        b[9] = 0;
+        memcpy(b + 10, d, dl);
+        memset(b + 10 + dl, 0, 8);
+        CHECK_EQ(npy_parse(b, 10 + dl + 8, 10 + dl + 8, &ni), -EBADMSG);
+    }
+    /* a NUL in the padding after every field */
+    n = npy(b, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 8);
+    b[n - 8 - 3] = '\0';
+    CHECK_EQ(npy_parse(b, n, n, &ni), -EBADMSG);
     n = npy(b, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 8);
     b[6] = 4; /* version */
     CHECK_EQ(npy_parse(b, n, n, &ni), -EBADMSG);

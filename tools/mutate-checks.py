@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""mutate-checks.py - drop error checks one at a time and see a test fail.
+
+For each line of FILE (within the functions named) that returns or sets an
+error (`return -E...`, `return -1;`, `return err_set(...)`, `goto bad...`),
+the statement is replaced by `;` (the check is dropped: execution goes on as
+if the input were fine), the named build target is rebuilt and the test
+command run.  A mutant the tests do not catch is a survivor, printed with
+its line.  Outside the suite (each mutant is a rebuild):
+
+  tools/mutate-checks.py FILE FUNC[,FUNC...] TARGET -- TEST COMMAND...
+  e.g. tools/mutate-checks.py programs/cli.c parse_numbers,parse_history,npy_parse \\
+       build/tests/test_parsers -- build/tests/test_parsers
+"""
+import re
+import subprocess
+import sys
+
+def functions(lines, names):
+    """line ranges [start, end) of the named C functions (a definition
+    starts at column 0 and ends at the next line that is just '}')."""
+    spans = []
+    for i, l in enumerate(lines):
+        m = re.match(r'^[A-Za-z].*\b(\w+)\(', l)
+        if m and m.group(1) in names and not l.rstrip().endswith(';'):
+            j = i + 1
+            while j < len(lines) and lines[j].rstrip() != '}':
+                j += 1
+            spans.append((i, j))
+    return spans
+
+CHECK = re.compile(r'^(\s*)(return\s+(-E[A-Z]+|-1|err_set\(.*\)|rc|set_err\(.*\))\s*;|goto\s+bad\w*\s*;)\s*(/\*.*\*/)?\s*$')
+
+def main():
+    a = sys.argv[1:]
+    if '--' not in a or len(a) < 5:
+        print(__doc__)
+        return 2
+    k = a.index('--')
+    path, names, target, test = a[0], set(a[1].split(',')), a[2], a[k + 1:]
+    src = open(path).read()
+    lines = src.split('\n')
+    sites = [i for s, e in functions(lines, names) for i in range(s, e) if CHECK.match(lines[i])]
+    killed, survivors = 0, []
+    try:
+        for i in sites:
+            m = CHECK.match(lines[i])
+            mutant = lines[:i] + [m.group(1) + ';'] + lines[i + 1:]
+            open(path, 'w').write('\n'.join(mutant))
+            b = subprocess.run(['make', '-s', target], capture_output=True)
+            if b.returncode != 0:
+                killed += 1  # does not even build (e.g. an unused label): not a survivor
+                continue
+            try:
+                t = subprocess.run(test, capture_output=True, timeout=60)
+                caught = t.returncode != 0
+            except subprocess.TimeoutExpired:
+                caught = True  # the mutant hangs the test: caught
+            if caught:
+                killed += 1
+            else:
+                survivors.append((i + 1, lines[i].strip()))
+    finally:
+        open(path, 'w').write(src)
+        subprocess.run(['make', '-s', target], capture_output=True)
+    print('%s (%s): %d error checks dropped one at a time, %d caught by a test, %d survived'
+          % (path, ','.join(sorted(names)), len(sites), killed, len(survivors)))
+    for n, l in survivors:
+        print('  survived: line %d: %s' % (n, l))
+    return 1 if survivors else 0
+
+sys.exit(main())
