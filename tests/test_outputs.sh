@@ -36,15 +36,17 @@ with open(sys.argv[1], "wb") as f:
 "$E" quantize "$T/in.f32" "$T/in.rows" >/dev/null || bad "rows input"
 TOK=$(sh tools/fetch-tokenizer.sh 2>/dev/null) || TOK=""
 
-# run_cmd NAME OUT: the command of NAME writing OUT (stdout/stderr discarded)
+# run_cmd NAME OUT: the command of NAME writing OUT, exec'ed (so that, run
+# in a background subshell, $! is the engram process itself)
 run_cmd() {
+    exec >/dev/null 2>&1
     case $1 in
-    build) "$E" build "$2" --base 3000 --width 64 --fill normal --seed 7 ;;
-    quantize) "$E" quantize "$T/in.f32" "$2" ;;
-    dequantize) "$E" dequantize "$T/in.rows" "$2" ;;
-    tokmap) "$E" tokmap "$TOK" --out "$2" ;;
-    apply) "$E" apply "$M" --layer 14 --tokens "$T/tok" --residual-in seed:3 --residual-out "$2" ;;
-    esac >/dev/null 2>&1
+    build) exec "$E" build "$2" --base 3000 --width 64 --fill normal --seed 7 ;;
+    quantize) exec "$E" quantize "$T/in.f32" "$2" ;;
+    dequantize) exec "$E" dequantize "$T/in.rows" "$2" ;;
+    tokmap) exec "$E" tokmap "$TOK" --out "$2" ;;
+    apply) exec "$E" apply "$M" --layer 14 --tokens "$T/tok" --residual-in seed:3 --residual-out "$2" ;;
+    esac
 }
 leftovers() { # leftovers DIR: files other than out and out.tmp*
     ls -A "$1" | grep -vE '^out(\.tmp.*)?$'
@@ -56,7 +58,7 @@ for c in build quantize dequantize tokmap apply; do
     D="$T/$c"
     mkdir -p "$D"
     t0=$(ms_now)
-    run_cmd $c "$D/ref" || bad "$c: reference run"
+    ( run_cmd $c "$D/ref" ) || bad "$c: reference run"
     dur=$(( $(ms_now) - t0 ))
     [ -s "$D/ref" ] || bad "$c: no reference output"
     size=$(wc -c < "$D/ref")
@@ -82,11 +84,12 @@ for c in build quantize dequantize tokmap apply; do
         [ $old -eq 1 ] && echo "an older file" > "$K/out"
         r=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
         delay=$(( r % (dur * 12 / 10 + 1) ))
-        run_cmd $c "$K/out" &
+        ( run_cmd $c "$K/out" ) &
         pid=$!
         sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
         kill -9 $pid 2>/dev/null
         wait $pid 2>/dev/null
+        if kill -0 $pid 2>/dev/null; then bad "$c: the command outlived SIGKILL"; fi
         if [ ! -e "$K/out" ]; then
             state=absent
             [ $old -eq 0 ] && ok || bad "$c: kill at ${delay} ms: the older file is gone"
