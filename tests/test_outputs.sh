@@ -74,7 +74,7 @@ for c in build quantize dequantize tokmap apply; do
     ( ulimit -f $lim; run_cmd $c "$D/full/out" ); rc=$?
     if [ $rc -eq 3 ] && [ "$(cat "$D/full/out")" = "an older file" ] && [ "$(ls -A "$D/full")" = out ]; then ok; else
         bad "$c: full disk over an older file: exit $rc, left: $(ls -A "$D/full" | tr '\n' ' ')"; fi
-    # SIGKILL at random points in [0, 1.2 x the reference run's time]
+    # SIGKILL at random points spread over [0, 1.2 x the reference run's time]
     mid=0
     i=0
     while [ $i -lt "$KILLS" ]; do
@@ -82,8 +82,12 @@ for c in build quantize dequantize tokmap apply; do
         mkdir -p "$K"
         old=$((i % 2))
         [ $old -eq 1 ] && echo "an older file" > "$K/out"
+        # stratified: kill i at a random point of the i-th of KILLS equal
+        # slices of [0, 1.2 x dur], so that early, middle and late kills
+        # all happen whatever the random draws
         r=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
-        delay=$(( r % (dur * 12 / 10 + 1) ))
+        span=$(( dur * 12 / 10 ))
+        delay=$(( span * i / KILLS + r % (span / KILLS + 1) ))
         ( run_cmd $c "$K/out" ) &
         pid=$!
         sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
