@@ -585,7 +585,16 @@ typedef struct engram_pool_opts {
     engram_reader_opts reader;   /* engine, depth, row cache of the pool's reader */
 } engram_pool_opts;
 
-/* Opens the pool (its reader, the I/O thread).  Memory: the reader's
+/* Failures: a read that fails fails only the step or prefill chunk that
+ * needed it (the error names the row); the pool goes on.  If the pool's
+ * reader breaks (its engine stops answering, see the reader), every step
+ * and prefill in progress fails at once with -EIO (histories unchanged,
+ * their buffers no longer written), every later begin is refused with
+ * -EIO, and engram_pool_stats_get reports io.broken = 1: close the
+ * sessions and the pool and open another.  Closing does not wait for the
+ * dead engine's reads (their memory is kept, as for the reader).
+ *
+ * Opens the pool (its reader, the I/O thread).  Memory: the reader's
  * (ENGRAM_READER_MAX_BYTES + its cache) + 4 rounds of ENGRAM_ROUND_TOKENS
  * tokens' requests (about 800 KiB) + a 256 KiB stack.  The model must
  * outlive the pool.  Errors as engram_reader_open, -EAGAIN (thread). */
@@ -594,8 +603,9 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
 void engram_pool_close(engram_pool *p);
 
 typedef struct engram_pool_stats {
-    engram_io_stats io;          /* the reader's: rows_requested counts every
-                                    request, rows_read the distinct rows read */
+    engram_io_stats io;          /* the reader's facts at open and broken;
+                                    rows_requested counts every request,
+                                    rows_read the distinct rows read       */
     uint64_t steps;              /* steps begun                              */
     uint64_t rounds;             /* rounds of merged step reads              */
     uint64_t step_rows_requested, step_rows_read; /* of steps: requested vs distinct reads */

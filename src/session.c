@@ -227,6 +227,81 @@ static void fail_everything(engram_pool *p, int rc, const char *what)
     }
 }
 
+/* Fails a session's step with the broken pool's error.  Under s->mu. */
+static void step_fail_dead(engram_session *s, const engram_error *e)
+{
+    for (int t = 0; t < ENGRAM_TABLES; t++)
+        if (s->remaining[t] > 0) {
+            if (s->err.code == 0)
+                s->err = *e;
+            if (s->rc[t] == 0)
+                s->rc[t] = -EIO;
+            s->remaining[t] = 0;
+        }
+    pthread_cond_broadcast(&s->cv);
+}
+
+/* The reader is broken: its engine stopped answering with reads in flight,
+ * and they will never be collected.  Every step queued or in a round and
+ * every prefill fails at once with the pool's error, and their owners may
+ * reuse or free their buffers: nothing can be delivered into them any more
+ * (their jobs have failed, so a late completion would only be collected,
+ * and a broken reader is never reaped again: this thread stops calling it,
+ * and its close keeps its memory without reaping).  The jobs' own structs
+ * may then go (a prefill's is freed by its owner); the slots that still
+ * name them are never looked at again. */
+static void pool_dead(engram_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    engram_error e = p->broken_err;
+    for (engram_session *s = p->q_head; s; s = s->qnext) {
+        pthread_mutex_lock(&s->mu);
+        s->queued = 0;
+        step_fail_dead(s, &e);
+        pthread_mutex_unlock(&s->mu);
+    }
+    p->q_head = p->q_tail = NULL;
+    engram_prefill *list = p->pf_head;
+    p->pf_head = NULL;
+    pthread_mutex_unlock(&p->mu);
+    for (int ri = 0; ri < ROUNDS; ri++) {
+        struct round *rd = &p->rounds[ri];
+        if (!rd->active)
+            continue;
+        for (unsigned k = 0; k < rd->n_entries; k++) {
+            engram_session *s = rd->e[k].s;
+            pthread_mutex_lock(&s->mu);
+            if (s->gen == rd->e[k].gen)
+                step_fail_dead(s, &e);
+            s->refs--;
+            pthread_cond_broadcast(&s->cv);
+            pthread_mutex_unlock(&s->mu);
+        }
+        rd->active = 0;
+    }
+    for (engram_prefill *pf = list, *next; pf; pf = next) {
+        next = pf->next_pf;
+        pf->active[0] = pf->active[1] = 0;
+        /* the last touch: the consumer may free it as soon as it sees this */
+        pthread_mutex_lock(&pf->mu);
+        if (pf->rc == 0) {
+            pf->rc = -EIO;
+            pf->err = e;
+        }
+        pf->detached = 1;
+        pthread_cond_broadcast(&pf->cv);
+        pthread_mutex_unlock(&pf->mu);
+    }
+}
+
+static int pool_is_broken(engram_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    int b = p->broken;
+    pthread_mutex_unlock(&p->mu);
+    return b;
+}
+
 static void *io_main(void *arg)
 {
     engram_pool *p = arg;
@@ -236,6 +311,15 @@ static void *io_main(void *arg)
         if (p->stop) {
             pthread_mutex_unlock(&p->mu);
             break;
+        }
+        if (p->broken) {
+            /* Dead: fail whatever arrives (a step or prefill may have passed
+             * its check just before the reader broke) until the pool closes. */
+            if (!p->q_head && !p->pf_head)
+                pthread_cond_wait(&p->cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+            pool_dead(p);
+            continue;
         }
         p->work = 0;
         intake(p);
@@ -251,6 +335,10 @@ static void *io_main(void *arg)
         int rc = reader_push_jobs(r);
         if (rc < 0)
             fail_everything(p, rc, "submit");
+        if (pool_is_broken(p)) {
+            pool_dead(p);
+            continue;
+        }
         finish_rounds(p);
 
         if (reader_reaping(r) > 0) {
@@ -260,6 +348,10 @@ static void *io_main(void *arg)
             int n = reader_pump(r, w ? 0 : 1); /* wake() ends the wait early */
             if (n < 0)
                 fail_everything(p, n, "reap");
+            if (pool_is_broken(p)) {
+                pool_dead(p);
+                continue;
+            }
             finish_rounds(p);
         } else if (reader_in_flight(r) > 0) {
             struct timespec ts = {0, 50000}; /* reads the engine refused for now */
@@ -283,9 +375,12 @@ static void *io_main(void *arg)
             pthread_mutex_unlock(&p->mu);
         }
     }
-    /* closing: nothing may stay in flight */
-    reader_drain_all(r, 1);
-    finish_rounds(p);
+    /* closing: nothing may stay in flight (a broken reader's reads will
+     * never come back: its close keeps its memory instead) */
+    if (!pool_is_broken(p)) {
+        reader_drain_all(r, 1);
+        finish_rounds(p);
+    }
     return NULL;
 }
 
@@ -352,10 +447,12 @@ void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st)
     st->prefill_chunks = p->pf_chunks;
     st->prefill_rows_requested = p->pf_requested;
     st->prefill_rows_read = p->pf_read;
+    int broken = p->broken;
     pthread_mutex_unlock(&p->mu);
     /* the reader's counters belong to the I/O thread: only its fixed facts,
-     * taken at open, are reported */
+     * taken at open, are reported, and whether it is broken */
     st->io = p->io0;
+    st->io.broken = broken;
     st->io.rows_requested = st->step_rows_requested + st->prefill_rows_requested;
     st->io.rows_read = st->step_rows_read + st->prefill_rows_read;
 }

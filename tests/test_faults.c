@@ -960,6 +960,75 @@ static void session_faults(engram_model *m)
     }
 }
 
+/* A pool whose engine dies for good (every reap fails): the step that hit
+ * it and a prefill in progress fail with -EIO and their histories stay; the pool reports itself broken
+ * and refuses every later step, batch and prefill with -EIO, histories
+ * unchanged; closing the sessions and the pool neither hangs nor frees what
+ * the kernel may still write to. */
+static void pool_dies(engram_model *m)
+{
+    for (int e = 0; e < 3; e++) {
+        fe_reset();
+        engram_pool *p = fault_pool(m, e);
+        engram_session *s = NULL, *t = NULL;
+        engram_error err;
+        if (!p || engram_session_open(p, &s, &err) < 0 || engram_session_open(p, &t, &err) < 0) {
+            CHECK(0);
+            engram_session_close(s);
+            engram_pool_close(p);
+            continue;
+        }
+        static uint16_t out[2][48 * 256];
+        uint32_t tok[2] = {5, 6};
+        CHECK_EQ(session_step(s, tok[0], out[0], &err), 0);
+        engram_history hs, ht, h;
+        engram_session_history(s, &hs);
+        engram_session_history(t, &ht);
+        /* t: a prefill of 3 chunks through a ring of 1, so chunks 1 and 2
+         * cannot have been read when the engine dies */
+        static uint32_t ptok[120];
+        for (unsigned i = 0; i < 120; i++)
+            ptok[i] = (i * 37 + 11) % 3000;
+        engram_prefill_opts po = {.chunk_tokens = 40, .ring_chunks = 1, .dtype = ENGRAM_BF16};
+        engram_prefill *tpf = NULL;
+        CHECK_EQ(engram_prefill_begin(t, ptok, NULL, 120, &po, &tpf, &err), 0);
+        fe_arm(FE_REAP, 1, -EIO, -1);
+        CHECK_EQ(session_step(s, tok[1], out[0], &err), -EIO);
+        if (tpf) {
+            const void *rows;
+            int rc0 = engram_prefill_wait(tpf, 0, 0, &rows, NULL, NULL, &err);
+            CHECK(rc0 == 0 || rc0 == -EIO);
+            if (rc0 == 0) {
+                engram_prefill_release(tpf, 0, 0);
+                CHECK_EQ(engram_prefill_wait(tpf, 0, 1, &rows, NULL, NULL, &err), -EIO);
+            }
+            CHECK_EQ(engram_prefill_end(tpf, &err), -EIO);
+        }
+        engram_pool_stats st;
+        engram_pool_stats_get(p, &st);
+        CHECK_EQ(st.io.broken, 1);
+        int rc = engram_step_begin(s, tok, NULL, 1, ENGRAM_BF16, out[0], &err);
+        CHECK_ERR(rc, err, -EIO, "");
+        engram_session *ss[2] = {s, t};
+        void *outs[2] = {out[0], out[1]};
+        CHECK_EQ(engram_step_begin_batch(ss, tok, NULL, 2, ENGRAM_BF16, outs, &err), -EIO);
+        engram_prefill *pf = NULL;
+        CHECK_EQ(engram_prefill_begin(t, tok, NULL, 2, NULL, &pf, &err), -EIO);
+        CHECK(pf == NULL);
+        engram_session_history(s, &h);
+        CHECK(memcmp(&h, &hs, sizeof h) == 0);
+        engram_session_history(t, &h);
+        CHECK(memcmp(&h, &ht, sizeof h) == 0);
+        engram_session_close(s);
+        engram_session_close(t);
+        engram_pool_close(p);
+        CHECK_EQ(fe.destroyed, 0); /* the dead engine's buffers are kept */
+        fe_disarm();
+        printf("pool dies, %-8s: the step and the prefill in flight -EIO, then step, batch and prefill refused "
+               "with -EIO, histories unchanged\n", engine_names[e]);
+    }
+}
+
 /* Prefills under faults at positions spread over their reads: either every
  * chunk is exact and the history moves on, or a wait and the end report
  * the error and the history stays; the next prefill is exact. */
@@ -1221,6 +1290,7 @@ int main(void)
     SCENARIO("set-up faults", setup_faults(m, rows, w0));
     SCENARIO("faults in session steps", session_faults(m));
     SCENARIO("faults in prefills", prefill_faults(m));
+    SCENARIO("session pool dies", pool_dies(m));
     SCENARIO("set-up: apply and sessions", apply_session_setup_faults());
 
     free(big);

@@ -17,6 +17,8 @@
  *  - cancellation at random points, a file truncated under a running
  *    prefill and a NaN row: errors named, histories unchanged, nothing left
  *    (LeakSanitizer, ThreadSanitizer in the suite);
+ *  - every documented refusal (NULL, bad table, busy, mixed pools, a bad
+ *    token in a batch) returns its error and changes nothing;
  *  - a session's own memory is within ENGRAM_SESSION_MAX_BYTES.
  */
 #include <pthread.h>
@@ -632,6 +634,138 @@ static void cancels(void)
     free(tok);
 }
 
+/* ------------------------------------------------ misuse */
+
+/* Every documented refusal of the session API: the error code, and nothing
+ * changed (history, state: a refused begin leaves the session idle, a
+ * refused set_history/restore during a step leaves the history). */
+static void misuse(void)
+{
+    engram_pool *p = pool_open(0, 0), *q = pool_open(1, 0);
+    if (!p || !q) {
+        engram_pool_close(p);
+        engram_pool_close(q);
+        return;
+    }
+    engram_error err;
+    engram_pool *np = NULL;
+    engram_session *s = NULL, *t = NULL, *u = NULL, *ns = NULL;
+    CHECK_EQ(engram_pool_open(NULL, NULL, &np, &err), -EINVAL);
+    CHECK_EQ(engram_pool_open(model, NULL, NULL, &err), -EINVAL);
+    CHECK(np == NULL);
+    CHECK_EQ(engram_session_open(NULL, &ns, &err), -EINVAL);
+    CHECK_EQ(engram_session_open(p, NULL, &err), -EINVAL);
+    CHECK(ns == NULL);
+    CHECK_EQ(engram_session_open(p, &s, &err), 0);
+    CHECK_EQ(engram_session_open(p, &t, &err), 0);
+    CHECK_EQ(engram_session_open(q, &u, &err), 0);
+    if (!s || !t || !u)
+        goto out;
+
+    uint32_t tok[2] = {7, 8}, badtok[2] = {7, engram_model_layout(model)->vocab};
+    static uint16_t o1[TOKB / 2], o2[TOKB / 2], o3[TOKB / 2];
+    engram_history h0, h1 = {{3, 2, 1}}, h;
+    CHECK_EQ(engram_session_restore(s, tok, NULL, 2, &err), 0);
+    engram_session_history(s, &h0);
+    CHECK_EQ(engram_session_set_history(NULL, &h1, &err), -EINVAL);
+    CHECK_EQ(engram_session_set_history(s, NULL, &err), -EINVAL);
+    CHECK_EQ(engram_session_restore(NULL, tok, NULL, 2, &err), -EINVAL);
+    CHECK_EQ(engram_session_restore(s, NULL, NULL, 2, &err), -EINVAL);
+    engram_session_history(s, &h);
+    CHECK(hist_eq(&h, &h0));
+
+    /* no step in progress: wait, poll and commit refuse */
+    for (int tb = -1; tb <= 2; tb++) {
+        CHECK_EQ(engram_step_wait(s, tb, &err), -EINVAL);
+        CHECK_EQ(engram_step_poll(s, tb, &err), -EINVAL);
+    }
+    CHECK_EQ(engram_step_wait(NULL, 0, &err), -EINVAL);
+    CHECK_EQ(engram_step_poll(NULL, 0, &err), -EINVAL);
+    CHECK_EQ(engram_step_commit(s, 0, &err), -EINVAL);
+    CHECK_EQ(engram_step_commit(NULL, 0, &err), -EINVAL);
+
+    /* batch: refused as a whole, nothing begun */
+    engram_session *ss[3] = {s, t, u};
+    void *outs[3] = {o1, o2, o3};
+    CHECK_EQ(engram_step_begin_batch(NULL, tok, NULL, 2, ENGRAM_BF16, outs, &err), -EINVAL);
+    CHECK_EQ(engram_step_begin_batch(ss, NULL, NULL, 2, ENGRAM_BF16, outs, &err), -EINVAL);
+    CHECK_EQ(engram_step_begin_batch(ss, tok, NULL, 2, ENGRAM_BF16, NULL, &err), -EINVAL);
+    CHECK_EQ(engram_step_begin_batch(ss, tok, NULL, 2, (engram_dtype)99, outs, &err), -EINVAL);
+    uint32_t tok3[3] = {7, 8, 9};
+    CHECK_EQ(engram_step_begin_batch(ss, tok3, NULL, 3, ENGRAM_BF16, outs, &err), -EINVAL); /* u: another pool */
+    CHECK(strstr(err.msg, "session 2") != NULL);
+    engram_session *sn[2] = {s, NULL}, *sd[2] = {s, s};
+    CHECK_EQ(engram_step_begin_batch(sn, tok, NULL, 2, ENGRAM_BF16, outs, &err), -EINVAL);
+    CHECK(strstr(err.msg, "session 1") != NULL);
+    CHECK_EQ(engram_step_begin_batch(sd, tok, NULL, 2, ENGRAM_BF16, outs, &err), -EINVAL);
+    void *outn[2] = {o1, NULL};
+    CHECK_EQ(engram_step_begin_batch(ss, tok, NULL, 2, ENGRAM_BF16, outn, &err), -EINVAL);
+    CHECK_EQ(engram_step_begin_batch(ss, badtok, NULL, 2, ENGRAM_BF16, outs, &err), -EINVAL);
+    CHECK(strstr(err.msg, "token 1") != NULL);
+    for (int i = 0; i < 2; i++) /* still idle: nothing to wait for */
+        CHECK_EQ(engram_step_wait(ss[i], 0, &err), -EINVAL);
+    engram_session_history(s, &h);
+    CHECK(hist_eq(&h, &h0));
+
+    /* during a step: every state change refused, history kept */
+    CHECK_EQ(engram_step_begin(s, tok, NULL, 1, ENGRAM_BF16, o1, &err), 0);
+    CHECK_EQ(engram_step_begin(s, tok, NULL, 1, ENGRAM_BF16, o1, &err), -EBUSY);
+    CHECK_EQ(engram_step_begin_batch(ss, tok, NULL, 2, ENGRAM_BF16, outs, &err), -EBUSY);
+    CHECK_EQ(engram_step_wait(t, 0, &err), -EINVAL); /* t was not begun by it */
+    CHECK_EQ(engram_session_set_history(s, &h1, &err), -EBUSY);
+    CHECK_EQ(engram_session_restore(s, tok3, NULL, 3, &err), -EBUSY);
+    CHECK_EQ(engram_step_commit(s, 2, &err), -EINVAL); /* j > k */
+    CHECK_EQ(engram_step_wait(s, 0, &err), 0);
+    CHECK_EQ(engram_step_wait(s, 1, &err), 0);
+    engram_step_abort(s);
+    engram_session_history(s, &h);
+    CHECK(hist_eq(&h, &h0));
+    CHECK_EQ(engram_step_begin_batch(ss, tok, NULL, 2, ENGRAM_BF16, outs, &err), 0); /* usable */
+
+    /* prefill: refused arguments, and refused while a step is in progress */
+    engram_prefill *pf = NULL;
+    engram_prefill_opts po = {.chunk_tokens = 2, .ring_chunks = 1, .dtype = ENGRAM_BF16};
+    CHECK_EQ(engram_prefill_begin(s, tok3, NULL, 3, &po, &pf, &err), -EBUSY); /* s: in a step */
+    CHECK_EQ(engram_step_commit(s, 1, &err), 0);
+    CHECK_EQ(engram_step_commit(t, 1, &err), 0);
+    engram_session_history(s, &h0);
+    CHECK_EQ(engram_prefill_begin(NULL, tok3, NULL, 3, &po, &pf, &err), -EINVAL);
+    CHECK_EQ(engram_prefill_begin(s, tok3, NULL, 3, &po, NULL, &err), -EINVAL);
+    CHECK_EQ(engram_prefill_begin(s, NULL, NULL, 3, &po, &pf, &err), -EINVAL);
+    CHECK_EQ(engram_prefill_begin(s, badtok, NULL, 2, &po, &pf, &err), -EINVAL);
+    CHECK(pf == NULL);
+    CHECK_EQ(engram_prefill_end(NULL, &err), -EINVAL);
+    CHECK_EQ(engram_prefill_wait(NULL, 0, 0, NULL, NULL, NULL, &err), -EINVAL);
+    CHECK_EQ(engram_prefill_begin(s, tok3, NULL, 3, &po, &pf, &err), 0);
+    if (pf) {
+        /* while it runs: the session refuses steps, restores and a second prefill */
+        engram_prefill *pf2 = NULL;
+        CHECK_EQ(engram_prefill_begin(s, tok3, NULL, 3, &po, &pf2, &err), -EBUSY);
+        CHECK_EQ(engram_step_begin(s, tok, NULL, 1, ENGRAM_BF16, o1, &err), -EBUSY);
+        CHECK_EQ(engram_session_restore(s, tok3, NULL, 3, &err), -EBUSY);
+        const void *rows = NULL;
+        CHECK_EQ(engram_prefill_chunks(pf), 2);
+        CHECK_EQ(engram_prefill_wait(pf, -1, 0, &rows, NULL, NULL, &err), -EINVAL);
+        CHECK_EQ(engram_prefill_wait(pf, 2, 0, &rows, NULL, NULL, &err), -EINVAL);
+        CHECK_EQ(engram_prefill_wait(pf, 0, 2, &rows, NULL, NULL, &err), -EINVAL);
+        CHECK(rows == NULL);
+        engram_session_history(s, &h);
+        CHECK(hist_eq(&h, &h0));
+        for (size_t c = 0; c < 2; c++)
+            for (int tb = 0; tb < 2; tb++) {
+                CHECK_EQ(engram_prefill_wait(pf, tb, c, &rows, NULL, NULL, &err), 0);
+                engram_prefill_release(pf, tb, c);
+            }
+        CHECK_EQ(engram_prefill_end(pf, &err), 0);
+    }
+out:
+    engram_session_close(s);
+    engram_session_close(t);
+    engram_session_close(u);
+    engram_pool_close(p);
+    engram_pool_close(q);
+}
+
 static void memory(void)
 {
     printf("a session holds %zu bytes (limit %u)\n", sizeof(struct engram_session),
@@ -658,6 +792,7 @@ int main(void)
         threads(e);
     }
     restore();
+    misuse();
     cancels();
     failures();
     engram_model_close(model);
