@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../programs/cli.h"
 #include "testutil.h"
@@ -161,6 +163,18 @@ static void npy_headers(void)
     memcpy(eleven, "\x93NUMPY\x02\x00\x10\x00\x00", 11);
     CHECK_EQ(npy_parse(eleven, 11, 11, &ni), -EBADMSG);
     free(eleven);
+    /* the same 11 bytes at the end of a page followed by an inaccessible
+     * one: an overread is a crash in every build, not only under ASan */
+    long pg = sysconf(_SC_PAGESIZE);
+    uint8_t *pages = mmap(NULL, 2 * (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(pages != MAP_FAILED);
+    if (pages != MAP_FAILED) {
+        CHECK_EQ(mprotect(pages + pg, (size_t)pg, PROT_NONE), 0);
+        uint8_t *at = pages + pg - 11;
+        memcpy(at, "\x93NUMPY\x02\x00\x10\x00\x00", 11);
+        CHECK_EQ(npy_parse(at, 11, 11, &ni), -EBADMSG);
+        munmap(pages, 2 * (size_t)pg);
+    }
     n = npy(b, 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", 16);
     CHECK_EQ(npy_parse(b, n, n, &ni), -ENOTSUP);
     n = npy(b, 1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 256), }", 2048);

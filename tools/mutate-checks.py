@@ -8,10 +8,14 @@ if the input were fine), the named build target is rebuilt and the test
 command run.  A mutant the tests do not catch is a survivor, printed with
 its line.  Outside the suite (each mutant is a rebuild):
 
-  tools/mutate-checks.py FILE FUNC[,FUNC...] TARGET -- TEST COMMAND...
+  tools/mutate-checks.py FILE FUNC[,FUNC...] TARGET[,TARGET...] -- TEST COMMAND...
+
+A test command that runs past MUT_TIMEOUT seconds (default 60) counts as
+caught (the mutant hangs it) and is reported as such.
   e.g. tools/mutate-checks.py programs/cli.c parse_numbers,parse_history,npy_parse \\
        build/tests/test_parsers -- build/tests/test_parsers
 """
+import os
 import re
 import subprocess
 import sys
@@ -41,30 +45,33 @@ def main():
     src = open(path).read()
     lines = src.split('\n')
     sites = [i for s, e in functions(lines, names) for i in range(s, e) if CHECK.match(lines[i])]
-    killed, survivors = 0, []
+    killed, hung, survivors = 0, 0, []
+    targets = target.split(',')
+    limit = int(os.environ.get('MUT_TIMEOUT', '60'))
     try:
         for i in sites:
             m = CHECK.match(lines[i])
             mutant = lines[:i] + [m.group(1) + ';'] + lines[i + 1:]
             open(path, 'w').write('\n'.join(mutant))
-            b = subprocess.run(['make', '-s', target], capture_output=True)
+            b = subprocess.run(['make', '-s'] + targets, capture_output=True)
             if b.returncode != 0:
                 killed += 1  # does not even build (e.g. an unused label): not a survivor
                 continue
             try:
-                t = subprocess.run(test, capture_output=True, timeout=60)
+                t = subprocess.run(test, capture_output=True, timeout=limit)
                 caught = t.returncode != 0
             except subprocess.TimeoutExpired:
                 caught = True  # the mutant hangs the test: caught
+                hung += 1
             if caught:
                 killed += 1
             else:
                 survivors.append((i + 1, lines[i].strip()))
     finally:
         open(path, 'w').write(src)
-        subprocess.run(['make', '-s', target], capture_output=True)
-    print('%s (%s): %d error checks dropped one at a time, %d caught by a test, %d survived'
-          % (path, ','.join(sorted(names)), len(sites), killed, len(survivors)))
+        subprocess.run(['make', '-s'] + targets, capture_output=True)
+    print('%s (%s): %d error checks dropped one at a time, %d caught by a test (%d of them by hanging it past %d s), %d survived'
+          % (path, ','.join(sorted(names)), len(sites), killed, hung, limit, len(survivors)))
     for n, l in survivors:
         print('  survived: line %d: %s' % (n, l))
     return 1 if survivors else 0
