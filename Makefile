@@ -156,7 +156,7 @@ $(BUILD)/tests/%: tests/%.c tests/testutil.h $(LIBS)
 # its system and library calls are routed through the wrappers in
 # tests/test_faults.c and tests/fault_engine.h.
 FAULT_WRAP = -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,--wrap=open,--wrap=statx \
-  -Wl,--wrap=malloc,--wrap=calloc,--wrap=posix_memalign,--wrap=pthread_create \
+  -Wl,--wrap=malloc,--wrap=calloc,--wrap=posix_memalign,--wrap=pthread_create,--wrap=mmap \
   -Wl,--wrap=io_uring_queue_init_params,--wrap=io_uring_register_files,--wrap=io_uring_register_buffers
 $(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)

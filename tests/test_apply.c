@@ -434,6 +434,12 @@ static void errors(struct fixture *f)
     memset(kv, 0x55, n * f->N * 4);
     CHECK_ERR(engram_project(a, rows, ENGRAM_BF16, n, kv, &err), err, -EDOM, "token 6");
     CHECK(((uint8_t *)kv)[0] == 0x55 && ((uint8_t *)kv)[n * f->N * 4 - 1] == 0x55);
+    /* projection's own argument checks: nothing written */
+    CHECK_ERR(engram_project(NULL, rows, ENGRAM_BF16, n, kv, &err), err, -EINVAL, "NULL");
+    CHECK_ERR(engram_project(a, NULL, ENGRAM_BF16, n, kv, &err), err, -EINVAL, "NULL");
+    CHECK_ERR(engram_project(a, rows, ENGRAM_BF16, n, NULL, &err), err, -EINVAL, "NULL");
+    CHECK_ERR(engram_project(a, rows, (engram_dtype)7, n, kv, &err), err, -EINVAL, "type");
+    CHECK(((uint8_t *)kv)[0] == 0x55 && ((uint8_t *)kv)[n * f->N * 4 - 1] == 0x55);
     rows[6 * K + 300] = keep;
     /* Overflow in the computation (rows of ~1e36 make kv infinite): -EDOM
      * naming the token; earlier tokens updated exactly, it and later ones
@@ -461,8 +467,14 @@ static void errors(struct fixture *f)
     CHECK_ERR(engram_applier_new(f->L, &o, &bad, &err), err, -EINVAL, "threads");
     CHECK(bad == (engram_applier *)0x1);
     CHECK_ERR(engram_applier_new(NULL, NULL, &bad, &err), err, -EINVAL, "NULL");
+    CHECK_ERR(engram_applier_new(f->L, NULL, NULL, &err), err, -EINVAL, "NULL");
+    o = (engram_apply_opts){.block_tokens = 65537};
+    CHECK_ERR(engram_applier_new(f->L, &o, &bad, &err), err, -EINVAL, "block of 65537 tokens");
+    CHECK(bad == (engram_applier *)0x1);
     engram_layer *L = (engram_layer *)0x1;
     CHECK_ERR(engram_layer_open(f->m, 2, &L, &err), err, -EINVAL, "table 2");
+    CHECK_ERR(engram_layer_open(NULL, 0, &L, &err), err, -EINVAL, "NULL");
+    CHECK_ERR(engram_layer_open(f->m, 0, NULL, &err), err, -EINVAL, "NULL");
     CHECK(L == (engram_layer *)0x1);
     engram_applier_free(NULL);
     engram_layer_close(NULL);

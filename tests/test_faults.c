@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <sys/stat.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -75,7 +76,7 @@ int __wrap_statx(int dirfd, const char *path, int flags, unsigned mask, struct s
 }
 
 /* Allocation failures for library code: calls from the library's objects
- * to malloc/calloc/posix_memalign are routed here (--wrap); the N-th one
+ * to malloc/calloc/posix_memalign and anonymous mmap are routed here (--wrap); the N-th one
  * fails while armed.  Works under sanitizers too. */
 struct lib_alloc_plan {
     long calls, fail_at;  /* fail_at 0: never */
@@ -101,6 +102,18 @@ void *__wrap_calloc(size_t a, size_t b) { return lib_alloc_fails() ? NULL : __re
 int __wrap_posix_memalign(void **p, size_t a, size_t n)
 {
     return lib_alloc_fails() ? ENOMEM : __real_posix_memalign(p, a, n);
+}
+
+/* Anonymous mappings (the layer's weights) count as allocations too. */
+void *__real_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    if ((flags & MAP_ANONYMOUS) && lib_alloc_fails()) {
+        errno = ENOMEM;
+        return MAP_FAILED;
+    }
+    return __real_mmap(addr, len, prot, flags, fd, off);
 }
 
 /* liburing set-up calls and thread creation, failed on demand. */
