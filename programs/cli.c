@@ -4,6 +4,7 @@
  * bar.  Only the public API of the libraries is used.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -339,6 +340,30 @@ int fout_open(struct fout *o, const char *path)
 }
 
 /* Closes; renames into place if ok, else removes.  0 or an exit code. */
+/* After a rename: the directory entry on disk too, so that the new name
+ * survives a power cut (best effort: some filesystems refuse fsync on a
+ * directory, and the output is complete under its name either way). */
+static void sync_dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    size_t n = slash ? (size_t)(slash - path) : 0;
+    if (!slash)
+        strcpy(dir, ".");
+    else if (n == 0)
+        strcpy(dir, "/");
+    else if (n < sizeof dir) {
+        memcpy(dir, path, n);
+        dir[n] = 0;
+    } else
+        return;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
 int fout_close(struct fout *o, int ok)
 {
     /* on disk before it is renamed into place: a crash leaves the old file
@@ -353,7 +378,9 @@ int fout_close(struct fout *o, int ok)
         fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->path, strerror(errno));
         ok = 0;
     }
-    if (!ok)
+    if (ok)
+        sync_dir_of(o->path);
+    else
         unlink(o->tmp);
     free(o->tmp);
     return ok ? 0 : EXIT_SYSTEM;

@@ -180,6 +180,30 @@ static int add_metadata(gguf_writer *w, const engram_layout *l)
     return rc ? -ENOMEM : 0;
 }
 
+/* After a rename: the directory entry on disk too, so that the new name
+ * survives a power cut (best effort: some filesystems refuse fsync on a
+ * directory, and the output is complete under its name either way). */
+static void sync_dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    size_t n = slash ? (size_t)(slash - path) : 0;
+    if (!slash)
+        strcpy(dir, ".");
+    else if (n == 0)
+        strcpy(dir, "/");
+    else if (n < sizeof dir) {
+        memcpy(dir, path, n);
+        dir[n] = 0;
+    } else
+        return;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
 int engram_build_model(const char *path, const engram_build_opts *o, engram_error *err)
 {
     if (!path || !o)
@@ -255,6 +279,8 @@ int engram_build_model(const char *path, const engram_build_opts *o, engram_erro
             rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot rename to '%s'", path);
         if (rc < 0)
             unlink(tmp);
+        else
+            sync_dir_of(path);
     }
     free(tmp);
     gguf_writer_free(w);
