@@ -55,6 +55,8 @@ build "gcc -O2" && {
     for t in model tokmap cli residual; do
         ls "tests/fuzz/regressions/$t" 2>/dev/null | grep -q . &&
             run "fuzz_$t replay of its regressions" build/tests/fuzz_${t}_replay tests/fuzz/regressions/$t/*
+        ls "tests/fuzz/corpus/$t" 2>/dev/null | grep -q . &&
+            run "fuzz_$t replay of its campaign corpus" build/tests/fuzz_${t}_replay tests/fuzz/corpus/$t/*
     done
     if [ -x build/cuda/test_cuda ]; then  # built when nvcc is present
         run "test_cuda (GPU checks, or the no-GPU report)" build/cuda/test_cuda
@@ -73,6 +75,8 @@ build "asan+ubsan" SANITIZE=address,undefined && {
     for t in model tokmap cli residual; do
         ls "tests/fuzz/regressions/$t" 2>/dev/null | grep -q . &&
             run "asan+ubsan: fuzz_$t regressions" build-san-address,undefined/tests/fuzz_${t}_replay tests/fuzz/regressions/$t/*
+        ls "tests/fuzz/corpus/$t" 2>/dev/null | grep -q . &&
+            run "asan+ubsan: fuzz_$t campaign corpus" build-san-address,undefined/tests/fuzz_${t}_replay tests/fuzz/corpus/$t/*
     done
 }
 build "tsan" SANITIZE=thread && {
