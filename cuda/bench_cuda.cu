@@ -8,7 +8,9 @@
  *  - prefill: the projection of 2048 tokens (rows decoded to F16 x 2^-k,
  *    exact; cuBLAS F16 GEMM) and the whole apply, vs cuBLAS's F16 GEMM on
  *    the same shapes (the speed floor; target <= 1.5x); and the apply with
- *    ENGRAM_CUDA_FMA_ONLY (CUDA cores).
+ *    ENGRAM_CUDA_FMA_ONLY (CUDA cores);
+ *  - staging: a prefill chunk of raw rows copied to the GPU from pageable
+ *    and from page-locked memory (engram_cuda_host_hooks).
  *   bench_cuda [MODEL]   (default: writes /tmp/engram-bench/cuda-5120.gguf)
  */
 #include <cublas_v2.h>
@@ -26,6 +28,13 @@
             exit(1);                                                                         \
         }                                                                                    \
     } while (0)
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static int cmpf(const void *a, const void *b)
 {
@@ -227,6 +236,50 @@ int main(int argc, char **argv)
            n / (fma * 1e-3), fma / blas);
     a.flags = 0;
     CU(cudaStreamSynchronize(st));
+
+    /* staging: one prefill chunk of raw rows (2048 tokens x 24 x 264 B) to
+     * the GPU from pageable memory and from memory page-locked by
+     * engram_cuda_host_hooks (as the pool's buffers and rings are): the
+     * copy's time on the stream, and the host's time inside the call (what
+     * the host cannot spend on the next chunk's reads). */
+    {
+        size_t cbytes = (size_t)n * 24 * 264;
+        uint8_t *pg = (uint8_t *)aligned_alloc(4096, cbytes), *pl = (uint8_t *)aligned_alloc(4096, cbytes);
+        memset(pg, 1, cbytes);
+        memset(pl, 1, cbytes);
+        engram_host_hooks hh;
+        engram_cuda_host_hooks(&hh);
+        if (hh.reg(hh.ctx, pl, cbytes) != 0) {
+            fprintf(stderr, "cudaHostRegister refused\n");
+            return 1;
+        }
+        uint8_t *d_c;
+        CU(cudaMalloc(&d_c, cbytes));
+        printf("\nstaging: one prefill chunk of raw rows, %.1f MB, host to GPU on the stream\n", cbytes / 1e6);
+        const char *what[2] = {"pageable", "page-locked (engram_cuda_host_hooks)"};
+        for (int q = 0; q < 2; q++) {
+            uint8_t *src = q ? pl : pg;
+            float ms = timed(st, 20, [&] { cudaMemcpyAsync(d_c, src, cbytes, cudaMemcpyHostToDevice, st); });
+            double host_us[20];
+            for (int i = 0; i < 20; i++) {
+                CU(cudaStreamSynchronize(st));
+                uint64_t t0 = now_ns();
+                CU(cudaMemcpyAsync(d_c, src, cbytes, cudaMemcpyHostToDevice, st));
+                host_us[i] = (double)(now_ns() - t0) / 1e3;
+            }
+            CU(cudaStreamSynchronize(st));
+            qsort(host_us, 20, sizeof host_us[0], [](const void *x, const void *y) {
+                double u = *(const double *)x, v = *(const double *)y;
+                return u < v ? -1 : u > v;
+            });
+            printf("  %-38s copy %7.3f ms = %5.1f GB/s; host blocked in the call %8.1f us (median)\n",
+                   what[q], ms, cbytes / (ms * 1e-3) / 1e9, host_us[10]);
+        }
+        hh.unreg(hh.ctx, pl, cbytes);
+        CU(cudaFree(d_c));
+        free(pg);
+        free(pl);
+    }
     printf("\nlayer memory on the device: %.1f MB\n", engram_cuda_layer_bytes(c) / 1e6);
     cublasDestroy(h);
     engram_cuda_layer_close(c);

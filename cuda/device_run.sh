@@ -20,7 +20,7 @@ echo "== test_cuda"
 echo "== bench_cuda"
 "$BIN/bench_cuda" > "$OUT/bench_cuda.txt" 2>&1; echo "bench_cuda rc=$?"; cat "$OUT/bench_cuda.txt"
 echo "== test_apply.sh on the GPU"
-mkdir -p /tmp/b && cp "$BIN/engram" /tmp/b/
+mkdir -p /tmp/b && cp "$BIN/engram" "$BIN/engram-cuda.so" /tmp/b/
 for dev in cuda-fma cuda; do
     ENGRAM_DEVICE=$dev PY=python3 sh tests/test_apply.sh /tmp/b > "$OUT/test_apply_$dev.txt" 2>&1
     echo "test_apply.sh ($dev) rc=$?"

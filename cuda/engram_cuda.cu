@@ -99,6 +99,31 @@ extern "C" int engram_cuda_available(char *why, size_t why_len)
     return 1;
 }
 
+static int host_reg(void *ctx, void *p, size_t len)
+{
+    (void)ctx;
+    if (cudaHostRegister(p, len, cudaHostRegisterDefault) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the buffer is used pageable */
+        return -1;
+    }
+    return 0;
+}
+
+static void host_unreg(void *ctx, void *p, size_t len)
+{
+    (void)ctx;
+    (void)len;
+    if (cudaHostUnregister(p) != cudaSuccess)
+        cudaGetLastError();
+}
+
+extern "C" void engram_cuda_host_hooks(engram_host_hooks *h)
+{
+    h->reg = host_reg;
+    h->unreg = host_unreg;
+    h->ctx = NULL;
+}
+
 /* ------------------------------------------------------------ device helpers */
 
 /* One value of a row (SPEC section 7), rounded to BF16 as F32.  Rows were

@@ -16,7 +16,11 @@
  *  - the decode path is batch-invariant: a token's output is the same bits
  *    alone and among 8;
  *  - a captured CUDA graph with a device-side step index replays four
- *    steps to the same bits as direct calls.
+ *    steps to the same bits as direct calls;
+ *  - staging: a pool with engram_cuda_host_hooks has its reader's buffers
+ *    and prefill rings page-locked, rows from them copied asynchronously
+ *    give the same GPU output as from a pageable copy (without a GPU: the
+ *    driver refuses every registration and nothing fails).
  * Every CUDA call is checked.
  */
 #include <cuda_runtime.h>
@@ -450,6 +454,151 @@ static void invariance_and_graph(fx *f)
     free(xgph);
 }
 
+/* Staging: a pool opened with engram_cuda_host_hooks page-locks its
+ * reader's buffers and the rings its prefills allocate; rows taken from a
+ * ring are those of the model (bit for bit) and copied asynchronously on a
+ * stream; the GPU's output from them equals that from a pageable copy.
+ * gpu = 0 (CI): the driver refuses every registration and nothing fails. */
+static void staging(engram_model *m, fx *f, int gpu)
+{
+    engram_pool_opts po;
+    memset(&po, 0, sizeof po);
+    engram_cuda_host_hooks(&po.reader.host);
+    engram_pool *p = NULL;
+    engram_error err;
+    CHECK_EQ(engram_pool_open(m, &po, &p, &err), 0);
+    if (!p)
+        return;
+    engram_pool_stats ps;
+    engram_pool_stats_get(p, &ps);
+    printf("staging: reader %s, %llu bytes of its buffers page-locked\n", ps.io.engine,
+           (unsigned long long)ps.io.host_registered);
+    if (gpu)
+        CHECK(ps.io.host_registered >= (uint64_t)ps.io.depth * 264);
+    else
+        CHECK_EQ(ps.io.host_registered, 0);
+    engram_session *s;
+    CHECK_EQ(engram_session_open(p, &s, &err), 0);
+    const size_t n = 700;
+    uint32_t *tok = (uint32_t *)malloc(n * 4), *rows = (uint32_t *)malloc(n * 48 * 4),
+             *ids = (uint32_t *)malloc(n * 24 * 4);
+    uint64_t seed = 77;
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (uint32_t)(tu_rand(&seed) % 2999);
+    engram_history h;
+    engram_history_reset(&h);
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(m), &h, tok, NULL, n, rows, NULL), 0);
+    uint8_t *want = (uint8_t *)malloc(n * 2 * 24 * 264);
+    for (int t = 0; t < 2; t++) {
+        for (size_t i = 0; i < n; i++)
+            memcpy(ids + i * 24, rows + i * 48 + t * 24, 24 * 4);
+        CHECK_EQ(engram_model_read_raw(m, t, ids, n * 24, want + (size_t)t * n * 24 * 264, NULL), 0);
+    }
+    engram_prefill_opts o;
+    memset(&o, 0, sizeof o);
+    o.chunk_tokens = 256;
+    o.dtype = ENGRAM_RAW;
+    size_t ring = engram_prefill_ring_bytes(&o);
+    uint8_t *mine = (uint8_t *)aligned_alloc(4096, ring);
+    int mine_pinned = po.reader.host.reg(NULL, mine, ring) == 0;
+    CHECK_EQ(mine_pinned, gpu);
+    size_t per = f ? (size_t)f->S * f->W : 0;
+    uint8_t *d_raw = NULL;
+    float *d_x = NULL, *x0 = NULL, *x1 = NULL, *x2 = NULL;
+    cudaStream_t st = NULL;
+    if (gpu) {
+        CU(cudaStreamCreate(&st));
+        CU(cudaMalloc(&d_raw, 256 * 24 * 264));
+        CU(cudaMalloc(&d_x, 256 * per * 4));
+        x0 = (float *)malloc(256 * per * 4);
+        x1 = (float *)malloc(256 * per * 4);
+        x2 = (float *)malloc(256 * per * 4);
+        for (size_t i = 0; i < 256 * per; i++)
+            x0[i] = (float)((int)(i % 97) - 48) / 16.0f;
+    }
+    for (int own = 0; own < 2; own++) { /* the prefill's ring, then the caller's */
+        if (own) {
+            o.ring_mem = mine;
+            o.ring_bytes = ring;
+        }
+        engram_history h0;
+        engram_history_reset(&h0);
+        CHECK_EQ(engram_session_set_history(s, &h0, &err), 0);
+        engram_prefill *pf;
+        CHECK_EQ(engram_prefill_begin(s, tok, NULL, n, &o, &pf, &err), 0);
+        long bad = 0, locked = 0, chunks = 0, gdiff = 0;
+        for (size_t c = 0; c < engram_prefill_chunks(pf); c++)
+            for (int t = 0; t < 2; t++) {
+                const void *r;
+                size_t first, k;
+                CHECK_EQ(engram_prefill_wait(pf, t, c, &r, &first, &k, &err), 0);
+                bad += memcmp(r, want + ((size_t)t * n + first) * 24 * 264, k * 24 * 264) != 0;
+                cudaPointerAttributes at;
+                if (cudaPointerGetAttributes(&at, r) == cudaSuccess)
+                    locked += at.type == cudaMemoryTypeHost;
+                else
+                    cudaGetLastError();
+                chunks++;
+                if (gpu && t == 1) { /* table 1 is the layer's: ring -> GPU asynchronously */
+                    engram_cuda_args a;
+                    memset(&a, 0, sizeof a);
+                    a.raw = d_raw;
+                    a.resid = d_x;
+                    a.resid_dtype = ENGRAM_F32;
+                    a.n = (unsigned)k;
+                    a.stream = st;
+                    CU(cudaMemcpyAsync(d_raw, r, k * 24 * 264, cudaMemcpyHostToDevice, st));
+                    CU(cudaMemcpyAsync(d_x, x0, k * per * 4, cudaMemcpyHostToDevice, st));
+                    CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+                    CU(cudaMemcpyAsync(x1, d_x, k * per * 4, cudaMemcpyDeviceToHost, st));
+                    CHECK_EQ(engram_cuda_sync(f->c, st, &err), 0);
+                    /* the same rows from pageable memory, synchronously */
+                    uint8_t *pg = (uint8_t *)malloc(k * 24 * 264);
+                    memcpy(pg, want + ((size_t)n + first) * 24 * 264, k * 24 * 264);
+                    CU(cudaMemcpy(d_raw, pg, k * 24 * 264, cudaMemcpyHostToDevice));
+                    CU(cudaMemcpy(d_x, x0, k * per * 4, cudaMemcpyHostToDevice));
+                    a.stream = NULL;
+                    CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+                    CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+                    CU(cudaMemcpy(x2, d_x, k * per * 4, cudaMemcpyDeviceToHost));
+                    gdiff += memcmp(x1, x2, k * per * 4) != 0;
+                    free(pg);
+                }
+                engram_prefill_release(pf, t, c);
+            }
+        CHECK_EQ(engram_prefill_end(pf, &err), 0);
+        printf("staging: %s ring: %ld chunks, %ld in page-locked memory, %ld differ from the model's "
+               "rows, %ld GPU outputs differ from a pageable copy's\n", own ? "the caller's" : "the prefill's",
+               chunks, locked, bad, gdiff);
+        CHECK_EQ(bad, 0);
+        CHECK_EQ(locked, gpu ? chunks : 0);
+        CHECK_EQ(gdiff, 0);
+    }
+    /* the check can tell: pageable memory is not reported page-locked */
+    if (gpu) {
+        void *pg = malloc(1 << 16);
+        cudaPointerAttributes at;
+        CU(cudaPointerGetAttributes(&at, pg));
+        CHECK(at.type != cudaMemoryTypeHost);
+        free(pg);
+        CU(cudaStreamDestroy(st));
+        CU(cudaFree(d_raw));
+        CU(cudaFree(d_x));
+    }
+    if (mine_pinned)
+        po.reader.host.unreg(NULL, mine, ring);
+    engram_session_close(s);
+    engram_pool_close(p);
+    free(mine);
+    free(tok);
+    free(rows);
+    free(ids);
+    free(want);
+    free(x0);
+    free(x1);
+    free(x2);
+}
+
 int main(void)
 {
     char why[200];
@@ -472,6 +621,7 @@ int main(void)
         CHECK_EQ(rc, -ENODEV);
         CHECK(strstr(err.msg, why) != NULL);
         CHECK(c == (engram_cuda_layer *)0x1);
+        staging(m, NULL, 0);
         engram_layer_close(L);
         engram_model_close(m);
         tu_cleanup();
@@ -494,6 +644,8 @@ int main(void)
         projection(&f, w16, ENGRAM_CUDA_FMA_ONLY);
         applies(&f);
         invariance_and_graph(&f);
+        if (q == 0)
+            staging(f.m, &f, 1);
         free(w16);
         engram_cuda_layer_close(f.c);
         engram_applier_free(f.a);

@@ -444,6 +444,25 @@ typedef enum engram_io_engine {
  * depth (<= 256), each with a 64 KiB stack. */
 #define ENGRAM_READER_MAX_BYTES (1u << 20)
 
+/*
+ * Host-memory hooks, for callers that move rows on to an accelerator: reg
+ * is called once for each buffer that reads land in or rows are delivered
+ * into and that the library allocates itself (a reader's I/O buffers at
+ * open, where O_DIRECT reads are written by the device; a prefill's rings
+ * at begin when the caller gives none), before its first use; unreg with
+ * the same pointer and length before it is freed.  For a GPU: page-lock
+ * it (cudaHostRegister; engram_cuda_host_hooks in engram_cuda.h fills
+ * these), so copies from it to the device are asynchronous DMA.  A reg
+ * that returns < 0 is not an error: the buffer is used unregistered (and
+ * unreg is not called for it).  Called from the thread that opens or
+ * begins; the hooks must not call back into the library.
+ */
+typedef struct engram_host_hooks {
+    int (*reg)(void *ctx, void *p, size_t len);
+    void (*unreg)(void *ctx, void *p, size_t len);
+    void *ctx;
+} engram_host_hooks;
+
 typedef struct engram_reader_opts {
     engram_io_engine engine;  /* AUTO honours ENGRAM_IO=uring|threads|buffered */
     unsigned depth;           /* reads in flight (queue depth / threads); 0 = 64 */
@@ -454,6 +473,7 @@ typedef struct engram_reader_opts {
      * Allocated at open, fixed afterwards, owned by the reader, not shared
      * between readers; at least ENGRAM_READER_MIN_CACHE when not 0. */
     uint64_t cache_bytes;
+    engram_host_hooks host;   /* optional (all NULL: none), see above        */
 } engram_reader_opts;
 
 #define ENGRAM_READER_MIN_CACHE (64u << 10)
@@ -481,6 +501,9 @@ typedef struct engram_io_stats {
      * capacity in rows, and rows served from it (counted in rows_requested,
      * not in rows_read). */
     uint64_t cache_bytes, cache_rows, cache_hits;
+    /* Bytes of the reader's I/O buffers that the host hooks registered (0
+     * without hooks, or if reg refused). */
+    uint64_t host_registered;
     /* Decode-step latency (submit to completion of all 48 rows), ns. */
     uint64_t step_p50_ns, step_p99_ns, step_p999_ns, step_max_ns;
 } engram_io_stats;
@@ -673,9 +696,9 @@ void engram_step_get_info(const engram_session *s, engram_step_info *info);
  * a later chunk.  Table 1's reads start table1_delay_ns after the prefill
  * began, or at engram_prefill_start_table1() (its layer signal).  Memory:
  * 2 x ring_chunks x chunk_tokens x 24 rows of dtype (2 x 2 x 2048 x 24 x
- * 512 B = 100 MB by default, BF16) + 2 x chunk_tokens x 24 x 12 bytes of
- * requests, whatever the prompt's length; allocated at begin, freed at
- * end or cancel.  Masked tokens read nothing.  The session's history
+ * 512 B = 100 MB by default, BF16; none with opts.ring_mem) + 2 x
+ * chunk_tokens x 24 x 12 bytes of requests, whatever the prompt's length;
+ * allocated at begin, freed at end or cancel.  Masked tokens read nothing.  The session's history
  * becomes that after the prompt at engram_prefill_end, if every chunk of
  * both tables was read.
  */
@@ -688,7 +711,19 @@ typedef struct engram_prefill_opts {
     unsigned ring_chunks;        /* chunk buffers per table; 0 = 2          */
     engram_dtype dtype;          /* BF16, F32 or RAW                        */
     uint64_t table1_delay_ns;    /* 0: at once; ENGRAM_PREFILL_MANUAL        */
+    /* Optional caller-owned memory for both tables' rings (for instance
+     * page-locked once for a GPU and reused for every prompt): at least
+     * engram_prefill_ring_bytes(opts) bytes, 64-byte aligned, not touched
+     * by the caller until end or cancel returns.  NULL: the prefill
+     * allocates its rings at begin (and passes them to the pool's host
+     * hooks, if any). */
+    void *ring_mem;
+    size_t ring_bytes;
 } engram_prefill_opts;
+
+/* Bytes of ring memory a prefill with these options uses (both tables);
+ * 0 for options begin would refuse. */
+size_t engram_prefill_ring_bytes(const engram_prefill_opts *opts);
 
 /* tokens and mask (NULL or [n]) must stay valid until end or cancel.
  * -EINVAL (a bad token, naming its position; options), -EBUSY, -ENOMEM. */

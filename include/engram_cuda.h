@@ -58,6 +58,20 @@ extern "C" {
 /* 1 if a CUDA device can be used; else 0 with the reason in why. */
 int engram_cuda_available(char *why, size_t why_len);
 
+/*
+ * Staging: rows go from the SSD into the pool's reader buffers (O_DIRECT:
+ * written by the device), are checked there and moved, 264 bytes each, to
+ * where the caller takes them (a step's out buffer, a prefill's ring), and
+ * from there to the GPU.  These hooks (engram_pool_opts.reader.host) page-
+ * lock every such buffer the library allocates, with cudaHostRegister on
+ * the current device, so reads land in page-locked memory and copies to
+ * the GPU on the caller's stream are asynchronous DMA.  Buffers the caller
+ * owns (step outputs, prefill_opts.ring_mem: allocated and registered once,
+ * reused for every prompt) are registered by the caller.  A registration
+ * the driver refuses (no GPU) leaves the buffer pageable; nothing fails.
+ */
+void engram_cuda_host_hooks(engram_host_hooks *h);
+
 typedef struct engram_cuda_layer engram_cuda_layer;
 
 /* Uploads a layer's weights (from an engram_layer, which may be closed

@@ -75,6 +75,12 @@ int dev_name_ok(const char *name);
  * asynchronous copies; unregistered by dev_close).  1 if pinned, 0 if not
  * (CPU device, the limit reached or the driver refused: still usable). */
 int dev_pin(struct dev *d, void *p, size_t len);
+/* Unregisters p (pinned by dev_pin) before its memory is freed. */
+void dev_unpin(struct dev *d, void *p);
+/* Host-memory hooks that pin and unpin through d (engram.h): for a pool, so
+ * the reader's I/O buffers and prefill rings it allocates are page-locked
+ * for d's copies.  All NULL for the CPU device. */
+void dev_host_hooks(struct dev *d, engram_host_hooks *h);
 int dev_apply(struct dev *d, const void *rows, size_t stride, float *x, const uint8_t *mask,
               size_t n, float *kv_out, engram_error *err);
 

@@ -124,6 +124,33 @@ int dev_pin(struct dev *d, void *p, size_t len)
     return d && d->plugin ? d->plugin->pin(d->h, p, len) : 0;
 }
 
+void dev_unpin(struct dev *d, void *p)
+{
+    if (d && d->plugin)
+        d->plugin->unpin(d->h, p);
+}
+
+static int hook_reg(void *ctx, void *p, size_t len)
+{
+    return dev_pin(ctx, p, len) ? 0 : -1;
+}
+
+static void hook_unreg(void *ctx, void *p, size_t len)
+{
+    (void)len;
+    dev_unpin(ctx, p);
+}
+
+void dev_host_hooks(struct dev *d, engram_host_hooks *h)
+{
+    memset(h, 0, sizeof *h);
+    if (d && d->plugin) {
+        h->reg = hook_reg;
+        h->unreg = hook_unreg;
+        h->ctx = d;
+    }
+}
+
 /* rows: n tokens' 24 rows of the layer's table, `stride` bytes apart (raw
  * rows for CUDA, BF16 for the CPU); x: the host residual [n][S][W] F32. */
 int dev_apply(struct dev *d, const void *rows, size_t stride, float *x, const uint8_t *mask,

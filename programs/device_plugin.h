@@ -9,8 +9,8 @@
 
 #include "engram.h"
 
-#define DEV_PIN_MAX 16
-#define DEV_PLUGIN_VERSION 1
+#define DEV_PIN_MAX 64
+#define DEV_PLUGIN_VERSION 2
 
 struct dev_plugin {
     int version;
@@ -19,6 +19,7 @@ struct dev_plugin {
     int (*apply)(void *h, const void *rows, size_t stride, float *x, const uint8_t *mask, size_t n,
                  float *kv_out, engram_error *err);
     int (*pin)(void *h, void *p, size_t len);
+    void (*unpin)(void *h, void *p); /* before p is freed; no-op if not pinned */
     void (*close)(void *h);
 };
 

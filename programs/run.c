@@ -177,7 +177,18 @@ struct run {
     uint8_t *rows;         /* [B][24] contiguous rows of one table        */
     uint8_t *outs;         /* [B][48] rows: step deliveries               */
     float *xs;             /* [B][S][W] residual rows of one step          */
+    uint8_t *ring;         /* the prefills' rings, allocated (and pinned) once */
+    size_t ring_len;
 };
+
+/* The prefill options of every prompt of a run. */
+static engram_prefill_opts prefill_opts(const struct run *R)
+{
+    engram_prefill_opts o = {.chunk_tokens = ENGRAM_BATCH_TOKENS, .ring_chunks = 2,
+                             .dtype = (engram_dtype)R->rdt, .table1_delay_ns = ENGRAM_PREFILL_MANUAL,
+                             .ring_mem = R->ring, .ring_bytes = R->ring_len};
+    return o;
+}
 
 /* Applies table t's layer to n tokens whose rows are `stride` bytes apart. */
 static int apply_layer(struct run *R, int t, const void *rows, size_t stride, float *x, size_t n,
@@ -192,8 +203,7 @@ static int prefill(struct run *R, struct sess *q, engram_error *err)
     size_t n = q->prompt;
     if (n == 0)
         return 0;
-    engram_prefill_opts o = {.chunk_tokens = ENGRAM_BATCH_TOKENS, .ring_chunks = 2,
-                             .dtype = (engram_dtype)R->rdt, .table1_delay_ns = ENGRAM_PREFILL_MANUAL};
+    engram_prefill_opts o = prefill_opts(R);
     engram_prefill *pf = NULL;
     engram_reader *rd = NULL;
     uint32_t *rows48 = NULL;
@@ -484,8 +494,12 @@ int cmd_run(int argc, char **argv)
     uint64_t tab_lo = mi.table[0].offset, tab_hi = mi.table[1].offset + mi.table[1].bytes;
     /* the tables' resident pages, after the weights were loaded */
     int64_t pages0 = resident_pages(path, tab_lo, tab_hi);
-    if (rc == 0)
-        rc = engram_pool_open(R.m, NULL, &R.pool, &err);
+    engram_pool_opts po;
+    memset(&po, 0, sizeof po);
+    if (rc == 0) { /* on a GPU: the reader's buffers page-locked, where reads land */
+        dev_host_hooks(R.D[0], &po.reader.host);
+        rc = engram_pool_open(R.m, &po, &R.pool, &err);
+    }
     engram_layer_info li = {0};
     if (rc == 0)
         engram_layer_get_info(R.L[0], &li);
@@ -497,9 +511,18 @@ int cmd_run(int argc, char **argv)
     R.xs = malloc(B * (R.per ? R.per : 1) * 4);
     if (rc == 0 && (!R.ss || !R.step_lat || !R.rows || !R.outs || !R.xs))
         rc = -ENOMEM;
+    if (rc == 0 && prefetch) { /* one ring for every prompt */
+        engram_prefill_opts o = prefill_opts(&R);
+        R.ring_len = engram_prefill_ring_bytes(&o);
+        R.ring = aligned_alloc(4096, (R.ring_len + 4095) / 4096 * 4096);
+        if (!R.ring)
+            rc = -ENOMEM;
+    }
     if (rc == 0 && R.D[0]) { /* page-locked for the GPU's copies (one registration serves both layers) */
         dev_pin(R.D[0], R.outs, B * ENGRAM_ROWS_PER_TOKEN * 512);
         dev_pin(R.D[0], R.xs, B * R.per * 4);
+        if (R.ring)
+            dev_pin(R.D[0], R.ring, R.ring_len);
     }
     size_t slice = n / B;
     for (unsigned b = 0; b < B && rc == 0; b++) {
@@ -570,7 +593,7 @@ int cmd_run(int argc, char **argv)
                    "\"read_ns\":[%" PRIu64 ",%" PRIu64 "],\"exposed_ns\":[%" PRIu64 ",%" PRIu64
                    "],\"hidden_ns\":[%" PRIu64 ",%" PRIu64 "],\"read_total_ns\":%" PRIu64
                    ",\"exposed_total_ns\":%" PRIu64 ",\"hidden_total_ns\":%" PRIu64 "},"
-                   "\"io\":{\"engine\":\"%s\",\"direct\":%d,\"note\":\"%s\"},\"page_cache_growth_pages\":%" PRId64
+                   "\"io\":{\"engine\":\"%s\",\"direct\":%d,\"note\":\"%s\",\"host_registered\":%" PRIu64 "},\"page_cache_growth_pages\":%" PRId64
                    ",\"checksum\":\"%016" PRIx64 "\"}\n",
                    path, device, R.B, R.layers, X, threads, overlap ? "true" : "false",
                    prefetch ? "true" : "false", li.width, li.streams, prompt_tokens, pre_s,
@@ -579,7 +602,7 @@ int cmd_run(int argc, char **argv)
                    dec_s > 0 ? (double)(R.n_steps * B) / dec_s : 0.0, p50, p99,
                    ps.step_rows_requested, ps.step_rows_read, ps.rounds, dread[0], dread[1], dexp[0],
                    dexp[1], dread[0] - dexp[0], dread[1] - dexp[1], tot_read, tot_exp,
-                   tot_read - tot_exp, ps.io.engine, ps.io.direct, ps.io.note ? ps.io.note : "", growth, fnv);
+                   tot_read - tot_exp, ps.io.engine, ps.io.direct, ps.io.note ? ps.io.note : "", ps.io.host_registered, growth, fnv);
         } else {
             printf("engram run: %s, W %u, %u streams; %u sessions, %u layers of %" PRIu64
                    " us (Engram at 1 and 14 on the %s), %" PRIu64 " apply thread%s%s%s\n",
@@ -613,6 +636,9 @@ int cmd_run(int argc, char **argv)
                    ps.io.engine, ps.io.direct ? ", O_DIRECT" : ", buffered",
                    ps.io.note && ps.io.note[0] ? " (" : "", ps.io.note && ps.io.note[0] ? ps.io.note : "",
                    ps.io.note && ps.io.note[0] ? ")" : "", growth);
+            if (ps.io.host_registered)
+                printf("         the reader's buffers (%" PRIu64 " KiB, where reads land) and the prefill "
+                       "ring page-locked for the GPU's copies\n", ps.io.host_registered >> 10);
             printf("checksum of the final residuals (FNV-1a 64): %016" PRIx64 "\n", fnv);
         }
     }
@@ -631,6 +657,7 @@ int cmd_run(int argc, char **argv)
     free(R.rows);
     free(R.outs);
     free(R.xs);
+    free(R.ring);
     free(tokens);
     return st;
 }

@@ -37,14 +37,35 @@ static void *pf_dst(struct rjob *j, uint32_t idx)
 
 static void pf_free(engram_prefill *pf)
 {
-    for (int t = 0; t < ENGRAM_TABLES; t++) {
+    for (int t = 0; t < ENGRAM_TABLES; t++)
         free(pf->reqs[t]);
-        free(pf->buf[t]);
-    }
+    if (pf->ring_registered)
+        pf->p->host.unreg(pf->p->host.ctx, pf->ring_own, pf->ring_len);
+    free(pf->ring_own);
     free(pf->rows48);
     pthread_mutex_destroy(&pf->mu);
     pthread_cond_destroy(&pf->cv);
     free(pf);
+}
+
+/* Checked options -> chunk, ring; 0 if begin would refuse them. */
+static size_t ring_len(const engram_prefill_opts *o, unsigned *chunk, unsigned *ring)
+{
+    *chunk = o->chunk_tokens ? o->chunk_tokens : ENGRAM_BATCH_TOKENS;
+    *ring = o->ring_chunks ? o->ring_chunks : 2;
+    if (*chunk > ENGRAM_BATCH_TOKENS || *ring > 64 ||
+        (o->dtype != ENGRAM_BF16 && o->dtype != ENGRAM_F32 && o->dtype != ENGRAM_RAW))
+        return 0;
+    return (size_t)ENGRAM_TABLES * *ring * *chunk * ENGRAM_COLUMNS * row_bytes(o->dtype);
+}
+
+size_t engram_prefill_ring_bytes(const engram_prefill_opts *opts)
+{
+    engram_prefill_opts o = {0};
+    if (opts)
+        o = *opts;
+    unsigned chunk, ring;
+    return ring_len(&o, &chunk, &ring);
 }
 
 int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_t *mask, size_t n,
@@ -55,13 +76,16 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
     engram_prefill_opts o = {0};
     if (opts)
         o = *opts;
-    unsigned chunk = o.chunk_tokens ? o.chunk_tokens : ENGRAM_BATCH_TOKENS;
-    unsigned ring = o.ring_chunks ? o.ring_chunks : 2;
-    if (chunk > ENGRAM_BATCH_TOKENS || ring > 64 ||
-        (o.dtype != ENGRAM_BF16 && o.dtype != ENGRAM_F32 && o.dtype != ENGRAM_RAW))
+    unsigned chunk, ring;
+    size_t len = ring_len(&o, &chunk, &ring);
+    if (len == 0)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
                        "prefill options: chunk 1..%u tokens, ring 1..64 chunks, dtype BF16/F32/RAW",
                        ENGRAM_BATCH_TOKENS);
+    if (o.ring_mem && (o.ring_bytes < len || (uintptr_t)o.ring_mem % 64))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "prefill ring memory: %zu bytes at %p; these options need %zu, 64-byte aligned",
+                       o.ring_bytes, o.ring_mem, len);
     if (s->state != S_IDLE)
         return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress");
     engram_pool *p = s->p;
@@ -90,23 +114,33 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
     pf->chunks = (n + chunk - 1) / chunk;
     pf->dtype = o.dtype;
     pf->row_bytes = row_bytes(o.dtype);
+    pf->ring_len = len;
     pf->delay_ns = o.table1_delay_ns;
     pf->table1_go = o.table1_delay_ns == 0;
     pthread_mutex_init(&pf->mu, NULL);
     pthread_cond_init(&pf->cv, NULL);
     int ok = (pf->rows48 = malloc((size_t)chunk * ENGRAM_ROWS_PER_TOKEN * sizeof *pf->rows48)) != NULL;
+    uint8_t *mem = o.ring_mem;
+    if (ok && !mem) {
+        ok = posix_memalign((void **)&pf->ring_own, 4096, len) == 0;
+        if (!ok)
+            pf->ring_own = NULL;
+        mem = pf->ring_own;
+    }
     for (int t = 0; t < ENGRAM_TABLES && ok; t++) {
         pf->reqs[t] = malloc((size_t)chunk * ENGRAM_COLUMNS * sizeof *pf->reqs[t]);
-        pf->buf[t] = malloc((size_t)ring * chunk_bytes(pf));
-        ok = pf->reqs[t] && pf->buf[t];
+        pf->buf[t] = mem + (size_t)t * ring * chunk_bytes(pf);
+        ok = pf->reqs[t] != NULL;
         pf->hist[t] = s->hist;
         atomic_init(&pf->ready[t], 0);
     }
     if (!ok) {
         pf_free(pf);
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for the prefill's ring (%zu bytes)",
-                       (size_t)2 * ring * (size_t)chunk * ENGRAM_COLUMNS * row_bytes(o.dtype));
+                       o.ring_mem ? (size_t)0 : len);
     }
+    if (pf->ring_own && p->host.reg)
+        pf->ring_registered = p->host.reg(p->host.ctx, pf->ring_own, len) >= 0;
     pf->t_begin = pool_now_ns();
     s->state = S_PREFILL;
     s->pf = pf;

@@ -83,6 +83,9 @@ struct engram_reader {
     char note[192];
 
     uint8_t *arena;                /* depth x slot_size, aligned          */
+    size_t arena_bytes;
+    engram_host_hooks host;        /* the caller's, if any                 */
+    int arena_registered;          /* host.reg accepted the arena          */
     struct slot *slots;
     unsigned *free_slots, n_free;
     unsigned *pending, n_pending;  /* owned slots waiting to be queued    */
@@ -322,6 +325,8 @@ static void reader_free(engram_reader *r)
         r->eng->ops->destroy(r->eng);
     if (r->fd >= 0)
         close(r->fd);
+    if (r->arena_registered)
+        r->host.unreg(r->host.ctx, r->arena, r->arena_bytes);
     free(r->arena);
     free(r->slots);
     free(r->free_slots);
@@ -387,6 +392,12 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
     if (!r->arena || !r->slots || !r->free_slots || !r->pending || !r->cqes || !r->reqs) {
         reader_free(r);
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+    }
+    r->arena_bytes = arena;
+    if (opts && opts->host.reg && opts->host.unreg) {
+        /* before the engine sees the buffers (io_uring registers them too) */
+        r->host = opts->host;
+        r->arena_registered = r->host.reg(r->host.ctx, r->arena, arena) >= 0;
     }
     for (unsigned i = 0; i < r->depth; i++)
         r->free_slots[i] = r->depth - 1 - i;
@@ -491,6 +502,7 @@ void engram_reader_stats(const engram_reader *r, engram_io_stats *st)
                                                            sizeof *r->free_slots +
                                                            sizeof *r->pending + sizeof *r->cqes) +
                          (uint64_t)CHUNK_REQS * sizeof *r->reqs + (r->eng ? r->eng->bytes : 0);
+    st->host_registered = r->arena_registered ? r->arena_bytes : 0;
     st->cache_bytes = rowcache_bytes(r->cache);
     st->cache_rows = rowcache_rows(r->cache);
     st->step_p50_ns = hist_quantile(r->hist, r->st.steps, 0.50);

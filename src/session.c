@@ -396,6 +396,8 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
     p->m = m;
     p->hasher = engram_model_hasher(m);
+    if (opts && opts->reader.host.reg && opts->reader.host.unreg)
+        p->host = opts->reader.host;
     int rc = reader_open_wakeable(m, opts ? &opts->reader : NULL, &p->r, err);
     if (rc < 0) {
         free(p);

@@ -73,6 +73,7 @@ struct engram_pool {
     const engram_model *m;
     const engram_hasher *hasher;
     engram_reader *r;
+    engram_host_hooks host;       /* the caller's (opts.reader.host)       */
     pthread_t thread;
     int started;
     pthread_mutex_t mu;
@@ -114,6 +115,9 @@ struct engram_prefill {
     uint64_t *reqs[ENGRAM_TABLES];   /* chunk x 24                          */
     uint32_t *rows48;                /* chunk x 48, hashing scratch         */
     uint8_t *buf[ENGRAM_TABLES];     /* ring x chunk x 24 rows              */
+    uint8_t *ring_own;               /* both rings, if allocated here       */
+    size_t ring_len;
+    int ring_registered;             /* the pool's host.reg accepted it      */
     engram_prefill *next_pf;
 };
 

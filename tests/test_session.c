@@ -369,6 +369,150 @@ static void prefill(int e)
     free(want);
 }
 
+/* ------------------------------------------------ host-memory hooks */
+
+struct hooklog {
+    int regs, unregs, refuse;
+    void *p[4];
+    size_t len[4];
+    int bad_unreg; /* unreg of a range not registered, or twice */
+};
+
+static int hook_reg(void *ctx, void *p, size_t len)
+{
+    struct hooklog *h = ctx;
+    if (h->refuse)
+        return -1;
+    if (h->regs < 4) {
+        h->p[h->regs] = p;
+        h->len[h->regs] = len;
+    }
+    h->regs++;
+    memset(p, 0xA5, len); /* the whole range is the caller's to touch now */
+    return 0;
+}
+
+static void hook_unreg(void *ctx, void *p, size_t len)
+{
+    struct hooklog *h = ctx;
+    int found = 0;
+    for (int i = 0; i < h->regs && i < 4; i++)
+        if (h->p[i] == p && h->len[i] == len) {
+            h->p[i] = NULL; /* once only */
+            found = 1;
+        }
+    h->bad_unreg += !found;
+    h->unregs++;
+}
+
+/* Rows of chunk c of table t compared with want; also checks that they lie
+ * inside [lo, lo+len) when lo is not NULL. */
+static int ring_chunk_ok(engram_prefill *pf, int t, size_t c, const uint16_t *want,
+                         const uint8_t *lo, size_t len)
+{
+    const void *rows;
+    size_t first, k;
+    engram_error err;
+    if (engram_prefill_wait(pf, t, c, &rows, &first, &k, &err) != 0)
+        return 0;
+    const uint8_t *r = rows;
+    int ok = !lo || (r >= lo && r + k * 24 * ROWB <= lo + len); /* lo NULL: no range */
+    for (size_t i = 0; i < k; i++)
+        ok &= memcmp(r + i * 24 * ROWB, want + ((first + i) * 48 + (size_t)t * 24) * 256, 24 * ROWB) == 0;
+    engram_prefill_release(pf, t, c);
+    return ok;
+}
+
+static void host_hooks(int e)
+{
+    const size_t n = 900;
+    uint32_t *tok = random_tokens(n, 17, 400);
+    engram_history h0;
+    engram_history_reset(&h0);
+    uint16_t *want = expected_rows(tok, NULL, n, h0);
+    engram_prefill_opts o = {.chunk_tokens = 256, .ring_chunks = 2, .dtype = ENGRAM_BF16};
+    /* the size is the header's formula: 2 tables x ring x chunk x 24 rows x 512 B */
+    const size_t ring = (size_t)2 * 2 * 256 * 24 * 512;
+    CHECK_EQ(engram_prefill_ring_bytes(&o), ring);
+    engram_prefill_opts d = {0};
+    CHECK_EQ(engram_prefill_ring_bytes(&d), (size_t)2 * 2 * 2048 * 24 * 512);
+    d.chunk_tokens = ENGRAM_BATCH_TOKENS + 1;
+    CHECK_EQ(engram_prefill_ring_bytes(&d), 0);
+    d.chunk_tokens = 0;
+    d.dtype = ENGRAM_RAW;
+    CHECK_EQ(engram_prefill_ring_bytes(&d), (size_t)2 * 2 * 2048 * 24 * 264);
+    for (int refuse = 0; refuse < 2; refuse++) {
+        struct hooklog hl = {.refuse = refuse};
+        engram_pool_opts po = {.reader = {.engine = engines[e], .depth = 32,
+                                          .host = {hook_reg, hook_unreg, &hl}}};
+        engram_pool *p = NULL;
+        engram_error err;
+        CHECK_EQ(engram_pool_open(model, &po, &p, &err), 0);
+        if (!p)
+            break;
+        engram_pool_stats ps;
+        engram_pool_stats_get(p, &ps);
+        /* the reader's I/O buffers, once, at open: at least `depth` reads' worth */
+        CHECK_EQ(hl.regs, refuse ? 0 : 1);
+        CHECK_EQ(ps.io.host_registered, refuse ? 0 : hl.len[0]);
+        if (!refuse)
+            CHECK(hl.len[0] >= (size_t)ps.io.depth * (ps.io.align > 1 ? ps.io.align : 264));
+        engram_session *s;
+        CHECK_EQ(engram_session_open(p, &s, &err), 0);
+        /* a ring the prefill allocates: registered at begin, unregistered at end */
+        engram_prefill *pf;
+        CHECK_EQ(engram_prefill_begin(s, tok, NULL, n, &o, &pf, &err), 0);
+        CHECK_EQ(hl.regs, refuse ? 0 : 2);
+        int good = 1;
+        for (size_t c = 0; c < engram_prefill_chunks(pf); c++)
+            for (int t = 0; t < 2; t++)
+                good &= ring_chunk_ok(pf, t, c, want, refuse ? NULL : hl.p[1], refuse ? 0 : hl.len[1]);
+        if (!refuse)
+            CHECK_EQ(hl.len[1], ring);
+        CHECK(good);
+        CHECK_EQ(engram_prefill_end(pf, &err), 0);
+        CHECK_EQ(hl.unregs, refuse ? 0 : 1);
+        /* the caller's ring: nothing registered or allocated for it, rows inside it */
+        engram_history hz = h0;
+        CHECK_EQ(engram_session_set_history(s, &hz, &err), 0);
+        uint8_t *mine = aligned_alloc(64, ring + 64);
+        engram_prefill_opts om = o;
+        om.ring_mem = mine;
+        om.ring_bytes = ring - 1;
+        CHECK_ERR(engram_prefill_begin(s, tok, NULL, n, &om, &pf, &err), err, -EINVAL, "need");
+        om.ring_mem = mine + 32;
+        om.ring_bytes = ring;
+        CHECK_ERR(engram_prefill_begin(s, tok, NULL, n, &om, &pf, &err), err, -EINVAL, "aligned");
+        om.ring_mem = mine;
+        CHECK_EQ(engram_prefill_begin(s, tok, NULL, n, &om, &pf, &err), 0);
+        CHECK_EQ(hl.regs, refuse ? 0 : 2);
+        good = 1;
+        for (size_t c = 0; c < engram_prefill_chunks(pf); c++)
+            for (int t = 0; t < 2; t++)
+                good &= ring_chunk_ok(pf, t, c, want, mine, ring);
+        CHECK(good);
+        CHECK_EQ(engram_prefill_end(pf, &err), 0);
+        /* cancelled mid-prompt: nothing is written into the caller's ring after */
+        CHECK_EQ(engram_prefill_begin(s, tok, NULL, n, &om, &pf, &err), 0);
+        CHECK_EQ(engram_prefill_wait(pf, 0, 0, NULL, NULL, NULL, &err), 0);
+        engram_prefill_cancel(pf);
+        memset(mine, 0x5A, ring);
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+        size_t changed = 0;
+        for (size_t i = 0; i < ring; i++)
+            changed += mine[i] != 0x5A;
+        CHECK_EQ(changed, 0);
+        free(mine);
+        engram_session_close(s);
+        engram_pool_close(p);
+        CHECK_EQ(hl.unregs, refuse ? 0 : 2);
+        CHECK_EQ(hl.bad_unreg, 0);
+    }
+    free(tok);
+    free(want);
+}
+
 /* ------------------------------------------------ restore */
 
 static void restore(void)
@@ -789,6 +933,7 @@ int main(void)
         steps(e);
         batched(e);
         prefill(e);
+        host_hooks(e);
         threads(e);
     }
     restore();

@@ -140,7 +140,18 @@ static int c_apply(void *h, const void *rows, size_t stride, float *x, const uin
     return 0;
 }
 
-static const struct dev_plugin ops = {DEV_PLUGIN_VERSION, c_open, c_apply, c_pin, c_close};
+static void c_unpin(void *h, void *p)
+{
+    struct cdev *d = h;
+    for (int i = 0; i < d->n_pinned; i++)
+        if (d->pinned[i] == p) {
+            cudaHostUnregister(p);
+            d->pinned[i] = d->pinned[--d->n_pinned];
+            return;
+        }
+}
+
+static const struct dev_plugin ops = {DEV_PLUGIN_VERSION, c_open, c_apply, c_pin, c_unpin, c_close};
 
 __attribute__((visibility("default"))) const struct dev_plugin *engram_cli_cuda_plugin(void)
 {
