@@ -76,7 +76,10 @@ override NVCC :=
 endif
 endif
 ifneq ($(NVCC),)
-CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90
+# Machine code for Hopper (sm_90a: the promoted GEMM's wgmma) and compute_90
+# PTX for later GPUs, where the library probes that the wgmma kernel is not
+# in the code it runs and takes cuBLAS's GEMM instead.
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
 NVFLAGS = -std=c++17 -O2 -g $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread
 CUDA_LIB = $(BUILD)/libengram-cuda.a
@@ -133,7 +136,7 @@ $(BUILD)/engram-cuda.so: programs/cuda/device_cuda.c programs/device_plugin.h $(
 	    -Wl,--no-whole-archive $(LIBS) $(LDLIBS_ALL) $(CUDA_LIBS) -lstdc++
 
 ifneq ($(NVCC),)
-$(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu include/engram_cuda.h include/engram.h Makefile
+$(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu cuda/tc_gemm.cuh include/engram_cuda.h include/engram.h Makefile
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 

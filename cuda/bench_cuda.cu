@@ -205,6 +205,10 @@ int main(int argc, char **argv)
     a.n = n;
     float proj = timed(st, 10, [&] { engram_cuda_project(c, &a, d_kv, &err); });
     float app = timed(st, 10, [&] { engram_cuda_apply(c, &a, &err); });
+    a.flags = ENGRAM_CUDA_FAST_SUMS;
+    float projf = timed(st, 10, [&] { engram_cuda_project(c, &a, d_kv, &err); });
+    float appf = timed(st, 10, [&] { engram_cuda_apply(c, &a, &err); });
+    a.flags = 0;
     __half *e16, *w16;
     CU(cudaMalloc(&e16, (size_t)n * K * 2));
     CU(cudaMalloc(&w16, (size_t)N * K * 2));
@@ -226,10 +230,14 @@ int main(int argc, char **argv)
     double fl = 2.0 * n * N * K;
     printf("prefill, %u tokens x %d outputs x %d inputs (%.0f GFLOP)\n", n, N, K, fl / 1e9);
     printf("  cuBLAS F16 GEMM (inexact floor) %8.3f ms = %6.0f TFLOP/s\n", blas, fl / (blas * 1e-3) / 1e12);
-    printf("  engram projection (tensor cores) %7.3f ms = %6.0f TFLOP/s  %.2f x cuBLAS F16\n", proj,
+    printf("  engram projection (promoted wgmma) %5.3f ms = %6.0f TFLOP/s  %.2f x cuBLAS F16\n", proj,
            fl / (proj * 1e-3) / 1e12, proj / blas);
     printf("  engram apply (project + gate)   %8.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", app,
            n / (app * 1e-3), app / blas);
+    printf("  FAST_SUMS projection (cuBLAS)   %8.3f ms = %6.0f TFLOP/s  %.2f x cuBLAS F16\n", projf,
+           fl / (projf * 1e-3) / 1e12, projf / blas);
+    printf("  FAST_SUMS apply                 %8.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", appf,
+           n / (appf * 1e-3), appf / blas);
     a.flags = ENGRAM_CUDA_FMA_ONLY;
     float fma = timed(st, 3, [&] { engram_cuda_apply(c, &a, &err); });
     printf("  engram apply, ENGRAM_CUDA_FMA_ONLY %5.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", fma,

@@ -53,6 +53,7 @@ struct engram_cuda_layer {
     int *wide;               /* [BLOCK] tokens too wide for F16; wide[BLOCK] = count */
     int *status;             /* first non-finite token, INT_MAX  */
     cublasHandle_t blas;
+    int tc;                  /* tc_gemm runs here (sm_90a code)   */
     uint64_t bytes;
 };
 
@@ -180,6 +181,8 @@ __device__ __forceinline__ void halves8(const uint4 &v, float *w)
         w[2 * q + 1] = f.y;
     }
 }
+
+#include "tc_gemm.cuh"
 
 /* ------------------------------------------------------------ kernels */
 
@@ -753,6 +756,7 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
     CK(cudaMalloc(&c->kshift, blk * sizeof(int)), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->wide, (blk + 1) * sizeof(int)), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->status, sizeof(int)), "cudaMalloc (status)");
+    c->tc = tc_gemm_probe();
     c->bytes = nw * 2 + (uint64_t)c->S * c->W * 4 + blk * c->N * 4 + blk * K * 2 +
                (2 * blk + 2) * sizeof(int);
     uint16_t *hw = (uint16_t *)malloc(nw * 2);
@@ -824,8 +828,26 @@ static int check_args(const engram_cuda_layer *c, const engram_cuda_args *a, int
         return set_err(err, -EINVAL, "d_step is for the decode path (n <= 8)");
     if ((uintptr_t)a->raw % 8 || a->raw_step % 8)
         return set_err(err, -EINVAL, "raw and raw_step: multiples of 8 bytes");
-    if (a->flags & ~(unsigned)ENGRAM_CUDA_FMA_ONLY)
+    if (a->flags & ~(unsigned)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_FAST_SUMS))
         return set_err(err, -EINVAL, "unknown flags");
+    return 0;
+}
+
+/* kv (n x N, F32) = e16 (n x K) x W^T on the tensor cores through cuBLAS:
+ * exact products, the tensor cores' own sums (ENGRAM_CUDA_FAST_SUMS). */
+static int cublas_gemm(engram_cuda_layer *c, unsigned n, float *kv, cudaStream_t st, engram_error *err)
+{
+    cublasSetStream(c->blas, st);
+    const float one = 1.0f, zero = 0.0f;
+    /* column-major: kv^T (N x n) = W (N x K, stored as K x N) ^T x E^T (K x n) */
+    cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)c->N, (int)n, K, &one,
+                                    c->w, CUDA_R_16F, K, c->e16, CUDA_R_16F, K, &zero, kv,
+                                    CUDA_R_32F, (int)c->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        char m[96];
+        snprintf(m, sizeof m, "cublasGemmEx failed (status %d)", (int)s);
+        return set_err(err, -EIO, m);
+    }
     return 0;
 }
 
@@ -867,16 +889,14 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, sizeof(int), st), "cudaMemsetAsync");
     decode16_kernel<<<n, 256, 0, st>>>(raw, stride, c->e16, c->kshift, c->wide);
     CK(cudaGetLastError(), "decode16_kernel");
-    cublasSetStream(c->blas, st);
-    const float one = 1.0f, zero = 0.0f;
-    /* column-major: kv^T (N x n) = W (N x K, stored as K x N) ^T x E^T (K x n) */
-    cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)c->N, (int)n, K, &one,
-                                    c->w, CUDA_R_16F, K, c->e16, CUDA_R_16F, K, &zero, kv,
-                                    CUDA_R_32F, (int)c->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        char m[96];
-        snprintf(m, sizeof m, "cublasGemmEx failed (status %d)", (int)s);
-        return set_err(err, -EIO, m);
+    if (!(a->flags & ENGRAM_CUDA_FAST_SUMS) && c->tc) {
+        /* exact products, sums promoted to F32 every 64 products */
+        tc_gemm(c->e16, c->w, (int)n, (int)c->N, kv, st);
+        CK(cudaGetLastError(), "tc_gemm_kernel");
+    } else {
+        int rc = cublas_gemm(c, n, kv, st, err);
+        if (rc < 0)
+            return rc;
     }
     unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
     gemv_list_kernel<<<(warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS, GEMV_THREADS, 0, st>>>(

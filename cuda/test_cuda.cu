@@ -4,7 +4,9 @@
  *  - without a GPU (CI): engram_cuda_available says why, opening a layer
  *    fails with -ENODEV and that reason; nothing else runs;
  *  - with one: projections of n = 1..8 tokens (GEMV path), 9..300 and 2100
- *    tokens (F16 GEMM path, two blocks), and 300 tokens of which every third
+ *    tokens (F16 GEMM path, two blocks: the promoted wgmma GEMM, and with
+ *    ENGRAM_CUDA_FAST_SUMS cuBLAS's; the accurate paths may round at most
+ *    0.1% of sampled outputs otherwise than float64), and 300 tokens of which every third
  *    has block scales 24 binades apart (too wide for F16: the GEMV fallback
  *    inside the GEMM path), within gamma_K * sum|e w| of a double sum
  *    (sampled outputs), every output written (poisoned first);
@@ -194,11 +196,16 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
             }
         printf("W=%u n=%4u (%s%s): %ld sampled outputs, worst %.3g of gamma_K sum|e w|, %ld beyond, "
                "%ld unwritten; BF16 rounding unlike float64's: %.3f%%\n", f->W, n,
-               n <= ENGRAM_CUDA_GEMV_MAX || flags ? "GEMV" : "F16 GEMM",
+               n <= ENGRAM_CUDA_GEMV_MAX || (flags & ENGRAM_CUDA_FMA_ONLY) ? "GEMV"
+               : flags & ENGRAM_CUDA_FAST_SUMS ? "cuBLAS F16 GEMM, FAST_SUMS" : "F16 GEMM, promoted",
                wide ? ", a third too wide for F16" : tiny ? ", a third with block scales <= 6" : "", checked, worst, beyond, unwritten,
                100.0 * rdiff / (checked ? checked : 1));
         CHECK_EQ(beyond, 0);
         CHECK_EQ(unwritten, 0);
+        /* the accurate paths (not FAST_SUMS): at most 0.1% rounded otherwise
+         * than the float64 sum (enough samples to tell) */
+        if (!(flags & ENGRAM_CUDA_FAST_SUMS) && checked >= 5000)
+            CHECK(rdiff * 1000 <= checked);
         CU(cudaFree(d_raw));
         CU(cudaFree(d_kv));
         free(raw);
@@ -380,7 +387,7 @@ static void invariance_and_graph(fx *f)
         CHECK(fsame);
         printf("W=%u FMA_ONLY: %u tokens in one call, the decode path's bits: %s\n", f->W, nf,
                fsame ? "yes" : "NO");
-        b.flags = 2; /* unknown */
+        b.flags = 4; /* unknown */
         CHECK_ERR(engram_cuda_project(f->c, &b, d_kvf, &err), err, -EINVAL, "flags");
         b.flags = 0;
         b.raw = d_rf + 4; /* misaligned */
@@ -642,6 +649,7 @@ int main(void)
         engram_layer_export(f.L, w16, NULL);
         projection(&f, w16, 0);
         projection(&f, w16, ENGRAM_CUDA_FMA_ONLY);
+        projection(&f, w16, ENGRAM_CUDA_FAST_SUMS);
         applies(&f);
         invariance_and_graph(&f);
         if (q == 0)

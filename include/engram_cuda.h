@@ -17,16 +17,20 @@
  *    whatever n <= 8 (not the CPU's bits: another order; the same accuracy).
  *  - larger n (batched decode, prefill): each token's rows times 2^-k (k
  *    from its largest block scale) are exact in F16 when its block scales
- *    span at most 21 binades (trained tables: a few); one cuBLAS F16 GEMM
- *    on the tensor cores then has exact products, and 2^k is put back
- *    exactly.  A token whose scales span more is projected by the GEMV's
- *    arithmetic instead (slower, one at a time).  The tensor cores' F32
- *    sums are less accurate than F32 FMAs (measured on an H200: 0.3% of
- *    projections round to another BF16 value than the exact sum's, against
- *    0.03% for the GEMV; end to end at W = 5120, 99.75% of outputs within
- *    one BF16 step of a float64 reference, against the CPU path's 99.99%).
- *    ENGRAM_CUDA_FMA_ONLY takes the GEMV for every n: the CPU path's
- *    accuracy at about 1/40 of the speed for prefill.
+ *    span at most 21 binades (trained tables: a few); a GEMM of our own on
+ *    the tensor cores (wgmma, sm_90a) then has exact products and adds each
+ *    64 products' tensor-core sum into F32 sums with ordinary F32 adds
+ *    (the promotion DeepGEMM does for FP8), and 2^k is put back exactly.
+ *    A token whose scales span more is projected by the GEMV's arithmetic
+ *    instead (slower, one at a time).  Accuracy as the GEMV's (measured on
+ *    an H200: 0.02% of projections round to another BF16 value than the
+ *    exact sum's).  ENGRAM_CUDA_FAST_SUMS takes one cuBLAS F16 GEMM
+ *    instead, whose sums are the tensor cores' own: faster, less accurate
+ *    (0.3-0.46% of projections round otherwise; end to end at W = 5120,
+ *    99.75% of outputs within one BF16 step of a float64 reference against
+ *    the 99.9% the CPU path meets).  On a GPU other than compute capability
+ *    9.0 the cuBLAS GEMM is taken.  ENGRAM_CUDA_FMA_ONLY takes the GEMV for
+ *    every n (F32 FMAs only).
  * Then the gate and update, fused: for n <= 8 one token per cluster of 8
  * blocks (reductions through distributed shared memory), else one token per
  * block; masked tokens not touched; the same arithmetic as engram.h's, with
@@ -54,6 +58,9 @@ extern "C" {
  * FMAs rounded to nearest on the CUDA cores, no tensor cores), whatever n:
  * the CPU path's accuracy for prefill too, at a fraction of the speed. */
 #define ENGRAM_CUDA_FMA_ONLY 1u
+/* engram_cuda_args.flags: n > 8 through cuBLAS's F16 GEMM, the tensor cores'
+ * own sums: faster for prefill, less accurate (see above). */
+#define ENGRAM_CUDA_FAST_SUMS 2u
 
 /* 1 if a CUDA device can be used; else 0 with the reason in why. */
 int engram_cuda_available(char *why, size_t why_len);
@@ -97,7 +104,7 @@ typedef struct engram_cuda_args {
     const int *d_step;
     size_t raw_step, resid_step;
     void *stream;            /* cudaStream_t; NULL = the default stream          */
-    unsigned flags;          /* 0 or ENGRAM_CUDA_FMA_ONLY                          */
+    unsigned flags;          /* 0, ENGRAM_CUDA_FMA_ONLY or ENGRAM_CUDA_FAST_SUMS     */
 } engram_cuda_args;
 
 /*

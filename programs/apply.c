@@ -17,7 +17,7 @@
 static const char *apply_help =
     "usage: engram apply MODEL --layer 1|14 --tokens FILE --residual-in IN --residual-out OUT\n"
     "                    [--mask FILE] [--history A,B,C] [--threads N] [--kv-out FILE]\n"
-    "                    [--device cpu|cuda|cuda-fma]\n"
+    "                    [--device cpu|cuda|cuda-fma|cuda-fast]\n"
     "Runs one Engram layer (SPEC.md section 8) over a token stream: hashes the\n"
     "tokens (from --history: 3 compressed ids, newest first, -1 = dead; default\n"
     "all dead), reads the layer's 24 rows per token through the uncached reader,\n"
@@ -31,9 +31,11 @@ static const char *apply_help =
     "each token's projection, float32 [token][(S+1)W].  --threads N: workers for\n"
     "the projection (default 1).  --device cuda: project, gate and update on the\n"
     "GPU (builds with the CUDA path; rows go there raw and are decoded there;\n"
-    "more than 8 tokens a call are projected on the tensor cores, whose sums are\n"
-    "less accurate than the CPU's); --device cuda-fma: every sum by F32 FMAs on\n"
-    "the CUDA cores (the CPU path's accuracy, slower for long inputs).\n"
+    "more than 8 tokens a call are projected on the tensor cores, their sums\n"
+    "promoted to F32 every 64 products: the CPU path's accuracy); --device\n"
+    "cuda-fma: every sum by F32 FMAs on the CUDA cores (slower for long inputs);\n"
+    "--device cuda-fast: more than 8 tokens through cuBLAS, the tensor cores' own\n"
+    "sums (faster, less accurate than the CPU's).\n"
     "Memory: about 50 MB at W = 5120 whatever the\n"
     "stream's length (2048 tokens of rows at a time, 256 of residual).\n"
     "Exit codes: 0 ok; 1 invalid data (IN's size, a bad token or mask, a layer\n"
@@ -119,7 +121,7 @@ int cmd_apply(int argc, char **argv)
     if (!path || !layer || !tok_path || !in || !outp)
         return fail_usage("apply: MODEL, --layer, --tokens, --residual-in and --residual-out are required");
     if (!dev_name_ok(device))
-        return fail_usage("apply: unknown device '%s' (cpu, cuda or cuda-fma)", device);
+        return fail_usage("apply: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", device);
     engram_history h;
     engram_history_reset(&h);
     if (hist && parse_history(hist, &h) < 0)

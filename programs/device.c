@@ -3,7 +3,7 @@
  * (engram_applier) or a GPU through the CUDA plugin (engram-cuda.so, built
  * when nvcc is present: rows and the residual are copied to the device,
  * applied there and the residual copied back, per call).  The plugin is
- * loaded with dlopen only for --device cuda|cuda-fma, so the command links
+ * loaded with dlopen only for --device cuda|cuda-fma|cuda-fast, so the command links
  * no CUDA library: it starts on machines without one, and its memory is its
  * own otherwise.  Looked for next to the executable, then in ../lib/engram
  * (an installed PREFIX/bin/engram), or at $ENGRAM_CUDA_PLUGIN.
@@ -19,7 +19,8 @@
 #include "cli.h"
 #include "device_plugin.h"
 
-#define ENGRAM_CUDA_FMA_ONLY_FLAG 1u /* engram_cuda.h's ENGRAM_CUDA_FMA_ONLY */
+#define ENGRAM_CUDA_FMA_ONLY_FLAG 1u  /* engram_cuda.h's ENGRAM_CUDA_FMA_ONLY */
+#define ENGRAM_CUDA_FAST_SUMS_FLAG 2u /* engram_cuda.h's ENGRAM_CUDA_FAST_SUMS */
 
 struct dev {
     engram_applier *a;               /* CPU */
@@ -29,7 +30,8 @@ struct dev {
 
 int dev_name_ok(const char *name)
 {
-    return !strcmp(name, "cpu") || !strcmp(name, "cuda") || !strcmp(name, "cuda-fma");
+    return !strcmp(name, "cpu") || !strcmp(name, "cuda") || !strcmp(name, "cuda-fma") ||
+           !strcmp(name, "cuda-fast");
 }
 
 int dev_rows_dtype(const struct dev *d)
@@ -102,13 +104,15 @@ int dev_open(const char *name, const engram_layer *L, unsigned threads, size_t m
     if (!name || !strcmp(name, "cpu")) {
         engram_apply_opts o = {.threads = threads};
         rc = engram_applier_new(L, &o, &d->a, err);
-    } else if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fma")) {
+    } else if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fma") || !strcmp(name, "cuda-fast")) {
         d->plugin = load_plugin(err);
         rc = !d->plugin ? -ENODEV
-                        : d->plugin->open(L, max_tokens, strcmp(name, "cuda") ? ENGRAM_CUDA_FMA_ONLY_FLAG : 0,
+                        : d->plugin->open(L, max_tokens, !strcmp(name, "cuda-fma")    ? ENGRAM_CUDA_FMA_ONLY_FLAG
+                                          : !strcmp(name, "cuda-fast") ? ENGRAM_CUDA_FAST_SUMS_FLAG
+                                                                       : 0,
                                           &d->h, err);
     } else {
-        snprintf(err->msg, sizeof err->msg, "unknown device '%s' (cpu, cuda or cuda-fma)", name);
+        snprintf(err->msg, sizeof err->msg, "unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", name);
         rc = err->code = -EINVAL;
     }
     if (rc < 0) {

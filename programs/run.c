@@ -29,7 +29,7 @@
 static const char *run_help =
     "usage: engram run [MODEL] [--tokens FILE] [--decode N] [--sessions B] [--layers L]\n"
     "                  [--layer-us X] [--threads N] [--no-overlap] [--no-prefetch] [--json]\n"
-    "                  [--device cpu|cuda|cuda-fma]\n"
+    "                  [--device cpu|cuda|cuda-fma|cuda-fast]\n"
     "Runs the Engram part of a model inside a simulated engine of L layers (Engram\n"
     "at layers 1 and 14; every other layer costs X us of busy work on the engine's\n"
     "thread): B sessions, each on its own slice of the token stream, prefill their\n"
@@ -40,8 +40,9 @@ static const char *run_help =
     "Engram layers only (--no-overlap: waited for before layer 0; --no-prefetch:\n"
     "each prompt chunk read serially before its layers).  --device cuda: the Engram\n"
     "layers run on the GPU (rows delivered raw into page-locked buffers, copied up\n"
-    "asynchronously per call; more than 8 tokens a call on the tensor cores);\n"
-    "cuda-fma: every sum by F32 FMAs on the CUDA cores (the CPU's accuracy).\n"
+    "asynchronously per call; more than 8 tokens a call on the tensor cores, sums\n"
+    "promoted to F32); cuda-fma: every sum by F32 FMAs on the CUDA cores;\n"
+    "cuda-fast: cuBLAS with the tensor cores' own sums (faster, less accurate).\n"
     "Reports prefill and decode tokens/s, step latency p50/p99, rows requested vs\n"
     "distinct rows read, read time hidden behind the layers vs exposed, the I/O\n"
     "engine, page-cache growth of the tables' part of the model file and an\n"
@@ -437,7 +438,7 @@ int cmd_run(int argc, char **argv)
     if (B == 0 || threads == 0 || L < 15)
         return fail_usage("run: --sessions and --threads are >= 1, --layers >= 15 (Engram at 1 and 14)");
     if (!dev_name_ok(device))
-        return fail_usage("run: unknown device '%s' (cpu, cuda or cuda-fma)", device);
+        return fail_usage("run: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", device);
     char defpath[4200];
     if (!path) {
         if (default_model(defpath, sizeof defpath) < 0) {

@@ -1,0 +1,185 @@
+/*
+ * tc_gemm.cuh - the projection of n > 8 tokens on the tensor cores with F32
+ * promotion (included by engram_cuda.cu; wgmma: sm_90a machine code).
+ *
+ * kv[t][o] = sum_i e16[t][i] * w[o][i] for t < n, o < N, i < K = 6144, both
+ * operands F16 with K contiguous, kv F32 [n][N].  A CTA of two warpgroups
+ * owns 128 tokens x TC_BN outputs; K goes in tiles of 64 through a
+ * TC_STAGES-deep cp.async pipeline into shared memory laid out with the
+ * 128-byte swizzle that wgmma's descriptors name (rows past n or N are
+ * zero-filled, their outputs not written).  Per tile each warpgroup issues
+ * four wgmma.m64nNk16 into a fresh accumulator (the first with scale-d = 0),
+ * waits for them, and adds that accumulator to its running F32 sums with
+ * ordinary F32 adds (rounded to nearest): the tensor cores' own
+ * accumulation, which rounds less carefully than F32 FMAs, never spans more
+ * than 64 products (DeepSeek's DeepGEMM promotes FP8 sums likewise, every
+ * 128).  Consecutive CTAs share a tile of weights (read once from memory,
+ * then from L2).
+ */
+#define TC_BM 128
+#ifndef TC_BN
+#define TC_BN 192 /* 128 or 192 (measured: 192 with 3 stages a little faster) */
+#endif
+#define TC_ACC (TC_BN / 2) /* accumulator registers per thread */
+#ifndef TC_BK
+#define TC_BK 64
+#endif
+#ifndef TC_STAGES
+#define TC_STAGES 3
+#endif
+#define TC_THREADS 256
+#define TC_STAGE_BYTES ((TC_BM + TC_BN) * TC_BK * 2)
+#define TC_SMEM (TC_STAGES * TC_STAGE_BYTES + 1024)
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TC_WGMMA 1
+#endif
+
+__device__ __forceinline__ uint64_t tc_desc(uint32_t saddr)
+{
+    uint64_t d = (uint64_t)((saddr & 0x3FFFFu) >> 4);
+    d |= (uint64_t)1 << 16;           /* leading byte offset (unused with the swizzle) */
+    d |= (uint64_t)(1024 >> 4) << 32; /* stride byte offset: 8 rows of 128 bytes */
+    d |= (uint64_t)1 << 62;           /* 128-byte swizzle */
+    return d;
+}
+
+__device__ __forceinline__ void tc_wgmma(float *d, uint64_t da, uint64_t db, int scale_d)
+{
+#ifdef TC_WGMMA
+#if TC_BN == 128
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scale_d));
+#else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+                 : "l"(da), "l"(db), "r"(scale_d));
+#endif
+#endif
+}
+
+__device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+/* Loads k-tile kt of the CTA's 128 token rows and 128 weight rows into
+ * stage s, as TC_BK / 64 sub-tiles of [128 rows][64 values]: 16-byte chunk c
+ * of row r of a sub-tile at r * 128 + ((c ^ (r & 7)) << 4). */
+__device__ __forceinline__ void tc_load(uint32_t sbase, int s, int kt, const __half *e16,
+                                        const uint16_t *w, int m0, int n0, int n, int N)
+{
+    uint32_t sa = sbase + s * TC_STAGE_BYTES, sb = sa + TC_BM * TC_BK * 2;
+    /* A: TC_BM rows x TC_BK / 8 chunks, sub-tile j of [TC_BM][64] at j * TC_BM * 128 */
+#pragma unroll
+    for (int q = 0; q < TC_BM * TC_BK / 8 / TC_THREADS; q++) {
+        int id = threadIdx.x + q * TC_THREADS, c = id & 7, r = (id >> 3) % TC_BM, sub = (id >> 3) / TC_BM;
+        int t = m0 + r;
+        tc_cp16(sa + sub * (TC_BM * 128) + r * 128 + ((c ^ (r & 7)) << 4),
+                e16 + (size_t)(t < n ? t : 0) * K + kt * TC_BK + sub * 64 + c * 8, t < n ? 16 : 0);
+    }
+    /* B: TC_BN rows likewise */
+#pragma unroll
+    for (int q = 0; q < TC_BN * TC_BK / 8 / TC_THREADS; q++) {
+        int id = threadIdx.x + q * TC_THREADS, c = id & 7, r = (id >> 3) % TC_BN, sub = (id >> 3) / TC_BN;
+        int o = n0 + r;
+        tc_cp16(sb + sub * (TC_BN * 128) + r * 128 + ((c ^ (r & 7)) << 4),
+                w + (size_t)(o < N ? o : 0) * K + kt * TC_BK + sub * 64 + c * 8, o < N ? 16 : 0);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__global__ void __launch_bounds__(TC_THREADS, 1)
+tc_gemm_kernel(const __half *__restrict__ e16, const uint16_t *__restrict__ w, int n, int N,
+               float *__restrict__ kv)
+{
+#ifdef TC_WGMMA
+    extern __shared__ uint8_t tc_smem_raw[];
+    uint32_t sbase = (uint32_t)__cvta_generic_to_shared(tc_smem_raw);
+    sbase = (sbase + 1023) & ~1023u; /* the swizzle's atoms are 1024-byte aligned */
+    int mb = (n + TC_BM - 1) / TC_BM;
+    int m0 = (blockIdx.x % mb) * TC_BM, n0 = (blockIdx.x / mb) * TC_BN;
+    int wg = threadIdx.x >> 7;
+    float acc[TC_ACC], part[TC_ACC];
+#pragma unroll
+    for (int i = 0; i < TC_ACC; i++) {
+        acc[i] = 0.0f;
+        part[i] = 0.0f;
+    }
+    const int KT = K / TC_BK;
+#pragma unroll
+    for (int s = 0; s < TC_STAGES - 1; s++)
+        tc_load(sbase, s, s, e16, w, m0, n0, n, N);
+    for (int kt = 0; kt < KT; kt++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(TC_STAGES - 2));
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        /* the stage of tile kt - 1: every warpgroup waited for its wgmma */
+        int nk = kt + TC_STAGES - 1;
+        if (nk < KT)
+            tc_load(sbase, nk % TC_STAGES, nk, e16, w, m0, n0, n, N);
+        else
+            asm volatile("cp.async.commit_group;\n" ::); /* keep the group count */
+        uint32_t sa = sbase + (kt % TC_STAGES) * TC_STAGE_BYTES + wg * 64 * 128,
+                 sb = sbase + (kt % TC_STAGES) * TC_STAGE_BYTES + TC_BM * TC_BK * 2;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < TC_BK / 16; kk++) {
+            uint32_t sub = (kk >> 2), kb = (kk & 3) * 32;
+            tc_wgmma(part, tc_desc(sa + sub * TC_BM * 128 + kb), tc_desc(sb + sub * TC_BN * 128 + kb),
+                     kk > 0);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < TC_ACC; i++)
+            acc[i] += part[i]; /* the promotion: rounded to nearest */
+    }
+    /* D fragment i: row 16 warp + lane/4 + 8 ((i/2)%2), column 8 (i/4) + 2 (lane%4) + i%2 */
+    int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    int r0 = m0 + wg * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int i = 0; i < TC_ACC; i += 2) {
+        int t = r0 + 8 * ((i >> 1) & 1), o = n0 + 8 * (i >> 2) + 2 * (lane & 3);
+        if (t < n && o < N)
+            *(float2 *)(kv + (size_t)t * N + o) = make_float2(acc[i], acc[i + 1]);
+    }
+#endif
+}
+
+__global__ void tc_probe_kernel(int *out)
+{
+#ifdef TC_WGMMA
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+/* 1 if the code this device runs has the wgmma kernel (sm_90a machine code;
+ * the PTX JIT-compiled for other devices has not), after raising its
+ * shared-memory limit; 0 otherwise (then the cuBLAS GEMM is used).  Runs a
+ * probe kernel and waits: call at set-up, not during graph capture. */
+static int tc_gemm_probe(void)
+{
+    int *d = NULL, h = 0;
+    int ok = cudaMalloc(&d, sizeof(int)) == cudaSuccess;
+    if (ok) {
+        tc_probe_kernel<<<1, 1>>>(d);
+        ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1 &&
+             cudaFuncSetAttribute(tc_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  TC_SMEM) == cudaSuccess;
+    }
+    cudaFree(d);
+    cudaGetLastError();
+    return ok;
+}
+
+static void tc_gemm(const __half *e16, const uint16_t *w, int n, int N, float *kv, cudaStream_t st)
+{
+    int blocks = ((n + TC_BM - 1) / TC_BM) * ((N + TC_BN - 1) / TC_BN);
+    tc_gemm_kernel<<<blocks, TC_THREADS, TC_SMEM, st>>>(e16, w, n, N, kv);
+}

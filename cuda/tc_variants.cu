@@ -1,0 +1,90 @@
+/*
+ * tc_variants.cu - tuning bench for tc_gemm.cuh (not built by make): the
+ * promoted wgmma GEMM against cuBLAS's F16 GEMM on the same random F16
+ * operands (rows-like values over 20 binades, weights in +-0.05), for
+ * n = 2048 / 300 / 9 tokens and N = 25600 / 320 outputs: time (CUDA events,
+ * medians of 15), outputs left unwritten (poisoned first), and on 40,000
+ * sampled outputs the error against a double sum of the same exact
+ * products (as a fraction of gamma_K sum|e w|) and how often the BF16
+ * rounding differs from the double sum's.  Build a variant with
+ *   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a \
+ *        -DTC_BN=192 -DTC_BK=64 -DTC_STAGES=3 -o tc_variants cuda/tc_variants.cu -lcublas
+ * and run it on the GPU machine (bench/results/2026-12-01-cuda/promoted/).
+ */
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static const int K = 6144;
+#include "tc_gemm.cuh"
+#define CU(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1);} } while (0)
+static uint64_t rs = 88172645463325252ull;
+static uint64_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return rs; }
+static float h2f(uint16_t h) { __half x; memcpy(&x, &h, 2); return __half2float(x); }
+static uint16_t f2h(float f) { __half x = __float2half_rn(f); uint16_t h; memcpy(&h, &x, 2); return h; }
+static double bf16_round(double v) { float f = (float)v; uint32_t u; memcpy(&u, &f, 4); u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u; memcpy(&f, &u, 4); return f; }
+static int cmpf(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return x < y ? -1 : x > y; }
+template <typename F> static float timed(cudaStream_t st, F fn) {
+    for (int i = 0; i < 3; i++) fn();
+    CU(cudaStreamSynchronize(st));
+    float ms[15]; cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+    for (int i = 0; i < 15; i++) { cudaEventRecord(a, st); fn(); cudaEventRecord(b, st); cudaEventSynchronize(b); cudaEventElapsedTime(&ms[i], a, b); }
+    qsort(ms, 15, 4, cmpf); return ms[7];
+}
+int main(int argc, char **argv) {
+    int ns[] = {2048, 300, 9}, Ns[] = {25600, 320};
+    cudaStream_t st; CU(cudaStreamCreate(&st));
+    printf("tc ready: %d\n", tc_gemm_probe());
+    cublasHandle_t h; cublasCreate(&h); cublasSetStream(h, st);
+    for (int qi = 0; qi < 2; qi++) for (int ni = 0; ni < 3; ni++) {
+        int n = ns[ni], N = Ns[qi];
+        if (N == 320 && n == 9) continue;
+        size_t ne = (size_t)n * K, nw = (size_t)N * K;
+        uint16_t *he = (uint16_t *)malloc(ne * 2), *hw = (uint16_t *)malloc(nw * 2);
+        for (size_t i = 0; i < ne; i++) { // e4m3-like values x 2^(block offset), as rows x 2^-k give
+            int blk = (int)((i / 32) % 7);
+            int mm = 8 + (int)(rnd() % 8), ex = (int)(rnd() % 12) - 9 - blk;
+            float v = ldexpf((float)mm / 8.0f, ex) * ((rnd() & 1) ? -1.f : 1.f);
+            if (rnd() % 10 == 0) v = 0;
+            he[i] = f2h(v);
+        }
+        for (size_t i = 0; i < nw; i++) { float v = (float)(((double)(rnd() % 2000001) / 1e6 - 1.0) * 0.05); hw[i] = f2h(v); }
+        __half *de; uint16_t *dw; float *k1, *k2;
+        CU(cudaMalloc(&de, ne * 2)); CU(cudaMalloc(&dw, nw * 2));
+        CU(cudaMalloc(&k1, (size_t)n * N * 4)); CU(cudaMalloc(&k2, (size_t)n * N * 4));
+        CU(cudaMemcpy(de, he, ne * 2, cudaMemcpyHostToDevice)); CU(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
+        CU(cudaMemset(k1, 0xff, (size_t)n * N * 4)); CU(cudaMemset(k2, 0xff, (size_t)n * N * 4));
+        const float one = 1, zero = 0;
+        auto blas = [&] { cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, dw, CUDA_R_16F, K, de, CUDA_R_16F, K, &zero, k1, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT); };
+        auto mine = [&] { tc_gemm(de, dw, n, N, k2, st); };
+        blas(); mine(); CU(cudaStreamSynchronize(st)); CU(cudaGetLastError());
+        float tb = timed(st, blas), tm = timed(st, mine);
+        float *r1 = (float *)malloc((size_t)n * N * 4), *r2 = (float *)malloc((size_t)n * N * 4);
+        CU(cudaMemcpy(r1, k1, (size_t)n * N * 4, cudaMemcpyDeviceToHost)); CU(cudaMemcpy(r2, k2, (size_t)n * N * 4, cudaMemcpyDeviceToHost));
+        long unwritten = 0; for (size_t i = 0; i < (size_t)n * N; i++) unwritten += isnan(r2[i]);
+        long samples = 0, flip1 = 0, flip2 = 0, beyond1 = 0, beyond2 = 0; double worst1 = 0, worst2 = 0;
+        float *wf = (float *)malloc(K * 4), *ef = (float *)malloc(K * 4);
+        for (int s = 0; s < 40000; s++) {
+            int t = (int)(rnd() % n), o = (int)(rnd() % N);
+            double sum = 0, abs = 0;
+            for (int i = 0; i < K; i++) { double p = (double)h2f(he[(size_t)t * K + i]) * h2f(hw[(size_t)o * K + i]); sum += p; abs += fabs(p); }
+            double g = 6144 * ldexp(1, -24) / (1 - 6144 * ldexp(1, -24)) * abs;
+            double d1 = fabs(r1[(size_t)t * N + o] - sum), d2 = fabs(r2[(size_t)t * N + o] - sum);
+            if (g > 0) { worst1 = fmax(worst1, d1 / g); worst2 = fmax(worst2, d2 / g); }
+            beyond1 += d1 > g; beyond2 += d2 > g;
+            flip1 += bf16_round(r1[(size_t)t * N + o]) != bf16_round(sum);
+            flip2 += bf16_round(r2[(size_t)t * N + o]) != bf16_round(sum);
+            samples++;
+        }
+        double fl = 2.0 * n * N * K;
+        printf("n=%5d N=%6d: cuBLAS %.3f ms (%.0f TF/s)  tc %.3f ms (%.0f TF/s) = %.2fx | unwritten %ld | BF16 flips vs double: cuBLAS %.3f%% tc %.3f%% | worst/gamma: %.2e %.2e beyond %ld %ld\n",
+               n, N, tb, fl / tb / 1e9, tm, fl / tm / 1e9, tm / tb, unwritten, 100.0 * flip1 / samples, 100.0 * flip2 / samples, worst1, worst2, beyond1, beyond2);
+        fflush(stdout);
+        cudaFree(de); cudaFree(dw); cudaFree(k1); cudaFree(k2); free(he); free(hw); free(r1); free(r2); free(wf); free(ef);
+    }
+    return 0;
+}
