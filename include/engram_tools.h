@@ -142,6 +142,13 @@ typedef struct engram_build_opts {
 int engram_build_model(const char *path, const engram_build_opts *opts,
                        engram_error *err);
 
+/* After renaming a finished file into place: fsyncs the directory that
+ * holds path, so the new name survives a power cut too.  Best effort (some
+ * filesystems refuse fsync on a directory; the file is complete under its
+ * name either way); used by engram_build_model and every output of the
+ * engram command. */
+void engram_sync_dir_of(const char *path);
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

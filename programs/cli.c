@@ -339,31 +339,8 @@ int fout_open(struct fout *o, const char *path)
     return 0;
 }
 
-/* Closes; renames into place if ok, else removes.  0 or an exit code. */
-/* After a rename: the directory entry on disk too, so that the new name
- * survives a power cut (best effort: some filesystems refuse fsync on a
- * directory, and the output is complete under its name either way). */
-static void sync_dir_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char dir[4096];
-    size_t n = slash ? (size_t)(slash - path) : 0;
-    if (!slash)
-        strcpy(dir, ".");
-    else if (n == 0)
-        strcpy(dir, "/");
-    else if (n < sizeof dir) {
-        memcpy(dir, path, n);
-        dir[n] = 0;
-    } else
-        return;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-}
-
+/* Closes; renames into place if ok (fsync before, the directory's after),
+ * else removes.  0 or an exit code. */
 int fout_close(struct fout *o, int ok)
 {
     /* on disk before it is renamed into place: a crash leaves the old file
@@ -379,7 +356,7 @@ int fout_close(struct fout *o, int ok)
         ok = 0;
     }
     if (ok)
-        sync_dir_of(o->path);
+        engram_sync_dir_of(o->path);
     else
         unlink(o->tmp);
     free(o->tmp);

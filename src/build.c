@@ -180,10 +180,8 @@ static int add_metadata(gguf_writer *w, const engram_layout *l)
     return rc ? -ENOMEM : 0;
 }
 
-/* After a rename: the directory entry on disk too, so that the new name
- * survives a power cut (best effort: some filesystems refuse fsync on a
- * directory, and the output is complete under its name either way). */
-static void sync_dir_of(const char *path)
+/* After a rename: the directory entry on disk too (engram_tools.h). */
+void engram_sync_dir_of(const char *path)
 {
     const char *slash = strrchr(path, '/');
     char dir[4096];
@@ -280,7 +278,7 @@ int engram_build_model(const char *path, const engram_build_opts *o, engram_erro
         if (rc < 0)
             unlink(tmp);
         else
-            sync_dir_of(path);
+            engram_sync_dir_of(path);
     }
     free(tmp);
     gguf_writer_free(w);
