@@ -144,7 +144,7 @@ $(CUDA_LIB): $(BUILD)/obj/engram_cuda.o
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/cuda/%: cuda/%.cu $(CUDA_LIB) $(LIBS) tests/testutil.h
+$(BUILD)/cuda/%: cuda/%.cu cuda/cuda_check.h $(CUDA_LIB) $(LIBS) tests/testutil.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -o $@ $< $(CUDA_LIB) $(LIBS) -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublas \
 	    $(patsubst -Wl$(comma)%,,$(LDLIBS_ALL))

@@ -20,14 +20,7 @@
 #include "../tests/testutil.h"
 #include "engram_cuda.h"
 
-#define CU(call)                                                                             \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "cuda_check.h"
 
 static uint64_t now_ns(void)
 {

@@ -451,6 +451,26 @@ __device__ __forceinline__ float load_x(const void *x, int bf16, int i)
  * the token is written whole or not at all.  Masked tokens: untouched.
  */
 #define GATE_CTAS 8
+
+/* The cluster's verdict on a token: 1 if a thread of any of its GATE_CTAS
+ * blocks found a non-finite output (bad: this thread's), after which the
+ * token is recorded in status (the lowest index wins) and none of its
+ * blocks may write it.  Every thread of every block calls it. */
+__device__ __forceinline__ int cluster_any_bad(cg::cluster_group &cl, int *sbad, int bad, int rank,
+                                               int *status, int token)
+{
+    bad = __syncthreads_or(bad);
+    if (threadIdx.x == 0)
+        *sbad = bad;
+    cl.sync(); /* every block's verdict is in its shared memory */
+    int any = 0;
+    for (int r = 0; r < GATE_CTAS; r++)
+        any |= *cl.map_shared_rank(sbad, r);
+    cl.sync(); /* nobody reads another block's shared memory after this */
+    if (any && rank == 0 && threadIdx.x == 0)
+        atomicMin(status, token);
+    return any;
+}
 #define GATE_GROUP 4
 #define GATE_KEEP 12
 __global__ void __cluster_dims__(GATE_CTAS, 1, 1) __launch_bounds__(GATE_THREADS)
@@ -582,19 +602,8 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
 #pragma unroll
         for (int q = 0; q < GATE_KEEP; q++)
             iq[q] += sq[q] * W; /* the residual's index, for the writes */
-        bad = __syncthreads_or(bad);
-        if (threadIdx.x == 0)
-            sbad = bad;
-        cl.sync(); /* every block's verdict is in its shared memory */
-        int any = 0;
-        for (int r = 0; r < GATE_CTAS; r++)
-            any |= *cl.map_shared_rank(&sbad, r);
-        cl.sync(); /* nobody reads another block's shared memory after this */
-        if (any) {
-            if (rank == 0 && threadIdx.x == 0)
-                atomicMin(status, token_base + t);
+        if (cluster_any_bad(cl, &sbad, bad, rank, status, token_base + t))
             return;
-        }
 #pragma unroll
         for (int q = 0; q < GATE_KEEP; q++)
             if (sq[q] < S) {
@@ -609,19 +618,8 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
         int se = e / cols, ie = lo + e - se * cols;
         bad |= !isfinite(bf16r(fmaf(gs[se], bf16r(pow2scale(v[ie], ks)), load_x(xt, bf16, se * W + ie))));
     }
-    bad = __syncthreads_or(bad);
-    if (threadIdx.x == 0)
-        sbad = bad;
-    cl.sync(); /* every block's verdict is in its shared memory */
-    int any = 0;
-    for (int r = 0; r < GATE_CTAS; r++)
-        any |= *cl.map_shared_rank(&sbad, r);
-    cl.sync(); /* nobody reads another block's shared memory after this */
-    if (any) {
-        if (rank == 0 && threadIdx.x == 0)
-            atomicMin(status, token_base + t);
+    if (cluster_any_bad(cl, &sbad, bad, rank, status, token_base + t))
         return;
-    }
     for (int e = threadIdx.x; e < total; e += GATE_THREADS) {
         int se = e / cols, ie = lo + e - se * cols;
         float yy = bf16r(fmaf(gs[se], bf16r(pow2scale(v[ie], ks)), load_x(xt, bf16, se * W + ie)));

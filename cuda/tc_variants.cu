@@ -21,7 +21,7 @@
 #include <string.h>
 static const int K = 6144;
 #include "tc_gemm.cuh"
-#define CU(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1);} } while (0)
+#include "cuda_check.h"
 static uint64_t rs = 88172645463325252ull;
 static uint64_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return rs; }
 static float h2f(uint16_t h) { __half x; memcpy(&x, &h, 2); return __half2float(x); }
