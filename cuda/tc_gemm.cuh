@@ -144,8 +144,11 @@ tc_gemm_kernel(const __half *__restrict__ e16, const uint16_t *__restrict__ w, i
 #pragma unroll
     for (int i = 0; i < TC_ACC; i += 2) {
         int t = r0 + 8 * ((i >> 1) & 1), o = n0 + 8 * (i >> 2) + 2 * (lane & 3);
-        if (t < n && o < N)
-            *(float2 *)(kv + (size_t)t * N + o) = make_float2(acc[i], acc[i + 1]);
+        if (t < n && o < N) { /* scalar stores: N may be odd (any width W) */
+            kv[(size_t)t * N + o] = acc[i];
+            if (o + 1 < N)
+                kv[(size_t)t * N + o + 1] = acc[i + 1];
+        }
     }
 #endif
 }

@@ -1,6 +1,6 @@
 /*
  * test_cuda.cu - the CUDA path against the CPU path and a double-precision
- * reference, on models the builder writes (W = 64 and the real W = 5120):
+ * reference, on models the builder writes (W = 64, the real W = 5120, and W = 63: an odd number of outputs):
  *  - without a GPU (CI): engram_cuda_available says why, opening a layer
  *    fails with -ENODEV and that reason; nothing else runs;
  *  - with one: projections of n = 1..8 tokens (GEMV path), 9..300 and 2100
@@ -628,8 +628,8 @@ int main(void)
         return tu_finish("test_cuda (no GPU: availability and refusal only)");
     }
     printf("CUDA: %s\n", why);
-    const uint32_t widths[2] = {64, 5120};
-    for (int q = 0; q < 2; q++) {
+    const uint32_t widths[3] = {64, 5120, 63}; /* 63: N = 315 outputs, odd */
+    for (int q = 0; q < 3; q++) {
         fx f;
         memset(&f, 0, sizeof f);
         char name[32];
