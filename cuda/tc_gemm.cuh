@@ -141,13 +141,19 @@ tc_gemm_kernel(const __half *__restrict__ e16, const uint16_t *__restrict__ w, i
     /* D fragment i: row 16 warp + lane/4 + 8 ((i/2)%2), column 8 (i/4) + 2 (lane%4) + i%2 */
     int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     int r0 = m0 + wg * 64 + warp * 16 + (lane >> 2);
+    /* pairs as one 8-byte store where every pair is aligned: N even, kv too */
+    int pairs = !(N & 1) && !((uintptr_t)kv & 7);
 #pragma unroll
     for (int i = 0; i < TC_ACC; i += 2) {
         int t = r0 + 8 * ((i >> 1) & 1), o = n0 + 8 * (i >> 2) + 2 * (lane & 3);
-        if (t < n && o < N) { /* scalar stores: N may be odd (any width W) */
-            kv[(size_t)t * N + o] = acc[i];
-            if (o + 1 < N)
-                kv[(size_t)t * N + o + 1] = acc[i + 1];
+        if (t < n && o < N) {
+            if (pairs) { /* o even: the pair is aligned and inside the row */
+                *(float2 *)(kv + (size_t)t * N + o) = make_float2(acc[i], acc[i + 1]);
+            } else { /* an odd width W, or the caller's kv 4-byte aligned */
+                kv[(size_t)t * N + o] = acc[i];
+                if (o + 1 < N)
+                    kv[(size_t)t * N + o + 1] = acc[i + 1];
+            }
         }
     }
 #endif

@@ -321,6 +321,46 @@ static void applies(fx *f)
     }
 }
 
+/* The promoted GEMM into a kv the caller placed 4 bytes off an 8-byte
+ * boundary: the same values as into an aligned one, nothing else written. */
+static void unaligned_kv(fx *f)
+{
+    const unsigned n = 40;
+    uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
+    uint16_t *bf = (uint16_t *)malloc((size_t)n * K * 2);
+    rows_of(f, n, 400, raw, bf);
+    size_t nkv = (size_t)n * f->N;
+    uint8_t *d_raw;
+    float *d_a, *d_b, *ha = (float *)malloc(nkv * 4), *hb = (float *)malloc((nkv + 2) * 4);
+    CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
+    CU(cudaMalloc(&d_a, nkv * 4));
+    CU(cudaMalloc(&d_b, (nkv + 2) * 4));
+    CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
+    CU(cudaMemset(d_b, 0xff, (nkv + 2) * 4));
+    engram_cuda_args a;
+    memset(&a, 0, sizeof a);
+    a.raw = d_raw;
+    a.n = n;
+    engram_error err;
+    CHECK_EQ(engram_cuda_project(f->c, &a, d_a, &err), 0);
+    CHECK_EQ(engram_cuda_project(f->c, &a, d_b + 1, &err), 0);
+    CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+    CU(cudaMemcpy(ha, d_a, nkv * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hb, d_b, (nkv + 2) * 4, cudaMemcpyDeviceToHost));
+    int same = memcmp(ha, hb + 1, nkv * 4) == 0, edges = isnan(hb[0]) && isnan(hb[nkv + 1]);
+    printf("W=%u promoted GEMM into a 4-byte-aligned kv: %s, neighbours untouched: %s\n", f->W,
+           same ? "same values" : "DIFFERENT", edges ? "yes" : "NO");
+    CHECK(same);
+    CHECK(edges);
+    CU(cudaFree(d_raw));
+    CU(cudaFree(d_a));
+    CU(cudaFree(d_b));
+    free(raw);
+    free(bf);
+    free(ha);
+    free(hb);
+}
+
 /* decode path: a token alone = among 64; graph capture with a step index. */
 static void invariance_and_graph(fx *f)
 {
@@ -645,6 +685,7 @@ int main(void)
         projection(&f, w16, ENGRAM_CUDA_FAST_SUMS);
         applies(&f);
         invariance_and_graph(&f);
+        unaligned_kv(&f);
         if (q == 0)
             staging(f.m, &f, 1);
         free(w16);
