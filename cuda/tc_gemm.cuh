@@ -69,26 +69,29 @@ __device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, int bytes
 /* Loads k-tile kt of the CTA's 128 token rows and 128 weight rows into
  * stage s, as TC_BK / 64 sub-tiles of [128 rows][64 values]: 16-byte chunk c
  * of row r of a sub-tile at r * 128 + ((c ^ (r & 7)) << 4). */
+/* ROWS rows (first .. first+ROWS-1, zero-filled from limit on) of a K-major
+ * F16 matrix, k-tile kt, into shared memory at dst as sub-tiles of
+ * [ROWS][64]: sub-tile j at j * ROWS * 128. */
+template <int ROWS>
+__device__ __forceinline__ void tc_load_rows(uint32_t dst, const uint16_t *src, int first, int limit,
+                                             int kt)
+{
+#pragma unroll
+    for (int q = 0; q < ROWS * TC_BK / 8 / TC_THREADS; q++) {
+        int id = threadIdx.x + q * TC_THREADS, c = id & 7, r = (id >> 3) % ROWS, sub = (id >> 3) / ROWS;
+        int row = first + r;
+        tc_cp16(dst + sub * (ROWS * 128) + r * 128 + ((c ^ (r & 7)) << 4),
+                src + (size_t)(row < limit ? row : 0) * K + kt * TC_BK + sub * 64 + c * 8,
+                row < limit ? 16 : 0);
+    }
+}
+
 __device__ __forceinline__ void tc_load(uint32_t sbase, int s, int kt, const __half *e16,
                                         const uint16_t *w, int m0, int n0, int n, int N)
 {
     uint32_t sa = sbase + s * TC_STAGE_BYTES, sb = sa + TC_BM * TC_BK * 2;
-    /* A: TC_BM rows x TC_BK / 8 chunks, sub-tile j of [TC_BM][64] at j * TC_BM * 128 */
-#pragma unroll
-    for (int q = 0; q < TC_BM * TC_BK / 8 / TC_THREADS; q++) {
-        int id = threadIdx.x + q * TC_THREADS, c = id & 7, r = (id >> 3) % TC_BM, sub = (id >> 3) / TC_BM;
-        int t = m0 + r;
-        tc_cp16(sa + sub * (TC_BM * 128) + r * 128 + ((c ^ (r & 7)) << 4),
-                e16 + (size_t)(t < n ? t : 0) * K + kt * TC_BK + sub * 64 + c * 8, t < n ? 16 : 0);
-    }
-    /* B: TC_BN rows likewise */
-#pragma unroll
-    for (int q = 0; q < TC_BN * TC_BK / 8 / TC_THREADS; q++) {
-        int id = threadIdx.x + q * TC_THREADS, c = id & 7, r = (id >> 3) % TC_BN, sub = (id >> 3) / TC_BN;
-        int o = n0 + r;
-        tc_cp16(sb + sub * (TC_BN * 128) + r * 128 + ((c ^ (r & 7)) << 4),
-                w + (size_t)(o < N ? o : 0) * K + kt * TC_BK + sub * 64 + c * 8, o < N ? 16 : 0);
-    }
+    tc_load_rows<TC_BM>(sa, (const uint16_t *)e16, m0, n, kt); /* tokens */
+    tc_load_rows<TC_BN>(sb, w, n0, N, kt);                      /* weights */
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
