@@ -633,30 +633,22 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
 /*
  * Gate and update for n > ENGRAM_CUDA_GEMV_MAX tokens: one block of
  * GATEB_THREADS per token (many tokens keep every SM busy; the cluster
- * kernel's synchronisation would cost more than it saves).  Stream by
- * stream: the three sums by a fixed-order block reduction (xor trees in
- * warps, then the warps' sums in index order), the gate, then a check pass
- * over the token and the update: written whole or not at all.
+ * kernel's synchronisation would cost more than it saves).  The 3 S sums
+ * of all streams in one fixed-order block reduction (per thread in index
+ * order, xor trees in warps, then the warps' sums in index order: the same
+ * order, stream by stream, as one reduction per sum, at two barriers
+ * instead of 3 S x 3), the gates, then a check pass over the token and the
+ * update: written whole or not at all.
  */
 #define GATEB_THREADS 1024
-__device__ float block_sum(float v, float *sh)
+#define GATEB_WARPS (GATEB_THREADS / 32)
+
+__device__ __forceinline__ float warp_sum(float v)
 {
 #pragma unroll
     for (int off = 16; off >= 1; off >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, off);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = sh[0];
-        for (int i = 1; i < GATEB_THREADS / 32; i++)
-            s += sh[i];
-        sh[GATEB_THREADS / 32] = s;
-    }
-    __syncthreads();
-    return sh[GATEB_THREADS / 32];
+    return v;
 }
 
 __global__ void __launch_bounds__(GATEB_THREADS)
@@ -668,11 +660,13 @@ gate_block_kernel(const float *__restrict__ kv, int ldkv, const float *__restric
     int ks = kshift ? kshift[t] : 0;
     if (mask && !mask[t])
         return;
-    __shared__ float sh[GATEB_THREADS / 32 + 1];
+    /* warp w's sums of stream s: part[(3 s + j) * GATEB_WARPS + w], j = 0 d, 1 xx, 2 kk */
+    __shared__ float part[3 * ENGRAM_MAX_STREAMS * GATEB_WARPS];
     __shared__ float gs[ENGRAM_MAX_STREAMS];
     const float *kvt = kv + (size_t)t * ldkv, *v = kvt + (size_t)S * W;
     size_t es = bf16 ? 2 : 4;
     char *xt = (char *)resid + (size_t)t * S * W * es;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int s = 0; s < S; s++) {
         const void *x = xt + (size_t)s * W * es;
         float d = 0.0f, sx = 0.0f, sk = 0.0f;
@@ -682,17 +676,35 @@ gate_block_kernel(const float *__restrict__ kv, int ldkv, const float *__restric
             sx = fmaf(xi, xi, sx);
             sk = fmaf(k, k, sk);
         }
-        float D = block_sum(d, sh), Sxx = block_sum(sx, sh), Skk = block_sum(sk, sh);
-        if (threadIdx.x == 0) {
-            const float wf = (float)W, eps = 1e-6f;
-            float dd = D * (1.0f / sqrtf(Sxx / wf + eps)) * (1.0f / sqrtf(Skk / wf + eps)) *
-                       (1.0f / sqrtf(wf));
-            float z = copysignf(sqrtf(fmaxf(fabsf(dd), 1e-6f)), dd);
-            float g = 1.0f / (1.0f + expf(-z));
-            gs[s] = isfinite(D) && isfinite(Sxx) && isfinite(Skk) ? g : __int_as_float(0x7fc00000);
+        d = warp_sum(d);
+        sx = warp_sum(sx);
+        sk = warp_sum(sk);
+        if (lane == 0) {
+            part[(3 * s + 0) * GATEB_WARPS + warp] = d;
+            part[(3 * s + 1) * GATEB_WARPS + warp] = sx;
+            part[(3 * s + 2) * GATEB_WARPS + warp] = sk;
         }
-        __syncthreads();
     }
+    __syncthreads();
+    if (threadIdx.x < (unsigned)S) {
+        int s = threadIdx.x;
+        float sum[3];
+        for (int j = 0; j < 3; j++) {
+            const float *p = part + (3 * s + j) * GATEB_WARPS;
+            float a = p[0];
+            for (int q = 1; q < GATEB_WARPS; q++)
+                a += p[q];
+            sum[j] = a;
+        }
+        float D = sum[0], Sxx = sum[1], Skk = sum[2];
+        const float wf = (float)W, eps = 1e-6f;
+        float dd = D * (1.0f / sqrtf(Sxx / wf + eps)) * (1.0f / sqrtf(Skk / wf + eps)) *
+                   (1.0f / sqrtf(wf));
+        float z = copysignf(sqrtf(fmaxf(fabsf(dd), 1e-6f)), dd);
+        float g = 1.0f / (1.0f + expf(-z));
+        gs[s] = isfinite(D) && isfinite(Sxx) && isfinite(Skk) ? g : __int_as_float(0x7fc00000);
+    }
+    __syncthreads();
     int bad = 0;
     for (int s = 0; s < S; s++) {
         const void *x = xt + (size_t)s * W * es;
