@@ -5,27 +5,31 @@
  * kv[t][o] = sum_i e16[t][i] * w[o][i] for t < n, o < N, i < K = 6144, both
  * operands F16 with K contiguous, kv F32 [n][N].  A CTA of two warpgroups
  * owns 128 tokens x TC_BN outputs; K goes in tiles of 64 through a
- * TC_STAGES-deep cp.async pipeline into shared memory laid out with the
- * 128-byte swizzle that wgmma's descriptors name (rows past n or N are
- * zero-filled, their outputs not written).  Per tile each warpgroup issues
- * four wgmma.m64nNk16 into a fresh accumulator (the first with scale-d = 0),
- * waits for them, and adds that accumulator to its running F32 sums with
- * ordinary F32 adds (rounded to nearest): the tensor cores' own
- * accumulation, which rounds less carefully than F32 FMAs, never spans more
- * than 64 products (DeepSeek's DeepGEMM promotes FP8 sums likewise, every
- * 128).  Consecutive CTAs share a tile of weights (read once from memory,
- * then from L2).
+ * TC_STAGES-deep cp.async pipeline (TC_AHEAD tiles loading ahead) into
+ * shared memory laid out with the 128-byte swizzle that wgmma's descriptors
+ * name (rows past n or N are zero-filled, their outputs not written).  Per
+ * tile each warpgroup issues four wgmma.m64nNk16 into a fresh accumulator
+ * (the first with scale-d = 0) and adds the previous tile's accumulator,
+ * complete by then, to its running F32 sums with ordinary F32
+ * adds (rounded to nearest) while the tensor cores work on this one: the
+ * tensor cores' own accumulation, which rounds less carefully than F32 FMAs,
+ * never spans more than 64 products (DeepSeek's DeepGEMM promotes FP8 sums
+ * likewise, every 128).  The two accumulators alternate inside chunks of
+ * TC_CH tiles written out straight (ptxas serializes every wgmma when one is
+ * in flight across a loop's back edge); each chunk ends with a full wait.
+ * Consecutive CTAs share a tile of weights (read once from memory, then from
+ * L2).
  */
 #define TC_BM 128
 #ifndef TC_BN
-#define TC_BN 192 /* 128 or 192 (measured: 192 with 3 stages a little faster) */
+#define TC_BN 128 /* 128 (192 needs 288 accumulator registers with two partial sets) */
 #endif
 #define TC_ACC (TC_BN / 2) /* accumulator registers per thread */
 #ifndef TC_BK
 #define TC_BK 64
 #endif
 #ifndef TC_STAGES
-#define TC_STAGES 3
+#define TC_STAGES 4
 #endif
 #define TC_THREADS 256
 #define TC_STAGE_BYTES ((TC_BM + TC_BN) * TC_BK * 2)
@@ -66,12 +70,10 @@ __device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, int bytes
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
-/* Loads k-tile kt of the CTA's 128 token rows and 128 weight rows into
- * stage s, as TC_BK / 64 sub-tiles of [128 rows][64 values]: 16-byte chunk c
- * of row r of a sub-tile at r * 128 + ((c ^ (r & 7)) << 4). */
 /* ROWS rows (first .. first+ROWS-1, zero-filled from limit on) of a K-major
  * F16 matrix, k-tile kt, into shared memory at dst as sub-tiles of
- * [ROWS][64]: sub-tile j at j * ROWS * 128. */
+ * [ROWS][64]: sub-tile j at j * ROWS * 128, 16-byte chunk c of row r at
+ * r * 128 + ((c ^ (r & 7)) << 4) in it. */
 template <int ROWS>
 __device__ __forceinline__ void tc_load_rows(uint32_t dst, const uint16_t *src, int first, int limit,
                                              int kt)
@@ -95,6 +97,32 @@ __device__ __forceinline__ void tc_load(uint32_t sbase, int s, int kt, const __h
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
+#ifndef TC_CH
+#define TC_CH 4 /* tiles per straight-line chunk (divides K / TC_BK; 6 and 8 spill) */
+#endif
+#define TC_AHEAD (TC_STAGES - 2) /* tiles loading ahead of the one multiplied */
+/* keeps the compiler from moving reads of r across the waits before it */
+__device__ __forceinline__ void tc_fence(float *r)
+{
+#pragma unroll
+    for (int i = 0; i < TC_ACC; i++)
+        asm volatile("" : "+f"(r[i])::"memory");
+}
+/* issues tile kt's four wgmma (one group) into d, the first with scale-d 0 */
+__device__ __forceinline__ void tc_issue(float *d, uint32_t sbase, int kt, int wg)
+{
+    uint32_t sa = sbase + (kt % TC_STAGES) * TC_STAGE_BYTES + wg * 64 * 128,
+             sb = sbase + (kt % TC_STAGES) * TC_STAGE_BYTES + TC_BM * TC_BK * 2;
+    tc_fence(d);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < TC_BK / 16; kk++) {
+        uint32_t sub = (kk >> 2), kb = (kk & 3) * 32;
+        tc_wgmma(d, tc_desc(sa + sub * TC_BM * 128 + kb), tc_desc(sb + sub * TC_BN * 128 + kb), kk > 0);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
 __global__ void __launch_bounds__(TC_THREADS, 1)
 tc_gemm_kernel(const __half *__restrict__ e16, const uint16_t *__restrict__ w, int n, int N,
                float *__restrict__ kv)
@@ -106,40 +134,45 @@ tc_gemm_kernel(const __half *__restrict__ e16, const uint16_t *__restrict__ w, i
     int mb = (n + TC_BM - 1) / TC_BM;
     int m0 = (blockIdx.x % mb) * TC_BM, n0 = (blockIdx.x / mb) * TC_BN;
     int wg = threadIdx.x >> 7;
-    float acc[TC_ACC], part[TC_ACC];
-#pragma unroll
-    for (int i = 0; i < TC_ACC; i++) {
-        acc[i] = 0.0f;
-        part[i] = 0.0f;
-    }
     const int KT = K / TC_BK;
+    float acc[TC_ACC];
+    float p0[TC_ACC], p1[TC_ACC];
 #pragma unroll
-    for (int s = 0; s < TC_STAGES - 1; s++)
+    for (int i = 0; i < TC_ACC; i++)
+        acc[i] = p0[i] = p1[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < TC_AHEAD; s++)
         tc_load(sbase, s, s, e16, w, m0, n0, n, N);
-    for (int kt = 0; kt < KT; kt++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(TC_STAGES - 2));
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        /* the stage of tile kt - 1: every warpgroup waited for its wgmma */
-        int nk = kt + TC_STAGES - 1;
-        if (nk < KT)
-            tc_load(sbase, nk % TC_STAGES, nk, e16, w, m0, n0, n, N);
-        else
-            asm volatile("cp.async.commit_group;\n" ::); /* keep the group count */
-        uint32_t sa = sbase + (kt % TC_STAGES) * TC_STAGE_BYTES + wg * 64 * 128,
-                 sb = sbase + (kt % TC_STAGES) * TC_STAGE_BYTES + TC_BM * TC_BK * 2;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    for (int k0 = 0; k0 < KT; k0 += TC_CH) {
 #pragma unroll
-        for (int kk = 0; kk < TC_BK / 16; kk++) {
-            uint32_t sub = (kk >> 2), kb = (kk & 3) * 32;
-            tc_wgmma(part, tc_desc(sa + sub * TC_BM * 128 + kb), tc_desc(sb + sub * TC_BN * 128 + kb),
-                     kk > 0);
+        for (int j = 0; j < TC_CH; j++) {
+            int kt = k0 + j;
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(TC_AHEAD - 1));
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+            /* every thread has waited for the wgmma of tile kt - 2: its
+             * stage takes tile kt + TC_AHEAD */
+            if (kt + TC_AHEAD < KT)
+                tc_load(sbase, (kt + TC_AHEAD) % TC_STAGES, kt + TC_AHEAD, e16, w, m0, n0, n, N);
+            else
+                asm volatile("cp.async.commit_group;\n" ::); /* keep the group count */
+            float *cur = (j & 1) ? p1 : p0, *prev = (j & 1) ? p0 : p1;
+            tc_issue(cur, sbase, kt, wg);
+            if (j > 0) {
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                tc_fence(prev);
+#pragma unroll
+                for (int i = 0; i < TC_ACC; i++)
+                    acc[i] += prev[i];
+            }
+            if (j == TC_CH - 1) {
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                tc_fence(cur);
+#pragma unroll
+                for (int i = 0; i < TC_ACC; i++)
+                    acc[i] += cur[i];
+            }
         }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-        for (int i = 0; i < TC_ACC; i++)
-            acc[i] += part[i]; /* the promotion: rounded to nearest */
     }
     /* D fragment i: row 16 warp + lane/4 + 8 ((i/2)%2), column 8 (i/4) + 2 (lane%4) + i%2 */
     int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;

@@ -7,9 +7,10 @@
  * sampled outputs the error against a double sum of the same exact
  * products (as a fraction of gamma_K sum|e w|) and how often the BF16
  * rounding differs from the double sum's.  Build a variant with
- *   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a \
- *        -DTC_BN=192 -DTC_BK=64 -DTC_STAGES=3 -o tc_variants cuda/tc_variants.cu -lcublas
- * and run it on the GPU machine (bench/results/2026-12-01-cuda/promoted/).
+ *   nvcc -std=c++17 -O2 -Xptxas -v -gencode=arch=compute_90a,code=sm_90a \
+ *        -DTC_STAGES=4 -DTC_CH=4 -o tc_variants cuda/tc_variants.cu -lcublas
+ * (ptxas -v: no spills, no C751x "wgmma serialized" notes) and run it on
+ * the GPU machine (bench/results/2026-12-01-cuda/doublebuf/variants.txt).
  */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
