@@ -104,6 +104,20 @@ int __wrap_posix_memalign(void **p, size_t a, size_t n)
     return lib_alloc_fails() ? ENOMEM : __real_posix_memalign(p, a, n);
 }
 
+/* pread (the GGUF reader's and the model's row reads; the reader's
+ * buffered engine): the N-th call while armed fails with EIO. */
+static struct lib_alloc_plan preads;
+ssize_t __real_pread(int fd, void *buf, size_t n, off_t off);
+ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t off);
+ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t off)
+{
+    if (preads.armed && ++preads.calls == preads.fail_at) {
+        errno = EIO;
+        return -1;
+    }
+    return __real_pread(fd, buf, n, off);
+}
+
 /* Anonymous mappings (the layer's weights) count as allocations too. */
 void *__real_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
 void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
@@ -785,6 +799,74 @@ static int open_fds(void)
     return n;
 }
 
+/* Every allocation of a model open (the GGUF reader's header, keys,
+ * strings and tensor infos, the layout, the token map, the checks) failed
+ * in turn: -ENOMEM with nothing returned, and no descriptor left open. */
+static void model_open_faults(const char *path)
+{
+    int fds0 = open_fds();
+    engram_error err;
+    engram_model *m = NULL;
+    lib_alloc = (struct lib_alloc_plan){0, 0, 1};
+    CHECK_EQ(engram_model_open(path, &m, &err), 0);
+    lib_alloc.armed = 0;
+    engram_model_close(m);
+    long total = lib_alloc.calls, refused = 0;
+    CHECK(total > 5);
+    for (long k = 1; k <= total; k++) {
+        lib_alloc = (struct lib_alloc_plan){0, k, 1};
+        m = NULL;
+        int rc = engram_model_open(path, &m, &err);
+        lib_alloc.armed = 0;
+        if (rc != -ENOMEM || m != NULL)
+            fprintf(stderr, "allocation %ld of %ld failed: rc %d (%s)\n", k, total, rc,
+                    rc < 0 ? err.msg : "opened");
+        CHECK_EQ(rc, -ENOMEM);
+        CHECK(m == NULL);
+        refused += rc == -ENOMEM;
+        if (rc == 0)
+            engram_model_close(m);
+    }
+    CHECK_EQ(open_fds(), fds0);
+    printf("model open: %ld allocations failed in turn, %ld refused with ENOMEM\n", total, refused);
+    /* every read of a model open failed in turn: -EIO, nothing returned */
+    preads = (struct lib_alloc_plan){0, 0, 1};
+    CHECK_EQ(engram_model_open(path, &m, &err), 0);
+    preads.armed = 0;
+    engram_model_close(m);
+    long reads = preads.calls, eio = 0;
+    CHECK(reads > 2);
+    for (long k = 1; k <= reads; k++) {
+        preads = (struct lib_alloc_plan){0, k, 1};
+        m = NULL;
+        int rc = engram_model_open(path, &m, &err);
+        preads.armed = 0;
+        if (rc != -EIO || m != NULL)
+            fprintf(stderr, "read %ld of %ld failed: rc %d (%s)\n", k, reads, rc,
+                    rc < 0 ? err.msg : "opened");
+        CHECK_EQ(rc, -EIO);
+        CHECK(m == NULL);
+        eio += rc == -EIO;
+        if (rc == 0)
+            engram_model_close(m);
+    }
+    CHECK_EQ(open_fds(), fds0);
+    printf("model open: %ld reads failed in turn, %ld refused with EIO\n", reads, eio);
+    /* the decoding reads' one temporary buffer: -ENOMEM, output untouched */
+    CHECK_EQ(engram_model_open(path, &m, &err), 0);
+    uint32_t rows[2] = {0, 1};
+    uint16_t out[2 * 256];
+    memset(out, 0x5a, sizeof out);
+    lib_alloc = (struct lib_alloc_plan){0, 1, 1};
+    int rc = engram_model_read_bf16(m, 0, rows, 2, out, &err);
+    lib_alloc.armed = 0;
+    CHECK_ERR(rc, err, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < sizeof out; i++)
+        CHECK(((uint8_t *)out)[i] == 0x5a);
+    CHECK_EQ(engram_model_read_bf16(m, 0, rows, 2, out, &err), 0);
+    engram_model_close(m);
+}
+
 static void setup_faults(engram_model *m, const uint32_t *rows, const uint16_t *w0)
 {
     engram_error err;
@@ -1301,6 +1383,7 @@ int main(void)
     SCENARIO("step cancel", cancels(m, rows, w0, w1));
     SCENARIO("engine dies", engine_dies(m, rows, w0, w1));
     SCENARIO("set-up faults", setup_faults(m, rows, w0));
+    SCENARIO("model open: every allocation", model_open_faults(path));
     SCENARIO("faults in session steps", session_faults(m));
     SCENARIO("faults in prefills", prefill_faults(m));
     SCENARIO("session pool dies", pool_dies(m));

@@ -109,21 +109,133 @@ static void copy_file(const char *from, const char *to, uint64_t len)
     close(b);
 }
 
+/* The reads a GGUF v3 reader makes of write_sample(3, 32)'s file, from the
+ * format alone (as the writer was called above, not from the reader): a
+ * file cut inside one of them must be refused naming exactly that read,
+ * "needs N bytes at offset P".  Plus the reader's two documented
+ * shortcuts: key and tensor counts that cannot fit in the file, and a
+ * string array whose count cannot fit (8 bytes per string at least). */
+struct field {
+    uint64_t at, n;
+};
+static struct field fields[128], str_counts;
+static int n_fields;
+static uint64_t walk_at;
+
+static void fld(uint64_t n)
+{
+    if (n > 0 && n_fields < 128)
+        fields[n_fields++] = (struct field){walk_at, n};
+    walk_at += n;
+}
+
+static void fstr(const char *s)
+{
+    fld(8);
+    fld(strlen(s));
+}
+
+static void kv_scalar(const char *key, uint64_t size)
+{
+    fstr(key);
+    fld(4);
+    fld(size);
+}
+
+static uint64_t walk_sample(uint64_t *t0_info)
+{
+    n_fields = 0;
+    walk_at = 0;
+    fld(4); /* magic */
+    fld(4); /* version */
+    fld(8); /* tensors */
+    fld(8); /* keys */
+    fstr("general.architecture");
+    fld(4);
+    fstr("test");
+    const char *keys[11] = {"t.u8", "t.i8", "t.u16", "t.i16", "t.u32", "t.i32",
+                            "t.f32", "t.bool", "t.u64", "t.i64", "t.f64"};
+    const uint64_t sizes[11] = {1, 1, 2, 2, 4, 4, 4, 1, 8, 8, 8};
+    for (int i = 0; i < 11; i++)
+        kv_scalar(keys[i], sizes[i]);
+    fstr("t.arr");
+    fld(4); /* type: array */
+    fld(4); /* element type */
+    fld(8); /* count */
+    fld(5 * 4);
+    fstr("t.strs");
+    fld(4);
+    fld(4);
+    fld(8);
+    str_counts = (struct field){walk_at, 4 * 8};
+    for (int i = 0; i < 4; i++)
+        fstr(tokens_arr[i]);
+    const char *names[3] = {"t0", "t1", "t2"};
+    const int dims[3] = {2, 1, 3};
+    for (int t = 0; t < 3; t++) {
+        if (t == 0)
+            *t0_info = walk_at;
+        fstr(names[t]);
+        fld(4); /* n_dims */
+        for (int d = 0; d < dims[t]; d++)
+            fld(8);
+        fld(4); /* type */
+        fld(8); /* offset */
+    }
+    return walk_at;
+}
+
 static void every_truncation(const char *good)
 {
     char path[512];
     tu_path(path, sizeof path, "trunc.gguf");
     uint64_t size = file_size(good);
-    int failures_ok = 0;
+    uint64_t t0_info = 0, infos_end = walk_sample(&t0_info);
+    /* the walk agrees with the reader on the good file */
+    gguf_file *g0 = NULL;
+    CHECK_EQ(gguf_open(good, &g0, NULL), 0);
+    if (g0) {
+        CHECK_EQ(g0->n_kv, 14);
+        CHECK_EQ(g0->tensors[0].info_offset, t0_info);
+        CHECK(g0->data_start >= infos_end && g0->data_start < infos_end + 32);
+        gguf_close(g0);
+    }
+    const uint64_t counts_fit = 14 * 12 > 3 * 28 ? 14 * 12 : 3 * 28;
+    int failures_ok = 0, exact = 0, named = 0;
     for (uint64_t len = 0; len < size; len++) {
         copy_file(good, path, len);
         gguf_file *g = NULL;
         engram_error err = {0};
         int rc = gguf_open(path, &g, &err);
         failures_ok += rc == -EBADMSG && g == NULL && err.msg[0] != '\0';
+        if (len >= infos_end)
+            continue; /* cut in the tensor data: refused by other checks */
+        named++;
+        char want[96];
+        if (len >= 24 && len < counts_fit) {
+            snprintf(want, sizeof want, "cannot fit in %llu bytes", (unsigned long long)len);
+        } else {
+            struct field f = {0, 0};
+            if (len >= str_counts.at && len < str_counts.at + str_counts.n)
+                f = str_counts;
+            else
+                for (int i = 0; i < n_fields; i++)
+                    if (fields[i].at <= len && len < fields[i].at + fields[i].n)
+                        f = fields[i];
+            snprintf(want, sizeof want, "needs %llu bytes at offset %llu", (unsigned long long)f.n,
+                     (unsigned long long)f.at);
+        }
+        if (strstr(err.msg, want))
+            exact++;
+        else
+            fprintf(stderr, "cut at %llu: '%s' (wanted '%s')\n", (unsigned long long)len,
+                    err.msg, want);
     }
     CHECK_EQ(failures_ok, size);
-    printf("truncation: all %llu truncated files rejected\n", (unsigned long long)size);
+    CHECK_EQ(exact, named);
+    printf("truncation: all %llu truncated files rejected; the %d cut in the header, keys or "
+           "tensor infos name the read that was cut (offset and size, from the format)\n",
+           (unsigned long long)size, named);
 }
 
 static void patch(const char *path, uint64_t off, const void *bytes, size_t n)
@@ -304,6 +416,71 @@ static void mutations(const char *good)
     free(buf);
 }
 
+/* The metadata budget (GGUF_MAX_META_BYTES, 64 MiB of keys, strings and
+ * infos held in memory), reached two ways by files built byte by byte
+ * here: counts whose bookkeeping alone is over it, and strings that add up
+ * to more.  Sparse where the parser does not read. */
+static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+static void meta_budget(void)
+{
+    char path[512];
+    tu_path(path, sizeof path, "budget.gguf");
+    /* 2^20 keys and 2^20 tensors: plausible for a 29 MiB file (12 and 28
+     * bytes each at least), but their records exceed the budget. */
+    uint8_t h[24];
+    memcpy(h, "GGUF", 4);
+    put_u32(h + 4, 3);
+    put_u64(h + 8, GGUF_MAX_ITEMS);
+    put_u64(h + 16, GGUF_MAX_ITEMS);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    CHECK_EQ(pwrite(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+    CHECK_EQ(ftruncate(fd, (off_t)GGUF_MAX_ITEMS * 28 + 64), 0);
+    close(fd);
+    CHECK((uint64_t)GGUF_MAX_ITEMS * (sizeof(gguf_kv) + sizeof(gguf_tensor)) > GGUF_MAX_META_BYTES);
+    gguf_file *g = (gguf_file *)0x1;
+    engram_error err = {0};
+    int rc = gguf_open(path, &g, &err);
+    CHECK_ERR(rc, err, -EBADMSG, "metadata exceeds the 64 MiB limit");
+    CHECK(g == (gguf_file *)0x1);
+    /* Two string values of 40 MiB: the first ('x' throughout) is loaded,
+     * the second would take the total past the budget; refused before it
+     * is read (its bytes, zeros, would be refused otherwise: a NUL). */
+    const uint64_t big = 40ull << 20;
+    uint8_t kv[8 + 1 + 4 + 8];
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    memcpy(h, "GGUF", 4);
+    put_u32(h + 4, 3);
+    put_u64(h + 8, 0);
+    put_u64(h + 16, 2);
+    CHECK_EQ(pwrite(fd, h, sizeof h, 0), (ssize_t)sizeof h);
+    uint64_t at = sizeof h;
+    char *x = malloc(big);
+    memset(x, 'x', big);
+    for (int i = 0; i < 2; i++) {
+        put_u64(kv, 1);
+        kv[8] = (uint8_t)('a' + i);
+        put_u32(kv + 9, GGUF_STRING);
+        put_u64(kv + 13, big);
+        CHECK_EQ(pwrite(fd, kv, sizeof kv, (off_t)at), (ssize_t)sizeof kv);
+        at += sizeof kv;
+        if (i == 0)
+            CHECK_EQ(pwrite(fd, x, big, (off_t)at), (ssize_t)big);
+        at += big;
+    }
+    CHECK_EQ(ftruncate(fd, (off_t)at), 0);
+    close(fd);
+    free(x);
+    g = (gguf_file *)0x1;
+    rc = gguf_open(path, &g, &err);
+    CHECK_ERR(rc, err, -EBADMSG, "metadata exceeds the 64 MiB limit");
+    CHECK(strstr(err.msg, "key 'b'") || strstr(err.msg, "b at offset"));
+    CHECK(g == (gguf_file *)0x1);
+    unlink(path);
+    printf("metadata budget: 2^20 keys + 2^20 tensors refused; a 40 MiB string after another refused\n");
+}
+
 int main(void)
 {
     round_trip(3, 32);
@@ -318,6 +495,20 @@ int main(void)
     alignment_key();
     not_regular();
     mutations(good);
+    meta_budget();
+    /* tensor sizes: unknown types, no or too many dimensions, a partial
+     * block, a product that overflows 64 bits */
+    uint64_t by = 0, d[GGUF_MAX_DIMS + 1] = {8, 2, 1, 1, 1};
+    CHECK_EQ(ggml_tensor_bytes(GGML_F32, 2, d, &by), 0);
+    CHECK_EQ(by, 64);
+    CHECK_EQ(ggml_tensor_bytes(9999, 2, d, &by), -1);
+    CHECK_EQ(ggml_tensor_bytes(GGML_F32, 0, d, &by), -1);
+    CHECK_EQ(ggml_tensor_bytes(GGML_F32, GGUF_MAX_DIMS + 1, d, &by), -1);
+    uint64_t q[1] = {33}, big[2] = {1ull << 40, 1ull << 40}, big1[1] = {1ull << 62};
+    CHECK_EQ(ggml_tensor_bytes(GGML_Q8_0, 1, q, &by), -1);
+    CHECK_EQ(ggml_tensor_bytes(GGML_F32, 2, big, &by), -1);
+    CHECK_EQ(ggml_tensor_bytes(GGML_F32, 1, big1, &by), -1);
+    CHECK_EQ(by, 64); /* untouched by the refusals */
     tu_cleanup();
     return tu_finish("test_gguf");
 }

@@ -31,6 +31,7 @@ struct variant {
     int proj, proj14, omit_k, q_type;
     uint64_t kv_d0, kv_d1, q_d0, q_d1, k_d0, k_d1, w14;
     uint64_t truncate_by;
+    const char *omit_key;      /* a required key left out */
 };
 
 static struct variant defaults(void)
@@ -59,6 +60,11 @@ static struct variant defaults(void)
     return v;
 }
 
+static int keep(const struct variant *v, const char *key)
+{
+    return !v->omit_key || strcmp(v->omit_key, key) != 0;
+}
+
 static int write_variant(const char *path, const struct variant *v, const engram_layout *l)
 {
     gguf_writer *w = gguf_writer_new(3, 32);
@@ -67,23 +73,28 @@ static int write_variant(const char *path, const struct variant *v, const engram
     if (v->encoding)
         gguf_w_str(w, "deepseek41.engram.encoding", v->encoding);
     uint64_t cv = v->cvocab;
-    gguf_w_scalar(w, "deepseek41.engram.compressed_vocab_size", (uint32_t)v->cvocab_type, &cv);
-    gguf_w_u32(w, "deepseek41.engram.pad_id", v->pad);
+    if (keep(v, "deepseek41.engram.compressed_vocab_size"))
+        gguf_w_scalar(w, "deepseek41.engram.compressed_vocab_size", (uint32_t)v->cvocab_type, &cv);
+    if (keep(v, "deepseek41.engram.pad_id"))
+        gguf_w_u32(w, "deepseek41.engram.pad_id", v->pad);
     uint32_t *map = calloc(v->map_len + 1, sizeof *map);
     for (uint64_t i = 0; i < v->map_len; i++)
         map[i] = i < l->vocab ? l->token_map[i] : 0;
     if (v->map_bad_at)
         map[v->map_bad_at] = v->cvocab;
-    gguf_w_array(w, "deepseek41.engram.token_map", GGUF_U32, map, v->map_len);
+    if (keep(v, "deepseek41.engram.token_map"))
+        gguf_w_array(w, "deepseek41.engram.token_map", GGUF_U32, map, v->map_len);
     free(map);
     uint32_t rows[3] = {l->rows[0] + (uint32_t)v->rows_off_by_one, l->rows[1], 0};
-    gguf_w_array(w, "deepseek41.engram.rows", GGUF_U32, rows, v->rows_len);
+    if (keep(v, "deepseek41.engram.rows"))
+        gguf_w_array(w, "deepseek41.engram.rows", GGUF_U32, rows, v->rows_len);
     uint32_t primes[49];
     memcpy(primes, l->primes, sizeof l->primes);
     primes[48] = 7;
     if (v->prime_one)
         primes[30] = 1;
-    gguf_w_array(w, "deepseek41.engram.primes", GGUF_U32, primes, v->primes_len);
+    if (keep(v, "deepseek41.engram.primes"))
+        gguf_w_array(w, "deepseek41.engram.primes", GGUF_U32, primes, v->primes_len);
     uint64_t mult[9];
     memcpy(mult, l->multipliers, sizeof l->multipliers);
     mult[8] = 3;
@@ -91,7 +102,9 @@ static int write_variant(const char *path, const struct variant *v, const engram
         mult[5] ^= 1;
     if (v->big_mult)
         mult[6] = ((uint64_t)INT64_MAX / v->cvocab + 1) | 1;
-    if (v->mult_type == GGUF_U64)
+    if (!keep(v, "deepseek41.engram.multipliers"))
+        ;
+    else if (v->mult_type == GGUF_U64)
         gguf_w_array(w, "deepseek41.engram.multipliers", GGUF_U64, mult, v->mult_len);
     else {
         uint32_t m32[9];
@@ -189,6 +202,16 @@ static void validation(const engram_layout *l)
     CASE(v.arch = NULL, -ENOTSUP, "missing");
     CASE(v.encoding = "q8_0", -ENOTSUP, "encoding");
     CASE(v.encoding = NULL, -EBADMSG, "missing key 'deepseek41.engram.encoding'");
+    /* every other required key left out in turn */
+    static const char *const required[] = {
+        "deepseek41.engram.compressed_vocab_size", "deepseek41.engram.pad_id",
+        "deepseek41.engram.rows", "deepseek41.engram.primes", "deepseek41.engram.multipliers",
+        "deepseek41.engram.token_map"};
+    for (size_t i = 0; i < sizeof required / sizeof *required; i++) {
+        char needle[96];
+        snprintf(needle, sizeof needle, "missing key '%s'", required[i]);
+        CASE(v.omit_key = required[i], -EBADMSG, needle);
+    }
     CASE(v.cvocab_type = GGUF_U64, -EBADMSG, "compressed_vocab_size' at offset");
     CASE(v.pad = CVOCAB, -EBADMSG, "pad_id");
     CASE(v.map_bad_at = 17, -EBADMSG, "token_map[17]");
@@ -311,6 +334,23 @@ static void reads(const engram_layout *l)
     CHECK_ERR(rc, err, -EINVAL, "table 2");
     for (size_t i = 0; i < sizeof out; i++)
         CHECK(((uint8_t *)out)[i] == 0x33);
+    /* the same refusals from the raw read (not through the decoding reads),
+     * and NULL arguments */
+    uint8_t rawbad[3 * 264];
+    memset(rawbad, 0x33, sizeof rawbad);
+    rc = engram_model_read_raw(m, 1, bad, 3, rawbad, &err);
+    CHECK_ERR(rc, err, -EINVAL, "out of range");
+    CHECK_EQ(err.row, l->rows[1]);
+    rc = engram_model_read_raw(m, 0, NULL, 1, rawbad, &err);
+    CHECK_ERR(rc, err, -EINVAL, "NULL argument");
+    for (size_t i = 0; i < sizeof rawbad; i++)
+        CHECK(rawbad[i] == 0x33);
+    engram_model *m2 = (engram_model *)0x1;
+    rc = engram_model_open(NULL, &m2, &err);
+    CHECK_ERR(rc, err, -EINVAL, "NULL argument");
+    rc = engram_model_open(path, NULL, &err);
+    CHECK_ERR(rc, err, -EINVAL, "NULL argument");
+    CHECK(m2 == (engram_model *)0x1);
     engram_model_close(m);
 
     /* A NaN row: -EDOM naming the row and why. */
@@ -444,6 +484,11 @@ int main(void)
     engram_layout l;
     CHECK_EQ(tu_layout(&l, map, VOCAB, CVOCAB, BASE), 0);
     validation(&l);
+    engram_layout nomap = l;
+    nomap.token_map = NULL;
+    engram_error e;
+    int rc = engram_layout_validate(&nomap, &e);
+    CHECK_ERR(rc, e, -EINVAL, "no token map");
     placement(&l);
     reads(&l);
     full_size();

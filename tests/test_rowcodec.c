@@ -231,6 +231,9 @@ static void batch_rejection(void)
         }
     }
     CHECK_EQ(engram_rows_check(raw, N, NULL), 0);
+    size_t nb = 7;
+    CHECK_EQ(engram_rows_check(NULL, 1, &nb), -EINVAL); /* NULL rows */
+    CHECK_EQ(engram_rows_check(NULL, 0, &nb), 0);       /* nothing to check */
 }
 
 /* Results must not depend on FTZ/DAZ set by the caller. */

@@ -43,6 +43,17 @@ static void multipliers(void)
     CHECK_EQ(engram_layout_multipliers(99092, 1, 0, m), -EINVAL);
 }
 
+/* malloc is wrapped for this test (see the Makefile): the N-th call fails
+ * while alloc_fail_at is N; utf8proc's own allocations (a shared library)
+ * are not counted. */
+static long alloc_calls, alloc_fail_at;
+void *__real_malloc(size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_malloc(size_t n)
+{
+    return alloc_fail_at && ++alloc_calls == alloc_fail_at ? NULL : __real_malloc(n);
+}
+
 /* normalize(in) must be want (both with explicit lengths). */
 static void norm_case(const char *in, size_t in_len, const char *want, size_t want_len)
 {
@@ -82,6 +93,40 @@ static void normalize(void)
     NORM("\xe2\x91\xa0", "1");            /* circled one, NFKC            */
     char *out = NULL;
     size_t n;
+    /* every allocation of a normalization failed in turn: -ENOMEM, nothing returned */
+    {
+        alloc_calls = 0;
+        alloc_fail_at = -1; /* counts only */
+        char *o2 = NULL;
+        size_t n2 = 0;
+        CHECK_EQ(engram_text_normalize("Gr\xc3\xbc\xc3\x9f  Gott", 13, &o2, &n2), 0);
+        long total = alloc_calls;
+        alloc_fail_at = 0;
+        free(o2);
+        CHECK(total >= 1);
+        for (long k = 1; k <= total; k++) {
+            alloc_calls = 0;
+            alloc_fail_at = k;
+            o2 = NULL;
+            int r = engram_text_normalize("Gr\xc3\xbc\xc3\x9f  Gott", 13, &o2, &n2);
+            alloc_fail_at = 0;
+            CHECK_EQ(r, -ENOMEM);
+            CHECK(o2 == NULL);
+        }
+    }
+    /* refused arguments: NULL outputs or text, over 1 GiB (not read) */
+    CHECK_EQ(engram_text_normalize(NULL, 1, &out, &n), -EINVAL);
+    CHECK_EQ(engram_text_normalize("a", 1, NULL, &n), -EINVAL);
+    CHECK_EQ(engram_text_normalize("a", 1, &out, NULL), -EINVAL);
+    CHECK_EQ(engram_text_normalize("a", ((size_t)1 << 30) + 1, &out, &n), -EINVAL);
+    {
+        engram_tokmap tm;
+        engram_error e;
+        int r = engram_tokmap_from_json(NULL, &tm, &e);
+        CHECK_ERR(r, e, -EINVAL, "NULL argument");
+        r = engram_tokmap_from_json("x.json", NULL, &e);
+        CHECK_ERR(r, e, -EINVAL, "NULL argument");
+    }
     CHECK_EQ(engram_text_normalize("\xc3", 1, &out, &n), -EILSEQ);
     CHECK_EQ(engram_text_normalize("\xed\xa0\x80", 3, &out, &n), -EILSEQ); /* surrogate */
     CHECK_EQ(engram_text_normalize("\xc0\xaf", 2, &out, &n), -EILSEQ);     /* overlong  */
@@ -358,6 +403,12 @@ static void quantizer(void)
         memcpy(&x[i], &u, 4);
     }
     CHECK_EQ(engram_rows_quantize_bf16(hb, 1, q, &bad, NULL), 0);
+    /* refused arguments: NULL input or output for rows, a count past SIZE_MAX / 264 */
+    CHECK_EQ(engram_rows_quantize_bf16(NULL, 1, q, &bad, NULL), -EINVAL);
+    CHECK_EQ(engram_rows_quantize_bf16(hb, 1, NULL, &bad, NULL), -EINVAL);
+    CHECK_EQ(engram_rows_quantize_bf16(hb, SIZE_MAX / 264 + 1, q, &bad, NULL), -EINVAL);
+    CHECK_EQ(engram_rows_quantize_f32(NULL, 1, q, &bad, NULL), -EINVAL);
+    CHECK_EQ(engram_rows_quantize_f32(x, SIZE_MAX / 264 + 1, q, &bad, NULL), -EINVAL);
     CHECK_EQ(engram_rows_quantize_f32(x, 1, q2, &bad, NULL), 0);
     CHECK(memcmp(q, q2, 264) == 0);
     CHECK_EQ(engram_rows_check(q, 1, &bad), 0);
