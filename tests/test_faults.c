@@ -799,59 +799,48 @@ static int open_fds(void)
     return n;
 }
 
-/* Every allocation of a model open (the GGUF reader's header, keys,
- * strings and tensor infos, the layout, the token map, the checks) failed
- * in turn: -ENOMEM with nothing returned, and no descriptor left open. */
+/* Fails the k-th call that *plan counts, for every k of a model open: want
+ * each time, no model returned.  Returns the number of calls. */
+static long open_fails_in_turn(const char *path, struct lib_alloc_plan *plan, int want)
+{
+    engram_error err;
+    engram_model *m = NULL;
+    *plan = (struct lib_alloc_plan){0, 0, 1};
+    CHECK_EQ(engram_model_open(path, &m, &err), 0);
+    plan->armed = 0;
+    engram_model_close(m);
+    long total = plan->calls;
+    for (long k = 1; k <= total; k++) {
+        *plan = (struct lib_alloc_plan){0, k, 1};
+        m = NULL;
+        int rc = engram_model_open(path, &m, &err);
+        plan->armed = 0;
+        if (rc != want || m != NULL)
+            fprintf(stderr, "call %ld of %ld failed: rc %d (%s)\n", k, total, rc,
+                    rc < 0 ? err.msg : "opened");
+        CHECK_EQ(rc, want);
+        CHECK(m == NULL);
+        if (rc == 0)
+            engram_model_close(m);
+    }
+    return total;
+}
+
+/* A model open (the GGUF reader's header, keys, strings and tensor infos,
+ * the layout, the token map, the checks) with every allocation, then every
+ * pread, failed in turn: -ENOMEM / -EIO, nothing returned, no descriptor
+ * left open; then the decoding reads' one buffer. */
 static void model_open_faults(const char *path)
 {
     int fds0 = open_fds();
+    long allocs = open_fails_in_turn(path, &lib_alloc, -ENOMEM);
+    long reads = open_fails_in_turn(path, &preads, -EIO);
+    CHECK(allocs > 5 && reads > 2);
+    CHECK_EQ(open_fds(), fds0);
+    printf("model open: each of %ld allocations failed in turn: -ENOMEM; each of %ld reads: -EIO\n",
+           allocs, reads);
     engram_error err;
     engram_model *m = NULL;
-    lib_alloc = (struct lib_alloc_plan){0, 0, 1};
-    CHECK_EQ(engram_model_open(path, &m, &err), 0);
-    lib_alloc.armed = 0;
-    engram_model_close(m);
-    long total = lib_alloc.calls, refused = 0;
-    CHECK(total > 5);
-    for (long k = 1; k <= total; k++) {
-        lib_alloc = (struct lib_alloc_plan){0, k, 1};
-        m = NULL;
-        int rc = engram_model_open(path, &m, &err);
-        lib_alloc.armed = 0;
-        if (rc != -ENOMEM || m != NULL)
-            fprintf(stderr, "allocation %ld of %ld failed: rc %d (%s)\n", k, total, rc,
-                    rc < 0 ? err.msg : "opened");
-        CHECK_EQ(rc, -ENOMEM);
-        CHECK(m == NULL);
-        refused += rc == -ENOMEM;
-        if (rc == 0)
-            engram_model_close(m);
-    }
-    CHECK_EQ(open_fds(), fds0);
-    printf("model open: %ld allocations failed in turn, %ld refused with ENOMEM\n", total, refused);
-    /* every read of a model open failed in turn: -EIO, nothing returned */
-    preads = (struct lib_alloc_plan){0, 0, 1};
-    CHECK_EQ(engram_model_open(path, &m, &err), 0);
-    preads.armed = 0;
-    engram_model_close(m);
-    long reads = preads.calls, eio = 0;
-    CHECK(reads > 2);
-    for (long k = 1; k <= reads; k++) {
-        preads = (struct lib_alloc_plan){0, k, 1};
-        m = NULL;
-        int rc = engram_model_open(path, &m, &err);
-        preads.armed = 0;
-        if (rc != -EIO || m != NULL)
-            fprintf(stderr, "read %ld of %ld failed: rc %d (%s)\n", k, reads, rc,
-                    rc < 0 ? err.msg : "opened");
-        CHECK_EQ(rc, -EIO);
-        CHECK(m == NULL);
-        eio += rc == -EIO;
-        if (rc == 0)
-            engram_model_close(m);
-    }
-    CHECK_EQ(open_fds(), fds0);
-    printf("model open: %ld reads failed in turn, %ld refused with EIO\n", reads, eio);
     /* the decoding reads' one temporary buffer: -ENOMEM, output untouched */
     CHECK_EQ(engram_model_open(path, &m, &err), 0);
     uint32_t rows[2] = {0, 1};
