@@ -251,6 +251,59 @@ static void steps(engram_model *m)
 
 /* Bad rows: out of range (nothing read), NaN (named), and a file that shrinks
  * under the reader (short read, named). */
+/* Refused arguments at every entry point: -EINVAL with the reason, and no
+ * step left in flight. */
+static int no_sink_called(void *ctx, size_t first, size_t n, const void *window)
+{
+    (void)ctx, (void)first, (void)n, (void)window;
+    return 0;
+}
+
+static void arguments(engram_model *m)
+{
+    engram_error err;
+    engram_reader *r = (engram_reader *)0x1;
+    int rc = engram_reader_open(NULL, NULL, &r, &err);
+    CHECK_ERR(rc, err, -EINVAL, "NULL argument");
+    rc = engram_reader_open(m, NULL, NULL, &err);
+    CHECK_ERR(rc, err, -EINVAL, "NULL argument");
+    engram_reader_opts bad_engine = {.engine = (engram_io_engine)99};
+    rc = engram_reader_open(m, &bad_engine, &r, &err);
+    CHECK_ERR(rc, err, -EINVAL, "unknown I/O engine 99");
+    CHECK(r == (engram_reader *)0x1);
+    CHECK_EQ(engram_reader_open(m, NULL, &r, &err), 0);
+    uint32_t rows[48] = {0};
+    static uint16_t out[48 * 256], window[2 * 24 * 256];
+    rc = engram_reader_batch(r, 0, rows, 1, ENGRAM_BF16, NULL, &err);
+    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    rc = engram_reader_batch(r, 0, rows, 1, (engram_dtype)77, out, &err);
+    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    rc = engram_reader_batch(r, 2, rows, 1, ENGRAM_BF16, out, &err);
+    CHECK_ERR(rc, err, -EINVAL, "table 2 is not 0 or 1");
+    rc = engram_reader_batch_stream(r, 0, rows, 1, ENGRAM_BF16, window, 2, NULL, NULL, &err);
+    CHECK_ERR(rc, err, -EINVAL, "no sink");
+    rc = engram_reader_batch_stream(r, 0, rows, 1, ENGRAM_BF16, window, 0, no_sink_called, NULL,
+                                    &err);
+    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    rc = engram_reader_step_submit(r, rows, ENGRAM_BF16, NULL, &err);
+    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    rc = engram_reader_step_submit(r, NULL, ENGRAM_BF16, out, &err);
+    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    rc = engram_reader_step_submit(r, rows, ENGRAM_RAW, out, &err);
+    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    rc = engram_reader_step_poll(r, &err);
+    CHECK_ERR(rc, err, -EINVAL, "no decode step in flight");
+    rc = engram_reader_step_wait(r, &err);
+    CHECK_EQ(rc, -EINVAL);
+    CHECK_EQ(engram_reader_step_cancel(r), -EINVAL);
+    CHECK_EQ(engram_reader_step_cancel(NULL), -EINVAL);
+    /* the reader still works */
+    CHECK_EQ(engram_reader_step_submit(r, rows, ENGRAM_BF16, out, &err), 0);
+    CHECK_EQ(engram_reader_step_wait(r, &err), 0);
+    engram_reader_close(r);
+    printf("arguments: every entry point refuses NULL, unknown and out-of-range arguments\n");
+}
+
 static void errors(const char *path, const engram_layout *l)
 {
     char bad[600];
@@ -542,6 +595,7 @@ int main(void)
         t0 = t1;                                                                         \
     } while (0)
     LAP(batches(m));
+    LAP(arguments(m));
     LAP(steps(m));
     LAP(cached(m));
     LAP(env_and_options(m));
