@@ -17,6 +17,7 @@ caught (the mutant hangs it) and is reported as such.
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -46,6 +47,9 @@ def main():
     lines = src.split('\n')
     sites = [i for s, e in functions(lines, names) for i in range(s, e) if CHECK.match(lines[i])]
     killed, hung, survivors = 0, 0, []
+    # SIGTERM / SIGHUP: leave through the finally below, which puts FILE back
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda s, f: sys.exit(1))
     targets = target.split(',')
     limit = int(os.environ.get('MUT_TIMEOUT', '60'))
     try:
@@ -57,10 +61,15 @@ def main():
             if b.returncode != 0:
                 killed += 1  # does not even build (e.g. an unused label): not a survivor
                 continue
+            # the test in its own process group, killed whole on a timeout (a
+            # hung mutant under `sh -c` would otherwise outlive the shell)
+            t = subprocess.Popen(test, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
             try:
-                t = subprocess.run(test, capture_output=True, timeout=limit)
-                caught = t.returncode != 0
+                caught = t.wait(timeout=limit) != 0
             except subprocess.TimeoutExpired:
+                os.killpg(t.pid, signal.SIGKILL)
+                t.wait()
                 caught = True  # the mutant hangs the test: caught
                 hung += 1
             if caught:
