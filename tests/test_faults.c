@@ -6,6 +6,7 @@
  * Linked with -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,
  * --wrap=open,--wrap=statx (see the Makefile): test builds only.
  */
+#include <dirent.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -856,6 +857,51 @@ static void model_open_faults(const char *path)
     engram_model_close(m);
 }
 
+/* Files in the test directory whose names start with prefix. */
+static int files_named(const char *prefix)
+{
+    char probe[512];
+    tu_path(probe, sizeof probe, "x");
+    probe[strlen(probe) - 1] = '\0'; /* the directory, with its '/' */
+    DIR *d = opendir(probe);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* engram_build_model with every allocation failed in turn: -ENOMEM, and
+ * neither the file nor a temporary one left behind (all or nothing). */
+static void build_faults(const engram_layout *l)
+{
+    engram_build_opts o;
+    memset(&o, 0, sizeof o);
+    o.layout = *l;
+    o.fill = ENGRAM_FILL_RANDOM;
+    o.width = 16;
+    o.seed = 3;
+    char path[512];
+    tu_path(path, sizeof path, "bfault.gguf");
+    engram_error err;
+    lib_alloc = (struct lib_alloc_plan){0, 0, 1};
+    CHECK_EQ(engram_build_model(path, &o, &err), 0);
+    lib_alloc.armed = 0;
+    long total = lib_alloc.calls;
+    CHECK(total > 3);
+    CHECK_EQ(unlink(path), 0);
+    for (long k = 1; k <= total; k++) {
+        lib_alloc = (struct lib_alloc_plan){0, k, 1};
+        int rc = engram_build_model(path, &o, &err);
+        lib_alloc.armed = 0;
+        CHECK_ERR(rc, err, -ENOMEM, "out of memory");
+        CHECK_EQ(files_named("bfault"), 0);
+    }
+    printf("model build: each of %ld allocations failed in turn: -ENOMEM, no file left\n", total);
+}
+
 static void setup_faults(engram_model *m, const uint32_t *rows, const uint16_t *w0)
 {
     engram_error err;
@@ -1373,6 +1419,7 @@ int main(void)
     SCENARIO("engine dies", engine_dies(m, rows, w0, w1));
     SCENARIO("set-up faults", setup_faults(m, rows, w0));
     SCENARIO("model open: every allocation", model_open_faults(path));
+    SCENARIO("model build: every allocation", build_faults(&l));
     SCENARIO("faults in session steps", session_faults(m));
     SCENARIO("faults in prefills", prefill_faults(m));
     SCENARIO("session pool dies", pool_dies(m));

@@ -484,6 +484,35 @@ int main(void)
     engram_layout l;
     CHECK_EQ(tu_layout(&l, map, VOCAB, CVOCAB, BASE), 0);
     validation(&l);
+    /* the builder's refusals: NULL arguments, a bad version, fill or width */
+    {
+        engram_build_opts o;
+        memset(&o, 0, sizeof o);
+        o.layout = l;
+        char bp[512];
+        tu_path(bp, sizeof bp, "never.gguf");
+        engram_error be;
+        int brc = engram_build_model(NULL, &o, &be);
+        CHECK_ERR(brc, be, -EINVAL, "NULL argument");
+        brc = engram_build_model(bp, NULL, &be);
+        CHECK_ERR(brc, be, -EINVAL, "NULL argument");
+        o.gguf_version = 4;
+        brc = engram_build_model(bp, &o, &be);
+        CHECK_ERR(brc, be, -EINVAL, "bad build options");
+        o.gguf_version = 3;
+        o.fill = (engram_fill)99;
+        brc = engram_build_model(bp, &o, &be);
+        CHECK_ERR(brc, be, -EINVAL, "bad build options");
+        o.fill = ENGRAM_FILL_ZERO;
+        o.width = (1u << 20) + 1;
+        brc = engram_build_model(bp, &o, &be);
+        CHECK_ERR(brc, be, -EINVAL, "bad build options");
+        o.width = 0;
+        o.layout.token_map = NULL; /* an invalid layout */
+        brc = engram_build_model(bp, &o, &be);
+        CHECK_ERR(brc, be, -EINVAL, "no token map");
+        CHECK(access(bp, F_OK) != 0);
+    }
     engram_layout nomap = l;
     nomap.token_map = NULL;
     engram_error e;
