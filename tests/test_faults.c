@@ -14,6 +14,9 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include "../src/gguf.h"
+#include "../src/rowcache.h"
+#include "../src/util.h"
 #include "fault_engine.h"
 #include "testutil.h"
 
@@ -77,7 +80,7 @@ int __wrap_statx(int dirfd, const char *path, int flags, unsigned mask, struct s
 }
 
 /* Allocation failures for library code: calls from the library's objects
- * to malloc/calloc/posix_memalign and anonymous mmap are routed here (--wrap); the N-th one
+ * to malloc/calloc/realloc/strdup/posix_memalign and anonymous mmap are routed here (--wrap); the N-th one
  * fails while armed.  Works under sanitizers too. */
 struct lib_alloc_plan {
     long calls, fail_at;  /* fail_at 0: never */
@@ -104,6 +107,12 @@ int __wrap_posix_memalign(void **p, size_t a, size_t n)
 {
     return lib_alloc_fails() ? ENOMEM : __real_posix_memalign(p, a, n);
 }
+void *__real_realloc(void *p, size_t n);
+char *__real_strdup(const char *s);
+void *__wrap_realloc(void *p, size_t n);
+char *__wrap_strdup(const char *s);
+void *__wrap_realloc(void *p, size_t n) { return lib_alloc_fails() ? NULL : __real_realloc(p, n); }
+char *__wrap_strdup(const char *s) { return lib_alloc_fails() ? NULL : __real_strdup(s); }
 
 /* pread (the GGUF reader's and the model's row reads; the reader's
  * buffered engine): the N-th call while armed fails with EIO. */
@@ -117,6 +126,20 @@ ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t off)
         return -1;
     }
     return __real_pread(fd, buf, n, off);
+}
+
+/* pwrite (the model builder's table and weight fillers, the GGUF
+ * writer): the N-th call while armed fails with EIO. */
+static struct lib_alloc_plan pwrites;
+ssize_t __real_pwrite(int fd, const void *buf, size_t n, off_t off);
+ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off);
+ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    if (pwrites.armed && ++pwrites.calls == pwrites.fail_at) {
+        errno = EIO;
+        return -1;
+    }
+    return __real_pwrite(fd, buf, n, off);
 }
 
 /* Anonymous mappings (the layer's weights) count as allocations too. */
@@ -786,6 +809,56 @@ static void engine_dies(engram_model *m, const uint32_t *rows, const uint16_t *w
     }
 }
 
+/* An engine that refuses reads transiently for ever (a queue that never
+ * drains), from the first read and after some are in flight: the reader
+ * gives up after its bound with -EAGAIN ("kept refusing"), nothing left in
+ * flight or pending, not broken; the next requests are exact.  Polling
+ * such a step says "not yet" and the wait that follows gives up the same
+ * way.  Then a queue refusing for good (-EIO on every read from the 5th):
+ * the error names the row, nothing stays in flight. */
+static void engine_refuses(engram_model *m, const uint32_t *rows, const uint16_t *w0,
+                           const uint16_t *w1)
+{
+    for (int e = 0; e < 3; e++) {
+        for (int how = 0; how < 8; how++) {
+            int in_step = how & 1, late = how & 2, hard = how & 4;
+            fe_reset();
+            engram_reader *r = open_reader(m, e, 16);
+            if (!r)
+                continue;
+            engram_error err;
+            memset(&err, 0, sizeof err);
+            fe_arm(FE_QUEUE, late ? 5 : 1, hard ? -EIO : -EAGAIN, -1);
+            int rc;
+            if (in_step && !hard) {
+                static uint16_t out[48 * 256];
+                CHECK_EQ(engram_reader_step_submit(r, rows, ENGRAM_BF16, out, &err), 0);
+                for (int p = 0; p < 3; p++)
+                    CHECK_EQ(engram_reader_step_poll(r, &err), -EAGAIN);
+                rc = engram_reader_step_wait(r, &err);
+            } else {
+                rc = in_step ? step_eq(r, rows, w0, w1, &err) : batch_eq(r, 0, rows, 4, w0, &err);
+            }
+            fe_disarm();
+            engram_io_stats st;
+            engram_reader_stats(r, &st);
+            if (hard) {
+                CHECK_ERR(rc, err, -EIO, "cannot queue");
+                CHECK(err.row != ENGRAM_NO_ROW);
+            } else {
+                CHECK_ERR(rc, err, -EAGAIN, "kept refusing");
+                CHECK(st.retries >= 2000);
+            }
+            CHECK_EQ(st.in_flight, 0);
+            CHECK_EQ(st.broken, 0);
+            CHECK_EQ(batch_eq(r, 0, rows, 4, w0, &err), 0);
+            CHECK_EQ(step_eq(r, rows, w0, w1, &err), 0);
+            engram_reader_close(r);
+            contract_clean(engine_names[e]);
+        }
+    }
+}
+
 /* Set-up failures: allocation, descriptors, io_uring, threads.  Forced
  * engines fail with the error; the automatic choice falls back where a
  * fallback exists; nothing is left allocated or open. */
@@ -800,31 +873,75 @@ static int open_fds(void)
     return n;
 }
 
-/* Fails the k-th call that *plan counts, for every k of a model open: want
- * each time, no model returned.  Returns the number of calls. */
-static long open_fails_in_turn(const char *path, struct lib_alloc_plan *plan, int want)
+/* An operation swept by fails_in_turn: run makes something (0 or -errno;
+ * on an error it also checks that nothing was made); done releases what a
+ * successful run made, checking it where a fault was injected (faulted). */
+struct op {
+    int (*run)(void *ctx, engram_error *err);
+    void (*done)(void *ctx, int faulted);
+    void *ctx;
+};
+
+/* Runs op once with *plan counting its calls, then once per call with
+ * that call failed: each run fails with want (msg in its message) or, where
+ * a fallback exists, succeeds and done() checks it.  Returns the number of
+ * calls; *refused: how many runs failed. */
+static long fails_in_turn(const struct op *op, struct lib_alloc_plan *plan, int want,
+                          const char *msg, long *refused)
 {
     engram_error err;
-    engram_model *m = NULL;
     *plan = (struct lib_alloc_plan){0, 0, 1};
-    CHECK_EQ(engram_model_open(path, &m, &err), 0);
+    CHECK_EQ(op->run(op->ctx, &err), 0);
     plan->armed = 0;
-    engram_model_close(m);
-    long total = plan->calls;
+    op->done(op->ctx, 0);
+    long total = plan->calls, failed = 0;
     for (long k = 1; k <= total; k++) {
         *plan = (struct lib_alloc_plan){0, k, 1};
-        m = NULL;
-        int rc = engram_model_open(path, &m, &err);
+        int rc = op->run(op->ctx, &err);
         plan->armed = 0;
-        if (rc != want || m != NULL)
-            fprintf(stderr, "call %ld of %ld failed: rc %d (%s)\n", k, total, rc,
-                    rc < 0 ? err.msg : "opened");
-        CHECK_EQ(rc, want);
-        CHECK(m == NULL);
-        if (rc == 0)
-            engram_model_close(m);
+        if (rc == 0) {
+            op->done(op->ctx, 1);
+            continue;
+        }
+        if (rc != want)
+            fprintf(stderr, "call %ld of %ld failed: rc %d (%s)\n", k, total, rc, err.msg);
+        CHECK_ERR(rc, err, want, msg);
+        failed++;
     }
+    if (refused)
+        *refused = failed;
     return total;
+}
+
+/* A model open, or a GGUF open, that must fail whenever a call fails. */
+struct open_ctx {
+    const char *path;
+    engram_model *m;
+    gguf_file *g;
+    int gguf;
+    uint64_t fail_offset; /* counts failures whose error names this offset */
+    long at_offset;
+};
+
+static int open_run(void *vc, engram_error *err)
+{
+    struct open_ctx *c = vc;
+    c->m = NULL;
+    c->g = NULL;
+    int rc = c->gguf ? gguf_open(c->path, &c->g, err) : engram_model_open(c->path, &c->m, err);
+    if (rc < 0) {
+        CHECK(c->m == NULL && c->g == NULL);
+        c->at_offset += err->offset == c->fail_offset;
+    }
+    return rc;
+}
+
+static void open_done(void *vc, int faulted)
+{
+    struct open_ctx *c = vc;
+    CHECK(!faulted); /* no fallback: a failed call must fail the open */
+    engram_model_close(c->m);
+    gguf_close(c->g);
 }
 
 /* A model open (the GGUF reader's header, keys, strings and tensor infos,
@@ -834,8 +951,10 @@ static long open_fails_in_turn(const char *path, struct lib_alloc_plan *plan, in
 static void model_open_faults(const char *path)
 {
     int fds0 = open_fds();
-    long allocs = open_fails_in_turn(path, &lib_alloc, -ENOMEM);
-    long reads = open_fails_in_turn(path, &preads, -EIO);
+    struct open_ctx c = {.path = path};
+    struct op op = {open_run, open_done, &c};
+    long allocs = fails_in_turn(&op, &lib_alloc, -ENOMEM, "out of memory", NULL);
+    long reads = fails_in_turn(&op, &preads, -EIO, "", NULL);
     CHECK(allocs > 5 && reads > 2);
     CHECK_EQ(open_fds(), fds0);
     printf("model open: each of %ld allocations failed in turn: -ENOMEM; each of %ld reads: -EIO\n",
@@ -857,6 +976,42 @@ static void model_open_faults(const char *path)
     engram_model_close(m);
 }
 
+/* A GGUF string that crosses the reader's 1 MiB read window: a file of one
+ * 1.5 MiB string value, opened with each of its reads failed in turn; the
+ * read inside the string fails the open with -EIO naming its offset. */
+static void long_string_faults(void)
+{
+    char path[512];
+    tu_path(path, sizeof path, "longstr.gguf");
+    const uint64_t n = 3u << 19;
+    unsigned char head[4 + 4 + 8 + 8 + 8 + 3 + 4 + 8];
+    unsigned char *p = head;
+    uint32_t version = 3, type = 8; /* a string value */
+    uint64_t tensors = 0, kvs = 1, klen = 3;
+    memcpy(p, "GGUF", 4), p += 4;
+    memcpy(p, &version, 4), p += 4;
+    memcpy(p, &tensors, 8), p += 8;
+    memcpy(p, &kvs, 8), p += 8;
+    memcpy(p, &klen, 8), p += 8;
+    memcpy(p, "big", 3), p += 3;
+    memcpy(p, &type, 4), p += 4;
+    memcpy(p, &n, 8);
+    char *str = malloc(n);
+    memset(str, 'a', n);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(head, 1, sizeof head, f) == sizeof head && fwrite(str, 1, n, f) == n);
+    if (f)
+        fclose(f);
+    free(str);
+    struct open_ctx c = {.path = path, .gguf = 1, .fail_offset = 1u << 20};
+    struct op op = {open_run, open_done, &c};
+    long reads = fails_in_turn(&op, &preads, -EIO, "read failed", NULL);
+    CHECK(reads >= 2);          /* the window, then the rest of the string */
+    CHECK_EQ(c.at_offset, 1);   /* one failed read began inside the string */
+    unlink(path);
+    printf("long string: each of %ld reads failed in turn: -EIO\n", reads);
+}
+
 /* Files in the test directory whose names start with prefix. */
 static int files_named(const char *prefix)
 {
@@ -873,33 +1028,189 @@ static int files_named(const char *prefix)
     return n;
 }
 
-/* engram_build_model with every allocation failed in turn: -ENOMEM, and
- * neither the file nor a temporary one left behind (all or nothing). */
-static void build_faults(const engram_layout *l)
-{
+/* A model build that must leave neither the file nor a temporary one when
+ * it fails (all or nothing). */
+struct build_ctx {
+    const char *path;
     engram_build_opts o;
-    memset(&o, 0, sizeof o);
-    o.layout = *l;
-    o.fill = ENGRAM_FILL_RANDOM;
-    o.width = 16;
-    o.seed = 3;
+};
+
+static int build_run(void *vc, engram_error *err)
+{
+    struct build_ctx *c = vc;
+    int rc = engram_build_model(c->path, &c->o, err);
+    if (rc < 0)
+        CHECK_EQ(files_named("bfault"), 0);
+    return rc;
+}
+
+static void build_done(void *vc, int faulted)
+{
+    struct build_ctx *c = vc;
+    CHECK(!faulted);
+    CHECK_EQ(unlink(c->path), 0);
+}
+
+/* engram_build_model with every allocation, then every pwrite, failed in
+ * turn, for each way of filling the tables: -ENOMEM / -EIO, no file left. */
+static void build_faults(void)
+{
+    /* small tables (24 x ~300 rows each): a build is ~4 MB of writes */
+    static uint32_t map[3000];
+    engram_layout l;
+    CHECK_EQ(tu_layout(&l, map, 3000, 2000, 300), 0);
+    static const engram_fill fills[] = {ENGRAM_FILL_RANDOM, ENGRAM_FILL_POOL, ENGRAM_FILL_SPARSE,
+                                        ENGRAM_FILL_NORMAL};
+    static const char *const names[] = {"random", "pool", "sparse", "normal"};
     char path[512];
     tu_path(path, sizeof path, "bfault.gguf");
-    engram_error err;
-    lib_alloc = (struct lib_alloc_plan){0, 0, 1};
-    CHECK_EQ(engram_build_model(path, &o, &err), 0);
-    lib_alloc.armed = 0;
-    long total = lib_alloc.calls;
-    CHECK(total > 3);
-    CHECK_EQ(unlink(path), 0);
-    for (long k = 1; k <= total; k++) {
-        lib_alloc = (struct lib_alloc_plan){0, k, 1};
-        int rc = engram_build_model(path, &o, &err);
-        lib_alloc.armed = 0;
-        CHECK_ERR(rc, err, -ENOMEM, "out of memory");
-        CHECK_EQ(files_named("bfault"), 0);
+    for (size_t i = 0; i < sizeof fills / sizeof fills[0]; i++) {
+        struct build_ctx c = {.path = path, .o = {.layout = l, .fill = fills[i], .width = 16, .seed = 3}};
+        struct op op = {build_run, build_done, &c};
+        long allocs = fails_in_turn(&op, &lib_alloc, -ENOMEM, "out of memory", NULL);
+        long writes = fails_in_turn(&op, &pwrites, -EIO, "I/O error", NULL);
+        CHECK(allocs > 3 && writes > 3);
+        printf("model build (%s tables): each of %ld allocations failed in turn: -ENOMEM; "
+               "each of %ld writes: -EIO; no file left\n", names[i], allocs, writes);
     }
-    printf("model build: each of %ld allocations failed in turn: -ENOMEM, no file left\n", total);
+}
+
+/* A hasher, a row cache: no fallback, every failed allocation -ENOMEM. */
+struct small_ctx {
+    const engram_layout *l;
+    engram_hasher *h;
+    struct rowcache *c;
+    int cache;
+};
+
+static int small_run(void *vc, engram_error *err)
+{
+    struct small_ctx *c = vc;
+    c->h = NULL;
+    c->c = NULL;
+    if (!c->cache)
+        return engram_hasher_new(c->l, &c->h, err);
+    int rc = rowcache_new(1u << 20, &c->c);
+    if (rc < 0)
+        err_set(err, rc, ENGRAM_NO_OFFSET, "out of memory");
+    return rc;
+}
+
+static void small_done(void *vc, int faulted)
+{
+    struct small_ctx *c = vc;
+    CHECK(!faulted);
+    engram_hasher_free(c->h);
+    rowcache_free(c->c);
+}
+
+/* The GGUF writer: metadata, tensors and the file, with every allocation
+ * failed in turn.  The call whose allocation failed returns -ENOMEM (the
+ * others 0: the writer records the failure), and the write then refuses:
+ * -ENOMEM, the file empty. */
+static int writer_adds(gguf_writer *w, long fail_at, int *wrong)
+{
+    static const char *const strs[3] = {"x", "yy", "zzz"};
+    static uint32_t arr[3000];
+    uint64_t dims[2] = {64, 4};
+    for (int i = 0; i < 8; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "key.%d", i);
+        long before = lib_alloc.calls;
+        int rc;
+        switch (i % 4) {
+        case 0: rc = gguf_w_str(w, key, "a value"); break;
+        case 1: rc = gguf_w_array(w, key, GGUF_U32, arr, 3000); break;
+        case 2: rc = gguf_w_array_str(w, key, strs, 3); break;
+        default: rc = gguf_w_tensor(w, key, GGML_F32, 2, dims, 0, NULL, NULL); break;
+        }
+        int here = before < fail_at && lib_alloc.calls >= fail_at;
+        *wrong += rc != (here ? -ENOMEM : 0);
+    }
+    return 0;
+}
+
+static void writer_faults(void)
+{
+    char path[512];
+    tu_path(path, sizeof path, "wfault.gguf");
+    long total = 0, refused = 0;
+    for (long k = 0; k == 0 || k <= total; k++) {
+        int wrong = 0;
+        lib_alloc = (struct lib_alloc_plan){0, k, 1}; /* k = 0: counts only */
+        gguf_writer *w = gguf_writer_new(3, 32);
+        if (w)
+            writer_adds(w, k, &wrong);
+        int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        engram_error err;
+        int rc = w ? gguf_w_write_fd(w, fd, &err) : -ENOMEM;
+        lib_alloc.armed = 0;
+        struct stat st;
+        CHECK_EQ(fstat(fd, &st), 0);
+        close(fd);
+        gguf_writer_free(w);
+        CHECK_EQ(wrong, 0);
+        if (k == 0) {
+            total = lib_alloc.calls;
+            CHECK_EQ(rc, 0);
+            CHECK(st.st_size > 0);
+            continue;
+        }
+        if (w)
+            CHECK_ERR(rc, err, -ENOMEM, "out of memory");
+        CHECK_EQ(rc, -ENOMEM);
+        CHECK_EQ(st.st_size, 0);
+        refused++;
+    }
+    unlink(path);
+    CHECK(total > 5);
+    printf("GGUF writer: each of %ld allocations failed in turn: -ENOMEM, nothing written\n", refused);
+}
+
+static void small_faults(const engram_layout *l)
+{
+    for (int cache = 0; cache < 2; cache++) {
+        struct small_ctx c = {.l = l, .cache = cache};
+        struct op op = {small_run, small_done, &c};
+        long n = fails_in_turn(&op, &lib_alloc, -ENOMEM, "out of memory", NULL);
+        CHECK(n >= 2);
+        printf("%s: each of %ld allocations failed in turn: -ENOMEM\n",
+               cache ? "row cache" : "hasher", n);
+    }
+    writer_faults();
+}
+
+/* A reader open: where an allocation fails, either -ENOMEM or (io_uring's
+ * own allocation under the automatic choice) the thread pool, exact. */
+struct reader_ctx {
+    engram_model *m;
+    engram_reader_opts o;
+    engram_reader *r;
+    const uint32_t *rows;
+    const uint16_t *w0;
+};
+
+static int reader_run(void *vc, engram_error *err)
+{
+    struct reader_ctx *c = vc;
+    c->r = NULL;
+    int rc = engram_reader_open(c->m, &c->o, &c->r, err);
+    if (rc < 0)
+        CHECK(c->r == NULL);
+    return rc;
+}
+
+static void reader_done(void *vc, int faulted)
+{
+    struct reader_ctx *c = vc;
+    if (faulted) {
+        engram_io_stats st;
+        engram_error err;
+        engram_reader_stats(c->r, &st);
+        CHECK(c->o.engine == ENGRAM_IO_AUTO && strcmp(st.engine, "threads") == 0);
+        CHECK_EQ(batch_eq(c->r, 0, c->rows, 4, c->w0, &err), 0);
+    }
+    engram_reader_close(c->r);
 }
 
 static void setup_faults(engram_model *m, const uint32_t *rows, const uint16_t *w0)
@@ -909,32 +1220,12 @@ static void setup_faults(engram_model *m, const uint32_t *rows, const uint16_t *
     /* Every allocation of an open, failed in turn, for every engine with and
      * without a row cache. */
     for (int e = 0; e < 4; e++) {
-        engram_reader_opts o = {.engine = e < 3 ? engines[e] : ENGRAM_IO_AUTO, .depth = 16,
-                                .cache_bytes = e == 3 ? 1u << 20 : 0};
-        lib_alloc = (struct lib_alloc_plan){0, 0, 1};
-        engram_reader *r = NULL;
-        CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
-        engram_reader_close(r);
-        long total = lib_alloc.calls, failed_ok = 0;
-        for (long k = 1; k <= total; k++) {
-            lib_alloc = (struct lib_alloc_plan){0, k, 1};
-            r = NULL;
-            int rc = engram_reader_open(m, &o, &r, &err);
-            lib_alloc.armed = 0;
-            if (rc == 0) {
-                /* only where a fallback exists: io_uring's own allocation
-                 * under the automatic choice */
-                engram_io_stats st;
-                engram_reader_stats(r, &st);
-                CHECK(o.engine == ENGRAM_IO_AUTO && strcmp(st.engine, "threads") == 0);
-                CHECK_EQ(batch_eq(r, 0, rows, 4, w0, &err), 0);
-                engram_reader_close(r);
-            } else {
-                CHECK_EQ(rc, -ENOMEM);
-                CHECK(r == NULL);
-                failed_ok++;
-            }
-        }
+        struct reader_ctx c = {m, {.engine = e < 3 ? engines[e] : ENGRAM_IO_AUTO, .depth = 16,
+                                   .cache_bytes = e == 3 ? 1u << 20 : 0}, NULL, rows, w0};
+        struct op op = {reader_run, reader_done, &c};
+        long failed_ok;
+        long total = fails_in_turn(&op, &lib_alloc, -ENOMEM, "", &failed_ok);
+        CHECK(failed_ok > 0);
         printf("set-up: %ld allocations of a %s%s open failed in turn (%ld refused with ENOMEM)\n",
                total, e < 3 ? engine_names[e] : "automatic", e == 3 ? " + cache" : "", failed_ok);
     }
@@ -1417,9 +1708,12 @@ int main(void)
     SCENARIO("faults in steps", sweep_steps(m, rows, w0, w1));
     SCENARIO("step cancel", cancels(m, rows, w0, w1));
     SCENARIO("engine dies", engine_dies(m, rows, w0, w1));
+    SCENARIO("engine refuses for ever", engine_refuses(m, rows, w0, w1));
     SCENARIO("set-up faults", setup_faults(m, rows, w0));
     SCENARIO("model open: every allocation", model_open_faults(path));
-    SCENARIO("model build: every allocation", build_faults(&l));
+    SCENARIO("model open: a long string", long_string_faults());
+    SCENARIO("hasher, row cache, writer", small_faults(&l));
+    SCENARIO("model build: every alloc/write", build_faults());
     SCENARIO("faults in session steps", session_faults(m));
     SCENARIO("faults in prefills", prefill_faults(m));
     SCENARIO("session pool dies", pool_dies(m));

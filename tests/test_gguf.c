@@ -481,9 +481,59 @@ static void meta_budget(void)
     printf("metadata budget: 2^20 keys + 2^20 tensors refused; a 40 MiB string after another refused\n");
 }
 
+/* The writer refuses what it cannot lay out (a new writer of an unknown
+ * version or alignment, a scalar or array element type without a fixed
+ * size, a tensor of an unknown type or a non-power-of-two alignment) and
+ * records nothing for a refused call: the file written after them holds
+ * exactly the accepted keys and tensors, and reads back. */
+static void writer_refusals(void)
+{
+    CHECK(gguf_writer_new(1, 32) == NULL);
+    CHECK(gguf_writer_new(4, 32) == NULL);
+    CHECK(gguf_writer_new(3, 0) == NULL);
+    CHECK(gguf_writer_new(3, 48) == NULL);
+    gguf_writer *w = gguf_writer_new(3, 32);
+    CHECK(w != NULL);
+    if (!w)
+        return;
+    uint64_t v = 7;
+    uint32_t arr[2] = {1, 2};
+    uint64_t dims[2] = {32, 2};
+    CHECK_EQ(gguf_w_u32(w, "a", 1), 0);
+    CHECK_EQ(gguf_w_scalar(w, "bad.string", GGUF_STRING, &v), -EINVAL);
+    CHECK_EQ(gguf_w_scalar(w, "bad.array", GGUF_ARRAY, &v), -EINVAL);
+    CHECK_EQ(gguf_w_scalar(w, "bad.type", GGUF_NTYPES, &v), -EINVAL);
+    CHECK_EQ(gguf_w_array(w, "bad.arr", GGUF_STRING, arr, 2), -EINVAL);
+    CHECK_EQ(gguf_w_array(w, "bad.arr2", GGUF_NTYPES + 3, arr, 2), -EINVAL);
+    CHECK_EQ(gguf_w_array(w, "b", GGUF_U32, arr, 2), 0);
+    CHECK_EQ(gguf_w_tensor(w, "bad.type", 9999, 2, dims, 0, NULL, NULL), -EINVAL);
+    CHECK_EQ(gguf_w_tensor(w, "bad.align", GGML_F32, 2, dims, 48, NULL, NULL), -EINVAL);
+    CHECK_EQ(gguf_w_tensor(w, "t", GGML_F32, 2, dims, 0, NULL, NULL), 0);
+    char path[512];
+    tu_path(path, sizeof path, "refusals.gguf");
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    engram_error err;
+    CHECK_EQ(gguf_w_write_fd(w, fd, &err), 0);
+    close(fd);
+    gguf_writer_free(w);
+    gguf_file *g = NULL;
+    CHECK_EQ(gguf_open(path, &g, &err), 0);
+    if (!g)
+        return;
+    CHECK_EQ(g->n_kv, 2);
+    CHECK_EQ(g->n_tensors, 1);
+    const gguf_kv *a = gguf_find_kv(g, "a"), *b = gguf_find_kv(g, "b");
+    CHECK(a && a->type == GGUF_U32 && a->u == 1);
+    CHECK(b && b->type == GGUF_ARRAY && b->arr_count == 2);
+    CHECK(gguf_find_tensor(g, "t") != NULL);
+    gguf_close(g);
+    unlink(path);
+}
+
 int main(void)
 {
     round_trip(3, 32);
+    writer_refusals();
     round_trip(2, 32);
     round_trip(3, 64);
     char good[512];

@@ -327,6 +327,23 @@ static void bad_layouts(const engram_layout *good)
     CHECK(h == (engram_hasher *)0x1);
 }
 
+/* NULL arguments: -EINVAL, the history untouched. */
+static void null_arguments(const engram_hasher *h)
+{
+    uint32_t tokens[2] = {1, 2}, rows[2 * 48];
+    engram_history hist = {{1, 2, 3}}, before = hist;
+    engram_error err;
+    CHECK_ERR(engram_hash_tokens(NULL, &hist, tokens, NULL, 2, rows, &err), err, -EINVAL, "NULL");
+    CHECK_ERR(engram_hash_tokens(h, NULL, tokens, NULL, 2, rows, &err), err, -EINVAL, "NULL");
+    CHECK_ERR(engram_hash_tokens(h, &hist, NULL, NULL, 2, rows, &err), err, -EINVAL, "NULL");
+    CHECK_ERR(engram_hash_tokens(h, &hist, tokens, NULL, 2, NULL, &err), err, -EINVAL, "NULL");
+    CHECK_EQ(engram_history_from_tokens(NULL, &hist, tokens, 2), -EINVAL);
+    CHECK_EQ(engram_history_from_tokens(h, NULL, tokens, 2), -EINVAL);
+    CHECK_EQ(engram_history_from_tokens(h, &hist, NULL, 2), -EINVAL);
+    CHECK(memcmp(&hist, &before, sizeof hist) == 0);
+    CHECK_EQ(engram_history_from_tokens(h, &hist, NULL, 0), 0); /* nothing: a reset history */
+}
+
 int main(void)
 {
     enum { VOCAB = 129280, CVOCAB = 99092, N = 600 };
@@ -340,6 +357,7 @@ int main(void)
     known_primes();
     reduction(&l);
     bad_layouts(&l);
+    null_arguments(h);
 
     uint32_t tokens[N];
     uint8_t mask[N];

@@ -575,6 +575,10 @@ static void beyond_4g(void)
 
 int main(void)
 {
+    /* a hang (a wait for reads that never complete) fails the test instead of
+     * stalling the suite: SIGALRM kills it (its slowest run, under TSan, is
+     * ~52 s on a 2-core VM) */
+    alarm(300);
     static uint32_t map[3000];
     engram_layout l;
     CHECK_EQ(tu_layout(&l, map, 3000, 2000, 30000), 0);

@@ -919,6 +919,10 @@ static void memory(void)
 
 int main(void)
 {
+    /* a hang (a wait for reads that never complete) fails the test instead of
+     * stalling the suite: SIGALRM kills it (its slowest run, under TSan, is
+     * ~69 s on a 2-core VM) */
+    alarm(400);
     static uint32_t map[100000];
     engram_layout l;
     CHECK_EQ(tu_layout(&l, map, 100000, 60000, 40000), 0);

@@ -10,6 +10,7 @@ its line.  Outside the suite (each mutant is a rebuild):
 
   tools/mutate-checks.py FILE FUNC[,FUNC...] TARGET[,TARGET...] -- TEST COMMAND...
 
+FUNC '*' takes every function of FILE.
 A test command that runs past MUT_TIMEOUT seconds (default 60) counts as
 caught (the mutant hangs it) and is reported as such.
   e.g. tools/mutate-checks.py programs/cli.c parse_numbers,parse_history,npy_parse \\
@@ -27,7 +28,7 @@ def functions(lines, names):
     spans = []
     for i, l in enumerate(lines):
         m = re.match(r'^[A-Za-z].*\b(\w+)\(', l)
-        if m and m.group(1) in names and not l.rstrip().endswith(';'):
+        if m and ('*' in names or m.group(1) in names) and not l.rstrip().endswith(';'):
             j = i + 1
             while j < len(lines) and lines[j].rstrip() != '}':
                 j += 1
