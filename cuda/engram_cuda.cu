@@ -900,7 +900,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     decode16_kernel<<<n, 256, 0, st>>>(raw, stride, c->e16, c->kshift, c->wide);
     CK(cudaGetLastError(), "decode16_kernel");
     if (!(a->flags & ENGRAM_CUDA_FAST_SUMS) && c->tc) {
-        /* exact products, sums promoted to F32 every 64 products */
+        /* exact products, sums promoted to F32 every 256 products */
         tc_gemm(c->e16, c->w, (int)n, (int)c->N, kv, st);
         CK(cudaGetLastError(), "tc_gemm_kernel");
     } else {

@@ -7,16 +7,22 @@
  * owns 128 tokens x TC_BN outputs; K goes in tiles of 64 through a
  * TC_STAGES-deep cp.async pipeline (TC_AHEAD tiles loading ahead) into
  * shared memory laid out with the 128-byte swizzle that wgmma's descriptors
- * name (rows past n or N are zero-filled, their outputs not written).  Per
- * tile each warpgroup issues four wgmma.m64nNk16 into a fresh accumulator
- * (the first with scale-d = 0) and adds the previous tile's accumulator,
- * complete by then, to its running F32 sums with ordinary F32
- * adds (rounded to nearest) while the tensor cores work on this one: the
- * tensor cores' own accumulation, which rounds less carefully than F32 FMAs,
- * never spans more than 64 products (DeepSeek's DeepGEMM promotes FP8 sums
- * likewise, every 128).  The two accumulators alternate inside chunks of
- * TC_CH tiles written out straight (ptxas serializes every wgmma when one is
- * in flight across a loop's back edge); each chunk ends with a full wait.
+ * name (rows past n or N are zero-filled, their outputs not written; whole
+ * tiles are loaded without the zero-fill operand).  Per tile each
+ * warpgroup issues four wgmma.m64nNk16; TC_PROM tiles (256 products with
+ * the default 4) accumulate in the tensor cores into a partial sum (its
+ * first wgmma with scale-d = 0), which is then added to the running F32
+ * sums with ordinary F32 adds (rounded to nearest): the tensor cores' own
+ * accumulation, which rounds less carefully than F32 FMAs, never spans
+ * more than 256 products (DeepSeek's DeepGEMM promotes FP8 sums likewise,
+ * every 128).  With TC_PROM < TC_CH two partial sums alternate, the
+ * previous one added while the tensor cores work on the next; chunks of
+ * TC_CH tiles are written out straight (ptxas serializes every wgmma when
+ * one is in flight across a loop's back edge), each ending with a full
+ * wait.  Measured on the H200 (bench/results/2026-12-02-cuda/variants.txt):
+ * promoting every 256 products with one partial set (192 registers) is the
+ * fastest, ahead of two alternating sets every 64 or 128 (239-255
+ * registers), and its error stays within 2.6e-4 of the F32 bound gamma_K.
  * Consecutive CTAs share a tile of weights (read once from memory, then from
  * L2).
  */
@@ -32,6 +38,12 @@
 #define TC_STAGES 4
 #endif
 #define TC_THREADS 256
+#ifndef TC_FULLFAST
+#define TC_FULLFAST 1 /* whole tiles loaded without the zero-fill operand */
+#endif
+#ifndef TC_PROM
+#define TC_PROM 4 /* tiles summed by the tensor cores between promotions (divides TC_CH) */
+#endif
 #define TC_STAGE_BYTES ((TC_BM + TC_BN) * TC_BK * 2)
 #define TC_SMEM (TC_STAGES * TC_STAGE_BYTES + 1024)
 
@@ -78,6 +90,18 @@ template <int ROWS>
 __device__ __forceinline__ void tc_load_rows(uint32_t dst, const uint16_t *src, int first, int limit,
                                              int kt)
 {
+#if TC_FULLFAST
+    if (first + ROWS <= limit) { /* a whole tile (uniform per CTA): no zero fill */
+#pragma unroll
+        for (int q = 0; q < ROWS * TC_BK / 8 / TC_THREADS; q++) {
+            int id = threadIdx.x + q * TC_THREADS, c = id & 7, r = (id >> 3) % ROWS, sub = (id >> 3) / ROWS;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                             dst + sub * (ROWS * 128) + r * 128 + ((c ^ (r & 7)) << 4)),
+                         "l"(src + (size_t)(first + r) * K + kt * TC_BK + sub * 64 + c * 8));
+        }
+        return;
+    }
+#endif
 #pragma unroll
     for (int q = 0; q < ROWS * TC_BK / 8 / TC_THREADS; q++) {
         int id = threadIdx.x + q * TC_THREADS, c = id & 7, r = (id >> 3) % ROWS, sub = (id >> 3) / ROWS;
@@ -108,17 +132,20 @@ __device__ __forceinline__ void tc_fence(float *r)
     for (int i = 0; i < TC_ACC; i++)
         asm volatile("" : "+f"(r[i])::"memory");
 }
-/* issues tile kt's four wgmma (one group) into d, the first with scale-d 0 */
-__device__ __forceinline__ void tc_issue(float *d, uint32_t sbase, int kt, int wg)
+/* issues tile kt's four wgmma (one group) into d, the first with scale-d 0
+ * when fresh (a new partial sum), else all adding to d */
+__device__ __forceinline__ void tc_issue(float *d, uint32_t sbase, int kt, int wg, int fresh)
 {
     uint32_t sa = sbase + (kt % TC_STAGES) * TC_STAGE_BYTES + wg * 64 * 128,
              sb = sbase + (kt % TC_STAGES) * TC_STAGE_BYTES + TC_BM * TC_BK * 2;
-    tc_fence(d);
+    if (fresh)
+        tc_fence(d);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < TC_BK / 16; kk++) {
         uint32_t sub = (kk >> 2), kb = (kk & 3) * 32;
-        tc_wgmma(d, tc_desc(sa + sub * TC_BM * 128 + kb), tc_desc(sb + sub * TC_BN * 128 + kb), kk > 0);
+        tc_wgmma(d, tc_desc(sa + sub * TC_BM * 128 + kb), tc_desc(sb + sub * TC_BN * 128 + kb),
+                 kk > 0 || !fresh);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -156,10 +183,12 @@ tc_gemm_kernel(const __half *__restrict__ e16, const uint16_t *__restrict__ w, i
                 tc_load(sbase, (kt + TC_AHEAD) % TC_STAGES, kt + TC_AHEAD, e16, w, m0, n0, n, N);
             else
                 asm volatile("cp.async.commit_group;\n" ::); /* keep the group count */
-            float *cur = (j & 1) ? p1 : p0, *prev = (j & 1) ? p0 : p1;
-            tc_issue(cur, sbase, kt, wg);
-            if (j > 0) {
+            const int g = j / TC_PROM, first = j % TC_PROM == 0;
+            float *cur = (g & 1) ? p1 : p0, *prev = (g & 1) ? p0 : p1;
+            tc_issue(cur, sbase, kt, wg, first);
+            if (j > 0)
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            if (j > 0 && first) { /* the previous partial is complete */
                 tc_fence(prev);
 #pragma unroll
                 for (int i = 0; i < TC_ACC; i++)

@@ -19,7 +19,7 @@
  *    from its largest block scale) are exact in F16 when its block scales
  *    span at most 21 binades (trained tables: a few); a GEMM of our own on
  *    the tensor cores (wgmma, sm_90a) then has exact products and adds each
- *    64 products' tensor-core sum into F32 sums with ordinary F32 adds
+ *    256 products' tensor-core sum into F32 sums with ordinary F32 adds
  *    (the promotion DeepGEMM does for FP8), and 2^k is put back exactly.
  *    A token whose scales span more is projected by the GEMV's arithmetic
  *    instead (slower, one at a time).  Accuracy as the GEMV's (measured on
