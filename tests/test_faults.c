@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "../src/gguf.h"
+#include "../src/pool.h"
 #include "../src/rowcache.h"
 #include "../src/util.h"
 #include "fault_engine.h"
@@ -131,11 +132,14 @@ ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t off)
 /* pwrite (the model builder's table and weight fillers, the GGUF
  * writer): the N-th call while armed fails with EIO. */
 static struct lib_alloc_plan pwrites;
+static int pwrite_zero; /* the failing call writes nothing instead (returns 0) */
 ssize_t __real_pwrite(int fd, const void *buf, size_t n, off_t off);
 ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off);
 ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off)
 {
     if (pwrites.armed && ++pwrites.calls == pwrites.fail_at) {
+        if (pwrite_zero)
+            return 0;
         errno = EIO;
         return -1;
     }
@@ -158,6 +162,7 @@ void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 static struct {
     int queue_init, register_files, register_buffers; /* negative errno to return */
     long thread_fail_at, thread_calls;                /* N-th pthread_create fails */
+    int attr_fail;                                    /* pthread_attr_init fails */
 } setup;
 
 struct io_uring;
@@ -181,6 +186,12 @@ int __wrap_io_uring_register_buffers(struct io_uring *ring, const struct iovec *
 {
     return setup.register_buffers ? setup.register_buffers
                                   : __real_io_uring_register_buffers(ring, iov, n);
+}
+int __real_pthread_attr_init(pthread_attr_t *a);
+int __wrap_pthread_attr_init(pthread_attr_t *a);
+int __wrap_pthread_attr_init(pthread_attr_t *a)
+{
+    return setup.attr_fail ? ENOMEM : __real_pthread_attr_init(a);
 }
 int __real_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg);
 int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg);
@@ -1069,9 +1080,12 @@ static void build_faults(void)
         struct op op = {build_run, build_done, &c};
         long allocs = fails_in_turn(&op, &lib_alloc, -ENOMEM, "out of memory", NULL);
         long writes = fails_in_turn(&op, &pwrites, -EIO, "I/O error", NULL);
+        pwrite_zero = 1; /* a write that writes nothing: -EIO, not a loop */
+        CHECK_EQ(fails_in_turn(&op, &pwrites, -EIO, "I/O error", NULL), writes);
+        pwrite_zero = 0;
         CHECK(allocs > 3 && writes > 3);
         printf("model build (%s tables): each of %ld allocations failed in turn: -ENOMEM; "
-               "each of %ld writes: -EIO; no file left\n", names[i], allocs, writes);
+               "each of %ld writes failed, or wrote nothing: -EIO; no file left\n", names[i], allocs, writes);
     }
 }
 
@@ -1178,6 +1192,47 @@ static void small_faults(const engram_layout *l)
                cache ? "row cache" : "hasher", n);
     }
     writer_faults();
+    /* a pool of no workers */
+    struct pool *pl = NULL;
+    CHECK_EQ(pool_new(0, &pl), -EINVAL);
+    CHECK(pl == NULL);
+    /* threads that cannot even get their attributes: -ENOMEM, nothing left */
+    setup.attr_fail = 1;
+    CHECK_EQ(pool_new(4, &pl), -ENOMEM);
+    CHECK(pl == NULL);
+    setup.attr_fail = 0;
+    /* the thread engine holds as many reads as it has workers: one more is
+     * refused with -EBUSY (transient), and those it took arrive */
+    char path[512];
+    tu_path(path, sizeof path, "eng.bin");
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    static unsigned char data[3 * 4096], got[3][4096];
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (unsigned char)(i * 7 + 1);
+    CHECK(fd >= 0 && write(fd, data, sizeof data) == (ssize_t)sizeof data);
+    struct io_engine *e = NULL;
+    CHECK_EQ(__real_io_threads_engine_new(fd, 2, DROP_NONE, &e), 0);
+    if (e) {
+        CHECK_EQ(e->ops->queue(e, 0, got[0], 4096, 0), 0);
+        CHECK_EQ(e->ops->queue(e, 1, got[1], 4096, 4096), 0);
+        CHECK_EQ(e->ops->queue(e, 2, got[2], 4096, 8192), -EBUSY);
+        CHECK_EQ(e->ops->submit(e), 0);
+        struct io_cqe cq[2];
+        int n = 0;
+        while (n < 2) {
+            int k = e->ops->reap(e, cq + n, 2 - n, 1);
+            CHECK(k > 0);
+            if (k <= 0)
+                break;
+            n += k;
+        }
+        for (int i = 0; i < n; i++)
+            CHECK(cq[i].slot < 2 && cq[i].res == 4096);
+        CHECK(memcmp(got[0], data, 4096) == 0 && memcmp(got[1], data + 4096, 4096) == 0);
+        e->ops->destroy(e);
+    }
+    close(fd);
+    unlink(path);
 }
 
 /* A reader open: where an allocation fails, either -ENOMEM or (io_uring's
@@ -1712,7 +1767,7 @@ int main(void)
     SCENARIO("set-up faults", setup_faults(m, rows, w0));
     SCENARIO("model open: every allocation", model_open_faults(path));
     SCENARIO("model open: a long string", long_string_faults());
-    SCENARIO("hasher, row cache, writer", small_faults(&l));
+    SCENARIO("hasher, cache, writer, pool, engine", small_faults(&l));
     SCENARIO("model build: every alloc/write", build_faults());
     SCENARIO("faults in session steps", session_faults(m));
     SCENARIO("faults in prefills", prefill_faults(m));
