@@ -102,16 +102,12 @@ static int write_variant(const char *path, const struct variant *v, const engram
         mult[5] ^= 1;
     if (v->big_mult)
         mult[6] = ((uint64_t)INT64_MAX / v->cvocab + 1) | 1;
-    if (!keep(v, "deepseek41.engram.multipliers"))
-        ;
-    else if (v->mult_type == GGUF_U64)
-        gguf_w_array(w, "deepseek41.engram.multipliers", GGUF_U64, mult, v->mult_len);
-    else {
-        uint32_t m32[9];
-        for (int i = 0; i < 9; i++)
-            m32[i] = (uint32_t)mult[i];
-        gguf_w_array(w, "deepseek41.engram.multipliers", GGUF_U32, m32, v->mult_len);
-    }
+    uint32_t m32[9];
+    for (int i = 0; i < 9; i++)
+        m32[i] = (uint32_t)mult[i];
+    if (keep(v, "deepseek41.engram.multipliers"))
+        gguf_w_array(w, "deepseek41.engram.multipliers", v->mult_type == GGUF_U64 ? GGUF_U64 : GGUF_U32,
+                     v->mult_type == GGUF_U64 ? (const void *)mult : (const void *)m32, v->mult_len);
     if (v->dup_key)
         gguf_w_u32(w, "deepseek41.engram.pad_id", v->pad);
     if (v->proj) {
