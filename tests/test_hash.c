@@ -301,6 +301,14 @@ static void known_primes(void)
             CHECK(p[i] != p[j]);
     }
     CHECK_EQ(engram_layout_primes(16000000, 2, 4, 8, p, 47), -EINVAL);
+    /* arguments out of their ranges */
+    CHECK_EQ(engram_layout_primes(0, 2, 4, 8, p, 48), -EINVAL);
+    CHECK_EQ(engram_layout_primes(16000000, 0, 4, 8, p, 48), -EINVAL);
+    CHECK_EQ(engram_layout_primes(16000000, 2, 1, 8, p, 48), -EINVAL);
+    CHECK_EQ(engram_layout_primes(16000000, 2, 4, 0, p, 48), -EINVAL);
+    CHECK_EQ(engram_layout_primes(16000000, 65, 2, 1, p, 48), -EINVAL);
+    CHECK_EQ(engram_layout_primes(16000000, 1, 65, 1, p, 48), -EINVAL);
+    CHECK_EQ(engram_layout_primes(16000000, 1, 2, 65, p, 48), -EINVAL);
     CHECK_EQ(engram_layout_primes(4294967290u, 2, 4, 8, p, 48), -ERANGE);
 }
 
