@@ -80,7 +80,7 @@ ifneq ($(NVCC),)
 # PTX for later GPUs, where the library probes that the wgmma kernel is not
 # in the code it runs and takes cuBLAS's GEMM instead.
 CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
-NVFLAGS = -std=c++17 -O2 -g $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc
+NVFLAGS = -std=c++17 -O2 -g $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc $(NVDEFS)
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread
 CUDA_LIB = $(BUILD)/libengram-cuda.a
 CUDA_TARGETS = $(CUDA_LIB) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda $(BUILD)/engram-cuda.so

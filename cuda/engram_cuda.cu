@@ -38,8 +38,17 @@ namespace cg = cooperative_groups;
 #define GEMV_TOKENS 8
 #define GEMV_ROWS 4
 #define GEMV_THREADS 512
-#define GEMV1_THREADS 128
-#define GEMV1_ROWS 4
+#ifndef GEMV1_THREADS
+#define GEMV1_THREADS 256 /* bench/results/2026-12-01-cuda/gemv1/variants.txt */
+#endif
+#ifndef GEMV1_ROWS
+#define GEMV1_ROWS 4 /* outputs per warp (the order of each sum does not depend on it) */
+#endif
+#ifndef GEMV1_UNROLL
+#define GEMV1_UNROLL 3 /* iterations unrolled: weight loads in flight */
+#endif
+#define GV1_PRAGMA(x) _Pragma(#x)
+#define GV1_UNROLL(n) GV1_PRAGMA(unroll n)
 #define GATE_THREADS 256
 
 struct engram_cuda_layer {
@@ -213,7 +222,7 @@ gemv1_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, co
 #pragma unroll
     for (int r = 0; r < GEMV1_ROWS; r++)
         acc[r] = 0.0f;
-#pragma unroll 3 /* more weight loads in flight */
+    GV1_UNROLL(GEMV1_UNROLL) /* more weight loads in flight */
     for (int j = 0; j < K / 8 / 32; j++) {
         int i0 = (lane + 32 * j) * 8, col = i0 & 255;
         uint4 wv[GEMV1_ROWS];
