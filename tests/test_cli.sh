@@ -125,6 +125,19 @@ for c in info hash rows verify build tokmap layout quantize; do
     expect_rc 0 "usage: engram $c" "$c --help" "$ENGRAM" "$c" --help
 done
 expect_rc 0 "exit codes" "engram --help" "$ENGRAM" --help
+# the tools' argument refusals
+for c in quantize dequantize; do
+    expect_rc 2 "IN and OUT are required" "$c without OUT" "$ENGRAM" $c "$T/in"
+    expect_rc 2 "IN and OUT only" "$c with three files" "$ENGRAM" $c a b c
+    expect_rc 2 "unknown option" "$c with an unknown option" "$ENGRAM" $c --frob a b
+done
+expect_rc 2 "up to 16" "layout --layers with a bad number" "$ENGRAM" layout --vocab-size 99045 --layers 1,x
+expect_rc 2 "up to 16" "layout --layers with 17 layers" "$ENGRAM" layout --vocab-size 99045 \
+    --layers 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17
+expect_rc 3 "cannot read" "build --tokmap of a missing file" "$ENGRAM" build "$T/nomap.gguf" --tokmap "$T/nope.map"
+: > "$T/empty.map"
+expect_rc 1 "a map is 1..2^24" "build --tokmap of an empty file" "$ENGRAM" build "$T/nomap.gguf" --tokmap "$T/empty.map"
+if [ ! -e "$T/nomap.gguf" ]; then ok; else bad "a refused build wrote its output"; fi
 
 # bench io: a short run of every section on the small model, fio included
 check "build bench model" "$ENGRAM" build "$T/bench.gguf" --base 20000 --fill pool
