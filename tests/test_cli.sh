@@ -134,6 +134,7 @@ done
 expect_rc 2 "up to 16" "layout --layers with a bad number" "$ENGRAM" layout --vocab-size 99045 --layers 1,x
 expect_rc 2 "up to 16" "layout --layers with 17 layers" "$ENGRAM" layout --vocab-size 99045 \
     --layers 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17
+expect_rc 3 "cannot read" "build --tokmap of a directory (its read fails)" "$ENGRAM" build "$T/nomap.gguf" --tokmap "$T"
 expect_rc 3 "cannot read" "build --tokmap of a missing file" "$ENGRAM" build "$T/nomap.gguf" --tokmap "$T/nope.map"
 : > "$T/empty.map"
 expect_rc 1 "a map is 1..2^24" "build --tokmap of an empty file" "$ENGRAM" build "$T/nomap.gguf" --tokmap "$T/empty.map"
