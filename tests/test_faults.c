@@ -1138,7 +1138,7 @@ static void small_done(void *vc, int faulted)
  * failed in turn.  The call whose allocation failed returns -ENOMEM (the
  * others 0: the writer records the failure), and the write then refuses:
  * -ENOMEM, the file empty. */
-static int writer_adds(gguf_writer *w, long fail_at, int *wrong)
+static void writer_adds(gguf_writer *w, long fail_at, int *wrong)
 {
     static const char *const strs[3] = {"x", "yy", "zzz"};
     static uint32_t arr[3000];
@@ -1157,7 +1157,6 @@ static int writer_adds(gguf_writer *w, long fail_at, int *wrong)
         int here = before < fail_at && lib_alloc.calls >= fail_at;
         *wrong += rc != (here ? -ENOMEM : 0);
     }
-    return 0;
 }
 
 static void writer_faults(void)
@@ -1217,6 +1216,11 @@ static void small_faults(const engram_layout *l)
     CHECK_EQ(pool_new(4, &pl), -ENOMEM);
     CHECK(pl == NULL);
     setup.attr_fail = 0;
+}
+
+/* The engines at their limits, driven directly (not through a reader). */
+static void engine_limits(void)
+{
     /* the thread engine holds as many reads as it has workers: one more is
      * refused with -EBUSY (transient), and those it took arrive */
     char path[512];
@@ -1287,6 +1291,9 @@ static void small_faults(const engram_layout *l)
             CHECK(memcmp(ubuf[i], data + (i < 4 ? (i % 3) : 1) * 4096, 4096) == 0);
         e->ops->destroy(e);
     }
+    printf("thread engine: a read past its 2 workers -EBUSY, the 2 taken delivered; io_uring, "
+           "its 4-entry ring full: a refused (-EAGAIN) or empty submit fails the 5th read and a "
+           "cancel transiently, then all 5 delivered\n");
     close(fd);
     unlink(path);
 }
@@ -1823,7 +1830,8 @@ int main(void)
     SCENARIO("set-up faults", setup_faults(m, rows, w0));
     SCENARIO("model open: every allocation", model_open_faults(path));
     SCENARIO("model open: a long string", long_string_faults());
-    SCENARIO("hasher, cache, writer, pool, engine", small_faults(&l));
+    SCENARIO("hasher, cache, writer, pool", small_faults(&l));
+    SCENARIO("engines at their limits", engine_limits());
     SCENARIO("model build: every alloc/write", build_faults());
     SCENARIO("faults in session steps", session_faults(m));
     SCENARIO("faults in prefills", prefill_faults(m));
