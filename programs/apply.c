@@ -32,7 +32,7 @@ static const char *apply_help =
     "the projection (default 1).  --device cuda: project, gate and update on the\n"
     "GPU (builds with the CUDA path; rows go there raw and are decoded there;\n"
     "more than 8 tokens a call are projected on the tensor cores, their sums\n"
-    "promoted to F32 every 64 products: the CPU path's accuracy); --device\n"
+    "promoted to F32 every 256 products: the CPU path's accuracy); --device\n"
     "cuda-fma: every sum by F32 FMAs on the CUDA cores (slower for long inputs);\n"
     "--device cuda-fast: more than 8 tokens through cuBLAS, the tensor cores' own\n"
     "sums (faster, less accurate than the CPU's).\n"

@@ -139,6 +139,19 @@ expect_rc 3 "cannot read" "build --tokmap of a missing file" "$ENGRAM" build "$T
 : > "$T/empty.map"
 expect_rc 1 "a map is 1..2^24" "build --tokmap of an empty file" "$ENGRAM" build "$T/nomap.gguf" --tokmap "$T/empty.map"
 if [ ! -e "$T/nomap.gguf" ]; then ok; else bad "a refused build wrote its output"; fi
+# a residual input whose reads end before its size says (a sysfs file: 4096
+# bytes by stat, a few by read; 16 tokens x 4 streams x W 16 x 4 bytes):
+# exit 3 naming the read, no output (a read loop that took 0 bytes for
+# progress would spin: the time limit makes that a failure)
+SYSF=/sys/kernel/mm/transparent_hugepage/enabled
+if [ -f "$SYSF" ] && [ "$(stat -c %s "$SYSF")" = 4096 ] && [ "$(wc -c < "$SYSF")" -lt 4096 ]; then
+    seq 1 16 > "$T/t16"
+    expect_rc 3 "reading '$SYSF': Input/output error" "apply: a residual input that ends early" \
+        timeout 60 "$ENGRAM" apply "$M" --layer 1 --tokens "$T/t16" --residual-in "$SYSF" --residual-out "$T/r16"
+    if [ ! -e "$T/r16" ]; then ok; else bad "a failed apply wrote its output"; fi
+else
+    echo "note: no sysfs file shorter than its size here; the early-EOF read is not driven"
+fi
 
 # bench io: a short run of every section on the small model, fio included
 check "build bench model" "$ENGRAM" build "$T/bench.gguf" --base 20000 --fill pool
