@@ -153,6 +153,11 @@ else
     echo "note: no sysfs file shorter than its size here; the early-EOF read is not driven"
 fi
 
+# bench io's refusals: a missing file, a bad --create size, a file it cannot create
+expect_rc 3 "No such file" "bench io of a missing file" "$ENGRAM" bench io "$T/nope.gguf" --seconds 1
+expect_rc 2 "bad --create" "bench io --create with a bad size" "$ENGRAM" bench io "$T/c.gguf" --create 12X
+expect_rc 3 "cannot create" "bench io --create where it cannot" "$ENGRAM" bench io "$T/nodir/c.gguf" --create 2G
+if ! grep -q "cannot open" "$T/err"; then ok; else bad "bench io went on after a failed --create"; fi
 # bench io: a short run of every section on the small model, fio included
 check "build bench model" "$ENGRAM" build "$T/bench.gguf" --base 20000 --fill pool
 if "$ENGRAM" bench io "$T/bench.gguf" --seconds 1 --depths 4 --max-tokens 3000 --csv "$T/b.csv" --svg "$T/b.svg" > "$T/b.txt" 2>&1 \
