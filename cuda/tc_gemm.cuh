@@ -19,7 +19,7 @@
  * previous one added while the tensor cores work on the next; chunks of
  * TC_CH tiles are written out straight (ptxas serializes every wgmma when
  * one is in flight across a loop's back edge), each ending with a full
- * wait.  Measured on the H200 (bench/results/2026-12-02-cuda/variants.txt):
+ * wait.  Measured on the H200 (bench/results/2026-12-01-cuda/prom256/variants.txt):
  * promoting every 256 products with one partial set (192 registers) is the
  * fastest, ahead of two alternating sets every 64 or 128 (239-255
  * registers), and its error stays within 2.6e-4 of the F32 bound gamma_K.
@@ -125,6 +125,7 @@ __device__ __forceinline__ void tc_load(uint32_t sbase, int s, int kt, const __h
 #define TC_CH 4 /* tiles per straight-line chunk (divides K / TC_BK; 6 and 8 spill) */
 #endif
 #define TC_AHEAD (TC_STAGES - 2) /* tiles loading ahead of the one multiplied */
+static_assert(TC_CH % TC_PROM == 0, "a chunk holds whole partial sums");
 /* keeps the compiler from moving reads of r across the waits before it */
 __device__ __forceinline__ void tc_fence(float *r)
 {
