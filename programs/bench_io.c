@@ -178,8 +178,11 @@ static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode 
             break;
         if (n == cap) {
             char *nb = realloc(buf, 2 * cap + 1);
-            if (!nb)
+            if (!nb) { /* no figures rather than figures from half the output */
+                free(buf);
+                buf = NULL;
                 break;
+            }
             buf = nb;
             cap *= 2;
         }
@@ -197,7 +200,8 @@ static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode 
         r.clat_p99_us = json_number_after(pct, "\"99.000000\"") / 1e3;
         const char *lat = strstr(rd, "\"lat_ns\"");
         r.lat_mean_us = json_number_after(lat, "\"mean\"") / 1e3;
-        r.ok = r.iops > 0;
+        /* every field found (a missing one reads as -1): else no fio figures */
+        r.ok = r.iops > 0 && r.clat_p50_us >= 0 && r.clat_p99_us >= 0 && r.lat_mean_us >= 0;
     }
     free(buf);
     return r;

@@ -158,6 +158,19 @@ expect_rc 3 "No such file" "bench io of a missing file" "$ENGRAM" bench io "$T/n
 expect_rc 2 "bad --create" "bench io --create with a bad size" "$ENGRAM" bench io "$T/c.gguf" --create 12X
 expect_rc 3 "cannot create" "bench io --create where it cannot" "$ENGRAM" bench io "$T/nodir/c.gguf" --create 2G
 if ! grep -q "cannot open" "$T/err"; then ok; else bad "bench io went on after a failed --create"; fi
+# bench io with a fio whose JSON lacks the latency fields: no fio figures
+# (rather than made-up ones), and the run completes
+mkdir -p "$T/fakefio"
+printf '#!/bin/sh\ncase "$*" in *--version*) echo fio-3.33 ;; *) echo '"'"'{"jobs":[{"read":{"iops":1000.0}}]}'"'"' ;; esac\n' \
+    > "$T/fakefio/fio"
+chmod +x "$T/fakefio/fio"
+check "build bench model (fake fio)" "$ENGRAM" build "$T/bench0.gguf" --base 20000 --fill pool
+if PATH="$T/fakefio:$PATH" "$ENGRAM" bench io "$T/bench0.gguf" --seconds 1 --depths 4 --max-tokens 3000 \
+       > "$T/b0.txt" 2>&1 && grep -q "engram step p50\|engram (" "$T/b0.txt" && ! grep -q "fio depth 48" "$T/b0.txt"; then
+    ok
+else
+    bad "bench io with a fio lacking fields"; tail -5 "$T/b0.txt" >&2
+fi
 # bench io: a short run of every section on the small model, fio included
 check "build bench model" "$ENGRAM" build "$T/bench.gguf" --base 20000 --fill pool
 if "$ENGRAM" bench io "$T/bench.gguf" --seconds 1 --depths 4 --max-tokens 3000 --csv "$T/b.csv" --svg "$T/b.svg" > "$T/b.txt" 2>&1 \
