@@ -169,9 +169,10 @@ $(BUILD)/tests/test_tools: tests/test_tools.c tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
-$(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/cli.h tests/testutil.h $(LIBS)
+$(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/device.c programs/cli.h tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=realloc -o $@ $< programs/cli.c $(LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=realloc,--wrap=calloc -o $@ $< programs/cli.c \
+	    programs/device.c $(LIBS) $(LDLIBS_ALL) -ldl
 
 $(BUILD)/tests/nodirect_preload.so: tests/nodirect_preload.c
 	@mkdir -p $(dir $@)

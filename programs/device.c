@@ -98,8 +98,11 @@ int dev_open(const char *name, const engram_layer *L, unsigned threads, size_t m
              struct dev **out, engram_error *err)
 {
     struct dev *d = calloc(1, sizeof *d);
-    if (!d)
+    if (!d) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        err->code = -ENOMEM;
         return -ENOMEM;
+    }
     int rc = 0;
     if (!name || !strcmp(name, "cpu")) {
         engram_apply_opts o = {.threads = threads};

@@ -3,7 +3,7 @@
  * hand-written inputs with known answers, every error branch included:
  * token and mask files (parse_numbers), --history (parse_history: nothing
  * written on error) and .npy headers (npy_parse: each field, each version,
- * the size checks).  The fuzz target tests/fuzz/fuzz_cli.c covers the same
+ * the size checks), and the device choice (programs/device.c).  The fuzz target tests/fuzz/fuzz_cli.c covers the same
  * functions on arbitrary bytes.
  */
 #include <errno.h>
@@ -31,6 +31,12 @@ void *__wrap_malloc(size_t n)
 void *__wrap_realloc(void *p, size_t n)
 {
     return alloc_fail_at && ++alloc_calls == alloc_fail_at ? NULL : __real_realloc(p, n);
+}
+void *__real_calloc(size_t a, size_t b);
+void *__wrap_calloc(size_t a, size_t b);
+void *__wrap_calloc(size_t a, size_t b)
+{
+    return alloc_fail_at && ++alloc_calls == alloc_fail_at ? NULL : __real_calloc(a, b);
 }
 
 static int nums(const char *text, size_t len, uint64_t max, const uint32_t *want, size_t nwant)
@@ -228,10 +234,46 @@ static void npy_headers(void)
     CHECK_EQ(npy_parse(b, n, n, &ni), -EBADMSG);
 }
 
+/* The CLI's device choice (programs/device.c): the CPU device opens, an
+ * unknown name is refused, and its one allocation failing is -ENOMEM with
+ * a message (nothing returned). */
+static void devices(void)
+{
+    static uint32_t map[3000];
+    engram_layout l;
+    CHECK_EQ(tu_layout(&l, map, 3000, 2000, 300), 0);
+    char path[512];
+    CHECK_EQ(tu_build("dev.gguf", &l, ENGRAM_FILL_RANDOM, 16, path, sizeof path), 0);
+    engram_model *m = NULL;
+    engram_layer *L = NULL;
+    engram_error err;
+    CHECK_EQ(engram_model_open(path, &m, &err), 0);
+    if (!m)
+        return;
+    CHECK_EQ(engram_layer_open(m, 1, &L, &err), 0);
+    struct dev *d = NULL;
+    CHECK_EQ(dev_open("cpu", L, 1, 16, &d, &err), 0);
+    CHECK(d != NULL && dev_rows_dtype(d) == ENGRAM_BF16);
+    dev_close(d);
+    d = NULL;
+    CHECK_ERR(dev_open("tpu", L, 1, 16, &d, &err), err, -EINVAL, "unknown device");
+    CHECK(d == NULL);
+    alloc_calls = 0;
+    alloc_fail_at = 1; /* dev_open's own allocation comes first */
+    int rc = dev_open("cpu", L, 1, 16, &d, &err);
+    alloc_fail_at = 0;
+    CHECK_ERR(rc, err, -ENOMEM, "out of memory");
+    CHECK(d == NULL);
+    engram_layer_close(L);
+    engram_model_close(m);
+    tu_cleanup();
+}
+
 int main(void)
 {
     numbers();
     history();
     npy_headers();
+    devices();
     return tu_finish("test_parsers");
 }
