@@ -460,10 +460,10 @@ static int read_tokens(const char *path, uint32_t vocab, uint32_t **out, size_t 
     while (v && fscanf(f, "%lu", &x) == 1) {
         if (k == cap) {
             uint32_t *nv = realloc(v, 2 * cap * sizeof *v);
-            if (!nv) { /* an error, not a shorter corpus */
+            if (!nv) { /* an error (below), not a shorter corpus */
                 free(v);
-                fclose(f);
-                return -ENOMEM;
+                v = NULL;
+                break;
             }
             v = nv;
             cap *= 2;
