@@ -81,21 +81,20 @@ static void csv_row(struct bench *b, const char *section, const char *what, doub
 
 /* ------------------------------------------------------------ page cache */
 
-/* Resident pages of the file's table region (mincore on a mapping). */
-static int64_t resident_pages(struct bench *b)
+/* Resident pages of the file's table region (mincore on a mapping of the
+ * caller's descriptor of the file), or -errno when they cannot be counted. */
+static int64_t resident_pages(struct bench *b, int fd)
 {
-    int fd = open(b->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
     size_t len = (size_t)b->in.file_bytes;
     void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
     if (p == MAP_FAILED)
-        return -1;
+        return -errno;
     size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = (len + page - 1) / page;
     unsigned char *vec = malloc(pages);
-    int64_t n = -1;
-    if (vec && mincore(p, len, vec) == 0) {
+    int64_t n = -ENOMEM;
+    if (vec && mincore(p, len, vec) < 0)
+        n = -errno;
+    else if (vec) {
         n = 0;
         for (size_t i = b->in.table[0].offset / page; i < pages; i++)
             n += vec[i] & 1;
@@ -484,14 +483,26 @@ static int read_tokens(const char *path, uint32_t vocab, uint32_t **out, size_t 
 struct runner {
     double secs;
     int64_t growth_pages;
+    int count_err;            /* -errno: the growth could not be counted  */
     uint64_t reads;           /* baseline: preads issued                  */
 };
 
-static void engram_segment(struct bench *b, engram_reader *r, const uint32_t *rows, size_t s0,
+/* Adds a segment's growth, or keeps the first reason it was not counted. */
+static void count_growth(struct runner *ru, int64_t before, int64_t after)
+{
+    if (before < 0 || after < 0) {
+        if (!ru->count_err)
+            ru->count_err = (int)(before < 0 ? before : after);
+    } else if (after > before) {
+        ru->growth_pages += after - before;
+    }
+}
+
+static void engram_segment(struct bench *b, int fd, engram_reader *r, const uint32_t *rows, size_t s0,
                            size_t s1, uint16_t *out, struct runner *ru)
 {
     engram_error err;
-    int64_t before = resident_pages(b);
+    int64_t before = resident_pages(b, fd);
     double t0 = now_s();
     for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
         size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
@@ -500,14 +511,13 @@ static void engram_segment(struct bench *b, engram_reader *r, const uint32_t *ro
                 fprintf(stderr, "%s: %s\n", prog, err.msg);
     }
     ru->secs += now_s() - t0;
-    int64_t grew = resident_pages(b) - before;
-    ru->growth_pages += grew > 0 ? grew : 0;
+    count_growth(ru, before, resident_pages(b, fd));
 }
 
 static void baseline_segment(struct bench *b, int fd, const uint32_t *rows, size_t s0, size_t s1,
                              uint16_t *out, struct runner *ru, int *berr)
 {
-    int64_t before = resident_pages(b);
+    int64_t before = resident_pages(b, fd);
     double t0 = now_s();
     for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
         size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
@@ -515,8 +525,17 @@ static void baseline_segment(struct bench *b, int fd, const uint32_t *rows, size
             ru->reads += baseline_batches(b, fd, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, out, berr);
     }
     ru->secs += now_s() - t0;
-    int64_t grew = resident_pages(b) - before;
-    ru->growth_pages += grew > 0 ? grew : 0;
+    count_growth(ru, before, resident_pages(b, fd));
+}
+
+/* A runner's growth in MB for the table ("%8.1f"), or "n/a" where it was not
+ * counted. */
+static const char *growth_mb(const struct runner *ru, double mb, char buf[16])
+{
+    if (ru->count_err)
+        return "n/a";
+    snprintf(buf, 16, "%.1f", (double)ru->growth_pages * mb);
+    return buf;
 }
 
 /* Half a second of uncached random reads of both tables, so that the first
@@ -559,6 +578,10 @@ static int section_prefill(struct bench *b)
     int fd = open(b->path, O_RDONLY | O_CLOEXEC);
     uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
     if (fd < 0 || !out) {
+        if (fd < 0)
+            fprintf(stderr, "%s: prefill: %s: %s\n", prog, b->path, strerror(errno));
+        else
+            fprintf(stderr, "%s: prefill: %s\n", prog, strerror(ENOMEM));
         if (fd >= 0)
             close(fd);
         free(out);
@@ -567,13 +590,21 @@ static int section_prefill(struct bench *b)
     for (int c = 0; c < b->n_corpora; c++) {
         uint32_t *tok = NULL, *rows;
         size_t n = 0;
-        if (read_tokens(b->corpora[c], b->l->vocab, &tok, &n) < 0 || n == 0) {
-            fprintf(stderr, "%s: cannot read tokens from %s\n", prog, b->corpora[c]);
+        int trc = read_tokens(b->corpora[c], b->l->vocab, &tok, &n);
+        if (trc < 0 || n == 0) {
+            fprintf(stderr, "%s: cannot read tokens from %s: %s\n", prog, b->corpora[c],
+                    trc < 0 ? strerror(-trc) : "none in it");
+            free(tok);
             continue;
         }
         if (b->max_tokens && n > b->max_tokens)
             n = b->max_tokens;
         rows = malloc(n * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
+        if (!rows) {
+            fprintf(stderr, "%s: %s: %s\n", prog, b->corpora[c], strerror(ENOMEM));
+            free(tok);
+            continue;
+        }
         engram_history h;
         engram_history_reset(&h);
         engram_hash_tokens(engram_model_hasher(b->m), &h, tok, NULL, n, rows, NULL);
@@ -604,9 +635,9 @@ static int section_prefill(struct bench *b)
             for (unsigned k = 0; k < 3; k++) {
                 unsigned who = (turn + k) % 3;
                 if (who == 0)
-                    engram_segment(b, r, rows, s0, s1, out, &ru[0]);
+                    engram_segment(b, fd, r, rows, s0, s1, out, &ru[0]);
                 else if (who == 1 && with_cache)
-                    engram_segment(b, rc, rows, s0, s1, out, &ru[1]);
+                    engram_segment(b, fd, rc, rows, s0, s1, out, &ru[1]);
                 else if (who == 2 && b->use_baseline)
                     baseline_segment(b, fd, rows, s0, s1, out, &ru[2], &berr);
             }
@@ -630,12 +661,20 @@ static int section_prefill(struct bench *b)
             fprintf(stderr, "%s: the baseline reader hit read or decode errors\n", prog);
         const char *name = strrchr(b->corpora[c], '/') ? strrchr(b->corpora[c], '/') + 1 : b->corpora[c];
         double mb = (double)sysconf(_SC_PAGESIZE) / 1e6;
-        printf("    %-16.16s %7zu | %10.0f %5.1f%% %8.1f | %10.0f %5.1f%% %8.1f | %10.0f %8.0f %8.1f | %6.2f %6.2f\n",
-               name, n, ours, 100 * saved, (double)ru[0].growth_pages * mb, cached, 100 * saved_c,
-               (double)ru[1].growth_pages * mb, base, base_rps, (double)ru[2].growth_pages * mb,
+        char g[3][16];
+        printf("    %-16.16s %7zu | %10.0f %5.1f%% %8s | %10.0f %5.1f%% %8s | %10.0f %8.0f %8s | %6.2f %6.2f\n",
+               name, n, ours, 100 * saved, growth_mb(&ru[0], mb, g[0]), cached, 100 * saved_c,
+               growth_mb(&ru[1], mb, g[1]), base, base_rps, growth_mb(&ru[2], mb, g[2]),
                base > 0 ? ours / base : 0, base > 0 ? cached / base : 0);
+        for (int k = 0; k < 3; k++)
+            if (ru[k].count_err) {
+                fprintf(stderr, "%s: page-cache growth not counted (mapping %s: %s)\n", prog, b->path,
+                        strerror(-ru[k].count_err));
+                break;
+            }
         csv_row(b, name, "engram_rows_per_s", 0, ours, "rows/s");
-        csv_row(b, name, "engram_cache_growth_MB", 0, (double)ru[0].growth_pages * mb, "MB");
+        if (!ru[0].count_err)
+            csv_row(b, name, "engram_cache_growth_MB", 0, (double)ru[0].growth_pages * mb, "MB");
         csv_row(b, name, "dedup_saved", 0, saved, "fraction");
         if (with_cache) {
             csv_row(b, name, "engram_rowcache_rows_per_s", 0, cached, "rows/s");
@@ -644,7 +683,8 @@ static int section_prefill(struct bench *b)
         }
         if (b->use_baseline) {
             csv_row(b, name, "baseline_rows_per_s", 0, base, "rows/s");
-            csv_row(b, name, "baseline_cache_growth_MB", 0, (double)ru[2].growth_pages * mb, "MB");
+            if (!ru[2].count_err)
+                csv_row(b, name, "baseline_cache_growth_MB", 0, (double)ru[2].growth_pages * mb, "MB");
         }
         fflush(stdout);
         free(rows);

@@ -74,34 +74,34 @@ static void busy(uint64_t us)
 }
 
 /* Resident pages of the file's bytes [lo, hi) (mincore on read-only
- * mappings, a piece at a time). */
+ * mappings, a piece at a time), or -errno when they cannot be counted.
+ * The model's open checked that the tables lie inside the file. */
 static int64_t resident_pages(const char *path, uint64_t lo, uint64_t hi)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) < 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
+    if (fd < 0)
+        return -errno;
     const uint64_t piece = 1ull << 30;
     long ps = sysconf(_SC_PAGESIZE);
     unsigned char *vec = malloc(piece / (uint64_t)ps);
-    int64_t n = 0;
-    lo = lo / (uint64_t)ps * (uint64_t)ps;
-    if (hi > (uint64_t)st.st_size)
-        hi = (uint64_t)st.st_size;
+    int64_t n = vec ? 0 : -ENOMEM;
+    lo = lo / (uint64_t)ps * (uint64_t)ps; /* [lo, hi): the tables, inside the file (validated) */
     for (uint64_t off = lo; vec && off < hi; off += piece) {
         uint64_t len = hi - off < piece ? hi - off : piece;
         void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)off);
         if (p == MAP_FAILED) {
-            n = -1;
+            n = -errno;
             break;
         }
-        if (mincore(p, len, vec) == 0)
+        int mc = mincore(p, len, vec);
+        if (mc < 0)
+            n = -errno;
+        else
             for (uint64_t i = 0; i < (len + (uint64_t)ps - 1) / (uint64_t)ps; i++)
                 n += vec[i] & 1;
         munmap(p, len);
+        if (mc < 0)
+            break;
     }
     free(vec);
     close(fd);
@@ -367,13 +367,16 @@ static void progress(struct run *R, const char *what, size_t done, size_t total)
     fflush(stderr);
 }
 
-/* The demo model next to the binary, written once. */
+/* The demo model next to the binary, written once; says why not. */
 static int default_model(char *path, size_t n)
 {
     char exe[4096];
     ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k <= 0)
+    if (k <= 0 || (size_t)k >= sizeof exe - 1) {
+        fprintf(stderr, "%s: run: cannot find the binary's directory for the demo model "
+                "(/proc/self/exe: %s); give --model\n", prog, strerror(k < 0 ? errno : ENAMETOOLONG));
         return -1;
+    }
     exe[k] = 0;
     char *slash = strrchr(exe, '/');
     if (slash)
@@ -394,6 +397,8 @@ static int default_model(char *path, size_t n)
         dup2(saved, 1);
         close(saved);
     }
+    if (rc != 0)
+        fprintf(stderr, "%s: run: cannot write the demo model next to the binary\n", prog);
     return rc == 0 ? 0 : -1;
 }
 
@@ -441,10 +446,8 @@ int cmd_run(int argc, char **argv)
         return fail_usage("run: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", device);
     char defpath[4200];
     if (!path) {
-        if (default_model(defpath, sizeof defpath) < 0) {
-            fprintf(stderr, "%s: run: cannot write the demo model next to the binary\n", prog);
+        if (default_model(defpath, sizeof defpath) < 0)
             return EXIT_SYSTEM;
-        }
         path = defpath;
     }
     uint32_t *tokens = NULL;
@@ -580,7 +583,17 @@ int cmd_run(int argc, char **argv)
         uint64_t ptot = pre_read[0] + pre_read[1], pexp = pre_exp[0] + pre_exp[1];
         /* prefill with prefetch: exposed = waiting at layers 1/14; the rest
          * of the prompt's read time ran behind the layers */
-        int64_t growth = pages0 >= 0 && pages1 >= 0 ? pages1 - pages0 : -1;
+        int64_t growth = pages0 >= 0 && pages1 >= 0 ? pages1 - pages0 : 0;
+        int count_err = (int)(pages0 < 0 ? pages0 : pages1 < 0 ? pages1 : 0);
+        char growth_s[4400];
+        if (count_err && json)
+            snprintf(growth_s, sizeof growth_s, "null,\"page_cache_error\":\"%s\"", strerror(-count_err));
+        else if (count_err)
+            snprintf(growth_s, sizeof growth_s, "not counted (%s: %s)", path, strerror(-count_err));
+        else if (json)
+            snprintf(growth_s, sizeof growth_s, "%" PRId64, growth);
+        else
+            snprintf(growth_s, sizeof growth_s, "grew by %" PRId64 " pages", growth);
         if (json) {
             printf("{\"model\":\"%s\",\"device\":\"%s\",\"sessions\":%u,\"layers\":%u,\"layer_us\":%" PRIu64
                    ",\"threads\":%" PRIu64 ",\"overlap\":%s,\"prefetch\":%s,"
@@ -594,7 +607,7 @@ int cmd_run(int argc, char **argv)
                    "\"read_ns\":[%" PRIu64 ",%" PRIu64 "],\"exposed_ns\":[%" PRIu64 ",%" PRIu64
                    "],\"hidden_ns\":[%" PRIu64 ",%" PRIu64 "],\"read_total_ns\":%" PRIu64
                    ",\"exposed_total_ns\":%" PRIu64 ",\"hidden_total_ns\":%" PRIu64 "},"
-                   "\"io\":{\"engine\":\"%s\",\"direct\":%d,\"note\":\"%s\",\"host_registered\":%" PRIu64 "},\"page_cache_growth_pages\":%" PRId64
+                   "\"io\":{\"engine\":\"%s\",\"direct\":%d,\"note\":\"%s\",\"host_registered\":%" PRIu64 "},\"page_cache_growth_pages\":%s"
                    ",\"checksum\":\"%016" PRIx64 "\"}\n",
                    path, device, R.B, R.layers, X, threads, overlap ? "true" : "false",
                    prefetch ? "true" : "false", li.width, li.streams, prompt_tokens, pre_s,
@@ -603,7 +616,7 @@ int cmd_run(int argc, char **argv)
                    dec_s > 0 ? (double)(R.n_steps * B) / dec_s : 0.0, p50, p99,
                    ps.step_rows_requested, ps.step_rows_read, ps.rounds, dread[0], dread[1], dexp[0],
                    dexp[1], dread[0] - dexp[0], dread[1] - dexp[1], tot_read, tot_exp,
-                   tot_read - tot_exp, ps.io.engine, ps.io.direct, ps.io.note ? ps.io.note : "", ps.io.host_registered, growth, fnv);
+                   tot_read - tot_exp, ps.io.engine, ps.io.direct, ps.io.note ? ps.io.note : "", ps.io.host_registered, growth_s, fnv);
         } else {
             printf("engram run: %s, W %u, %u streams; %u sessions, %u layers of %" PRIu64
                    " us (Engram at 1 and 14 on the %s), %" PRIu64 " apply thread%s%s%s\n",
@@ -633,10 +646,10 @@ int cmd_run(int argc, char **argv)
                        (double)dexp[t] / 1e6);
             printf("         all reads: %.3f ms, hidden %.1f%%\n", (double)tot_read / 1e6,
                    tot_read ? 100.0 * (double)(tot_read - tot_exp) / (double)tot_read : 0.0);
-            printf("io:      %s%s%s%s%s; page cache of the tables grew by %" PRId64 " pages\n",
+            printf("io:      %s%s%s%s%s; page cache of the tables %s\n",
                    ps.io.engine, ps.io.direct ? ", O_DIRECT" : ", buffered",
                    ps.io.note && ps.io.note[0] ? " (" : "", ps.io.note && ps.io.note[0] ? ps.io.note : "",
-                   ps.io.note && ps.io.note[0] ? ")" : "", growth);
+                   ps.io.note && ps.io.note[0] ? ")" : "", growth_s);
             if (ps.io.host_registered)
                 printf("         the reader's buffers (%" PRIu64 " KiB, where reads land) and the prefill "
                        "ring page-locked for the GPU's copies\n", ps.io.host_registered >> 10);

@@ -93,6 +93,7 @@ build "gcc -O2" && {
     run "test_run.sh (engram run vs serial apply)" sh tests/test_run.sh build
     run "test_fallback.sh (refusals: same outputs)" sh tests/test_fallback.sh build
     run "test_outputs.sh (full disk, SIGKILL)" sh tests/test_outputs.sh build
+    run "test_envfail.sh (the CLI's environment failing)" sh tests/test_envfail.sh build
     run "stress_sessions (64 threads, 5 s)" build/tests/stress_sessions --threads 64 --seconds 5
     for t in model tokmap cli residual; do
         ls "tests/fuzz/regressions/$t" 2>/dev/null | grep -q . &&

@@ -2,7 +2,7 @@
 """mutate-checks.py - drop error checks one at a time and see a test fail.
 
 For each line of FILE (within the functions named) that returns or sets an
-error (`return -E...`, `return -1;`, `return err_set(...)`, `goto bad...`),
+error (`return -E...`, `return -1;`, `return -errno;`, `return -e;`, `return err_set(...)`, `goto bad...`),
 the statement is replaced by `;` (the check is dropped: execution goes on as
 if the input were fine), the named build target is rebuilt and the test
 command run.  A mutant the tests do not catch is a survivor, printed with
@@ -11,6 +11,7 @@ its line.  Outside the suite (each mutant is a rebuild):
   tools/mutate-checks.py FILE FUNC[,FUNC...] TARGET[,TARGET...] -- TEST COMMAND...
 
 FUNC '*' takes every function of FILE.
+MUT_LINES=N[,N...] keeps only the checks on those lines (1-based).
 A test command that runs past MUT_TIMEOUT seconds (default 60) counts as
 caught (the mutant hangs it) and is reported as such.
   e.g. tools/mutate-checks.py programs/cli.c parse_numbers,parse_history,npy_parse \\
@@ -35,7 +36,7 @@ def functions(lines, names):
             spans.append((i, j))
     return spans
 
-CHECK = re.compile(r'^(\s*)(return\s+(-E[A-Z]+|-1|err_set\(.*\)|rc|set_err\(.*\))\s*;|goto\s+bad\w*\s*;)\s*(/\*.*\*/)?\s*$')
+CHECK = re.compile(r'^(\s*)(return\s+(-E[A-Z]+|-1|-errno|-e|err_set\(.*\)|rc|set_err\(.*\))\s*;|goto\s+bad\w*\s*;)\s*(/\*.*\*/)?\s*$')
 
 def main():
     a = sys.argv[1:]
@@ -47,6 +48,9 @@ def main():
     src = open(path).read()
     lines = src.split('\n')
     sites = [i for s, e in functions(lines, names) for i in range(s, e) if CHECK.match(lines[i])]
+    only = os.environ.get('MUT_LINES')  # e.g. MUT_LINES=63,232: just those lines' checks
+    if only:
+        sites = [i for i in sites if i + 1 in {int(x) for x in only.split(',')}]
     killed, hung, survivors = 0, 0, []
     # SIGTERM / SIGHUP: leave through the finally below, which puts FILE back
     for sig in (signal.SIGTERM, signal.SIGHUP):
