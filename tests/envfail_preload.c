@@ -8,6 +8,8 @@
  *   ENGRAM_FAIL_OPEN_SKIP=N    the first N (default 0), which succeed
  *   ENGRAM_FAIL_MMAP=PATH      shared mappings of PATH (its inode) fail with
  *                              ENODEV, as on a filesystem without mmap
+ *   ENGRAM_FAIL_PREAD=PATH     preads of PATH's file (its inode) fail with EIO,
+ *                              as on a failing disk
  *   ENGRAM_FAIL_READLINK=PATH  readlink of exactly PATH fails with ENOENT, as
  *                              in a process without /proc
  *   ENGRAM_FAIL_ALLOC=SIZE     malloc and realloc of exactly SIZE bytes fail
@@ -93,12 +95,17 @@ OPEN_SHIM(openat64, (int d, const char *p, int flags, ...), (d, p, flags, mode),
 
 /* ------------------------------------------------------------ mmap */
 
+static int same_file(int fd, const char *path)
+{
+    struct stat a, b;
+    return fd >= 0 && fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
 static int mmap_fails(int flags, int fd)
 {
     const char *want = getenv("ENGRAM_FAIL_MMAP");
-    struct stat a, b;
-    if (!want || fd < 0 || !(flags & MAP_SHARED) || fstat(fd, &a) < 0 || stat(want, &b) < 0 ||
-        a.st_dev != b.st_dev || a.st_ino != b.st_ino)
+    if (!want || !(flags & MAP_SHARED) || !same_file(fd, want))
         return 0;
     note("mmap refused", want);
     errno = ENODEV;
@@ -118,6 +125,26 @@ static int mmap_fails(int flags, int fd)
 
 MMAP_SHIM(mmap)
 MMAP_SHIM(mmap64)
+
+/* ------------------------------------------------------------ pread */
+
+#define PREAD_SHIM(name)                                                                      \
+    ssize_t name(int fd, void *buf, size_t n, off_t off)                                      \
+    {                                                                                         \
+        const char *want = getenv("ENGRAM_FAIL_PREAD");                                       \
+        if (want && same_file(fd, want)) {                                                    \
+            note("pread refused", want);                                                      \
+            errno = EIO;                                                                      \
+            return -1;                                                                        \
+        }                                                                                     \
+        static ssize_t (*real)(int, void *, size_t, off_t);                                   \
+        if (!real)                                                                            \
+            real = (ssize_t (*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, #name);          \
+        return real(fd, buf, n, off);                                                         \
+    }
+
+PREAD_SHIM(pread)
+PREAD_SHIM(pread64)
 
 /* ------------------------------------------------------------ readlink */
 

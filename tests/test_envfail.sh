@@ -6,10 +6,12 @@
 #    its resident pages (the run completes and says why the page-cache
 #    figure is missing: text and JSON); /proc/self/exe cannot be read when it
 #    looks for the demo model (it stops and says to give --model);
+#  - `engram apply`: its residual input fails to read (EIO);
 #  - `engram bench io`: the model cannot be mapped to count resident pages
 #    (n/a in the table, no growth rows in the CSV, the reason on stderr);
 #    the token corpus's first buffer or its growth cannot be allocated (the
-#    corpus is refused with the reason, not benchmarked shorter).
+#    corpus is refused with the reason, not benchmarked shorter), and a
+#    corpus that does not exist.
 # Each check also sees the shim's log line, so a check cannot pass with the
 # shim inactive.
 # Usage: tests/test_envfail.sh BUILD_DIR
@@ -68,6 +70,22 @@ has "$T/err" "(/proc/self/exe: No such file or directory); give --model" "run wi
 if grep -q "writing the demo model" "$T/err"; then bad "run without /proc/self/exe went on"; else ok; fi
 shim "readlink refused"
 
+# apply: its residual input fails to read (EIO): the error named, nothing
+# (under a time limit: a mutant that ignores the error spins)
+# left under the output's name
+n=$(wc -w < "$T/tok")
+head -c $((n * 4 * 64 * 4)) /dev/zero > "$T/resid"
+ENGRAM_ENVFAIL_LOG="$T/log" ENGRAM_FAIL_PREAD="$T/resid" LD_PRELOAD="$SO" timeout 60 \
+    "$E" apply "$M" --layer 1 --tokens "$T/tok" --residual-in "$T/resid" --residual-out "$T/out.f32" \
+    > "$T/out" 2> "$T/err"
+rc=$?
+if [ "$rc" -ne 0 ]; then ok; else bad "apply with a failing residual read exited 0"; fi
+has "$T/err" "Input/output error" "apply, residual read refused"
+left=0
+for f in "$T"/*out.f32* "$T"/.*out.f32*; do [ -e "$f" ] && left=1; done
+if [ "$left" -eq 0 ]; then ok; else bad "apply left an output behind"; ls -a "$T" >&2; fi
+shim "pread refused"
+
 # bench io, prefill section only, on a table large enough to read
 B="$T/bench.gguf"
 "$E" build "$B" --base 20000 --fill pool >/dev/null || bad "build bench model"
@@ -90,5 +108,8 @@ for size in 16384 32768; do
     if grep -q "tok5k .*[0-9]" "$T/out"; then bad "bench io benchmarked a corpus it could not hold"; else ok; fi
     shim "allocation refused"
 done
+# a corpus that does not exist: refused with the reason, the run goes on
+"$E" bench io "$B" --sections c --corpus "$T/nonexistent" > "$T/out" 2> "$T/err"
+has "$T/err" "cannot read tokens from $T/nonexistent: No such file or directory" "bench io, missing corpus"
 echo "test_envfail: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
