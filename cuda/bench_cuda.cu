@@ -157,8 +157,13 @@ int main(int argc, char **argv)
     a.flags = ENGRAM_CUDA_FMA_ONLY;
     float f64 = timed(st, 20, [&] { engram_cuda_apply(c, &a, &err); });
     printf("  64 %10.1f   %6.2f   (ENGRAM_CUDA_FMA_ONLY: 8 GEMVs of 8)\n", f64 * 1e3, f64 / floor_ms);
-    a.flags = 0;
     a.n = 1;
+    a.flags = ENGRAM_CUDA_SERIAL_GATE;
+    float sms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
+    a.flags = 0;
+    float dms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
+    printf("   1 %10.1f   %6.2f   (the gate launched after the GEMV: ENGRAM_CUDA_SERIAL_GATE; "
+           "default again: %.1f us = %.2f x)\n", sms * 1e3, sms / floor_ms, dms * 1e3, dms / floor_ms);
     float pms = timed(st, 100, [&] { engram_cuda_project(c, &a, d_kv, &err); });
     printf("   1 (projection alone) %.1f us = %.2f x floor\n", pms * 1e3, pms / floor_ms);
     /* B = 1 as an engine runs it: captured once into a graph with a device-side step index */
@@ -166,31 +171,35 @@ int main(int argc, char **argv)
         int *d_step;
         CU(cudaMalloc(&d_step, sizeof(int)));
         CU(cudaMemset(d_step, 0, sizeof(int)));
-        engram_cuda_args g = a;
-        g.d_step = d_step;
-        g.raw_step = 24 * 264;
-        g.resid_step = per * 4;
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        int grc = engram_cuda_apply(c, &g, &err);
-        CU(cudaStreamEndCapture(st, &graph));
-        if (grc < 0) {
-            fprintf(stderr, "capture: %s\n", err.msg);
-            return 1;
+        for (int serial = 1; serial >= 0; serial--) {
+            engram_cuda_args g = a;
+            g.d_step = d_step;
+            g.raw_step = 24 * 264;
+            g.resid_step = per * 4;
+            g.flags = serial ? ENGRAM_CUDA_SERIAL_GATE : 0;
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            int grc = engram_cuda_apply(c, &g, &err);
+            CU(cudaStreamEndCapture(st, &graph));
+            if (grc < 0) {
+                fprintf(stderr, "capture: %s\n", err.msg);
+                return 1;
+            }
+            CU(cudaGraphInstantiate(&exec, graph, 0));
+            float gms = timed(st, 100, [&] { cudaGraphLaunch(exec, st); });
+            /* 32 steps back to back, as a decode loop without host syncs */
+            float g32 = timed(st, 20, [&] {
+                for (int i = 0; i < 32; i++)
+                    cudaGraphLaunch(exec, st);
+            });
+            printf("   1 (apply in a CUDA graph%s) %.1f us = %.2f x floor; 32 graph launches back to back: "
+                   "%.1f us each = %.2f x floor\n%s",
+                   serial ? ", gate serial" : "", gms * 1e3, gms / floor_ms, g32 * 1e3 / 32,
+                   g32 / 32 / floor_ms, serial ? "" : "\n");
+            cudaGraphExecDestroy(exec);
+            cudaGraphDestroy(graph);
         }
-        CU(cudaGraphInstantiate(&exec, graph, 0));
-        float gms = timed(st, 100, [&] { cudaGraphLaunch(exec, st); });
-        /* 32 steps back to back, as a decode loop without host syncs */
-        float g32 = timed(st, 20, [&] {
-            for (int i = 0; i < 32; i++)
-                cudaGraphLaunch(exec, st);
-        });
-        printf("   1 (apply in a CUDA graph) %.1f us = %.2f x floor; 32 graph launches back to back: "
-               "%.1f us each = %.2f x floor\n\n",
-               gms * 1e3, gms / floor_ms, g32 * 1e3 / 32, g32 / 32 / floor_ms);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
         cudaFree(d_step);
     }
 

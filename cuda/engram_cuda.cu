@@ -63,6 +63,7 @@ struct engram_cuda_layer {
     int *status;             /* first non-finite token, INT_MAX  */
     cublasHandle_t blas;
     int tc;                  /* tc_gemm runs here (sm_90a code)   */
+    int pdl;                 /* programmatic dependent launch (9.0+) */
     uint64_t bytes;
 };
 
@@ -202,6 +203,24 @@ __device__ __forceinline__ unsigned pack2(float a, float b)
     return (__float_as_uint(a) >> 16) | (__float_as_uint(b) & 0xffff0000u);
 }
 
+/* Programmatic dependent launch (sm_90+; no-ops elsewhere and when the
+ * kernel was launched without the attribute): the decode GEMVs let the
+ * gate's blocks be scheduled at once; the gate waits, before its first read
+ * of kv, until the GEMV grid has finished and its writes are visible. */
+__device__ __forceinline__ void pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /*
  * Decode GEMV of one token: each warp decodes the codes it needs in
  * registers as it loads the weights (no shared memory, no barrier: weight
@@ -212,6 +231,7 @@ __global__ void __launch_bounds__(GEMV1_THREADS)
 gemv1_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, const int *d_step,
              size_t raw_step, int n_out, float *__restrict__ kv)
 {
+    pdl_launch_dependents();
     if (d_step)
         raw += (size_t)(*d_step) * raw_step;
     int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
@@ -273,6 +293,7 @@ gemv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, siz
 {
     extern __shared__ uint4 smem[];
     unsigned *es = (unsigned *)smem; /* [T][K/2] pairs of BF16 */
+    pdl_launch_dependents();
     if (d_step)
         raw += (size_t)(*d_step) * raw_step;
     for (int q = threadIdx.x; q < T * (K / 4); q += GEMV_THREADS) {
@@ -458,6 +479,12 @@ __device__ __forceinline__ float load_x(const void *x, int bf16, int i)
  * computed once into registers (GATE_KEEP per thread; beyond that, twice),
  * checked, and written only if no block of the token found one non-finite:
  * the token is written whole or not at all.  Masked tokens: untouched.
+ * Launched as a programmatic dependent of the decode GEMV: x, q and the
+ * update's x are loaded (and x.x summed) before the wait for kv, v with
+ * k after it.  The blocks' verdicts travel with their sums: if every x and
+ * scaled v of the token is below 2^126 in magnitude and the gates are
+ * finite, every output is finite (|x + g v| < 2^127, 0 <= g <= 1) and the
+ * blocks write without a second exchange; otherwise the check above.
  */
 #define GATE_CTAS 8
 
@@ -482,6 +509,9 @@ __device__ __forceinline__ int cluster_any_bad(cg::cluster_group &cl, int *sbad,
 }
 #define GATE_GROUP 4
 #define GATE_KEEP 12
+#ifndef GATE_PRE
+#define GATE_PRE 3 /* columns per thread loaded before the wait for kv */
+#endif
 __global__ void __cluster_dims__(GATE_CTAS, 1, 1) __launch_bounds__(GATE_THREADS)
 gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq, void *resid,
             int bf16, const uint8_t *mask, int W, int S, int *status, int token_base,
@@ -504,31 +534,123 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
     const float *kvt = kv + (size_t)t * ldkv, *v = kvt + (size_t)S * W;
     size_t es = bf16 ? 2 : 4;
     char *xt = (char *)resid + (size_t)t * S * W * es;
+    /* The update's elements of this thread (with GATE_KEEP or fewer) and
+     * their x, loaded before the wait for kv: element e of the block is
+     * (stream e / cols, column lo + e % cols), stepped without divisions (a
+     * small kernel: fewer instructions to fetch). */
+    const int total = S * cols;
+    const int keep = total <= GATE_THREADS * GATE_KEEP;
+    float y[GATE_KEEP];
+    int sq[GATE_KEEP], iq[GATE_KEEP];
+    if (keep) {
+        int s = cols > 0 ? 0 : S, i = threadIdx.x; /* no columns: no elements */
+        if (cols > 0)
+            while (i >= cols && s < S) {
+                i -= cols;
+                s++;
+            }
+#pragma unroll
+        for (int q = 0; q < GATE_KEEP; q++) {
+            sq[q] = s;
+            iq[q] = lo + i;
+            y[q] = s < S ? load_x(xt, bf16, s * W + lo + i) : 0.0f;
+            i += GATE_THREADS;
+            while (i >= cols && s < S) {
+                i -= cols;
+                s++;
+            }
+        }
+    }
+    /* Up to GATE_PRE columns per thread and S <= GATE_GROUP (W = 5120: 640
+     * columns a block): x and q, which the GEMV does not write, are loaded
+     * before the wait for kv, and x.x summed; the sums' order is the loop's
+     * below, so the bits are the same. */
+    const int pre = S <= GATE_GROUP && cols <= GATE_PRE * GATE_THREADS;
+    float px[GATE_PRE][GATE_GROUP], pq[GATE_PRE][GATE_GROUP], pxx[GATE_GROUP];
+#pragma unroll
+    for (int s = 0; s < GATE_GROUP; s++) {
+        pxx[s] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < GATE_PRE; j++)
+            px[j][s] = pq[j][s] = 0.0f;
+    }
+    if (pre) {
+#pragma unroll
+        for (int j = 0; j < GATE_PRE; j++) {
+            int i = lo + threadIdx.x + j * GATE_THREADS;
+#pragma unroll
+            for (int s = 0; s < GATE_GROUP; s++)
+                if (s < S && i < lo + cols) {
+                    px[j][s] = load_x(xt, bf16, s * W + i);
+                    pq[j][s] = wq[(size_t)s * W + i];
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < GATE_PRE; j++)
+#pragma unroll
+            for (int s = 0; s < GATE_GROUP; s++)
+                if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols)
+                    pxx[s] = fmaf(px[j][s], px[j][s], pxx[s]);
+    }
+    pdl_wait(); /* kv: the GEMV's */
+    /* v of the update's elements, loaded with phase 1's k: one latency; ok:
+     * every x and scaled v of this thread below 2^126 in magnitude (and not
+     * NaN), so that y = x + g v, 0 <= g <= 1, is finite in F32 and in BF16 */
+    float vs[GATE_KEEP];
+    int ok = keep;
+    if (keep) {
+#pragma unroll
+        for (int q = 0; q < GATE_KEEP; q++)
+            vs[q] = sq[q] < S ? v[iq[q]] : 0.0f;
+    }
     for (int s0 = 0; s0 < S; s0 += GATE_GROUP) {
         float p[3 * GATE_GROUP];
 #pragma unroll
         for (int q = 0; q < 3 * GATE_GROUP; q++)
             p[q] = 0.0f;
         const int ns = min(GATE_GROUP, S - s0);
-#pragma unroll 2
-        for (int i = lo + threadIdx.x; i < lo + cols; i += GATE_THREADS) {
-            float xv[GATE_GROUP], qv[GATE_GROUP], kr[GATE_GROUP];
+        if (pre) { /* s0 = 0, the only group */
+            float kr[GATE_PRE][GATE_GROUP];
 #pragma unroll
-            for (int s = 0; s < GATE_GROUP; s++) /* every load first: one latency */
-                if (s < ns) {
-                    size_t o = (size_t)(s0 + s) * W + i;
-                    xv[s] = load_x(xt, bf16, (int)o);
-                    qv[s] = wq[o];
-                    kr[s] = kvt[o];
+            for (int j = 0; j < GATE_PRE; j++) /* every load first: one latency */
+#pragma unroll
+                for (int s = 0; s < GATE_GROUP; s++) {
+                    int i = lo + threadIdx.x + j * GATE_THREADS;
+                    kr[j][s] = s < S && i < lo + cols ? kvt[(size_t)s * W + i] : 0.0f;
                 }
+#pragma unroll
+            for (int j = 0; j < GATE_PRE; j++)
+#pragma unroll
+                for (int s = 0; s < GATE_GROUP; s++)
+                    if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols) {
+                        float k = bf16r(pow2scale(kr[j][s], ks));
+                        p[3 * s] = fmaf(px[j][s] * pq[j][s], k, p[3 * s]);
+                        p[3 * s + 2] = fmaf(k, k, p[3 * s + 2]);
+                    }
 #pragma unroll
             for (int s = 0; s < GATE_GROUP; s++)
-                if (s < ns) {
-                    float xi = xv[s], k = bf16r(pow2scale(kr[s], ks));
-                    p[3 * s] = fmaf(xi * qv[s], k, p[3 * s]);
-                    p[3 * s + 1] = fmaf(xi, xi, p[3 * s + 1]);
-                    p[3 * s + 2] = fmaf(k, k, p[3 * s + 2]);
-                }
+                p[3 * s + 1] = pxx[s];
+        } else {
+#pragma unroll 2
+            for (int i = lo + threadIdx.x; i < lo + cols; i += GATE_THREADS) {
+                float xv[GATE_GROUP], qv[GATE_GROUP], kr[GATE_GROUP];
+#pragma unroll
+                for (int s = 0; s < GATE_GROUP; s++) /* every load first: one latency */
+                    if (s < ns) {
+                        size_t o = (size_t)(s0 + s) * W + i;
+                        xv[s] = load_x(xt, bf16, (int)o);
+                        qv[s] = wq[o];
+                        kr[s] = kvt[o];
+                    }
+#pragma unroll
+                for (int s = 0; s < GATE_GROUP; s++)
+                    if (s < ns) {
+                        float xi = xv[s], k = bf16r(pow2scale(kr[s], ks));
+                        p[3 * s] = fmaf(xi * qv[s], k, p[3 * s]);
+                        p[3 * s + 1] = fmaf(xi, xi, p[3 * s + 1]);
+                        p[3 * s + 2] = fmaf(k, k, p[3 * s + 2]);
+                    }
+            }
         }
 #pragma unroll
         for (int q = 0; q < 3 * GATE_GROUP; q++)
@@ -553,14 +675,33 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
         }
         __syncthreads();
     }
-    cl.sync(); /* every block's sums are in its shared memory */
+    if (keep) {
+#pragma unroll
+        for (int q = 0; q < GATE_KEEP; q++) {
+            vs[q] = bf16r(pow2scale(vs[q], ks));
+            ok &= sq[q] >= S || (fabsf(y[q]) < 0x1p126f && fabsf(vs[q]) < 0x1p126f);
+        }
+    }
+    __shared__ int sok, allok;
+    ok = __syncthreads_and(ok);
+    if (threadIdx.x == 0)
+        sok = ok;
+    cl.sync(); /* every block's sums and verdict are in its shared memory */
     __shared__ float tot[3 * ENGRAM_MAX_STREAMS];
     if (threadIdx.x < 3 * S) {
         float u = 0.0f;
         for (int r = 0; r < GATE_CTAS; r++)
             u += *cl.map_shared_rank(&part[threadIdx.x], r);
         tot[threadIdx.x] = u;
+    } else if (threadIdx.x == 32 * ((3 * S + 31) / 32)) { /* the first warp past the sums' */
+        int a = 1;
+        for (int r = 0; r < GATE_CTAS; r++)
+            a &= *cl.map_shared_rank(&sok, r);
+        allok = a;
     }
+    /* done with the other blocks' shared memory: none may exit before all
+     * have arrived here (waited for below, on every path) */
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     __syncthreads();
     if (threadIdx.x < S) {
         float D = tot[3 * threadIdx.x], Sxx = tot[3 * threadIdx.x + 1], Skk = tot[3 * threadIdx.x + 2];
@@ -572,47 +713,29 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
         gs[threadIdx.x] = isfinite(D) && isfinite(Sxx) && isfinite(Skk) ? g : __int_as_float(0x7fc00000);
     }
     __syncthreads();
-    /* this block's outputs: all streams, its columns; element e of the
-     * block is (stream e / cols, column lo + e % cols), stepped without
-     * divisions (a small kernel: fewer instructions to fetch) */
-    const int total = S * cols;
+    /* this block's outputs: all streams, its columns.  Every block of the
+     * cluster takes the same branch: allok and gs are the cluster's. */
+    int safe = allok;
+    for (int q = 0; q < S; q++)
+        safe &= isfinite(gs[q]);
     int bad = 0;
-    float y[GATE_KEEP];
-    const int keep = total <= GATE_THREADS * GATE_KEEP;
-    int s = cols > 0 ? 0 : S, i = threadIdx.x; /* no columns: no elements */
-    if (cols > 0)
-        while (i >= cols && s < S) {
-            i -= cols;
-            s++;
-        }
     if (keep) {
-        float vv[GATE_KEEP];
-        int sq[GATE_KEEP], iq[GATE_KEEP];
-#pragma unroll
-        for (int q = 0; q < GATE_KEEP; q++) { /* every load first: one latency */
-            sq[q] = s;
-            iq[q] = lo + i;
-            if (s < S) {
-                vv[q] = v[lo + i];
-                y[q] = load_x(xt, bf16, s * W + lo + i);
-            }
-            i += GATE_THREADS;
-            while (i >= cols && s < S) {
-                i -= cols;
-                s++;
-            }
-        }
 #pragma unroll
         for (int q = 0; q < GATE_KEEP; q++)
             if (sq[q] < S) {
-                y[q] = bf16r(fmaf(gs[sq[q]], bf16r(pow2scale(vv[q], ks)), y[q]));
+                y[q] = bf16r(fmaf(gs[sq[q]], vs[q], y[q]));
                 bad |= !isfinite(y[q]);
             }
 #pragma unroll
         for (int q = 0; q < GATE_KEEP; q++)
             iq[q] += sq[q] * W; /* the residual's index, for the writes */
-        if (cluster_any_bad(cl, &sbad, bad, rank, status, token_base + t))
-            return;
+        /* safe: finite by the bounds, written without asking the other
+         * blocks (which are waited for only before leaving) */
+        if (!safe) {
+            asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+            if (cluster_any_bad(cl, &sbad, bad, rank, status, token_base + t))
+                return;
+        }
 #pragma unroll
         for (int q = 0; q < GATE_KEEP; q++)
             if (sq[q] < S) {
@@ -621,8 +744,11 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
                 else
                     ((float *)xt)[iq[q]] = y[q];
             }
+        if (safe)
+            asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
         return;
     }
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
     for (int e = threadIdx.x; e < total; e += GATE_THREADS) {
         int se = e / cols, ie = lo + e - se * cols;
         bad |= !isfinite(bf16r(fmaf(gs[se], bf16r(pow2scale(v[ie], ks)), load_x(xt, bf16, se * W + ie))));
@@ -776,6 +902,9 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
     CK(cudaMalloc(&c->wide, (blk + 1) * sizeof(int)), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->status, sizeof(int)), "cudaMalloc (status)");
     c->tc = tc_gemm_probe();
+    int major = 0;
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device), "cudaDeviceGetAttribute");
+    c->pdl = major >= 9;
     c->bytes = nw * 2 + (uint64_t)c->S * c->W * 4 + blk * c->N * 4 + blk * K * 2 +
                (2 * blk + 2) * sizeof(int);
     uint16_t *hw = (uint16_t *)malloc(nw * 2);
@@ -847,7 +976,7 @@ static int check_args(const engram_cuda_layer *c, const engram_cuda_args *a, int
         return set_err(err, -EINVAL, "d_step is for the decode path (n <= 8)");
     if ((uintptr_t)a->raw % 8 || a->raw_step % 8)
         return set_err(err, -EINVAL, "raw and raw_step: multiples of 8 bytes");
-    if (a->flags & ~(unsigned)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_FAST_SUMS))
+    if (a->flags & ~(unsigned)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_FAST_SUMS | ENGRAM_CUDA_SERIAL_GATE))
         return set_err(err, -EINVAL, "unknown flags");
     return 0;
 }
@@ -965,15 +1094,27 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
         char *resid = (char *)a->resid + (size_t)t0 * c->S * c->W * es;
         const uint8_t *mk = a->mask ? a->mask + t0 : NULL;
         int bf = a->resid_dtype == ENGRAM_BF16;
-        if (k <= ENGRAM_CUDA_GEMV_MAX)
-            gate_kernel<<<k * GATE_CTAS, GATE_THREADS, 0, st>>>(
-                c->kv, (int)c->N, c->wq, resid, bf, mk, (int)c->W, (int)c->S, c->status, (int)t0,
-                a->d_step, a->resid_step, scaled ? c->kshift : NULL);
-        else
+        if (k <= ENGRAM_CUDA_GEMV_MAX) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(k * GATE_CTAS);
+            cfg.blockDim = dim3(GATE_THREADS);
+            cfg.stream = st;
+            cudaLaunchAttribute at[1] = {};
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = c->pdl && !(a->flags & ENGRAM_CUDA_SERIAL_GATE) ? 1 : 0;
+            CK(cudaLaunchKernelEx(&cfg, gate_kernel, (const float *)c->kv, (int)c->N,
+                                  (const float *)c->wq, (void *)resid, bf, mk, (int)c->W, (int)c->S,
+                                  c->status, (int)t0, a->d_step, a->resid_step,
+                                  (const int *)(scaled ? c->kshift : NULL)),
+               "gate_kernel");
+        } else {
             gate_block_kernel<<<k, GATEB_THREADS, 0, st>>>(c->kv, (int)c->N, c->wq, resid, bf, mk,
                                                            (int)c->W, (int)c->S, c->status, (int)t0,
                                                            scaled ? c->kshift : NULL);
-        CK(cudaGetLastError(), "gate_kernel");
+            CK(cudaGetLastError(), "gate_block_kernel");
+        }
     }
     return 0;
 }

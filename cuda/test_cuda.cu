@@ -420,7 +420,7 @@ static void invariance_and_graph(fx *f)
         CHECK(fsame);
         printf("W=%u FMA_ONLY: %u tokens in one call, the decode path's bits: %s\n", f->W, nf,
                fsame ? "yes" : "NO");
-        b.flags = 4; /* unknown */
+        b.flags = 8; /* unknown */
         CHECK_ERR(engram_cuda_project(f->c, &b, d_kvf, &err), err, -EINVAL, "flags");
         b.flags = 0;
         b.raw = d_rf + 4; /* misaligned */
@@ -492,6 +492,64 @@ static void invariance_and_graph(fx *f)
     free(x0);
     free(xd);
     free(xgph);
+}
+
+/* The gate of n <= 8 tokens launched as a programmatic dependent of the
+ * GEMV (the default on 9.0+) against launched after it
+ * (ENGRAM_CUDA_SERIAL_GATE): 48 applies queued back to back without a host
+ * wait, each on other rows, into two residuals updated in place.  A gate
+ * that read kv before the GEMV had written it would read the previous
+ * apply's kv (other rows) and the two would differ. */
+static void dependent_launch(fx *f)
+{
+    const unsigned rounds = 48, Bs[3] = {1, 3, 8};
+    size_t per = (size_t)f->S * f->W;
+    uint8_t *raw = (uint8_t *)malloc((size_t)rounds * 8 * 24 * 264), *d_raw;
+    uint16_t *bf = (uint16_t *)malloc((size_t)rounds * 8 * K * 2);
+    rows_of(f, rounds * 8, 700, raw, bf);
+    float *x0 = (float *)malloc(8 * per * 4), *xa = (float *)malloc(8 * per * 4),
+          *xb = (float *)malloc(8 * per * 4), *d_xa, *d_xb;
+    uint64_t seed = 9;
+    for (size_t i = 0; i < 8 * per; i++)
+        x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
+    CU(cudaMalloc(&d_raw, (size_t)rounds * 8 * 24 * 264));
+    CU(cudaMalloc(&d_xa, 8 * per * 4));
+    CU(cudaMalloc(&d_xb, 8 * per * 4));
+    CU(cudaMemcpy(d_raw, raw, (size_t)rounds * 8 * 24 * 264, cudaMemcpyHostToDevice));
+    engram_error err;
+    for (int q = 0; q < 3; q++) {
+        CU(cudaMemcpy(d_xa, x0, 8 * per * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(d_xb, x0, 8 * per * 4, cudaMemcpyHostToDevice));
+        engram_cuda_args a;
+        memset(&a, 0, sizeof a);
+        a.resid_dtype = ENGRAM_F32;
+        a.n = Bs[q];
+        for (unsigned r = 0; r < rounds; r++) {
+            a.raw = d_raw + (size_t)r * 8 * 24 * 264;
+            a.resid = d_xa;
+            a.flags = 0;
+            CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+            a.resid = d_xb;
+            a.flags = ENGRAM_CUDA_SERIAL_GATE;
+            CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+        }
+        CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+        CU(cudaMemcpy(xa, d_xa, 8 * per * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(xb, d_xb, 8 * per * 4, cudaMemcpyDeviceToHost));
+        int same = memcmp(xa, xb, Bs[q] * per * 4) == 0, moved = memcmp(xa, x0, Bs[q] * per * 4) != 0;
+        CHECK(same);
+        CHECK(moved);
+        printf("W=%u B=%u: %u applies with the gate a dependent launch %s those with it serial\n", f->W,
+               Bs[q], rounds, same ? "equal" : "DIFFER FROM");
+    }
+    CU(cudaFree(d_raw));
+    CU(cudaFree(d_xa));
+    CU(cudaFree(d_xb));
+    free(raw);
+    free(bf);
+    free(x0);
+    free(xa);
+    free(xb);
 }
 
 /* Staging: a pool opened with engram_cuda_host_hooks page-locks its
@@ -685,6 +743,7 @@ int main(void)
         projection(&f, w16, ENGRAM_CUDA_FAST_SUMS);
         applies(&f);
         invariance_and_graph(&f);
+        dependent_launch(&f);
         unaligned_kv(&f);
         if (q == 0)
             staging(f.m, &f, 1);

@@ -32,8 +32,9 @@
  *    9.0 the cuBLAS GEMM is taken.  ENGRAM_CUDA_FMA_ONLY takes the GEMV for
  *    every n (F32 FMAs only).
  * Then the gate and update, fused: for n <= 8 one token per cluster of 8
- * blocks (reductions through distributed shared memory), else one token per
- * block; masked tokens not touched; the same arithmetic as engram.h's, with
+ * blocks (reductions through distributed shared memory; on compute
+ * capability 9.0+ a programmatic dependent launch of the GEMV, whose blocks
+ * load the residual while the GEMV finishes), else one token per block; masked tokens not touched; the same arithmetic as engram.h's, with
  * the device's expf/sqrtf.
  * Memory on the device per layer: F16 weights (N x 6144 x 2 bytes, 315 MB
  * at W = 5120), q*k norms, and a workspace for ENGRAM_CUDA_BLOCK tokens (kv
@@ -61,6 +62,13 @@ extern "C" {
 /* engram_cuda_args.flags: n > 8 through cuBLAS's F16 GEMM, the tensor cores'
  * own sums: faster for prefill, less accurate (see above). */
 #define ENGRAM_CUDA_FAST_SUMS 2u
+/* engram_cuda_args.flags: for n <= 8, the gate launched only when the
+ * projection has finished.  By default (compute capability 9.0 and up) it
+ * is a programmatic dependent launch: its blocks are scheduled while the
+ * GEMV finishes and wait on the device for its results (the same bits;
+ * hides the gate's launch).  For measuring, and for tools that cannot
+ * follow such edges. */
+#define ENGRAM_CUDA_SERIAL_GATE 4u
 
 /* 1 if a CUDA device can be used; else 0 with the reason in why. */
 int engram_cuda_available(char *why, size_t why_len);
@@ -104,7 +112,8 @@ typedef struct engram_cuda_args {
     const int *d_step;
     size_t raw_step, resid_step;
     void *stream;            /* cudaStream_t; NULL = the default stream          */
-    unsigned flags;          /* 0, ENGRAM_CUDA_FMA_ONLY or ENGRAM_CUDA_FAST_SUMS     */
+    unsigned flags;          /* 0, ENGRAM_CUDA_FMA_ONLY or ENGRAM_CUDA_FAST_SUMS,
+                                or'd with ENGRAM_CUDA_SERIAL_GATE                   */
 } engram_cuda_args;
 
 /*
