@@ -159,7 +159,7 @@ $(BUILD)/tests/%: tests/%.c tests/testutil.h $(LIBS)
 # its system and library calls are routed through the wrappers in
 # tests/test_faults.c and tests/fault_engine.h.
 FAULT_WRAP = -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,--wrap=open,--wrap=statx,--wrap=pwrite \
-  -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup,--wrap=posix_memalign,--wrap=pthread_create,--wrap=pthread_attr_init,--wrap=mmap,--wrap=pread \
+  -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup,--wrap=posix_memalign,--wrap=pthread_create,--wrap=pthread_attr_init,--wrap=mmap,--wrap=pread,--wrap=preadv2 \
   -Wl,--wrap=io_uring_queue_init_params,--wrap=io_uring_register_files,--wrap=io_uring_register_buffers,--wrap=io_uring_submit
 $(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)

@@ -118,15 +118,29 @@ char *__wrap_strdup(const char *s) { return lib_alloc_fails() ? NULL : __real_st
 /* pread (the GGUF reader's and the model's row reads; the reader's
  * buffered engine): the N-th call while armed fails with EIO. */
 static struct lib_alloc_plan preads;
+static int pread_errno = EIO; /* the failing call's error (EINTR: to be retried) */
 ssize_t __real_pread(int fd, void *buf, size_t n, off_t off);
 ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t off);
 ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t off)
 {
     if (preads.armed && ++preads.calls == preads.fail_at) {
-        errno = EIO;
+        errno = pread_errno;
         return -1;
     }
     return __real_pread(fd, buf, n, off);
+}
+
+/* preadv2 (the thread engine's reads with RWF_DONTCACHE): likewise. */
+static struct lib_alloc_plan preadv2s;
+ssize_t __real_preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags);
+ssize_t __wrap_preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags);
+ssize_t __wrap_preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+    if (preadv2s.armed && ++preadv2s.calls == preadv2s.fail_at) {
+        errno = pread_errno;
+        return -1;
+    }
+    return __real_preadv2(fd, iov, n, off, flags);
 }
 
 /* pwrite (the model builder's table and weight fillers, the GGUF
@@ -1259,6 +1273,32 @@ static void engine_limits(void)
         CHECK(memcmp(got[0], data, 4096) == 0 && memcmp(got[1], data + 4096, 4096) == 0);
         e->ops->destroy(e);
     }
+    /* the thread engine's read system call failing: EIO completes the read
+     * with -EIO (pread, and preadv2 with RWF_DONTCACHE); EINTR is retried
+     * and the read completes exact (pread) */
+    const struct { int dontcache, eno; } calls[3] = {{0, EIO}, {1, EIO}, {0, EINTR}};
+    for (int k = 0; k < 3; k++) {
+        struct lib_alloc_plan *pl = calls[k].dontcache ? &preadv2s : &preads;
+        e = NULL;
+        CHECK_EQ(__real_io_threads_engine_new(fd, 2, calls[k].dontcache ? DROP_DONTCACHE : DROP_NONE, &e), 0);
+        if (!e)
+            continue;
+        memset(got, 0, sizeof got);
+        pread_errno = calls[k].eno;
+        *pl = (struct lib_alloc_plan){.fail_at = 1, .armed = 1};
+        CHECK_EQ(e->ops->queue(e, 0, got[0], 4096, 4096), 0);
+        CHECK_EQ(e->ops->submit(e), 0);
+        struct io_cqe cq[1];
+        int n = reap_all(e, cq, 1);
+        pl->armed = 0;
+        pread_errno = EIO;
+        CHECK(pl->calls >= 1); /* the failure was injected */
+        if (n == 1 && calls[k].eno == EIO)
+            CHECK_EQ(cq[0].res, -EIO);
+        else if (n == 1)
+            CHECK(cq[0].res == 4096 && memcmp(got[0], data + 4096, 4096) == 0);
+        e->ops->destroy(e);
+    }
     /* io_uring with its submission ring full (4 entries, none submitted):
      * a 5th read or a cancel submits early; if the kernel refuses that
      * (-EAGAIN) or takes nothing, the call fails transiently (-EAGAIN /
@@ -1292,7 +1332,8 @@ static void engine_limits(void)
             CHECK(memcmp(ubuf[i], data + (i < 4 ? (i % 3) : 1) * 4096, 4096) == 0);
         e->ops->destroy(e);
     }
-    printf("thread engine: a read past its 2 workers -EBUSY, the 2 taken delivered; io_uring, "
+    printf("thread engine: a read past its 2 workers -EBUSY, the 2 taken delivered; its pread and "
+           "preadv2 failing with EIO: -EIO, with EINTR: retried, exact; io_uring, "
            "its 4-entry ring full: a refused (-EAGAIN) or empty submit fails the 5th read and a "
            "cancel transiently, then all 5 delivered\n");
     close(fd);
