@@ -147,7 +147,10 @@ $(CUDA_LIB): $(BUILD)/obj/engram_cuda.o
 $(BUILD)/cuda/%: cuda/%.cu cuda/cuda_check.h $(CUDA_LIB) $(LIBS) tests/testutil.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -o $@ $< $(CUDA_LIB) $(LIBS) -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublas \
-	    $(patsubst -Wl$(comma)%,,$(LDLIBS_ALL))
+	    $(patsubst -Wl$(comma)%,,$(LDLIBS_ALL)) $(CUDA_WRAP_$(notdir $@))
+# test_cuda fails chosen calls of the library (allocations, cuBLAS set-up and GEMM, cudaMalloc)
+CUDA_WRAP_test_cuda = -Xlinker --wrap=calloc,--wrap=malloc,--wrap=cudaMalloc,--wrap=cublasCreate_v2 \
+	-Xlinker --wrap=cublasSetMathMode,--wrap=cublasGemmEx
 endif
 comma := ,
 

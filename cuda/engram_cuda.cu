@@ -901,7 +901,7 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
     CK(cudaMalloc(&c->kshift, blk * sizeof(int)), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->wide, (blk + 1) * sizeof(int)), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->status, sizeof(int)), "cudaMalloc (status)");
-    c->tc = tc_gemm_probe();
+    c->tc = tc_gemm_probe(c->status); /* a device int of ours; reset below */
     int major = 0;
     CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device), "cudaDeviceGetAttribute");
     c->pdl = major >= 9;

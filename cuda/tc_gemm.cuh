@@ -237,18 +237,15 @@ __global__ void tc_probe_kernel(int *out)
 /* 1 if the code this device runs has the wgmma kernel (sm_90a machine code;
  * the PTX JIT-compiled for other devices has not), after raising its
  * shared-memory limit; 0 otherwise (then the cuBLAS GEMM is used).  Runs a
- * probe kernel and waits: call at set-up, not during graph capture. */
-static int tc_gemm_probe(void)
+ * probe kernel that writes d (a device int) and waits: call at set-up, not
+ * during graph capture. */
+static int tc_gemm_probe(int *d)
 {
-    int *d = NULL, h = 0;
-    int ok = cudaMalloc(&d, sizeof(int)) == cudaSuccess;
-    if (ok) {
-        tc_probe_kernel<<<1, 1>>>(d);
-        ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1 &&
+    int h = 0;
+    tc_probe_kernel<<<1, 1>>>(d);
+    int ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1 &&
              cudaFuncSetAttribute(tc_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   TC_SMEM) == cudaSuccess;
-    }
-    cudaFree(d);
     cudaGetLastError();
     return ok;
 }

@@ -39,7 +39,10 @@ template <typename F> static float timed(cudaStream_t st, F fn) {
 int main(int argc, char **argv) {
     int ns[] = {2048, 300, 9}, Ns[] = {25600, 320};
     cudaStream_t st; CU(cudaStreamCreate(&st));
-    printf("tc ready: %d\n", tc_gemm_probe());
+    int *d_probe;
+    CU(cudaMalloc(&d_probe, sizeof(int)));
+    printf("tc ready: %d\n", tc_gemm_probe(d_probe));
+    CU(cudaFree(d_probe));
     cublasHandle_t h; cublasCreate(&h); cublasSetStream(h, st);
     for (int qi = 0; qi < 2; qi++) for (int ni = 0; ni < 3; ni++) {
         int n = ns[ni], N = Ns[qi];

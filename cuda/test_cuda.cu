@@ -22,11 +22,19 @@
  *  - staging: a pool with engram_cuda_host_hooks has its reader's buffers
  *    and prefill rings page-locked, rows from them copied asynchronously
  *    give the same GPU output as from a pageable copy (without a GPU: the
- *    driver refuses every registration and nothing fails).
+ *    driver refuses every registration and nothing fails);
+ *  - refusals: NULL arguments of every entry point and the layer's
+ *    allocation failing (also without a GPU); with one, each cudaMalloc of
+ *    a layer's open failed in turn, the upload's host buffer, cuBLAS's
+ *    handle and math mode, and cuBLAS's GEMM under FAST_SUMS (calls
+ *    wrapped at link time): named errors, nothing returned;
+ *  - the decode gate as a dependent launch gives the serial launch's bits.
  * Every CUDA call is checked.
  */
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <pthread.h>
 
 #include "../tests/testutil.h"
 #include "engram_cuda.h"
@@ -34,6 +42,85 @@
 #include "cuda_check.h"
 
 static const int K = ENGRAM_K;
+
+/* Calls the library makes, failed on demand (linked with --wrap): only on
+ * the thread that armed them, so the runtime's own threads are not hit. */
+static struct {
+    pthread_t owner;
+    int calloc_next;          /* the next calloc fails              */
+    size_t malloc_size;       /* a malloc of this size fails         */
+    long cuda_malloc_at;      /* the k-th cudaMalloc from 1 fails    */
+    long cuda_mallocs;        /* cudaMalloc calls counted            */
+    int cublas_create, math_mode, gemm; /* these cuBLAS calls fail   */
+} fail;
+
+static void arm(void)
+{
+    memset(&fail, 0, sizeof fail);
+    fail.owner = pthread_self();
+}
+
+static int mine(void)
+{
+    return pthread_equal(fail.owner, pthread_self());
+}
+
+extern "C" {
+void *__real_calloc(size_t n, size_t size);
+void *__real_malloc(size_t size);
+cudaError_t __real_cudaMalloc(void **p, size_t size);
+cublasStatus_t __real_cublasCreate_v2(cublasHandle_t *h);
+cublasStatus_t __real_cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
+cublasStatus_t __real_cublasGemmEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                   const void *, const void *, cudaDataType, int, const void *,
+                                   cudaDataType, int, const void *, void *, cudaDataType, int,
+                                   cublasComputeType_t, cublasGemmAlgo_t);
+
+void *__wrap_calloc(size_t n, size_t size)
+{
+    if (fail.calloc_next && mine()) {
+        fail.calloc_next = 0;
+        return NULL;
+    }
+    return __real_calloc(n, size);
+}
+
+void *__wrap_malloc(size_t size)
+{
+    if (fail.malloc_size && size == fail.malloc_size && mine())
+        return NULL;
+    return __real_malloc(size);
+}
+
+cudaError_t __wrap_cudaMalloc(void **p, size_t size)
+{
+    if (fail.cuda_malloc_at && mine() && ++fail.cuda_mallocs == fail.cuda_malloc_at)
+        return cudaErrorMemoryAllocation;
+    return __real_cudaMalloc(p, size);
+}
+
+cublasStatus_t __wrap_cublasCreate_v2(cublasHandle_t *h)
+{
+    return fail.cublas_create && mine() ? CUBLAS_STATUS_NOT_INITIALIZED : __real_cublasCreate_v2(h);
+}
+
+cublasStatus_t __wrap_cublasSetMathMode(cublasHandle_t h, cublasMath_t mode)
+{
+    return fail.math_mode && mine() ? CUBLAS_STATUS_INTERNAL_ERROR : __real_cublasSetMathMode(h, mode);
+}
+
+cublasStatus_t __wrap_cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                   int n, int k, const void *alpha, const void *A, cudaDataType at,
+                                   int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
+                                   void *C, cudaDataType ct, int ldc, cublasComputeType_t comp,
+                                   cublasGemmAlgo_t algo)
+{
+    if (fail.gemm && mine())
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    return __real_cublasGemmEx(h, ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc,
+                               comp, algo);
+}
+}
 
 struct fx {
     engram_model *m;
@@ -697,6 +784,128 @@ static void staging(engram_model *m, fx *f, int gpu)
     free(x2);
 }
 
+/* Refusals that need no GPU: NULL arguments of every entry point, the
+ * layer's own allocation failing; nothing returned, nothing left. */
+static void arguments(const engram_layer *L)
+{
+    engram_error err;
+    engram_cuda_layer *c = (engram_cuda_layer *)0x1;
+    CHECK_ERR(engram_cuda_layer_open(NULL, 0, &c, &err), err, -EINVAL, "NULL argument");
+    CHECK_ERR(engram_cuda_layer_open(L, 0, NULL, &err), err, -EINVAL, "NULL argument");
+    arm();
+    fail.calloc_next = 1;
+    CHECK_ERR(engram_cuda_layer_open(L, 0, &c, &err), err, -ENOMEM, "out of memory");
+    CHECK_EQ(fail.calloc_next, 0); /* the failure was taken */
+    arm();
+    CHECK(c == (engram_cuda_layer *)0x1);
+    engram_cuda_args a;
+    memset(&a, 0, sizeof a);
+    float kv[4];
+    CHECK_ERR(engram_cuda_apply(NULL, &a, &err), err, -EINVAL, "NULL argument");
+    CHECK_ERR(engram_cuda_project(NULL, &a, kv, &err), err, -EINVAL, "NULL argument");
+    CHECK_ERR(engram_cuda_sync(NULL, NULL, &err), err, -EINVAL, "NULL argument");
+    engram_cuda_layer_close(NULL);
+}
+
+/* With a GPU: every cudaMalloc of a layer's open failed in turn, the host
+ * buffer of the weights' upload, cuBLAS's handle and its math mode: -EIO /
+ * -ENOMEM naming the call, no layer returned; then cuBLAS's GEMM failing
+ * under ENGRAM_CUDA_FAST_SUMS: apply and project return -EIO naming it. */
+static void faults(fx *f)
+{
+    engram_error err;
+    engram_cuda_layer *c = (engram_cuda_layer *)0x1;
+    long k = 1;
+    for (;; k++) {
+        arm();
+        fail.cuda_malloc_at = k;
+        int rc = engram_cuda_layer_open(f->L, 0, &c, &err);
+        long calls = fail.cuda_mallocs;
+        arm();
+        if (calls < k) { /* no k-th call: the open succeeded */
+            CHECK_EQ(rc, 0);
+            engram_cuda_layer_close(c);
+            c = (engram_cuda_layer *)0x1;
+            break;
+        }
+        CHECK_ERR(rc, err, -EIO, "cudaMalloc");
+        CHECK(c == (engram_cuda_layer *)0x1);
+    }
+    printf("W=%u layer open: each of its %ld cudaMallocs failed in turn: -EIO, no layer\n", f->W, k - 1);
+    CHECK(k - 1 >= 7);
+    arm();
+    fail.malloc_size = (size_t)f->N * K * 2;
+    CHECK_ERR(engram_cuda_layer_open(f->L, 0, &c, &err), err, -ENOMEM, "host memory");
+    arm();
+    fail.cublas_create = 1;
+    CHECK_ERR(engram_cuda_layer_open(f->L, 0, &c, &err), err, -EIO, "cublasCreate");
+    arm();
+    fail.math_mode = 1;
+    CHECK_ERR(engram_cuda_layer_open(f->L, 0, &c, &err), err, -EIO, "cublasSetMathMode");
+    arm();
+    CHECK(c == (engram_cuda_layer *)0x1);
+
+    const unsigned n = 9; /* past the GEMV: the GEMM path */
+    size_t per = (size_t)f->S * f->W;
+    uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264), *d_raw;
+    uint16_t *bf = (uint16_t *)malloc((size_t)n * K * 2);
+    rows_of(f, n, 900, raw, bf);
+    float *d_x, *d_kv;
+    CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
+    CU(cudaMalloc(&d_x, n * per * 4));
+    CU(cudaMalloc(&d_kv, (size_t)n * f->N * 4));
+    CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
+    CU(cudaMemset(d_x, 0, n * per * 4));
+    engram_cuda_args a;
+    memset(&a, 0, sizeof a);
+    a.raw = d_raw;
+    a.resid = d_x;
+    a.resid_dtype = ENGRAM_F32;
+    a.n = n;
+    /* the argument checks, each alone on otherwise good arguments */
+    {
+        engram_cuda_args b = a;
+        b.resid = NULL;
+        CHECK_ERR(engram_cuda_apply(f->c, &b, &err), err, -EINVAL, "NULL argument");
+        b = a;
+        b.raw = NULL;
+        CHECK_ERR(engram_cuda_project(f->c, &b, d_kv, &err), err, -EINVAL, "NULL argument");
+        b = a;
+        b.resid_dtype = ENGRAM_RAW;
+        CHECK_ERR(engram_cuda_apply(f->c, &b, &err), err, -EINVAL, "BF16 or F32");
+        b = a;
+        b.raw_stride = 24 * 264 - 8;
+        CHECK_ERR(engram_cuda_apply(f->c, &b, &err), err, -EINVAL, "raw_stride");
+        b.raw_stride = 24 * 264 + 4;
+        CHECK_ERR(engram_cuda_project(f->c, &b, d_kv, &err), err, -EINVAL, "raw_stride");
+        b = a;
+        b.d_step = (const int *)d_kv; /* any device int: refused before use */
+        CHECK_ERR(engram_cuda_apply(f->c, &b, &err), err, -EINVAL, "d_step");
+        b = a;
+        b.raw_step = 12;
+        CHECK_ERR(engram_cuda_apply(f->c, &b, &err), err, -EINVAL, "multiples of 8");
+        b = a;
+        b.flags = 8;
+        CHECK_ERR(engram_cuda_apply(f->c, &b, &err), err, -EINVAL, "unknown flags");
+        CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0); /* nothing was launched */
+    }
+    a.flags = ENGRAM_CUDA_FAST_SUMS;
+    arm();
+    fail.gemm = 1;
+    CHECK_ERR(engram_cuda_apply(f->c, &a, &err), err, -EIO, "cublasGemmEx");
+    CHECK_ERR(engram_cuda_project(f->c, &a, d_kv, &err), err, -EIO, "cublasGemmEx");
+    arm();
+    CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0); /* and then it works */
+    CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+    printf("W=%u host upload buffer, cublasCreate, cublasSetMathMode, cublasGemmEx refused: named, "
+           "nothing returned\n", f->W);
+    CU(cudaFree(d_raw));
+    CU(cudaFree(d_x));
+    CU(cudaFree(d_kv));
+    free(raw);
+    free(bf);
+}
+
 int main(void)
 {
     char why[200];
@@ -719,6 +928,7 @@ int main(void)
         CHECK_EQ(rc, -ENODEV);
         CHECK(strstr(err.msg, why) != NULL);
         CHECK(c == (engram_cuda_layer *)0x1);
+        arguments(L);
         staging(m, NULL, 0);
         engram_layer_close(L);
         engram_model_close(m);
@@ -727,7 +937,9 @@ int main(void)
     }
     printf("CUDA: %s\n", why);
     const uint32_t widths[3] = {64, 5120, 63}; /* 63: N = 315 outputs, odd */
-    for (int q = 0; q < 3; q++) {
+    /* ENGRAM_TEST_CUDA_QUICK=1: W = 64 alone (mutation runs: a binary per mutant) */
+    const int nw = getenv("ENGRAM_TEST_CUDA_QUICK") ? 1 : 3;
+    for (int q = 0; q < nw; q++) {
         fx f;
         memset(&f, 0, sizeof f);
         char name[32];
@@ -741,6 +953,10 @@ int main(void)
         projection(&f, w16, 0);
         projection(&f, w16, ENGRAM_CUDA_FMA_ONLY);
         projection(&f, w16, ENGRAM_CUDA_FAST_SUMS);
+        if (q == 0) {
+            arguments(f.L);
+            faults(&f);
+        }
         applies(&f);
         invariance_and_graph(&f);
         dependent_launch(&f);

@@ -12,6 +12,10 @@ its line.  Outside the suite (each mutant is a rebuild):
 
 FUNC '*' takes every function of FILE.
 MUT_LINES=N[,N...] keeps only the checks on those lines (1-based).
+MUT_COLLECT=DIR: a mutant the test here does not catch is not reported as a
+survivor; the last TARGET (a file) is copied to DIR/NAME.LLINE, to be run
+where the test can reach it (the CUDA code: test_cuda on a GPU machine).
+TARGET may also be a make variable (VAR=VALUE), passed to each make.
 A test command that runs past MUT_TIMEOUT seconds (default 60) counts as
 caught (the mutant hangs it) and is reported as such.
   e.g. tools/mutate-checks.py programs/cli.c parse_numbers,parse_history,npy_parse \\
@@ -51,7 +55,8 @@ def main():
     only = os.environ.get('MUT_LINES')  # e.g. MUT_LINES=63,232: just those lines' checks
     if only:
         sites = [i for i in sites if i + 1 in {int(x) for x in only.split(',')}]
-    killed, hung, survivors = 0, 0, []
+    killed, hung, survivors, kept = 0, 0, [], []
+    collect = os.environ.get('MUT_COLLECT')
     # SIGTERM / SIGHUP: leave through the finally below, which puts FILE back
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda s, f: sys.exit(1))
@@ -79,6 +84,10 @@ def main():
                 hung += 1
             if caught:
                 killed += 1
+            elif collect:  # kept for a run elsewhere (a GPU machine)
+                dst = os.path.join(collect, '%s.L%d' % (os.path.basename(targets[-1]), i + 1))
+                subprocess.run(['cp', targets[-1], dst], check=True)
+                kept.append((i + 1, lines[i].strip()))
             else:
                 survivors.append((i + 1, lines[i].strip()))
     finally:
@@ -88,6 +97,8 @@ def main():
           % (path, ','.join(sorted(names)), len(sites), killed, hung, limit, len(survivors)))
     for n, l in survivors:
         print('  survived: line %d: %s' % (n, l))
+    for n, l in kept:
+        print('  not caught here, binary kept in %s: line %d: %s' % (collect, n, l))
     return 1 if survivors else 0
 
 sys.exit(main())
