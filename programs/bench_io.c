@@ -528,8 +528,8 @@ static void baseline_segment(struct bench *b, int fd, const uint32_t *rows, size
     count_growth(ru, before, resident_pages(b, fd));
 }
 
-/* A runner's growth in MB for the table ("%8.1f"), or "n/a" where it was not
- * counted. */
+/* A runner's growth in MB for the table (one decimal), or "n/a" where it was
+ * not counted. */
 static const char *growth_mb(const struct runner *ru, double mb, char buf[16])
 {
     if (ru->count_err)

@@ -29,6 +29,11 @@ run() { # run NAME COMMAND...
     [ "$status" = PASS ] || sed 's/^/    | /' "$LOG/out$STREAM" | tail -40
 }
 
+nonempty() { # nonempty DIR: DIR holds a file
+    for f in "$1"/*; do [ -e "$f" ] && return 0; done
+    return 1
+}
+
 build() { # build NAME MAKE-ARGS...
     name=$1; shift
     run "build: $name" make -j"$JOBS" WERROR=1 "$@" all
@@ -96,9 +101,9 @@ build "gcc -O2" && {
     run "test_envfail.sh (the CLI's environment failing)" sh tests/test_envfail.sh build
     run "stress_sessions (64 threads, 5 s)" build/tests/stress_sessions --threads 64 --seconds 5
     for t in model tokmap cli residual; do
-        ls "tests/fuzz/regressions/$t" 2>/dev/null | grep -q . &&
+        nonempty "tests/fuzz/regressions/$t" &&
             run "fuzz_$t replay of its regressions" build/tests/fuzz_${t}_replay tests/fuzz/regressions/$t/*
-        ls "tests/fuzz/corpus/$t" 2>/dev/null | grep -q . &&
+        nonempty "tests/fuzz/corpus/$t" &&
             run "fuzz_$t replay of its campaign corpus" build/tests/fuzz_${t}_replay tests/fuzz/corpus/$t/*
     done
     if [ -x build/cuda/test_cuda ]; then  # built when nvcc is present
@@ -116,9 +121,9 @@ build "asan+ubsan" SANITIZE=address,undefined && {
     run "asan+ubsan: fuzz_cli replay of seeds" build-san-address,undefined/tests/fuzz_cli_replay tests/fuzz/cli_seeds/*
     run "asan+ubsan: fuzz_residual replay of seeds" build-san-address,undefined/tests/fuzz_residual_replay tests/fuzz/residual_seeds/*
     for t in model tokmap cli residual; do
-        ls "tests/fuzz/regressions/$t" 2>/dev/null | grep -q . &&
+        nonempty "tests/fuzz/regressions/$t" &&
             run "asan+ubsan: fuzz_$t regressions" build-san-address,undefined/tests/fuzz_${t}_replay tests/fuzz/regressions/$t/*
-        ls "tests/fuzz/corpus/$t" 2>/dev/null | grep -q . &&
+        nonempty "tests/fuzz/corpus/$t" &&
             run "asan+ubsan: fuzz_$t campaign corpus" build-san-address,undefined/tests/fuzz_${t}_replay tests/fuzz/corpus/$t/*
     done
 }
