@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
@@ -81,27 +80,11 @@ static void csv_row(struct bench *b, const char *section, const char *what, doub
 
 /* ------------------------------------------------------------ page cache */
 
-/* Resident pages of the file's table region (mincore on a mapping of the
- * caller's descriptor of the file), or -errno when they cannot be counted. */
-static int64_t resident_pages(struct bench *b, int fd)
+/* Resident pages of the file's tables, through the caller's descriptor,
+ * or -errno. */
+static int64_t table_pages(struct bench *b, int fd)
 {
-    size_t len = (size_t)b->in.file_bytes;
-    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-        return -errno;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = (len + page - 1) / page;
-    unsigned char *vec = malloc(pages);
-    int64_t n = -ENOMEM;
-    if (vec && mincore(p, len, vec) < 0)
-        n = -errno;
-    else if (vec) {
-        n = 0;
-        for (size_t i = b->in.table[0].offset / page; i < pages; i++)
-            n += vec[i] & 1;
-    }
-    free(vec);
-    munmap(p, len);
-    return n;
+    return resident_pages(fd, b->in.table[0].offset, b->in.file_bytes);
 }
 
 /* Drops the file's cached pages (the part of "drop caches" that matters
@@ -502,7 +485,7 @@ static void engram_segment(struct bench *b, int fd, engram_reader *r, const uint
                            size_t s1, uint16_t *out, struct runner *ru)
 {
     engram_error err;
-    int64_t before = resident_pages(b, fd);
+    int64_t before = table_pages(b, fd);
     double t0 = now_s();
     for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
         size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
@@ -511,13 +494,13 @@ static void engram_segment(struct bench *b, int fd, engram_reader *r, const uint
                 fprintf(stderr, "%s: %s\n", prog, err.msg);
     }
     ru->secs += now_s() - t0;
-    count_growth(ru, before, resident_pages(b, fd));
+    count_growth(ru, before, table_pages(b, fd));
 }
 
 static void baseline_segment(struct bench *b, int fd, const uint32_t *rows, size_t s0, size_t s1,
                              uint16_t *out, struct runner *ru, int *berr)
 {
-    int64_t before = resident_pages(b, fd);
+    int64_t before = table_pages(b, fd);
     double t0 = now_s();
     for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
         size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
@@ -525,7 +508,7 @@ static void baseline_segment(struct bench *b, int fd, const uint32_t *rows, size
             ru->reads += baseline_batches(b, fd, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, out, berr);
     }
     ru->secs += now_s() - t0;
-    count_growth(ru, before, resident_pages(b, fd));
+    count_growth(ru, before, table_pages(b, fd));
 }
 
 /* A runner's growth in MB for the table (one decimal), or "n/a" where it was

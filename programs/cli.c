@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -361,6 +362,34 @@ int fout_close(struct fout *o, int ok)
         unlink(o->tmp);
     free(o->tmp);
     return ok ? 0 : EXIT_SYSTEM;
+}
+
+int64_t resident_pages(int fd, uint64_t lo, uint64_t hi)
+{
+    const uint64_t piece = 1ull << 30;
+    long ps = sysconf(_SC_PAGESIZE);
+    unsigned char *vec = malloc(piece / (uint64_t)ps);
+    int64_t n = vec ? 0 : -ENOMEM;
+    lo = lo / (uint64_t)ps * (uint64_t)ps;
+    for (uint64_t off = lo; vec && off < hi; off += piece) {
+        uint64_t len = hi - off < piece ? hi - off : piece;
+        void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)off);
+        if (p == MAP_FAILED) {
+            n = -errno;
+            break;
+        }
+        int mc = mincore(p, len, vec);
+        if (mc < 0)
+            n = -errno;
+        else
+            for (uint64_t i = 0; i < (len + (uint64_t)ps - 1) / (uint64_t)ps; i++)
+                n += vec[i] & 1;
+        munmap(p, len);
+        if (mc < 0)
+            break;
+    }
+    free(vec);
+    return n;
 }
 
 int pread_all(int fd, void *buf, size_t n, uint64_t off)

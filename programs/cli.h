@@ -49,6 +49,11 @@ int npy_parse(const uint8_t *p, size_t avail, uint64_t file_size, struct npy_inf
 /* pread until n bytes arrive (EINTR retried); 0 or -errno (-EIO at end of file). */
 int pread_all(int fd, void *buf, size_t n, uint64_t off);
 
+/* Pages of the file's bytes [lo, hi) in the page cache (mincore on
+ * read-only mappings of fd, a GiB at a time), or -errno when they cannot be
+ * counted.  [lo, hi) must lie inside the file. */
+int64_t resident_pages(int fd, uint64_t lo, uint64_t hi);
+
 /* "A,B,C": the 3 compressed history ids, newest first, -1 = dead. 0 or -1. */
 int parse_history(const char *s, engram_history *h);
 

@@ -19,8 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -73,37 +71,14 @@ static void busy(uint64_t us)
     sink_value = x;
 }
 
-/* Resident pages of the file's bytes [lo, hi) (mincore on read-only
- * mappings, a piece at a time), or -errno when they cannot be counted.
- * The model's open checked that the tables lie inside the file. */
-static int64_t resident_pages(const char *path, uint64_t lo, uint64_t hi)
+/* Resident pages of the model file's bytes [lo, hi) (the model's open
+ * checked that the tables lie inside the file), or -errno. */
+static int64_t model_resident_pages(const char *path, uint64_t lo, uint64_t hi)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
-    const uint64_t piece = 1ull << 30;
-    long ps = sysconf(_SC_PAGESIZE);
-    unsigned char *vec = malloc(piece / (uint64_t)ps);
-    int64_t n = vec ? 0 : -ENOMEM;
-    lo = lo / (uint64_t)ps * (uint64_t)ps; /* [lo, hi): the tables, inside the file (validated) */
-    for (uint64_t off = lo; vec && off < hi; off += piece) {
-        uint64_t len = hi - off < piece ? hi - off : piece;
-        void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, (off_t)off);
-        if (p == MAP_FAILED) {
-            n = -errno;
-            break;
-        }
-        int mc = mincore(p, len, vec);
-        if (mc < 0)
-            n = -errno;
-        else
-            for (uint64_t i = 0; i < (len + (uint64_t)ps - 1) / (uint64_t)ps; i++)
-                n += vec[i] & 1;
-        munmap(p, len);
-        if (mc < 0)
-            break;
-    }
-    free(vec);
+    int64_t n = resident_pages(fd, lo, hi);
     close(fd);
     return n;
 }
@@ -497,7 +472,7 @@ int cmd_run(int argc, char **argv)
     engram_model_get_info(R.m, &mi);
     uint64_t tab_lo = mi.table[0].offset, tab_hi = mi.table[1].offset + mi.table[1].bytes;
     /* the tables' resident pages, after the weights were loaded */
-    int64_t pages0 = resident_pages(path, tab_lo, tab_hi);
+    int64_t pages0 = model_resident_pages(path, tab_lo, tab_hi);
     engram_pool_opts po;
     memset(&po, 0, sizeof po);
     if (rc == 0) { /* on a GPU: the reader's buffers page-locked, where reads land */
@@ -561,7 +536,7 @@ int cmd_run(int argc, char **argv)
             progress(&R, "decode", s + 1, N);
     }
     R.decode_ns = ns_now() - t0;
-    int64_t pages1 = resident_pages(path, tab_lo, tab_hi);
+    int64_t pages1 = model_resident_pages(path, tab_lo, tab_hi);
 
     if (rc < 0) {
         st = rc == -ENOENT ? (fprintf(stderr, "%s: run: %s\n", prog, err.msg), EXIT_DATA)
