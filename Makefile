@@ -91,7 +91,7 @@ endif
 all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
      $(BUILD)/tests/fuzz_tokmap_replay $(BUILD)/tests/fuzz_cli_replay \
      $(BUILD)/tests/fuzz_residual_replay $(BUILD)/tests/seccomp_run \
-     $(BUILD)/tests/nodirect_preload.so $(BUILD)/tests/envfail_preload.so $(BUILD)/tests/stress_sessions $(CUDA_TARGETS)
+     $(BUILD)/tests/envfail_preload.so $(BUILD)/tests/stress_sessions $(CUDA_TARGETS)
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
 
 $(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(wildcard src/*.h) Makefile
@@ -176,10 +176,6 @@ $(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/device
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=realloc,--wrap=calloc -o $@ $< programs/cli.c \
 	    programs/device.c $(LIBS) $(LDLIBS_ALL) -ldl
-
-$(BUILD)/tests/nodirect_preload.so: tests/nodirect_preload.c
-	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -fPIC -shared -Wall -Wextra -o $@ $< -ldl
 
 $(BUILD)/tests/envfail_preload.so: tests/envfail_preload.c
 	@mkdir -p $(dir $@)

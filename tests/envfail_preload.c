@@ -6,6 +6,10 @@
  *
  *   ENGRAM_FAIL_OPEN=PATH      opens of exactly PATH fail with EACCES, after
  *   ENGRAM_FAIL_OPEN_SKIP=N    the first N (default 0), which succeed
+ *   ENGRAM_FAIL_ODIRECT=1      every open with O_DIRECT fails with EINVAL, as
+ *                              on a filesystem without O_DIRECT (tmpfs
+ *                              before Linux 6.6, some FUSE and network
+ *                              filesystems; tests/test_fallback.sh)
  *   ENGRAM_FAIL_MMAP=PATH      shared mappings of PATH (its inode) fail with
  *                              ENODEV, as on a filesystem without mmap
  *   ENGRAM_FAIL_PREAD=PATH     preads of PATH's file (its inode) fail with EIO,
@@ -56,9 +60,14 @@ static void note(const char *what, const char *detail)
 
 /* ------------------------------------------------------------ open */
 
-static int open_fails(const char *path)
+static int open_fails(const char *path, int flags)
 {
     static long seen;
+    if ((flags & O_DIRECT) && getenv("ENGRAM_FAIL_ODIRECT")) {
+        note("O_DIRECT refused", path ? path : "(null)");
+        errno = EINVAL;
+        return 1;
+    }
     const char *want = getenv("ENGRAM_FAIL_OPEN");
     if (!want || !path || strcmp(want, path) != 0)
         return 0;
@@ -80,7 +89,7 @@ static int open_fails(const char *path)
             mode = (mode_t)va_arg(ap, int);                                                   \
             va_end(ap);                                                                       \
         }                                                                                     \
-        if (open_fails(path))                                                                 \
+        if (open_fails(path, flags))                                                          \
             return -1;                                                                        \
         static int (*real) proto_args;                                                        \
         if (!real)                                                                            \

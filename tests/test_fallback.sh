@@ -5,7 +5,8 @@
 #    Docker's default profile does; tests/seccomp_run installs it and checks
 #    that it works before running the command);
 #  - O_DIRECT refused (EINVAL at open, as tmpfs before Linux 6.6 and some
-#    FUSE/network filesystems do; tests/nodirect_preload.so, logged);
+#    FUSE/network filesystems do; tests/envfail_preload.so with
+#    ENGRAM_FAIL_ODIRECT=1, logged);
 #  - both at once; the model on tmpfs (/dev/shm: whatever this kernel does);
 #    the engines forced by ENGRAM_IO.
 # For each: `engram info` names the engine and the reason, `engram apply`
@@ -17,7 +18,7 @@ set -u
 BUILD=${1:-build}
 E="$BUILD/engram"
 SR="$BUILD/tests/seccomp_run"
-ND="$(cd "$BUILD/tests" && pwd)/nodirect_preload.so"
+ND="$(cd "$BUILD/tests" && pwd)/envfail_preload.so" # with ENGRAM_FAIL_ODIRECT
 T=$(mktemp -d "${TMPDIR:-/tmp}/engram-fallback-XXXXXX")
 SHM=""
 trap 'rm -rf "$T" ${SHM:+"$SHM"}' EXIT
@@ -78,7 +79,7 @@ expect_run seccomp threads "io_uring refused \(Operation not permitted\)"
 same_as_ref seccomp
 
 # O_DIRECT refused
-export ENGRAM_NODIRECT_LOG="$T/nodirect.log"
+export ENGRAM_FAIL_ODIRECT=1 ENGRAM_ENVFAIL_LOG="$T/nodirect.log"
 outputs nodirect "$M" env LD_PRELOAD="$ND"
 expect_info nodirect "^table reads: +buffered, buffered.*O_DIRECT refused \(Invalid argument\); buffered fallback"
 expect_run nodirect buffered "O_DIRECT refused"
@@ -90,7 +91,7 @@ outputs both "$M" env LD_PRELOAD="$ND" "$SR"
 expect_info both "^table reads: +buffered.*O_DIRECT refused"
 expect_run both buffered "O_DIRECT refused"
 same_as_ref both
-unset ENGRAM_NODIRECT_LOG
+unset ENGRAM_FAIL_ODIRECT ENGRAM_ENVFAIL_LOG
 
 # forced engines
 for eng in threads buffered; do
