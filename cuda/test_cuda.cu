@@ -152,7 +152,8 @@ static int fx_open(fx *f, const char *name, uint32_t width)
     return 0;
 }
 
-/* n tokens' raw rows of table 1 [n][24][264] and BF16 rows [n][24][256]. */
+/* n tokens' raw rows of table 1 [n][24][264] and, unless bf is NULL, their
+ * BF16 values [n][24][256]. */
 static void rows_of(fx *f, size_t n, uint64_t seed, uint8_t *raw, uint16_t *bf)
 {
     uint32_t *tok = (uint32_t *)malloc(n * 4), *rows = (uint32_t *)malloc(n * 48 * 4),
@@ -165,7 +166,8 @@ static void rows_of(fx *f, size_t n, uint64_t seed, uint8_t *raw, uint16_t *bf)
     for (size_t i = 0; i < n; i++)
         memcpy(ids + i * 24, rows + i * 48 + 24, 24 * 4);
     CHECK_EQ(engram_model_read_raw(f->m, 1, ids, n * 24, raw, NULL), 0);
-    CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, n * 24, bf, NULL), 0);
+    if (bf)
+        CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, n * 24, bf, NULL), 0);
     free(tok);
     free(rows);
     free(ids);
@@ -414,8 +416,7 @@ static void unaligned_kv(fx *f)
 {
     const unsigned n = 40;
     uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
-    uint16_t *bf = (uint16_t *)malloc((size_t)n * K * 2);
-    rows_of(f, n, 400, raw, bf);
+    rows_of(f, n, 400, raw, NULL);
     size_t nkv = (size_t)n * f->N;
     uint8_t *d_raw;
     float *d_a, *d_b, *ha = (float *)malloc(nkv * 4), *hb = (float *)malloc((nkv + 2) * 4);
@@ -443,7 +444,6 @@ static void unaligned_kv(fx *f)
     CU(cudaFree(d_a));
     CU(cudaFree(d_b));
     free(raw);
-    free(bf);
     free(ha);
     free(hb);
 }
@@ -454,8 +454,7 @@ static void invariance_and_graph(fx *f)
     const unsigned n = ENGRAM_CUDA_GEMV_MAX;
     size_t per = (size_t)f->S * f->W;
     uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
-    uint16_t *bf = (uint16_t *)malloc((size_t)n * K * 2);
-    rows_of(f, n, 300, raw, bf);
+    rows_of(f, n, 300, raw, NULL);
     uint8_t *d_raw;
     float *d_kv, *kv64 = (float *)malloc(n * f->N * 4), *kv1 = (float *)malloc(f->N * 4);
     CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
@@ -482,9 +481,8 @@ static void invariance_and_graph(fx *f)
     {
         const unsigned nf = 13;
         uint8_t *rf = (uint8_t *)malloc((size_t)nf * 24 * 264), *d_rf;
-        uint16_t *bff = (uint16_t *)malloc((size_t)nf * K * 2);
         float *kvf = (float *)malloc((size_t)nf * f->N * 4), *d_kvf;
-        rows_of(f, nf, 310, rf, bff);
+        rows_of(f, nf, 310, rf, NULL);
         CU(cudaMalloc(&d_rf, (size_t)nf * 24 * 264));
         CU(cudaMalloc(&d_kvf, (size_t)nf * f->N * 4));
         CU(cudaMemcpy(d_rf, rf, (size_t)nf * 24 * 264, cudaMemcpyHostToDevice));
@@ -515,7 +513,6 @@ static void invariance_and_graph(fx *f)
         CU(cudaFree(d_rf));
         CU(cudaFree(d_kvf));
         free(rf);
-        free(bff);
         free(kvf);
     }
     /* graph: 4 steps of 2 tokens each, step index on the device */
@@ -573,7 +570,6 @@ static void invariance_and_graph(fx *f)
     CU(cudaFree(d_x));
     CU(cudaFree(d_step));
     free(raw);
-    free(bf);
     free(kv64);
     free(kv1);
     free(x0);
@@ -592,8 +588,7 @@ static void dependent_launch(fx *f)
     const unsigned rounds = 48, Bs[3] = {1, 3, 8};
     size_t per = (size_t)f->S * f->W;
     uint8_t *raw = (uint8_t *)malloc((size_t)rounds * 8 * 24 * 264), *d_raw;
-    uint16_t *bf = (uint16_t *)malloc((size_t)rounds * 8 * K * 2);
-    rows_of(f, rounds * 8, 700, raw, bf);
+    rows_of(f, rounds * 8, 700, raw, NULL);
     float *x0 = (float *)malloc(8 * per * 4), *xa = (float *)malloc(8 * per * 4),
           *xb = (float *)malloc(8 * per * 4), *d_xa, *d_xb;
     uint64_t seed = 9;
@@ -633,7 +628,6 @@ static void dependent_launch(fx *f)
     CU(cudaFree(d_xa));
     CU(cudaFree(d_xb));
     free(raw);
-    free(bf);
     free(x0);
     free(xa);
     free(xb);
@@ -848,8 +842,7 @@ static void faults(fx *f)
     const unsigned n = 9; /* past the GEMV: the GEMM path */
     size_t per = (size_t)f->S * f->W;
     uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264), *d_raw;
-    uint16_t *bf = (uint16_t *)malloc((size_t)n * K * 2);
-    rows_of(f, n, 900, raw, bf);
+    rows_of(f, n, 900, raw, NULL);
     float *d_x, *d_kv;
     CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
     CU(cudaMalloc(&d_x, n * per * 4));
@@ -903,7 +896,6 @@ static void faults(fx *f)
     CU(cudaFree(d_x));
     CU(cudaFree(d_kv));
     free(raw);
-    free(bf);
 }
 
 int main(void)
