@@ -136,7 +136,7 @@ $(BUILD)/engram-cuda.so: programs/cuda/device_cuda.c programs/device_plugin.h $(
 	    -Wl,--no-whole-archive $(LIBS) $(LDLIBS_ALL) $(CUDA_LIBS) -lstdc++
 
 ifneq ($(NVCC),)
-$(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu cuda/tc_gemm.cuh include/engram_cuda.h include/engram.h Makefile
+$(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu cuda/ws_gemm.cuh include/engram_cuda.h include/engram.h Makefile
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -150,7 +150,7 @@ $(BUILD)/cuda/%: cuda/%.cu cuda/cuda_check.h $(CUDA_LIB) $(LIBS) tests/testutil.
 	    $(patsubst -Wl$(comma)%,,$(LDLIBS_ALL)) $(CUDA_WRAP_$(notdir $@))
 # test_cuda fails chosen calls of the library (allocations, cuBLAS set-up and GEMM, cudaMalloc)
 CUDA_WRAP_test_cuda = -Xlinker --wrap=calloc,--wrap=malloc,--wrap=cudaMalloc,--wrap=cublasCreate_v2 \
-	-Xlinker --wrap=cublasSetMathMode,--wrap=cublasGemmEx
+	-Xlinker --wrap=cublasSetMathMode,--wrap=cublasGemmEx,--wrap=cudaGetDriverEntryPointByVersion
 endif
 comma := ,
 

@@ -12,6 +12,9 @@
  *  - staging: a prefill chunk of raw rows copied to the GPU from pageable
  *    and from page-locked memory (engram_cuda_host_hooks).
  *   bench_cuda [MODEL]   (default: writes /tmp/engram-bench/cuda-5120.gguf)
+ * BENCH_CUDA_PREFILL_ONCE=1: three prefill applies of 2048 tokens and stop
+ * (for a profiler: ncu --metrics gpu__time_duration.sum bench_cuda MODEL).
+ * The prefill apply is timed with an F32 and with a BF16 residual.
  */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -144,6 +147,16 @@ int main(int argc, char **argv)
     a.resid = d_x;
     a.resid_dtype = ENGRAM_F32;
     a.stream = st;
+    if (getenv("BENCH_CUDA_PREFILL_ONCE")) { /* for a profiler: three prefill applies, then stop */
+        a.n = n;
+        for (int i = 0; i < 3; i++)
+            if (engram_cuda_apply(c, &a, &err) < 0 || engram_cuda_sync(c, st, &err) < 0) {
+                fprintf(stderr, "%s\n", err.msg);
+                return 1;
+            }
+        printf("three prefill applies of %u tokens done\n", n);
+        return 0;
+    }
 
     printf("decode (B <= 8: GEMV over the F16 weights, rows decoded in shared memory; more: tensor cores)\n");
     printf("   B   apply us   / floor\n");
@@ -207,6 +220,14 @@ int main(int argc, char **argv)
     a.n = n;
     float proj = timed(st, 10, [&] { engram_cuda_project(c, &a, d_kv, &err); });
     float app = timed(st, 10, [&] { engram_cuda_apply(c, &a, &err); });
+    void *d_x16;
+    CU(cudaMalloc(&d_x16, n * per * 2));
+    CU(cudaMemset(d_x16, 0, n * per * 2));
+    a.resid = d_x16;
+    a.resid_dtype = ENGRAM_BF16;
+    float app16 = timed(st, 10, [&] { engram_cuda_apply(c, &a, &err); });
+    a.resid = d_x;
+    a.resid_dtype = ENGRAM_F32;
     a.flags = ENGRAM_CUDA_FAST_SUMS;
     float projf = timed(st, 10, [&] { engram_cuda_project(c, &a, d_kv, &err); });
     float appf = timed(st, 10, [&] { engram_cuda_apply(c, &a, &err); });
@@ -234,8 +255,10 @@ int main(int argc, char **argv)
     printf("  cuBLAS F16 GEMM (inexact floor) %8.3f ms = %6.0f TFLOP/s\n", blas, fl / (blas * 1e-3) / 1e12);
     printf("  engram projection (promoted wgmma) %5.3f ms = %6.0f TFLOP/s  %.2f x cuBLAS F16\n", proj,
            fl / (proj * 1e-3) / 1e12, proj / blas);
-    printf("  engram apply (project + gate)   %8.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", app,
-           n / (app * 1e-3), app / blas);
+    printf("  engram apply (project + gate)   %8.3f ms = %.0f tokens/s   %.2f x cuBLAS F16 (F32 residual)\n",
+           app, n / (app * 1e-3), app / blas);
+    printf("  engram apply, BF16 residual     %8.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", app16,
+           n / (app16 * 1e-3), app16 / blas);
     printf("  FAST_SUMS projection (cuBLAS)   %8.3f ms = %6.0f TFLOP/s  %.2f x cuBLAS F16\n", projf,
            fl / (projf * 1e-3) / 1e12, projf / blas);
     printf("  FAST_SUMS apply                 %8.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", appf,

@@ -8,15 +8,18 @@
  *    xor-shuffle tree then adds the 32 lanes.  One token decodes its codes
  *    in registers as the weights load; 2..8 tokens are decoded once per
  *    block into shared memory.  Same order, same bits, for every T.
- *  - decode16_kernel + cuBLAS: n > 8, rows x 2^-k to F16 exactly, one F16
- *    GEMM on the tensor cores; gemv_list_kernel for tokens F16 cannot hold.
+ *  - decode16_kernel + ws_gemm_kernel (ws_gemm.cuh): n > 8, rows x 2^-k to
+ *    F16 exactly, one F16 GEMM on the tensor cores with sums promoted to
+ *    F32 (or cuBLAS's, ENGRAM_CUDA_FAST_SUMS); gemv_list_kernel for tokens
+ *    F16 cannot hold.  For the apply, kv leaves the GEMM as BF16 x 2^k.
  *  - gate_kernel (n <= 8: a cluster of 8 blocks per token) and
  *    gate_block_kernel (one block per token): the three sums in a fixed
- *    order, g, a check of every output, then the update; masked tokens
- *    untouched.  Kept small: at B = 1 the cluster kernel took 24 us (ncu)
+ *    order, g, a check of the outputs (by bounds, or of every one), then
+ *    the update; masked tokens untouched.  Kept small: at B = 1 the cluster kernel took 24 us (ncu)
  *    with inlined ldexpf and integer divisions in its unrolled loops, 12 us
  *    without them (our guess: instruction fetch on 8 cold SMs).
  */
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -56,16 +59,25 @@ struct engram_cuda_layer {
     uint32_t W, S, N;
     uint16_t *w;             /* [N][K] F16 bits                  */
     float *wq;               /* [S][W]                           */
-    float *kv;               /* [BLOCK][N] workspace             */
+    float *kv;               /* [BLOCK][N] workspace (F32, or BF16 in its first half) */
     __half *e16;             /* [BLOCK][K] rows x 2^-k, F16      */
     int *kshift;             /* [BLOCK] k of each token          */
     int *wide;               /* [BLOCK] tokens too wide for F16; wide[BLOCK] = count */
     int *status;             /* first non-finite token, INT_MAX  */
     cublasHandle_t blas;
-    int tc;                  /* tc_gemm runs here (sm_90a code)   */
+    int tc;                  /* ws_gemm runs here (sm_90a code, maps made) */
+    /* the copy engine's maps of e16 (BLOCK rows) and w (ws_maps): 3 x 128
+     * bytes, 64-byte aligned inside (calloc aligns to 16) */
+    unsigned char maps[3 * sizeof(CUtensorMap) + 64];
     int pdl;                 /* programmatic dependent launch (9.0+) */
     uint64_t bytes;
 };
+
+/* c's three maps (ws_maps) */
+static CUtensorMap *layer_maps(engram_cuda_layer *c)
+{
+    return (CUtensorMap *)(((uintptr_t)c->maps + 63) & ~(uintptr_t)63);
+}
 
 static int cuda_err(engram_error *err, cudaError_t e, const char *what)
 {
@@ -192,7 +204,7 @@ __device__ __forceinline__ void halves8(const uint4 &v, float *w)
     }
 }
 
-#include "tc_gemm.cuh"
+#include "ws_gemm.cuh"
 
 /* ------------------------------------------------------------ kernels */
 
@@ -369,28 +381,30 @@ gemv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, siz
  * two: exact).  Wider tokens are listed and projected by the GEMV instead.
  */
 #define SPAN_MAX 21
-__global__ void decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, __half *e16,
-                                int *kshift, int *wide)
+__global__ void __launch_bounds__(ENGRAM_COLUMNS * 8)
+decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, __half *e16, int *kshift, int *wide)
 {
-    int t = blockIdx.x;
-    const uint8_t *rr = raw + (size_t)t * stride;
+    /* thread j: block j & 7 (32 codes, 8-byte loads; raw and stride are
+     * multiples of 8) of row j >> 3 */
+    int t = blockIdx.x, row = threadIdx.x >> 3, blk = threadIdx.x & 7;
+    const uint8_t *rr = raw + (size_t)t * stride + row * ROW;
     __shared__ int smax, smin;
     if (threadIdx.x == 0) {
         smax = -1;
         smin = 1000;
     }
+    uint2 q[4];
+    unsigned nz = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        q[i] = *(const uint2 *)(rr + blk * 32 + 8 * i);
+        nz |= (q[i].x | q[i].y) & 0x7f7f7f7fu;
+    }
+    int sc = rr[256 + blk];
     __syncthreads();
-    if (threadIdx.x < ENGRAM_COLUMNS * 8) {
-        int row = threadIdx.x >> 3, blk = threadIdx.x & 7;
-        const uint8_t *cb = rr + row * ROW + blk * 32;
-        unsigned nz = 0;
-        for (int i = 0; i < 32; i++)
-            nz |= cb[i] & 0x7fu;
-        if (nz) {
-            int sc = rr[row * ROW + 256 + blk];
-            atomicMax(&smax, sc);
-            atomicMin(&smin, sc);
-        }
+    if (nz) {
+        atomicMax(&smax, sc);
+        atomicMin(&smin, sc);
     }
     __syncthreads();
     /* too wide for F16, or k below -126 (block scales under 2^-120: not
@@ -403,20 +417,39 @@ __global__ void decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, 
         return;
     }
     int k = smax >= 0 ? smax - 133 : 0;
-    for (int i = threadIdx.x; i < K; i += blockDim.x) {
-        int row = i >> 8, j = i & 255;
-        float v = decode1(rr[row * ROW + j], rr[row * ROW + 256 + (j >> 5)] - k);
-        e16[(size_t)t * K + i] = __float2half_rn(v); /* exact, see above */
+    uint4 *out = (uint4 *)(e16 + (size_t)t * K + row * 256 + blk * 32);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned w[2] = {q[i].x, q[i].y}, h[4];
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            unsigned b0 = (w[p >> 1] >> (16 * (p & 1))) & 0xffu, b1 = (w[p >> 1] >> (16 * (p & 1) + 8)) & 0xffu;
+            __half2 v2 = __floats2half2_rn(decode1(b0, sc - k), decode1(b1, sc - k)); /* exact, see above */
+            h[p] = *(unsigned *)&v2;
+        }
+        out[i] = make_uint4(h[0], h[1], h[2], h[3]);
     }
     if (threadIdx.x == 0)
         kshift[t] = k;
 }
 
+/* kv as F32, or (for the gate) as BF16 rounded to nearest, a NaN kept */
+__device__ __forceinline__ void store_kv(float *p, float v)
+{
+    *p = v;
+}
+
+__device__ __forceinline__ void store_kv(unsigned short *p, float v)
+{
+    *p = (unsigned short)ws_bf16_bits(v);
+}
+
 /* The listed (wide) tokens, one at a time, through the GEMV's arithmetic;
  * their rows of kv are unscaled (k = 0). */
+template <typename KV>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_list_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride,
-                 const int *wide, int n_out, float *__restrict__ kv, int ldkv)
+                 const int *wide, int n_out, KV *__restrict__ kv, int ldkv)
 {
     int count = wide[ENGRAM_CUDA_BLOCK];
     for (int q = 0; q < count; q++) {
@@ -446,7 +479,7 @@ gemv_list_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw
             for (int off = 16; off >= 1; off >>= 1)
                 v += __shfl_xor_sync(0xffffffffu, v, off);
             if (lane == 0 && o0 + rw < n_out)
-                kv[(size_t)t * ldkv + o0 + rw] = v;
+                store_kv(kv + (size_t)t * ldkv + o0 + rw, v);
         }
     }
 }
@@ -768,15 +801,32 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
 /*
  * Gate and update for n > ENGRAM_CUDA_GEMV_MAX tokens: one block of
  * GATEB_THREADS per token (many tokens keep every SM busy; the cluster
- * kernel's synchronisation would cost more than it saves).  The 3 S sums
- * of all streams in one fixed-order block reduction (per thread in index
- * order, xor trees in warps, then the warps' sums in index order: the same
- * order, stream by stream, as one reduction per sum, at two barriers
- * instead of 3 S x 3), the gates, then a check pass over the token and the
- * update: written whole or not at all.
+ * kernel's synchronisation would cost more than it saves).  Each stream's
+ * columns go in chunks of 8 (the last one short when 8 does not divide W);
+ * thread j takes the chunks j, j + GATEB_THREADS, ...  V16: 16-byte loads
+ * (W a multiple of 8, the residual 16-byte aligned), else element by
+ * element, in the same order: the same bits either way.  The 3 S sums of
+ * all streams in one fixed-order block reduction (per thread in column
+ * order, xor trees in warps, then the warps' sums in index order), the
+ * gates, then the update: written whole or not at all.  The first pass also
+ * loads v and checks every x and v against 2^126: if all are below and the
+ * gates finite, every output is finite (|x + g v| < 2^127, 0 <= g <= 1) and
+ * the token is written at once; otherwise a check pass over the token
+ * comes first.
+ * KEEP (S <= GATEB_KS, at most GATEB_KC chunks a thread: W <= 5120): this
+ * thread's x and v stay in registers from the first pass to the update, so
+ * the token's x is read from memory once (re-read, it had been evicted from
+ * L2 by the tokens in flight: 2048 tokens, F32 residual, 163 us on the
+ * H200 against 150 kept).
  */
-#define GATEB_THREADS 1024
+#define GATEB_THREADS 320
 #define GATEB_WARPS (GATEB_THREADS / 32)
+#define GATEB_BIG 8.5070592e37f /* 2^126 */
+#define GATEB_KS 4
+#define GATEB_KC 2
+#ifndef GATEB_MINB
+#define GATEB_MINB 2 /* blocks an SM at least: 102 registers, a few spilled (1: 126, 205 us) */
+#endif
 
 __device__ __forceinline__ float warp_sum(float v)
 {
@@ -786,8 +836,94 @@ __device__ __forceinline__ float warp_sum(float v)
     return v;
 }
 
-__global__ void __launch_bounds__(GATEB_THREADS)
-gate_block_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq, void *resid,
+/* The lim (<= 8) values from i on into o[0..lim) (the rest 0); V16: lim is
+ * 8 and p + i 16-byte aligned. */
+template <bool V16> __device__ __forceinline__ void ld_f32(const float *p, size_t i, int lim, float *o)
+{
+    if (V16) {
+        float4 a = __ldg((const float4 *)(p + i)), b = __ldg((const float4 *)(p + i) + 1);
+        o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            o[e] = e < lim ? p[i + e] : 0.0f;
+    }
+}
+
+template <bool V16> __device__ __forceinline__ void ld_bf16(const unsigned short *p, size_t i, int lim, float *o)
+{
+    if (V16) {
+        uint4 a = *(const uint4 *)(p + i);
+        unsigned w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            o[2 * q] = __uint_as_float(w[q] << 16);
+            o[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            o[e] = e < lim ? __uint_as_float((unsigned)p[i + e] << 16) : 0.0f;
+    }
+}
+
+/* keys or values as the gate takes them: BF16(kv x 2^ks) from F32 kv, or as
+ * stored (BF16 kv, already scaled and rounded: the same values) */
+template <bool V16> __device__ __forceinline__ void ld_kv(const float *kv, size_t i, int lim, int ks, float *o)
+{
+    ld_f32<V16>(kv, i, lim, o);
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        o[e] = bf16r(pow2scale(o[e], ks));
+}
+
+template <bool V16>
+__device__ __forceinline__ void ld_kv(const unsigned short *kv, size_t i, int lim, int, float *o)
+{
+    ld_bf16<V16>(kv, i, lim, o);
+}
+
+template <bool V16> __device__ __forceinline__ void ld_x(const void *x, int bf16, size_t i, int lim, float *o)
+{
+    if (bf16)
+        ld_bf16<V16>((const unsigned short *)x, i, lim, o);
+    else
+        ld_f32<V16>((const float *)x, i, lim, o);
+}
+
+template <bool V16> __device__ __forceinline__ void st_x(void *x, int bf16, size_t i, int lim, const float *y)
+{
+    if (bf16) {
+        unsigned short *p = (unsigned short *)x + i;
+        if (V16) {
+            unsigned w[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                w[q] = (__float_as_uint(y[2 * q]) >> 16) | (__float_as_uint(y[2 * q + 1]) & 0xffff0000u);
+            *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (e < lim)
+                    p[e] = (unsigned short)(__float_as_uint(y[e]) >> 16);
+        }
+    } else {
+        float *p = (float *)x + i;
+        if (V16) {
+            ((float4 *)p)[0] = make_float4(y[0], y[1], y[2], y[3]);
+            ((float4 *)p)[1] = make_float4(y[4], y[5], y[6], y[7]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (e < lim)
+                    p[e] = y[e];
+        }
+    }
+}
+
+template <typename KV, bool V16, bool KEEP>
+__global__ void __launch_bounds__(GATEB_THREADS, GATEB_MINB)
+gate_block_kernel(const KV *__restrict__ kv, int ldkv, const float *__restrict__ wq, void *resid,
                   int bf16, const uint8_t *mask, int W, int S, int *status, int token_base,
                   const int *kshift)
 {
@@ -798,18 +934,38 @@ gate_block_kernel(const float *__restrict__ kv, int ldkv, const float *__restric
     /* warp w's sums of stream s: part[(3 s + j) * GATEB_WARPS + w], j = 0 d, 1 xx, 2 kk */
     __shared__ float part[3 * ENGRAM_MAX_STREAMS * GATEB_WARPS];
     __shared__ float gs[ENGRAM_MAX_STREAMS];
-    const float *kvt = kv + (size_t)t * ldkv, *v = kvt + (size_t)S * W;
+    const KV *kvt = kv + (size_t)t * ldkv, *v = kvt + (size_t)S * W;
     size_t es = bf16 ? 2 : 4;
     char *xt = (char *)resid + (size_t)t * S * W * es;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int s = 0; s < S; s++) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = (W + 7) / 8;
+    int small = 1; /* every x and v this thread loads is below 2^126 */
+    float xk[KEEP ? GATEB_KS * GATEB_KC : 1][8], vk[KEEP ? GATEB_KC : 1][8];
+#pragma unroll
+    for (int s = 0; s < (KEEP ? GATEB_KS : ENGRAM_MAX_STREAMS); s++) {
+        if (s >= S)
+            break;
         const void *x = xt + (size_t)s * W * es;
         float d = 0.0f, sx = 0.0f, sk = 0.0f;
-        for (int i = threadIdx.x; i < W; i += GATEB_THREADS) {
-            float xi = load_x(x, bf16, i), k = bf16r(pow2scale(kvt[(size_t)s * W + i], ks));
-            d = fmaf(xi * wq[(size_t)s * W + i], k, d);
-            sx = fmaf(xi, xi, sx);
-            sk = fmaf(k, k, sk);
+#pragma unroll
+        for (int j = 0; KEEP ? j < GATEB_KC : 1; j++) {
+            int c = threadIdx.x + j * GATEB_THREADS;
+            if (c >= chunks)
+                break;
+            int lim = V16 ? 8 : min(8, W - 8 * c);
+            float xtmp[8], q[8], k[8];
+            float *xi = KEEP ? xk[s * GATEB_KC + j] : xtmp;
+            ld_x<V16>(x, bf16, (size_t)c * 8, lim, xi);
+            ld_f32<V16>(wq, (size_t)s * W + (size_t)c * 8, lim, q);
+            ld_kv<V16>(kvt, (size_t)s * W + (size_t)c * 8, lim, ks, k);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                if (e >= lim)
+                    break;
+                d = fmaf(xi[e] * q[e], k[e], d);
+                sx = fmaf(xi[e], xi[e], sx);
+                sk = fmaf(k[e], k[e], sk);
+                small &= fabsf(xi[e]) < GATEB_BIG;
+            }
         }
         d = warp_sum(d);
         sx = warp_sum(sx);
@@ -820,7 +976,20 @@ gate_block_kernel(const float *__restrict__ kv, int ldkv, const float *__restric
             part[(3 * s + 2) * GATEB_WARPS + warp] = sk;
         }
     }
-    __syncthreads();
+#pragma unroll
+    for (int j = 0; KEEP ? j < GATEB_KC : 1; j++) {
+        int c = threadIdx.x + j * GATEB_THREADS;
+        if (c >= chunks)
+            break;
+        int lim = V16 ? 8 : min(8, W - 8 * c);
+        float vtmp[8];
+        float *vv = KEEP ? vk[j] : vtmp;
+        ld_kv<V16>(v, (size_t)c * 8, lim, ks, vv);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            small &= fabsf(vv[e]) < GATEB_BIG; /* 0 past lim */
+    }
+    small = __syncthreads_and(small); /* also: every part[] is written */
     if (threadIdx.x < (unsigned)S) {
         int s = threadIdx.x;
         float sum[3];
@@ -840,25 +1009,52 @@ gate_block_kernel(const float *__restrict__ kv, int ldkv, const float *__restric
         gs[s] = isfinite(D) && isfinite(Sxx) && isfinite(Skk) ? g : __int_as_float(0x7fc00000);
     }
     __syncthreads();
-    int bad = 0;
-    for (int s = 0; s < S; s++) {
-        const void *x = xt + (size_t)s * W * es;
-        for (int i = threadIdx.x; i < W; i += GATEB_THREADS)
-            bad |= !isfinite(bf16r(fmaf(gs[s], bf16r(pow2scale(v[i], ks)), load_x(x, bf16, i))));
+    int gok = 1;
+    for (int s = 0; s < S; s++)
+        gok &= isfinite(gs[s]);
+    if (!(small && gok)) { /* the check pass: any non-finite output, and none is written */
+        int bad = 0;
+        for (int s = 0; s < S; s++) {
+            const void *x = xt + (size_t)s * W * es;
+            for (int c = threadIdx.x; c < chunks; c += GATEB_THREADS) {
+                int lim = V16 ? 8 : min(8, W - 8 * c);
+                float xi[8], vv[8];
+                ld_x<V16>(x, bf16, (size_t)c * 8, lim, xi);
+                ld_kv<V16>(v, (size_t)c * 8, lim, ks, vv);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    bad |= !isfinite(bf16r(fmaf(gs[s], vv[e], xi[e]))); /* 0 past lim */
+            }
+        }
+        if (__syncthreads_or(bad)) {
+            if (threadIdx.x == 0)
+                atomicMin(status, token_base + t);
+            return;
+        }
     }
-    if (__syncthreads_or(bad)) {
-        if (threadIdx.x == 0)
-            atomicMin(status, token_base + t);
-        return;
-    }
-    for (int s = 0; s < S; s++) {
-        void *x = xt + (size_t)s * W * es;
-        for (int i = threadIdx.x; i < W; i += GATEB_THREADS) {
-            float y = bf16r(fmaf(gs[s], bf16r(pow2scale(v[i], ks)), load_x(x, bf16, i)));
-            if (bf16)
-                ((unsigned short *)x)[i] = (unsigned short)(__float_as_uint(y) >> 16);
-            else
-                ((float *)x)[i] = y;
+#pragma unroll
+    for (int j = 0; KEEP ? j < GATEB_KC : 1; j++) {
+        int c = threadIdx.x + j * GATEB_THREADS;
+        if (c >= chunks)
+            break;
+        int lim = V16 ? 8 : min(8, W - 8 * c);
+        float vtmp[8];
+        float *vv = KEEP ? vk[j] : vtmp;
+        if (!KEEP)
+            ld_kv<V16>(v, (size_t)c * 8, lim, ks, vv);
+#pragma unroll
+        for (int s = 0; s < (KEEP ? GATEB_KS : ENGRAM_MAX_STREAMS); s++) {
+            if (s >= S)
+                break;
+            void *x = xt + (size_t)s * W * es;
+            float xtmp[8], y[8];
+            float *xi = KEEP ? xk[s * GATEB_KC + j] : xtmp;
+            if (!KEEP)
+                ld_x<V16>(x, bf16, (size_t)c * 8, lim, xi);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                y[e] = bf16r(fmaf(gs[s], vv[e], xi[e]));
+            st_x<V16>(x, bf16, (size_t)c * 8, lim, y);
         }
     }
 }
@@ -901,7 +1097,12 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
     CK(cudaMalloc(&c->kshift, blk * sizeof(int)), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->wide, (blk + 1) * sizeof(int)), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->status, sizeof(int)), "cudaMalloc (status)");
-    c->tc = tc_gemm_probe(c->status); /* a device int of ours; reset below */
+    /* the wgmma GEMM where this device runs sm_90a code; its copy maps then
+     * (a driver that runs this runtime has cuTensorMapEncodeTiled, and the
+     * maps' arguments are fixed: a failure is the driver's, and named) */
+    c->tc = ws_probe(c->status);
+    if (c->tc && ws_maps(layer_maps(c), c->e16, blk, c->w, c->N) < 0)
+        return set_err(err, -EIO, "cuTensorMapEncodeTiled failed or is missing from the driver");
     int major = 0;
     CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device), "cudaDeviceGetAttribute");
     c->pdl = major >= 9;
@@ -999,11 +1200,16 @@ static int cublas_gemm(engram_cuda_layer *c, unsigned n, float *kv, cudaStream_t
     return 0;
 }
 
-/* kv for tokens [0, n) of a (n <= one block). */
+/* kv for tokens [0, n) of a (n <= one block), F32 in kv, or where the
+ * tensor-core GEMM runs and bf16 is set, BF16 kv x 2^k in kv's first half
+ * (*bf16 cleared otherwise); *scaled: F32 kv x 2^-k (kshift) */
 static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const uint8_t *raw,
-                         unsigned n, float *kv, cudaStream_t st, int *scaled, engram_error *err)
+                         unsigned n, float *kv, cudaStream_t st, int *scaled, int *bf16,
+                         engram_error *err)
 {
     *scaled = 0;
+    int want16 = *bf16;
+    *bf16 = 0;
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
     if (n <= ENGRAM_CUDA_GEMV_MAX || (a->flags & ENGRAM_CUDA_FMA_ONLY)) {
         unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
@@ -1035,20 +1241,27 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         return 0;
     }
     CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, sizeof(int), st), "cudaMemsetAsync");
-    decode16_kernel<<<n, 256, 0, st>>>(raw, stride, c->e16, c->kshift, c->wide);
+    decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, c->e16, c->kshift, c->wide);
     CK(cudaGetLastError(), "decode16_kernel");
+    unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
+    unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
     if (!(a->flags & ENGRAM_CUDA_FAST_SUMS) && c->tc) {
         /* exact products, sums promoted to F32 every 256 products */
-        tc_gemm(c->e16, c->w, (int)n, (int)c->N, kv, st);
-        CK(cudaGetLastError(), "tc_gemm_kernel");
+        CK(ws_gemm(layer_maps(c), (int)n, (int)c->N, want16, kv, c->kshift, st), "ws_gemm_kernel");
+        if (want16) {
+            gemv_list_kernel<unsigned short><<<lb, GEMV_THREADS, 0, st>>>(
+                c->w, raw, stride, c->wide, (int)c->N, (unsigned short *)kv, (int)c->N);
+            CK(cudaGetLastError(), "gemv_list_kernel");
+            *bf16 = 1;
+            return 0;
+        }
     } else {
         int rc = cublas_gemm(c, n, kv, st, err);
         if (rc < 0)
             return rc;
     }
-    unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
-    gemv_list_kernel<<<(warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS, GEMV_THREADS, 0, st>>>(
-        c->w, raw, stride, c->wide, (int)c->N, kv, (int)c->N);
+    gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, raw, stride, c->wide, (int)c->N,
+                                                         kv, (int)c->N);
     CK(cudaGetLastError(), "gemv_list_kernel");
     *scaled = 1;
     return 0;
@@ -1065,9 +1278,10 @@ extern "C" int engram_cuda_project(engram_cuda_layer *c, const engram_cuda_args 
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
     for (unsigned t0 = 0; t0 < a->n; t0 += ENGRAM_CUDA_BLOCK) {
         unsigned k = a->n - t0 < ENGRAM_CUDA_BLOCK ? a->n - t0 : ENGRAM_CUDA_BLOCK;
-        int scaled;
+        int scaled, bf16 = 0;
         float *out = kv + (size_t)t0 * c->N;
-        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, out, st, &scaled, err)) < 0)
+        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, out, st, &scaled, &bf16,
+                                err)) < 0)
             return rc;
         if (scaled) {
             scale_kernel<<<dim3(16, k), 256, 0, st>>>(out, (int)c->N, c->kshift);
@@ -1088,8 +1302,9 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
     size_t es = a->resid_dtype == ENGRAM_BF16 ? 2 : 4;
     for (unsigned t0 = 0; t0 < a->n; t0 += ENGRAM_CUDA_BLOCK) {
         unsigned k = a->n - t0 < ENGRAM_CUDA_BLOCK ? a->n - t0 : ENGRAM_CUDA_BLOCK;
-        int scaled;
-        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, c->kv, st, &scaled, err)) < 0)
+        int scaled, kv16 = k > ENGRAM_CUDA_GEMV_MAX;
+        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, c->kv, st, &scaled, &kv16,
+                                err)) < 0)
             return rc;
         char *resid = (char *)a->resid + (size_t)t0 * c->S * c->W * es;
         const uint8_t *mk = a->mask ? a->mask + t0 : NULL;
@@ -1110,9 +1325,31 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
                                   (const int *)(scaled ? c->kshift : NULL)),
                "gate_kernel");
         } else {
-            gate_block_kernel<<<k, GATEB_THREADS, 0, st>>>(c->kv, (int)c->N, c->wq, resid, bf, mk,
-                                                           (int)c->W, (int)c->S, c->status, (int)t0,
-                                                           scaled ? c->kshift : NULL);
+            /* 16-byte loads: W a multiple of 8, the residual 16-byte aligned
+             * (the workspace and the norms are) */
+            int vec = !(c->W % 8) && !((uintptr_t)a->resid % 16);
+            const unsigned short *k16 = (const unsigned short *)c->kv;
+            const int *ksh = scaled ? c->kshift : NULL;
+            int W = (int)c->W, S = (int)c->S, N = (int)c->N;
+            int keep = S <= GATEB_KS && (W + 7) / 8 <= GATEB_KC * GATEB_THREADS;
+#define GATEB(KVT, V, KVP, KS)                                                                  \
+    do {                                                                                        \
+        if (keep)                                                                               \
+            gate_block_kernel<KVT, V, true><<<k, GATEB_THREADS, 0, st>>>(                       \
+                KVP, N, c->wq, resid, bf, mk, W, S, c->status, (int)t0, KS);                   \
+        else                                                                                    \
+            gate_block_kernel<KVT, V, false><<<k, GATEB_THREADS, 0, st>>>(                      \
+                KVP, N, c->wq, resid, bf, mk, W, S, c->status, (int)t0, KS);                   \
+    } while (0)
+            if (kv16 && vec)
+                GATEB(unsigned short, true, k16, NULL);
+            else if (kv16)
+                GATEB(unsigned short, false, k16, NULL);
+            else if (vec)
+                GATEB(float, true, c->kv, ksh);
+            else
+                GATEB(float, false, c->kv, ksh);
+#undef GATEB
             CK(cudaGetLastError(), "gate_block_kernel");
         }
     }

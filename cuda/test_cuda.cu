@@ -1,6 +1,7 @@
 /*
  * test_cuda.cu - the CUDA path against the CPU path and a double-precision
- * reference, on models the builder writes (W = 64, the real W = 5120, and W = 63: an odd number of outputs):
+ * reference, on models the builder writes (W = 64, the real W = 5120, W = 63: an odd number of
+ * outputs, and for the applies alone W = 5128: past what the prefill gate keeps in registers):
  *  - without a GPU (CI): engram_cuda_available says why, opening a layer
  *    fails with -ENODEV and that reason; nothing else runs;
  *  - with one: projections of n = 1..8 tokens (GEMV path), 9..300 and 2100
@@ -13,8 +14,11 @@
  *  - applies: masked tokens bit for bit untouched; against the CPU path,
  *    each being within the tolerance of the float64 reference (checked on GPU
  *    outputs by tests/test_apply.sh with ENGRAM_DEVICE=cuda): >= 99.5% within
- *    one BF16 step, all within 4 steps of the update's operands; F32 and BF16
- *    residuals; NaN in a residual: that token untouched, named by sync;
+ *    one BF16 step, all within 4 steps of the update's operands, for the
+ *    default path and (n > 8) with FAST_SUMS and FMA_ONLY (the gate on F32
+ *    kv); F32 and BF16 residuals; NaN in a residual: that token untouched,
+ *    named by sync; a residual off a 16-byte boundary (no 16-byte loads):
+ *    the aligned one's bits, neighbours untouched;
  *  - the decode path is batch-invariant: a token's output is the same bits
  *    alone and among 8;
  *  - a captured CUDA graph with a device-side step index replays four
@@ -26,7 +30,8 @@
  *  - refusals: NULL arguments of every entry point and the layer's
  *    allocation failing (also without a GPU); with one, each cudaMalloc of
  *    a layer's open failed in turn, the upload's host buffer, cuBLAS's
- *    handle and math mode, and cuBLAS's GEMM under FAST_SUMS (calls
+ *    handle and math mode, the driver's cuTensorMapEncodeTiled, and
+ *    cuBLAS's GEMM under FAST_SUMS (calls
  *    wrapped at link time): named errors, nothing returned;
  *  - the decode gate as a dependent launch gives the serial launch's bits.
  * Every CUDA call is checked.
@@ -52,6 +57,7 @@ static struct {
     long cuda_malloc_at;      /* the k-th cudaMalloc from 1 fails    */
     long cuda_mallocs;        /* cudaMalloc calls counted            */
     int cublas_create, math_mode, gemm; /* these cuBLAS calls fail   */
+    int entry_point;          /* the driver's entry points are missing */
 } fail;
 
 static void arm(void)
@@ -69,6 +75,9 @@ extern "C" {
 void *__real_calloc(size_t n, size_t size);
 void *__real_malloc(size_t size);
 cudaError_t __real_cudaMalloc(void **p, size_t size);
+cudaError_t __real_cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned v,
+                                                     unsigned long long flags,
+                                                     cudaDriverEntryPointQueryResult *q);
 cublasStatus_t __real_cublasCreate_v2(cublasHandle_t *h);
 cublasStatus_t __real_cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
 cublasStatus_t __real_cublasGemmEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
@@ -97,6 +106,19 @@ cudaError_t __wrap_cudaMalloc(void **p, size_t size)
     if (fail.cuda_malloc_at && mine() && ++fail.cuda_mallocs == fail.cuda_malloc_at)
         return cudaErrorMemoryAllocation;
     return __real_cudaMalloc(p, size);
+}
+
+cudaError_t __wrap_cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned v,
+                                                     unsigned long long flags,
+                                                     cudaDriverEntryPointQueryResult *q)
+{
+    if (fail.entry_point && mine()) {
+        *fn = NULL;
+        if (q)
+            *q = cudaDriverEntryPointSymbolNotFound;
+        return cudaSuccess;
+    }
+    return __real_cudaGetDriverEntryPointByVersion(sym, fn, v, flags, q);
 }
 
 cublasStatus_t __wrap_cublasCreate_v2(cublasHandle_t *h)
@@ -337,32 +359,45 @@ static void applies(fx *f)
         a.resid_dtype = ENGRAM_F32;
         a.mask = d_mask;
         a.n = n;
+        /* the default path, then (n > 8) the gate on F32 kv: cuBLAS's sums
+         * (FAST_SUMS) and the GEMV's (FMA_ONLY); the same tolerances */
+        const unsigned fl[3] = {0, ENGRAM_CUDA_FAST_SUMS, ENGRAM_CUDA_FMA_ONLY};
+        for (int v = 0; v < (n > ENGRAM_CUDA_GEMV_MAX ? 3 : 1); v++) {
+            CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+            a.flags = fl[v];
+            CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+            CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+            CU(cudaMemcpy(xg, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+            long total = 0, within1 = 0, beyond2 = 0, exact = 0, masked_changed = 0;
+            for (unsigned t = 0; t < n; t++) {
+                if (!mask[t]) {
+                    masked_changed += memcmp(xg + t * per, x0 + t * per, per * 4) != 0;
+                    continue;
+                }
+                for (size_t i = 0; i < per; i++) {
+                    double c = xc[t * per + i], g = xg[t * per + i], x = x0[t * per + i];
+                    double d = fabs(c - g);
+                    total++;
+                    exact += d == 0;
+                    within1 += d <= ulp_bf16(fmax(fabs(c), fabs(g)));
+                    /* operands' scale: x and g v ~ c - x */
+                    double opq = ulp_bf16(fmax(fmax(fabs(x), fabs(c - x)), fmax(fabs(c), fabs(g))));
+                    beyond2 += d > 4 * opq;
+                }
+            }
+            printf("W=%u apply n=%3u%s: %ld outputs vs CPU: %.4f%% exact, %.4f%% within one BF16 step, "
+                   "%ld beyond 4 steps of the operands; masked tokens changed: %ld\n", f->W, n,
+                   v == 1 ? " FAST_SUMS" : v == 2 ? " FMA_ONLY" : "", total, 100.0 * exact / total,
+                   100.0 * within1 / total, beyond2, masked_changed);
+            CHECK(within1 >= total * 0.995);
+            CHECK_EQ(beyond2, 0);
+            CHECK_EQ(masked_changed, 0);
+        }
+        a.flags = 0;
+        CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
         CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
         CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
         CU(cudaMemcpy(xg, d_x, n * per * 4, cudaMemcpyDeviceToHost));
-        long total = 0, within1 = 0, beyond2 = 0, exact = 0, masked_changed = 0;
-        for (unsigned t = 0; t < n; t++) {
-            if (!mask[t]) {
-                masked_changed += memcmp(xg + t * per, x0 + t * per, per * 4) != 0;
-                continue;
-            }
-            for (size_t i = 0; i < per; i++) {
-                double c = xc[t * per + i], g = xg[t * per + i], x = x0[t * per + i];
-                double d = fabs(c - g);
-                total++;
-                exact += d == 0;
-                within1 += d <= ulp_bf16(fmax(fabs(c), fabs(g)));
-                /* operands' scale: x and g v ~ c - x */
-                double opq = ulp_bf16(fmax(fmax(fabs(x), fabs(c - x)), fmax(fabs(c), fabs(g))));
-                beyond2 += d > 4 * opq;
-            }
-        }
-        printf("W=%u apply n=%3u: %ld outputs vs CPU: %.4f%% exact, %.4f%% within one BF16 step, "
-               "%ld beyond 4 steps of the operands; masked tokens changed: %ld\n", f->W, n, total,
-               100.0 * exact / total, 100.0 * within1 / total, beyond2, masked_changed);
-        CHECK(within1 >= total * 0.995);
-        CHECK_EQ(beyond2, 0);
-        CHECK_EQ(masked_changed, 0);
         /* BF16 residual: the same values as the F32 one */
         uint16_t *xb = (uint16_t *)malloc(n * per * 2), *d_xb;
         for (size_t i = 0; i < n * per; i++) {
@@ -444,6 +479,63 @@ static void unaligned_kv(fx *f)
     CU(cudaFree(d_a));
     CU(cudaFree(d_b));
     free(raw);
+    free(ha);
+    free(hb);
+}
+
+/* The apply on an F32 residual the caller placed 4 bytes off a 16-byte
+ * boundary, so that the gate takes no 16-byte loads (and at W = 5120
+ * re-reads x rather than keeping it in registers): the same values as on an
+ * aligned one, neighbours untouched; with the promoted GEMM's BF16 kv and
+ * with cuBLAS's F32 kv (FAST_SUMS). */
+static void unaligned_resid(fx *f)
+{
+    const unsigned n = 40;
+    size_t per = (size_t)f->S * f->W, nx = n * per;
+    uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
+    rows_of(f, n, 410, raw, NULL);
+    float *x0 = (float *)malloc(nx * 4), *ha = (float *)malloc(nx * 4), *hb = (float *)malloc((nx + 2) * 4);
+    uint64_t seed = 41;
+    for (size_t i = 0; i < nx; i++)
+        x0[i] = ((float)(tu_rand(&seed) & 0xffff) / 65536.0f - 0.5f) * 8.0f;
+    uint8_t *d_raw;
+    float *d_a, *d_b;
+    CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
+    CU(cudaMalloc(&d_a, nx * 4));
+    CU(cudaMalloc(&d_b, (nx + 2) * 4));
+    CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
+    engram_cuda_args a;
+    memset(&a, 0, sizeof a);
+    a.raw = d_raw;
+    a.n = n;
+    a.resid_dtype = ENGRAM_F32;
+    engram_error err;
+    for (int v = 0; v < 2; v++) {
+        a.flags = v ? ENGRAM_CUDA_FAST_SUMS : 0;
+        CU(cudaMemcpy(d_a, x0, nx * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemset(d_b, 0xff, (nx + 2) * 4));
+        CU(cudaMemcpy(d_b + 1, x0, nx * 4, cudaMemcpyHostToDevice));
+        a.resid = d_a;
+        CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+        a.resid = d_b + 1;
+        CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+        CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+        CU(cudaMemcpy(ha, d_a, nx * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(hb, d_b, (nx + 2) * 4, cudaMemcpyDeviceToHost));
+        int same = memcmp(ha, hb + 1, nx * 4) == 0, edges = isnan(hb[0]) && isnan(hb[nx + 1]),
+            changed = memcmp(ha, x0, nx * 4) != 0;
+        printf("W=%u apply%s on a 4-byte-aligned residual: %s, neighbours untouched: %s\n", f->W,
+               v ? " (FAST_SUMS)" : "", same && changed ? "same values" : "DIFFERENT or unchanged",
+               edges ? "yes" : "NO");
+        CHECK(same);
+        CHECK(changed);
+        CHECK(edges);
+    }
+    CU(cudaFree(d_raw));
+    CU(cudaFree(d_a));
+    CU(cudaFree(d_b));
+    free(raw);
+    free(x0);
     free(ha);
     free(hb);
 }
@@ -802,7 +894,8 @@ static void arguments(const engram_layer *L)
 }
 
 /* With a GPU: every cudaMalloc of a layer's open failed in turn, the host
- * buffer of the weights' upload, cuBLAS's handle and its math mode: -EIO /
+ * buffer of the weights' upload, cuBLAS's handle and its math mode, the
+ * driver's cuTensorMapEncodeTiled (the promoted GEMM's maps): -EIO /
  * -ENOMEM naming the call, no layer returned; then cuBLAS's GEMM failing
  * under ENGRAM_CUDA_FAST_SUMS: apply and project return -EIO naming it. */
 static void faults(fx *f)
@@ -836,6 +929,9 @@ static void faults(fx *f)
     arm();
     fail.math_mode = 1;
     CHECK_ERR(engram_cuda_layer_open(f->L, 0, &c, &err), err, -EIO, "cublasSetMathMode");
+    arm();
+    fail.entry_point = 1; /* the GEMM's copy maps cannot be made */
+    CHECK_ERR(engram_cuda_layer_open(f->L, 0, &c, &err), err, -EIO, "cuTensorMapEncodeTiled");
     arm();
     CHECK(c == (engram_cuda_layer *)0x1);
 
@@ -928,9 +1024,11 @@ int main(void)
         return tu_finish("test_cuda (no GPU: availability and refusal only)");
     }
     printf("CUDA: %s\n", why);
-    const uint32_t widths[3] = {64, 5120, 63}; /* 63: N = 315 outputs, odd */
+    /* 63: N = 315 outputs, odd; 5128: 641 chunks of 8 columns, past what
+     * the prefill gate keeps in registers (applies only) */
+    const uint32_t widths[4] = {64, 5120, 63, 5128};
     /* ENGRAM_TEST_CUDA_QUICK=1: W = 64 alone (mutation runs: a binary per mutant) */
-    const int nw = getenv("ENGRAM_TEST_CUDA_QUICK") ? 1 : 3;
+    const int nw = getenv("ENGRAM_TEST_CUDA_QUICK") ? 1 : 4;
     for (int q = 0; q < nw; q++) {
         fx f;
         memset(&f, 0, sizeof f);
@@ -940,22 +1038,28 @@ int main(void)
             CHECK(0);
             continue;
         }
-        uint16_t *w16 = (uint16_t *)malloc((size_t)f.N * K * 2);
-        engram_layer_export(f.L, w16, NULL);
-        projection(&f, w16, 0);
-        projection(&f, w16, ENGRAM_CUDA_FMA_ONLY);
-        projection(&f, w16, ENGRAM_CUDA_FAST_SUMS);
-        if (q == 0) {
-            arguments(f.L);
-            faults(&f);
+        if (q == 3) {
+            applies(&f);
+            unaligned_resid(&f);
+        } else {
+            uint16_t *w16 = (uint16_t *)malloc((size_t)f.N * K * 2);
+            engram_layer_export(f.L, w16, NULL);
+            projection(&f, w16, 0);
+            projection(&f, w16, ENGRAM_CUDA_FMA_ONLY);
+            projection(&f, w16, ENGRAM_CUDA_FAST_SUMS);
+            free(w16);
+            if (q == 0) {
+                arguments(f.L);
+                faults(&f);
+            }
+            applies(&f);
+            invariance_and_graph(&f);
+            dependent_launch(&f);
+            unaligned_kv(&f);
+            unaligned_resid(&f);
+            if (q == 0)
+                staging(f.m, &f, 1);
         }
-        applies(&f);
-        invariance_and_graph(&f);
-        dependent_launch(&f);
-        unaligned_kv(&f);
-        if (q == 0)
-            staging(f.m, &f, 1);
-        free(w16);
         engram_cuda_layer_close(f.c);
         engram_applier_free(f.a);
         engram_layer_close(f.L);

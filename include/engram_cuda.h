@@ -18,9 +18,12 @@
  *  - larger n (batched decode, prefill): each token's rows times 2^-k (k
  *    from its largest block scale) are exact in F16 when its block scales
  *    span at most 21 binades (trained tables: a few); a GEMM of our own on
- *    the tensor cores (wgmma, sm_90a) then has exact products and adds each
- *    256 products' tensor-core sum into F32 sums with ordinary F32 adds
- *    (the promotion DeepGEMM does for FP8), and 2^k is put back exactly.
+ *    the tensor cores (wgmma, sm_90a; warp-specialized, operands streamed
+ *    by the tensor memory accelerator) then has exact products and adds
+ *    each 256 products' tensor-core sum into F32 sums with ordinary F32
+ *    adds (the promotion DeepGEMM does for FP8), and 2^k is put back
+ *    exactly.  For the apply it writes kv as the gate takes it: BF16 of
+ *    kv x 2^k, rounded once as SPEC.md section 8 says.
  *    A token whose scales span more is projected by the GEMV's arithmetic
  *    instead (slower, one at a time).  Accuracy as the GEMV's (measured on
  *    an H200: 0.02% of projections round to another BF16 value than the
@@ -34,11 +37,14 @@
  * Then the gate and update, fused: for n <= 8 one token per cluster of 8
  * blocks (reductions through distributed shared memory; on compute
  * capability 9.0+ a programmatic dependent launch of the GEMV, whose blocks
- * load the residual while the GEMV finishes), else one token per block; masked tokens not touched; the same arithmetic as engram.h's, with
- * the device's expf/sqrtf.
+ * load the residual while the GEMV finishes), else one token per block
+ * (16-byte loads where W is a multiple of 8 and the residual 16-byte
+ * aligned; at W <= 5120 with S <= 4 each thread keeps its x and v in
+ * registers); masked tokens not touched; the same arithmetic as engram.h's,
+ * with the device's expf/sqrtf.
  * Memory on the device per layer: F16 weights (N x 6144 x 2 bytes, 315 MB
  * at W = 5120), q*k norms, and a workspace for ENGRAM_CUDA_BLOCK tokens (kv
- * F32 and rows F16: 235 MB).
+ * F32, or BF16 in its first half, and rows F16: 235 MB).
  * Calls on one cuda layer are ordered on the stream they are given and must
  * not run concurrently (one workspace); use a layer per stream.
  */

@@ -1,16 +1,21 @@
 /*
- * tc_variants.cu - tuning bench for tc_gemm.cuh (not built by make): the
+ * gemm_variants.cu - tuning bench for ws_gemm.cuh (not built by make): the
  * promoted wgmma GEMM against cuBLAS's F16 GEMM on the same random F16
  * operands (rows-like values over 20 binades, weights in +-0.05), for
  * n = 2048 / 300 / 9 tokens and N = 25600 / 320 outputs: time (CUDA events,
- * medians of 15), outputs left unwritten (poisoned first), and on 40,000
- * sampled outputs the error against a double sum of the same exact
- * products (as a fraction of gamma_K sum|e w|) and how often the BF16
- * rounding differs from the double sum's.  Build a variant with
+ * medians of 15), outputs left unwritten (poisoned first), on 40,000
+ * sampled outputs the error against a double sum of the same exact products
+ * (as a fraction of gamma_K sum|e w|) and how often the BF16 rounding
+ * differs from the double sum's, and on every output the BF16 epilogue
+ * (kv x 2^k, k random in [-20, 20]) against the F32 output rounded here.
+ * Build a variant with
  *   nvcc -std=c++17 -O2 -Xptxas -v -gencode=arch=compute_90a,code=sm_90a \
- *        -DTC_STAGES=4 -DTC_CH=4 -o tc_variants cuda/tc_variants.cu -lcublas
+ *        -DWS_BN=192 -DWS_STAGES=5 -o gemm_variants cuda/gemm_variants.cu -lcublas
  * (ptxas -v: no spills, no C751x "wgmma serialized" notes) and run it on
- * the GPU machine (bench/results/2026-12-01-cuda/doublebuf/variants.txt).
+ * the GPU machine (bench/results/2026-12-01-cuda/ws/).  Until session 6 it
+ * also ran the kernel ws_gemm.cuh replaced (tc_gemm.cuh: cp.async, no warp
+ * specialization, 1.24-1.30 ms at n = 2048); ws_gemm gave the same bits on
+ * every output of every shape (ws/run2-variants, ws/run3-gate).
  */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -21,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 static const int K = 6144;
-#include "tc_gemm.cuh"
+#include "ws_gemm.cuh"
 #include "cuda_check.h"
 static uint64_t rs = 88172645463325252ull;
 static uint64_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return rs; }
@@ -36,18 +41,18 @@ template <typename F> static float timed(cudaStream_t st, F fn) {
     for (int i = 0; i < 15; i++) { cudaEventRecord(a, st); fn(); cudaEventRecord(b, st); cudaEventSynchronize(b); cudaEventElapsedTime(&ms[i], a, b); }
     qsort(ms, 15, 4, cmpf); return ms[7];
 }
-int main(int argc, char **argv) {
+int main(void) {
     int ns[] = {2048, 300, 9}, Ns[] = {25600, 320};
     cudaStream_t st; CU(cudaStreamCreate(&st));
     int *d_probe;
     CU(cudaMalloc(&d_probe, sizeof(int)));
-    printf("tc ready: %d\n", tc_gemm_probe(d_probe));
+    printf("ws ready: %d (BN %d, stages %d, smem %d)\n", ws_probe(d_probe), WS_BN, WS_STAGES, WS_SMEM);
     CU(cudaFree(d_probe));
     cublasHandle_t h; cublasCreate(&h); cublasSetStream(h, st);
     for (int qi = 0; qi < 2; qi++) for (int ni = 0; ni < 3; ni++) {
         int n = ns[ni], N = Ns[qi];
         if (N == 320 && n == 9) continue;
-        size_t ne = (size_t)n * K, nw = (size_t)N * K;
+        size_t ne = (size_t)n * K, nw = (size_t)N * K, no = (size_t)n * N;
         uint16_t *he = (uint16_t *)malloc(ne * 2), *hw = (uint16_t *)malloc(nw * 2);
         for (size_t i = 0; i < ne; i++) { // e4m3-like values x 2^(block offset), as rows x 2^-k give
             int blk = (int)((i / 32) % 7);
@@ -57,21 +62,32 @@ int main(int argc, char **argv) {
             he[i] = f2h(v);
         }
         for (size_t i = 0; i < nw; i++) { float v = (float)(((double)(rnd() % 2000001) / 1e6 - 1.0) * 0.05); hw[i] = f2h(v); }
-        __half *de; uint16_t *dw; float *k1, *k2;
+        int *hks = (int *)malloc(n * 4);
+        for (int t = 0; t < n; t++) hks[t] = (int)(rnd() % 41) - 20;
+        __half *de; uint16_t *dw, *k16; float *k1, *k2; int *dks;
         CU(cudaMalloc(&de, ne * 2)); CU(cudaMalloc(&dw, nw * 2));
-        CU(cudaMalloc(&k1, (size_t)n * N * 4)); CU(cudaMalloc(&k2, (size_t)n * N * 4));
+        CU(cudaMalloc(&k1, no * 4)); CU(cudaMalloc(&k2, no * 4)); CU(cudaMalloc(&k16, no * 2)); CU(cudaMalloc(&dks, n * 4));
         CU(cudaMemcpy(de, he, ne * 2, cudaMemcpyHostToDevice)); CU(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
-        CU(cudaMemset(k1, 0xff, (size_t)n * N * 4)); CU(cudaMemset(k2, 0xff, (size_t)n * N * 4));
+        CU(cudaMemcpy(dks, hks, n * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemset(k1, 0xff, no * 4)); CU(cudaMemset(k2, 0xff, no * 4)); CU(cudaMemset(k16, 0xff, no * 2));
+        CUtensorMap maps[3];
+        if (ws_maps(maps, de, n, dw, N) < 0) { printf("ws_maps failed\n"); return 1; }
         const float one = 1, zero = 0;
         auto blas = [&] { cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, dw, CUDA_R_16F, K, de, CUDA_R_16F, K, &zero, k1, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT); };
-        auto mine = [&] { tc_gemm(de, dw, n, N, k2, st); };
-        blas(); mine(); CU(cudaStreamSynchronize(st)); CU(cudaGetLastError());
-        float tb = timed(st, blas), tm = timed(st, mine);
-        float *r1 = (float *)malloc((size_t)n * N * 4), *r2 = (float *)malloc((size_t)n * N * 4);
-        CU(cudaMemcpy(r1, k1, (size_t)n * N * 4, cudaMemcpyDeviceToHost)); CU(cudaMemcpy(r2, k2, (size_t)n * N * 4, cudaMemcpyDeviceToHost));
-        long unwritten = 0; for (size_t i = 0; i < (size_t)n * N; i++) unwritten += isnan(r2[i]);
+        auto ws32 = [&] { CU(ws_gemm(maps, n, N, 0, k2, NULL, st)); };
+        auto ws16 = [&] { CU(ws_gemm(maps, n, N, 1, k16, dks, st)); };
+        blas(); ws32(); ws16(); CU(cudaStreamSynchronize(st)); CU(cudaGetLastError());
+        float tb = timed(st, blas), tw = timed(st, ws32), tw16 = timed(st, ws16);
+        float *r1 = (float *)malloc(no * 4), *r2 = (float *)malloc(no * 4); uint16_t *r16 = (uint16_t *)malloc(no * 2);
+        CU(cudaMemcpy(r1, k1, no * 4, cudaMemcpyDeviceToHost)); CU(cudaMemcpy(r2, k2, no * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(r16, k16, no * 2, cudaMemcpyDeviceToHost));
+        long unwritten = 0, d16 = 0;
+        for (size_t i = 0; i < no; i++) {
+            unwritten += isnan(r2[i]);
+            float sv = ldexpf(r2[i], hks[i / N]); uint32_t u; memcpy(&u, &sv, 4);
+            d16 += r16[i] != (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
         long samples = 0, flip1 = 0, flip2 = 0, beyond1 = 0, beyond2 = 0; double worst1 = 0, worst2 = 0;
-        float *wf = (float *)malloc(K * 4), *ef = (float *)malloc(K * 4);
         for (int s = 0; s < 40000; s++) {
             int t = (int)(rnd() % n), o = (int)(rnd() % N);
             double sum = 0, abs = 0;
@@ -85,10 +101,11 @@ int main(int argc, char **argv) {
             samples++;
         }
         double fl = 2.0 * n * N * K;
-        printf("n=%5d N=%6d: cuBLAS %.3f ms (%.0f TF/s)  tc %.3f ms (%.0f TF/s) = %.2fx | unwritten %ld | BF16 flips vs double: cuBLAS %.3f%% tc %.3f%% | worst/gamma: %.2e %.2e beyond %ld %ld\n",
-               n, N, tb, fl / tb / 1e9, tm, fl / tm / 1e9, tm / tb, unwritten, 100.0 * flip1 / samples, 100.0 * flip2 / samples, worst1, worst2, beyond1, beyond2);
+        printf("n=%5d N=%6d: cuBLAS %.3f ms (%.0f TF/s)  ws %.3f ms (%.0f TF/s) = %.2fx, BF16 out %.3f ms = %.2fx | unwritten %ld of %zu, BF16 out differs %ld | BF16 flips vs double: cuBLAS %.3f%% ws %.3f%% | worst/gamma: %.2e %.2e beyond %ld %ld\n",
+               n, N, tb, fl / tb / 1e9, tw, fl / tw / 1e9, tw / tb, tw16, tw16 / tb, unwritten, no, d16, 100.0 * flip1 / samples, 100.0 * flip2 / samples, worst1, worst2, beyond1, beyond2);
         fflush(stdout);
-        cudaFree(de); cudaFree(dw); cudaFree(k1); cudaFree(k2); free(he); free(hw); free(r1); free(r2); free(wf); free(ef);
+        cudaFree(de); cudaFree(dw); cudaFree(k1); cudaFree(k2); cudaFree(k16); cudaFree(dks);
+        free(he); free(hw); free(r1); free(r2); free(r16); free(hks);
     }
     return 0;
 }

@@ -1,0 +1,396 @@
+/*
+ * ws_gemm.cuh - the projection of n > 8 tokens on the tensor cores with F32
+ * promotion, warp-specialized (included by engram_cuda.cu and
+ * gemm_variants.cu; wgmma, TMA and setmaxnreg: sm_90a machine code).
+ *
+ * kv[t][o] = sum_i e16[t][i] * w[o][i] for t < n, o < N, i < K = 6144, both
+ * operands F16 with K contiguous.  A CTA owns 128 tokens x WS_BN outputs and
+ * has three warpgroups:
+ *  - the producer (one thread, 40 registers after setmaxnreg) streams
+ *    k-tiles of 64 through a WS_STAGES-deep ring in shared memory with the
+ *    tensor memory accelerator: the tokens' tile by itself, the weights'
+ *    tile, where the token tiles pair up, shared with the other CTA of its
+ *    cluster (each CTA loads half and multicasts it to both, so the weights
+ *    cross from L2 once per pair).
+ *    Rows past n or N are zero-filled by the copy engine.  Each stage has a
+ *    "full" barrier (the copies' bytes) and an "empty" one (every consumer
+ *    warp of both CTAs done reading it);
+ *  - two consumers (232 registers), 64 tokens each: per k-tile four
+ *    wgmma.m64nNk16 into a partial sum that the tensor cores accumulate over
+ *    WS_PROM tiles (256 products; its first wgmma with scale-d = 0), which is
+ *    then added to the running F32 sums with ordinary F32 adds (rounded to
+ *    nearest): the tensor cores' own accumulation, which rounds less
+ *    carefully than F32 FMAs, never spans more than 256 products (DeepSeek's
+ *    DeepGEMM promotes FP8 sums likewise, every 128).  One consumer's adds
+ *    overlap the other's wgmma.
+ * The sums and their order are those of the kernel this one replaced
+ * (tc_gemm.cuh until session 6: every thread loading with cp.async, no
+ * warp specialization; 1.24-1.30 ms for 2048 tokens on the H200, this one
+ * 0.94-0.99): the same bits on every output of every shape measured.
+ * Output: F32 kv, or (for the gate) BF16 kv times 2^kshift[t] rounded once
+ * to nearest, as the gate rounds them.  Consecutive CTAs share a tile of
+ * weights (read once from memory, then from L2).
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#define WS_BM 128
+#ifndef WS_BN
+#define WS_BN 192
+#endif
+#ifndef WS_STAGES
+#define WS_STAGES 5
+#endif
+#define WS_BK 64
+#define WS_PROM 4 /* k-tiles summed by the tensor cores between promotions */
+#define WS_THREADS 384
+#define WS_ACC (WS_BN / 2) /* accumulator registers per consumer thread */
+#define WS_A_BYTES (WS_BM * WS_BK * 2)
+#define WS_B_BYTES (WS_BN * WS_BK * 2)
+#define WS_STAGE_BYTES (WS_A_BYTES + WS_B_BYTES)
+#define WS_SMEM (WS_STAGES * WS_STAGE_BYTES + 1024)
+static_assert(K % (WS_BK * WS_PROM) == 0, "K holds whole promotion groups");
+static_assert(WS_BN % 16 == 0, "each CTA's half of the weights tile is whole swizzle atoms");
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WS_SM90A 1
+#endif
+
+enum { WS_F32 = 0, WS_BF16 = 1 };
+
+__device__ __forceinline__ uint64_t ws_desc(uint32_t saddr)
+{
+    uint64_t d = (uint64_t)((saddr & 0x3FFFFu) >> 4);
+    d |= (uint64_t)1 << 16;           /* leading byte offset (unused with the swizzle) */
+    d |= (uint64_t)(1024 >> 4) << 32; /* stride byte offset: 8 rows of 128 bytes */
+    d |= (uint64_t)1 << 62;           /* 128-byte swizzle */
+    return d;
+}
+
+__device__ __forceinline__ void ws_wgmma(float *d, uint64_t da, uint64_t db, int scale_d)
+{
+#ifdef WS_SM90A
+#if WS_BN == 128
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scale_d));
+#elif WS_BN == 192
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+                 : "l"(da), "l"(db), "r"(scale_d));
+#else
+#error "WS_BN: 128 or 192"
+#endif
+#endif
+}
+
+/* keeps the compiler from moving reads of r across the waits before it */
+__device__ __forceinline__ void ws_fence(float *r)
+{
+#pragma unroll
+    for (int i = 0; i < WS_ACC; i++)
+        asm volatile("" : "+f"(r[i])::"memory");
+}
+
+__device__ __forceinline__ void ws_bar_init(uint32_t b, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(count));
+}
+
+__device__ __forceinline__ void ws_bar_expect(uint32_t b, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes)
+                 : "memory");
+}
+
+/* until the phase of parity `parity` of barrier b has completed */
+__device__ __forceinline__ void ws_bar_wait(uint32_t b, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nWS_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WS_WAIT;\n}\n" ::"r"(b),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* one arrival on barrier b (an address in this CTA), in this CTA (cl = 1)
+ * or in each CTA of the cluster of 2, with the default (CTA-scope release)
+ * semantics: with a cluster-scope release each consumer warp waited, tile
+ * by tile, for its wgmma in flight (H200, 2048 tokens: 1.47-1.73 ms for the
+ * projection instead of 0.94-0.98) */
+__device__ __forceinline__ void ws_bar_arrive(uint32_t b, int cl)
+{
+    if (cl == 1) {
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(b) : "memory");
+        return;
+    }
+    for (uint32_t cta = 0; cta < 2; cta++)
+        asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(b),
+                     "r"(cta)
+                     : "memory");
+}
+
+__device__ __forceinline__ void ws_cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::
+                     : "memory");
+}
+
+/* the box at (c0, c1) of map into dst, its bytes counted on barrier bar;
+ * with mask, into the same offsets of each CTA of the cluster in mask */
+__device__ __forceinline__ void ws_tma(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
+                                          uint16_t mask)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+                 : "memory");
+}
+
+/* f as BF16 bits, rounded to nearest even; a NaN stays a NaN */
+__device__ __forceinline__ unsigned ws_bf16_bits(float f)
+{
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fc0u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+/* this CTA's tile: consecutive CTAs (and so the two of a cluster) take
+ * consecutive token tiles of one weights tile */
+__device__ __forceinline__ void ws_tile(int n, int *m0, int *n0)
+{
+    int mb = (n + WS_BM - 1) / WS_BM;
+    *m0 = (blockIdx.x % mb) * WS_BM;
+    *n0 = (blockIdx.x / mb) * WS_BN;
+}
+
+/* tb: the weights in boxes of WS_BN / cl rows; launched in clusters of cl
+ * (1, or 2 when the token tiles are even in number) */
+template <int OUT>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, int n,
+               int N, void *__restrict__ out, const int *__restrict__ kshift, int cl)
+{
+#ifdef WS_SM90A
+    extern __shared__ uint8_t ws_smem_raw[];
+    __shared__ __align__(8) uint64_t full[WS_STAGES], empty[WS_STAGES];
+    uint32_t sbase = (uint32_t)__cvta_generic_to_shared(ws_smem_raw);
+    sbase = (sbase + 1023) & ~1023u; /* the swizzle's atoms are 1024-byte aligned */
+    uint32_t bfull = (uint32_t)__cvta_generic_to_shared(full),
+             bempty = (uint32_t)__cvta_generic_to_shared(empty);
+    int m0, n0;
+    ws_tile(n, &m0, &n0);
+    const int KT = K / WS_BK, rank = blockIdx.x % cl;
+    int wg = threadIdx.x >> 7;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WS_STAGES; s++) {
+            ws_bar_init(bfull + 8 * s, 1);
+            ws_bar_init(bempty + 8 * s, cl * 8); /* each consumer warp of the cluster */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    ws_cluster_sync(); /* the barriers exist before any CTA of the cluster uses them */
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0) {
+            for (int kt = 0; kt < KT; kt++) {
+                int s = kt % WS_STAGES;
+                uint32_t sa = sbase + s * WS_STAGE_BYTES, sb = sa + WS_A_BYTES;
+                /* the stage's previous tile read by both CTAs' consumers (the
+                 * first WS_STAGES waits pass: that phase is "complete") */
+                ws_bar_wait(bempty + 8 * s, ((kt / WS_STAGES) & 1) ^ 1);
+                ws_bar_expect(bfull + 8 * s, WS_STAGE_BYTES);
+                ws_tma(sa, &ta, bfull + 8 * s, kt * WS_BK, m0);
+                if (cl == 1)
+                    ws_tma(sb, &tb, bfull + 8 * s, kt * WS_BK, n0);
+                else /* this CTA's half, into both */
+                    ws_tma_mc(sb + rank * (WS_BN / 2) * 128, &tb, bfull + 8 * s, kt * WS_BK,
+                              n0 + rank * (WS_BN / 2), (uint16_t)3);
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int cw = wg - 1, lane = threadIdx.x & 31;
+        float acc[WS_ACC], p[WS_ACC];
+#pragma unroll
+        for (int i = 0; i < WS_ACC; i++)
+            acc[i] = p[i] = 0.0f;
+        for (int g = 0; g < KT / WS_PROM; g++) {
+#pragma unroll
+            for (int j = 0; j < WS_PROM; j++) {
+                int kt = g * WS_PROM + j, s = kt % WS_STAGES;
+                ws_bar_wait(bfull + 8 * s, (kt / WS_STAGES) & 1);
+                uint32_t sa = sbase + s * WS_STAGE_BYTES + cw * 64 * 128,
+                         sb = sbase + s * WS_STAGE_BYTES + WS_A_BYTES;
+                if (j == 0)
+                    ws_fence(p);
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                for (int kk = 0; kk < WS_BK / 16; kk++)
+                    ws_wgmma(p, ws_desc(sa + kk * 32), ws_desc(sb + kk * 32), j > 0 || kk > 0);
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                if (j > 0) { /* tile kt - 1 is read: its stage goes back */
+                    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                    __syncwarp();
+                    if (lane == 0)
+                        ws_bar_arrive(bempty + 8 * ((kt - 1) % WS_STAGES), cl);
+                }
+            }
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            __syncwarp();
+            if (lane == 0)
+                ws_bar_arrive(bempty + 8 * ((g * WS_PROM + WS_PROM - 1) % WS_STAGES), cl);
+            ws_fence(p);
+#pragma unroll
+            for (int i = 0; i < WS_ACC; i++)
+                acc[i] += p[i];
+        }
+        /* D fragment i: row 16 warp + lane/4 + 8 ((i/2)%2), column 8 (i/4) + 2 (lane%4) + i%2 */
+        int warp = (threadIdx.x >> 5) & 3;
+        int r0 = m0 + cw * 64 + warp * 16 + (lane >> 2);
+        /* pairs as one store where every pair is aligned: N even, out too */
+        int pairs = !(N & 1) && !((uintptr_t)out & 7);
+#pragma unroll
+        for (int i = 0; i < WS_ACC; i += 2) {
+            int t = r0 + 8 * ((i >> 1) & 1), o = n0 + 8 * (i >> 2) + 2 * (lane & 3);
+            if (t >= n || o >= N)
+                continue;
+            if (OUT == WS_F32) {
+                float *kv = (float *)out + (size_t)t * N + o;
+                if (pairs) {
+                    *(float2 *)kv = make_float2(acc[i], acc[i + 1]);
+                } else {
+                    kv[0] = acc[i];
+                    if (o + 1 < N)
+                        kv[1] = acc[i + 1];
+                }
+            } else {
+                float sc = __int_as_float((kshift[t] + 127) << 23); /* 2^k, |k| <= 126 */
+                unsigned lo = ws_bf16_bits(acc[i] * sc), hi = ws_bf16_bits(acc[i + 1] * sc);
+                unsigned short *kv = (unsigned short *)out + (size_t)t * N + o;
+                if (pairs) {
+                    *(unsigned *)kv = lo | hi << 16;
+                } else {
+                    kv[0] = (unsigned short)lo;
+                    if (o + 1 < N)
+                        kv[1] = (unsigned short)hi;
+                }
+            }
+        }
+    }
+    if (cl > 1)
+        ws_cluster_sync(); /* no CTA leaves while the other may still arrive on its barriers */
+#endif
+}
+
+/* ---------------------------------------------------------------- host */
+
+typedef CUresult (*ws_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                 CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                 CUtensorMapFloatOOBfill);
+
+/* The copy engine's view of `rows` rows of K F16 values at p, in boxes of
+ * box_rows x 64 laid out with the 128-byte swizzle.  0, or -1 when the
+ * driver has no cuTensorMapEncodeTiled or refuses the map. */
+static int ws_map(CUtensorMap *m, const void *p, unsigned rows, unsigned box_rows)
+{
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        cudaGetLastError();
+        return -1;
+    }
+    cuuint64_t dims[2] = {(cuuint64_t)K, rows}, strides[1] = {(cuuint64_t)K * 2};
+    cuuint32_t box[2] = {WS_BK, box_rows}, es[2] = {1, 1};
+    CUresult r = ((ws_encode_fn)fn)(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)p, dims, strides, box, es,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* The maps of a projection: m[0] tokens e16 (rows_e rows), weights w (N
+ * rows) in whole tiles m[1] and in halves m[2]. */
+static int ws_maps(CUtensorMap m[3], const void *e16, unsigned rows_e, const void *w, unsigned N)
+{
+    if (ws_map(&m[0], e16, rows_e, WS_BM) < 0 || ws_map(&m[1], w, N, WS_BN) < 0 ||
+        ws_map(&m[2], w, N, WS_BN / 2) < 0)
+        return -1;
+    return 0;
+}
+
+__global__ void ws_probe_kernel(int *out)
+{
+#ifdef WS_SM90A
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+/* Raises the kernels' shared-memory limit: 0, or -1. */
+static int ws_setup(void)
+{
+    int ok = cudaFuncSetAttribute(ws_gemm_kernel<WS_F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  WS_SMEM) == cudaSuccess &&
+             cudaFuncSetAttribute(ws_gemm_kernel<WS_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  WS_SMEM) == cudaSuccess;
+    cudaGetLastError();
+    return ok ? 0 : -1;
+}
+
+/* kv (n x N) = e16 x w^T through maps made by ws_maps (e16 with at least n
+ * rows); out F32, or BF16 scaled by 2^kshift[t] (out_bf16).  Pairs of CTAs
+ * share the weights where the token tiles pair up (n = 2048: 0.94 ms against
+ * 0.98 on the H200), single CTAs otherwise (n = 300: 0.22 ms against 0.26
+ * with a CTA of padding in every cluster).  The launch's error, or 0. */
+static cudaError_t ws_gemm(const CUtensorMap m[3], int n, int N, int out_bf16, void *out,
+                           const int *kshift, cudaStream_t st)
+{
+    int mb = (n + WS_BM - 1) / WS_BM, cl = mb % 2 ? 1 : 2;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(mb * ((N + WS_BN - 1) / WS_BN));
+    cfg.blockDim = dim3(WS_THREADS);
+    cfg.dynamicSmemBytes = WS_SMEM;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    const CUtensorMap &tb = m[cl == 1 ? 1 : 2];
+    if (out_bf16)
+        return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_BF16>, m[0], tb, n, N, out, kshift, cl);
+    return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_F32>, m[0], tb, n, N, out, kshift, cl);
+}
+
+/* 1 if the code this device runs has the wgmma kernel (sm_90a machine code;
+ * the PTX JIT-compiled for other devices has not) and its shared-memory
+ * limit is raised; 0 otherwise (then the cuBLAS GEMM is used).  Runs a probe
+ * kernel that writes d (a device int) and waits: call at set-up, not during
+ * graph capture. */
+static int ws_probe(int *d)
+{
+    int h = 0;
+    ws_probe_kernel<<<1, 1>>>(d);
+    int ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1 &&
+             ws_setup() == 0;
+    cudaGetLastError();
+    return ok;
+}
