@@ -15,9 +15,10 @@
  *  - gate_kernel (n <= 8: a cluster of 8 blocks per token) and
  *    gate_block_kernel (one block per token): the three sums in a fixed
  *    order, g, a check of the outputs (by bounds, or of every one), then
- *    the update; masked tokens untouched.  Kept small: at B = 1 the cluster kernel took 24 us (ncu)
- *    with inlined ldexpf and integer divisions in its unrolled loops, 12 us
- *    without them (our guess: instruction fetch on 8 cold SMs).
+ *    the update; masked tokens untouched.  Kept small: at B = 1 the
+ *    cluster kernel took 24 us (ncu) with inlined ldexpf and integer
+ *    divisions in its unrolled loops, 12 us without them (our guess:
+ *    instruction fetch on 8 cold SMs).
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -423,7 +424,7 @@ decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, __half *e16, int
         unsigned w[2] = {q[i].x, q[i].y}, h[4];
 #pragma unroll
         for (int p = 0; p < 4; p++) {
-            unsigned b0 = (w[p >> 1] >> (16 * (p & 1))) & 0xffu, b1 = (w[p >> 1] >> (16 * (p & 1) + 8)) & 0xffu;
+            unsigned pair = w[p >> 1] >> (16 * (p & 1)), b0 = pair & 0xffu, b1 = (pair >> 8) & 0xffu;
             __half2 v2 = __floats2half2_rn(decode1(b0, sc - k), decode1(b1, sc - k)); /* exact, see above */
             h[p] = *(unsigned *)&v2;
         }
@@ -850,7 +851,8 @@ template <bool V16> __device__ __forceinline__ void ld_f32(const float *p, size_
     }
 }
 
-template <bool V16> __device__ __forceinline__ void ld_bf16(const unsigned short *p, size_t i, int lim, float *o)
+template <bool V16>
+__device__ __forceinline__ void ld_bf16(const unsigned short *p, size_t i, int lim, float *o)
 {
     if (V16) {
         uint4 a = *(const uint4 *)(p + i);
@@ -869,7 +871,8 @@ template <bool V16> __device__ __forceinline__ void ld_bf16(const unsigned short
 
 /* keys or values as the gate takes them: BF16(kv x 2^ks) from F32 kv, or as
  * stored (BF16 kv, already scaled and rounded: the same values) */
-template <bool V16> __device__ __forceinline__ void ld_kv(const float *kv, size_t i, int lim, int ks, float *o)
+template <bool V16>
+__device__ __forceinline__ void ld_kv(const float *kv, size_t i, int lim, int ks, float *o)
 {
     ld_f32<V16>(kv, i, lim, o);
 #pragma unroll
@@ -1104,7 +1107,8 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
     if (c->tc && ws_maps(layer_maps(c), c->e16, blk, c->w, c->N) < 0)
         return set_err(err, -EIO, "cuTensorMapEncodeTiled failed or is missing from the driver");
     int major = 0;
-    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device), "cudaDeviceGetAttribute");
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device),
+       "cudaDeviceGetAttribute");
     c->pdl = major >= 9;
     c->bytes = nw * 2 + (uint64_t)c->S * c->W * 4 + blk * c->N * 4 + blk * K * 2 +
                (2 * blk + 2) * sizeof(int);
