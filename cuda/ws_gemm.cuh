@@ -25,8 +25,8 @@
  *    overlap the other's wgmma.
  * The sums and their order are those of the kernel this one replaced
  * (tc_gemm.cuh until session 6: every thread loading with cp.async, no
- * warp specialization; 1.24-1.30 ms for 2048 tokens on the H200, this one
- * 0.94-0.99): the same bits on every output of every shape measured.
+ * warp specialization; 1.24-1.36 ms for 2048 tokens on the H200, this one
+ * 0.93-0.99): the same bits on every output of every shape measured.
  * Output: F32 kv, or (for the gate) BF16 kv times 2^kshift[t] rounded once
  * to nearest, as the gate rounds them.  Consecutive CTAs share a tile of
  * weights (read once from memory, then from L2).
@@ -119,7 +119,7 @@ __device__ __forceinline__ void ws_bar_wait(uint32_t b, uint32_t parity)
  * or in each CTA of the cluster of 2, with the default (CTA-scope release)
  * semantics: with a cluster-scope release each consumer warp waited, tile
  * by tile, for its wgmma in flight (H200, 2048 tokens: 1.47-1.73 ms for the
- * projection instead of 0.94-0.98) */
+ * projection instead of 0.93-0.99) */
 __device__ __forceinline__ void ws_bar_arrive(uint32_t b, int cl)
 {
     if (cl == 1) {
