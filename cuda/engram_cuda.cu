@@ -494,6 +494,18 @@ __global__ void scale_kernel(float *kv, int ld, const int *kshift)
         kv[(size_t)t * ld + o] = pow2scale(kv[(size_t)t * ld + o], k);
 }
 
+/* SPEC.md section 8's gate from a stream's three sums (D = sum x w k,
+ * Sxx = sum x^2, Skk = sum k^2) at width W; NaN when a sum is not finite
+ * (the token is then left untouched).  Both gate kernels call it. */
+__device__ __forceinline__ float gate_of(float D, float Sxx, float Skk, int W)
+{
+    const float wf = (float)W, eps = 1e-6f;
+    float dd = D * (1.0f / sqrtf(Sxx / wf + eps)) * (1.0f / sqrtf(Skk / wf + eps)) * (1.0f / sqrtf(wf));
+    float z = copysignf(sqrtf(fmaxf(fabsf(dd), 1e-6f)), dd);
+    float g = 1.0f / (1.0f + expf(-z));
+    return isfinite(D) && isfinite(Sxx) && isfinite(Skk) ? g : __int_as_float(0x7fc00000);
+}
+
 __device__ __forceinline__ float load_x(const void *x, int bf16, int i)
 {
     if (bf16)
@@ -737,15 +749,8 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
      * have arrived here (waited for below, on every path) */
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     __syncthreads();
-    if (threadIdx.x < S) {
-        float D = tot[3 * threadIdx.x], Sxx = tot[3 * threadIdx.x + 1], Skk = tot[3 * threadIdx.x + 2];
-        const float wf = (float)W, eps = 1e-6f;
-        float dd = D * (1.0f / sqrtf(Sxx / wf + eps)) * (1.0f / sqrtf(Skk / wf + eps)) *
-                   (1.0f / sqrtf(wf));
-        float z = copysignf(sqrtf(fmaxf(fabsf(dd), 1e-6f)), dd);
-        float g = 1.0f / (1.0f + expf(-z));
-        gs[threadIdx.x] = isfinite(D) && isfinite(Sxx) && isfinite(Skk) ? g : __int_as_float(0x7fc00000);
-    }
+    if (threadIdx.x < S)
+        gs[threadIdx.x] = gate_of(tot[3 * threadIdx.x], tot[3 * threadIdx.x + 1], tot[3 * threadIdx.x + 2], W);
     __syncthreads();
     /* this block's outputs: all streams, its columns.  Every block of the
      * cluster takes the same branch: allok and gs are the cluster's. */
@@ -1003,13 +1008,7 @@ gate_block_kernel(const KV *__restrict__ kv, int ldkv, const float *__restrict__
                 a += p[q];
             sum[j] = a;
         }
-        float D = sum[0], Sxx = sum[1], Skk = sum[2];
-        const float wf = (float)W, eps = 1e-6f;
-        float dd = D * (1.0f / sqrtf(Sxx / wf + eps)) * (1.0f / sqrtf(Skk / wf + eps)) *
-                   (1.0f / sqrtf(wf));
-        float z = copysignf(sqrtf(fmaxf(fabsf(dd), 1e-6f)), dd);
-        float g = 1.0f / (1.0f + expf(-z));
-        gs[s] = isfinite(D) && isfinite(Sxx) && isfinite(Skk) ? g : __int_as_float(0x7fc00000);
+        gs[s] = gate_of(sum[0], sum[1], sum[2], W);
     }
     __syncthreads();
     int gok = 1;
