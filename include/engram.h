@@ -581,11 +581,24 @@ void engram_reader_reset_stats(engram_reader *r);
  * is its hash history and the state of its current step or prefill:
  * sizeof(struct) <= ENGRAM_SESSION_MAX_BYTES besides the caller's buffers.
  *
- * Concurrency: the pool's functions may be called from any threads.  A
- * session is used by one thread at a time (its calls are not concurrent
- * with each other), but different sessions may be used concurrently from
- * any number of threads.  engram_pool_close() must come after every
- * session's close.
+ * Order of service: decode steps before prefill chunks; among steps, the
+ * oldest first, and every waiting step's table-0 rows (needed at layer 1)
+ * before any step's table-1 rows (needed at layer 14); prefills share the
+ * slots the steps leave (less a reserve of 8 for steps arriving meanwhile)
+ * in equal turns, so a prompt's first chunk waits for its share of the
+ * device, not for the prompts begun before it to finish.
+ *
+ * Threads: the pool's functions may be called from any threads.  Calls on
+ * one session that start or end something (begin, commit, abort, close,
+ * set_history, restore, prefill begin/end/cancel) must not run concurrently
+ * with any other call on that session; its waits, polls and getters may run
+ * concurrently with each other from several threads (an engine whose
+ * pipeline stages wait for layer 1's rows and layer 14's rows on two
+ * threads: one stage waits for table 0, the other for table 1, and one of
+ * them commits after both waits have returned).  A wait that is in progress
+ * when its step ends (commit, abort or close on another thread) returns
+ * -ECANCELED.  Different sessions may be used concurrently from any number
+ * of threads.
  *
  * Decode: engram_step_begin() validates and hashes the step's tokens
  * (1, or up to ENGRAM_MAX_DRAFT draft tokens for speculative decoding),
@@ -594,8 +607,20 @@ void engram_reader_reset_stats(engram_reader *r);
  * before layer 1, table 1 before layer 14); then the caller applies, and
  * ends the step with commit(j) (the history takes the first j tokens, j <=
  * k) or abort (history unchanged).  The history changes only in a commit
- * after a step whose reads all succeeded.  Masked tokens read nothing (their
+ * after a step whose reads all succeeded, and a wait returns 0 only once
+ * every row of that table of the step was written into `out` (each row
+ * request is answered exactly once).  Masked tokens read nothing (their
  * rows in `out` are left as they were).
+ *
+ * Lifetimes: closing a session never waits for the device: a read still in
+ * flight for it is collected by the pool, which frees the session's memory
+ * when the read is back (nothing is written into the caller's buffers after
+ * close returns).  Closing the pool with sessions or prefills still open is
+ * allowed: every step and prefill in progress fails with -ESHUTDOWN, every
+ * read is collected, and the handles stay valid: every later begin fails
+ * with -ESHUTDOWN, waits return their step's or prefill's error, and close,
+ * end and cancel release them (the last one frees what is left of the
+ * pool).  The model must outlive the pool and all its sessions.
  */
 typedef struct engram_pool engram_pool;
 typedef struct engram_session engram_session;
@@ -603,9 +628,17 @@ typedef struct engram_session engram_session;
 #define ENGRAM_MAX_DRAFT 8u               /* tokens of one step             */
 #define ENGRAM_SESSION_MAX_BYTES 4096u    /* a session's own memory         */
 #define ENGRAM_ROUND_TOKENS 512u          /* tokens the I/O thread merges into one round of reads */
+#define ENGRAM_FOREVER UINT64_MAX         /* timeout_ns: no limit           */
+#define ENGRAM_RING_CACHE_DEFAULT (256ull << 20) /* bytes of free prefill rings a pool keeps */
 
 typedef struct engram_pool_opts {
     engram_reader_opts reader;   /* engine, depth, row cache of the pool's reader */
+    /* Prefill rings the pool allocates (prompts given no opts.ring_mem) are
+     * kept when their prefill ends, up to 4 rings totalling at most this
+     * many bytes (0 = ENGRAM_RING_CACHE_DEFAULT), and reused by later
+     * prompts that fit: host hooks (a GPU's page-locking) run once per
+     * ring, not once per prompt.  Freed at engram_pool_close. */
+    uint64_t ring_cache_bytes;
 } engram_pool_opts;
 
 /* Failures: a read that fails fails only the step or prefill chunk that
@@ -619,10 +652,13 @@ typedef struct engram_pool_opts {
  *
  * Opens the pool (its reader, the I/O thread).  Memory: the reader's
  * (ENGRAM_READER_MAX_BYTES + its cache) + 4 rounds of ENGRAM_ROUND_TOKENS
- * tokens' requests (about 800 KiB) + a 256 KiB stack.  The model must
- * outlive the pool.  Errors as engram_reader_open, -EAGAIN (thread). */
+ * tokens' requests (about 1.2 MiB) + a 256 KiB stack + the ring cache
+ * (above).  The model must outlive the pool.  Errors as
+ * engram_reader_open, -ENOMEM, -EAGAIN (thread). */
 int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram_pool **out,
                      engram_error *err);
+/* Stops the I/O thread after collecting every read in flight (see
+ * "Lifetimes" above for sessions and prefills still open). */
 void engram_pool_close(engram_pool *p);
 
 typedef struct engram_pool_stats {
@@ -634,13 +670,20 @@ typedef struct engram_pool_stats {
     uint64_t step_rows_requested, step_rows_read; /* of steps: requested vs distinct reads */
     uint64_t prefill_chunks;     /* chunk reads of prefills finished         */
     uint64_t prefill_rows_requested, prefill_rows_read;
+    uint64_t prefill_rings_allocated; /* rings the pool allocated (and passed to reg) */
+    uint64_t prefill_rings_reused;    /* prefills served by a kept ring     */
+    uint64_t prefill_ring_bytes;      /* bytes of rings held now, in use or kept */
+    int closed;                  /* engram_pool_close has begun              */
 } engram_pool_stats;
 void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st);
 
-/* A session: history reset (all dead), idle.  -ENOMEM. */
+/* A session: history reset (all dead), idle.  -ENOMEM, -ESHUTDOWN. */
 int engram_session_open(engram_pool *p, engram_session **out, engram_error *err);
-/* Aborts a step or prefill in progress, waits until the I/O thread holds no
- * reference to the session (at most the reads in flight), frees it. */
+/* Ends a step in progress (as abort), cancels a prefill in progress and
+ * lets go of it (the prefill's handle stays valid: its waits for chunks not
+ * yet read return -ECANCELED, end returns -ECANCELED, and end or cancel
+ * must still be called to free it), and releases the session.  Returns at
+ * once: nothing is written into the step's buffer afterwards. */
 void engram_session_close(engram_session *s);
 /* Snapshot: the committed history (3 ints; a copy is the whole state). */
 void engram_session_history(const engram_session *s, engram_history *h);
@@ -654,26 +697,45 @@ int engram_session_restore(engram_session *s, const uint32_t *tokens, const uint
 
 /* Starts a step of k tokens (1 .. ENGRAM_MAX_DRAFT; mask NULL or [k]).  out:
  * [k][48][256] of dtype (BF16 / F32), or [k][48][264] bytes (ENGRAM_RAW);
- * per token table 0's 24 rows then table 1's.  out must stay valid until
- * the step ends (commit, abort, close).  Tokens are validated and hashed
- * first (-EINVAL naming the token, nothing queued); -EBUSY if a step or
- * prefill is in progress.  No heap memory. */
+ * per token table 0's 24 rows then table 1's (a table's rows of a step are
+ * then tokens 48 rows apart: engram_apply_strided takes them as they are).
+ * out must stay valid until the step ends (commit, abort, close).  Tokens
+ * are validated and hashed first (-EINVAL naming the token, nothing
+ * queued); -EBUSY if a step or prefill is in progress; -ESHUTDOWN after
+ * engram_pool_close; -EIO with a broken pool.  No heap memory. */
 int engram_step_begin(engram_session *s, const uint32_t *tokens, const uint8_t *mask, unsigned k,
                       engram_dtype dtype, void *out, engram_error *err);
-/* One step of one token for each of n sessions (continuous batching):
- * validated as a whole first (nothing is queued unless every session can
- * begin), then queued together, so rows wanted by several of them are read
- * once.  mask NULL or [n]; outs[i] as for engram_step_begin with k = 1. */
+
+/* Steps of several sessions at once (continuous batching, with up to
+ * ENGRAM_MAX_DRAFT draft tokens each for speculative decoding): validated
+ * as a whole first (nothing is queued unless every session can begin; a
+ * bad token is named by its position in the requests' tokens taken in
+ * order), then queued together, so rows wanted by several of them are read
+ * once.  Each request as engram_step_begin. */
+typedef struct engram_step_req {
+    engram_session *s;
+    const uint32_t *tokens;      /* [k]                                      */
+    const uint8_t *mask;         /* NULL or [k]                              */
+    unsigned k;                  /* 1 .. ENGRAM_MAX_DRAFT                    */
+    void *out;                   /* [k][48] rows of dtype                    */
+} engram_step_req;
+int engram_step_begin_many(const engram_step_req *reqs, size_t n, engram_dtype dtype,
+                           engram_error *err);
+/* The same with one token for each of n sessions: mask NULL or [n], outs[i]
+ * as for engram_step_begin with k = 1. */
 int engram_step_begin_batch(engram_session *const *s, const uint32_t *tokens, const uint8_t *mask,
                             size_t n, engram_dtype dtype, void *const *outs, engram_error *err);
 /* Blocks until table t's rows of the step are in out: 0, or the error of a
- * read or a row that does not decode (err names the row).  Poll: 0,
- * -EAGAIN (not yet) or the error. */
+ * read or a row that does not decode (err names the row), -ECANCELED (the
+ * step ended meanwhile), -EINVAL (no step).  Timed: at most timeout_ns
+ * (ENGRAM_FOREVER: no limit), then -ETIMEDOUT with nothing lost (the step
+ * goes on; wait again).  Poll: 0, -EAGAIN (not yet) or the error. */
 int engram_step_wait(engram_session *s, int table, engram_error *err);
+int engram_step_wait_timed(engram_session *s, int table, uint64_t timeout_ns, engram_error *err);
 int engram_step_poll(engram_session *s, int table, engram_error *err);
 /* Ends the step keeping the history of its first j tokens (0 <= j <= k):
- * waits for the step's reads first.  If a read failed: the error, history
- * unchanged.  Either way the step is over. */
+ * waits for the step's reads first (returning as soon as one failed).  If a
+ * read failed: the error, history unchanged.  Either way the step is over. */
 int engram_step_commit(engram_session *s, unsigned j, engram_error *err);
 /* Ends the step without changing the history; returns at once: no row is
  * written into out after it returns.  No-op when no step is in progress. */
@@ -695,12 +757,20 @@ void engram_step_get_info(const engram_session *s, engram_step_info *info);
  * the consumer waits per chunk and releases it, which frees its buffer for
  * a later chunk.  Table 1's reads start table1_delay_ns after the prefill
  * began, or at engram_prefill_start_table1() (its layer signal).  Memory:
- * 2 x ring_chunks x chunk_tokens x 24 rows of dtype (2 x 2 x 2048 x 24 x
- * 512 B = 100 MB by default, BF16; none with opts.ring_mem) + 2 x
- * chunk_tokens x 24 x 12 bytes of requests, whatever the prompt's length;
- * allocated at begin, freed at end or cancel.  Masked tokens read nothing.  The session's history
+ * the ring, 2 x ring_chunks x chunk_tokens x 24 rows of dtype, sized by the
+ * prompt (a prompt shorter than a chunk gets a chunk of its length, and
+ * the ring never has more chunks than the prompt: a 16-token prompt's BF16
+ * ring is 393,216 bytes; at most 2 x 2 x 2048 x 24 x 512 B = 100 MB with
+ * the defaults; engram_prefill_ring_bytes_for), taken from the pool's ring
+ * cache or allocated at begin, given back at end or cancel (none with
+ * opts.ring_mem) + 2 x chunk_tokens x 24 x 12 bytes of requests, whatever
+ * the prompt's length.  Masked tokens read nothing.  The session's history
  * becomes that after the prompt at engram_prefill_end, if every chunk of
  * both tables was read.
+ *
+ * Two threads may wait for and release chunks of the two tables
+ * concurrently (one per table); a table's chunks are waited for and
+ * released in order by one thread.
  */
 typedef struct engram_prefill engram_prefill;
 
@@ -713,20 +783,22 @@ typedef struct engram_prefill_opts {
     uint64_t table1_delay_ns;    /* 0: at once; ENGRAM_PREFILL_MANUAL        */
     /* Optional caller-owned memory for both tables' rings (for instance
      * page-locked once for a GPU and reused for every prompt): at least
-     * engram_prefill_ring_bytes(opts) bytes, 64-byte aligned, not touched
-     * by the caller until end or cancel returns.  NULL: the prefill
-     * allocates its rings at begin (and passes them to the pool's host
-     * hooks, if any). */
+     * engram_prefill_ring_bytes_for(opts, n) bytes (engram_prefill_ring_bytes
+     * (opts) fits every prompt), 64-byte aligned, not touched by the caller
+     * until end or cancel returns.  NULL: the ring comes from the pool. */
     void *ring_mem;
     size_t ring_bytes;
 } engram_prefill_opts;
 
-/* Bytes of ring memory a prefill with these options uses (both tables);
- * 0 for options begin would refuse. */
+/* Bytes of ring memory a prefill with these options uses (both tables) for
+ * a prompt of n_tokens, or for any prompt; 0 for options begin would
+ * refuse. */
+size_t engram_prefill_ring_bytes_for(const engram_prefill_opts *opts, size_t n_tokens);
 size_t engram_prefill_ring_bytes(const engram_prefill_opts *opts);
 
 /* tokens and mask (NULL or [n]) must stay valid until end or cancel.
- * -EINVAL (a bad token, naming its position; options), -EBUSY, -ENOMEM. */
+ * -EINVAL (a bad token, naming its position; options), -EBUSY, -ENOMEM,
+ * -ESHUTDOWN, -EIO (a broken pool). */
 int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_t *mask, size_t n,
                          const engram_prefill_opts *opts, engram_prefill **out, engram_error *err);
 size_t engram_prefill_chunks(const engram_prefill *pf);
@@ -734,19 +806,43 @@ size_t engram_prefill_chunks(const engram_prefill *pf);
 size_t engram_prefill_ready(const engram_prefill *pf, int table);
 /* Blocks until chunk c of table t is read: *rows -> [n_tokens][24][row]
  * (row: 256 values of dtype, or 264 bytes), tokens first .. first+n-1 of
- * the prompt; valid until engram_prefill_release(pf, t, c).  Chunks of a
- * table are waited for and released in order.  Errors: a read's (err names
- * the row), -ECANCELED, -EINVAL. */
+ * the prompt; valid until engram_prefill_release(pf, t, c).  Errors: a
+ * read's (err names the row), -ECANCELED (cancelled, or its session was
+ * closed), -ESHUTDOWN (the pool closed), and for waits that could only
+ * return a wrong buffer or never return: -EINVAL for a chunk already
+ * released (or c >= chunks), -EDEADLK for a chunk beyond the ring (chunk c
+ * needs chunk c - ring_chunks released first) and for table 1 before
+ * engram_prefill_start_table1 with ENGRAM_PREFILL_MANUAL.  Timed: at most
+ * timeout_ns, then -ETIMEDOUT with nothing lost (wait again). */
 int engram_prefill_wait(engram_prefill *pf, int table, size_t c, const void **rows,
                         size_t *first, size_t *n_tokens, engram_error *err);
+int engram_prefill_wait_timed(engram_prefill *pf, int table, size_t c, uint64_t timeout_ns,
+                              const void **rows, size_t *first, size_t *n_tokens, engram_error *err);
 void engram_prefill_release(engram_prefill *pf, int table, size_t c);
 void engram_prefill_start_table1(engram_prefill *pf);
-/* Ends the prefill: stops what is left, commits the history if every chunk
- * of both tables was read (0), else returns the first error or -ECANCELED
- * (history unchanged).  Frees pf. */
+
+typedef struct engram_prefill_info {
+    size_t chunks;               /* of the prompt                            */
+    unsigned chunk_tokens, ring_chunks; /* as sized for the prompt           */
+    size_t ring_bytes;           /* both tables' rings                       */
+    uint64_t begin_ns;           /* CLOCK_MONOTONIC at begin                 */
+    size_t ready[ENGRAM_TABLES]; /* chunks read per table                    */
+    /* when each table's first chunk, and its latest, were published (0: none) */
+    uint64_t first_ready_ns[ENGRAM_TABLES], last_ready_ns[ENGRAM_TABLES];
+} engram_prefill_info;
+void engram_prefill_get_info(const engram_prefill *pf, engram_prefill_info *info);
+
+/* Ends the prefill: stops what is left, waits until the pool holds no read
+ * of it, commits the history if every chunk of both tables was read and
+ * its session is open (0), else returns the first error or -ECANCELED
+ * (history unchanged).  Frees pf.  Timed: at most timeout_ns for the reads
+ * in flight, then -ETIMEDOUT with pf still valid and stopping (call end,
+ * end_timed or cancel again). */
 int engram_prefill_end(engram_prefill *pf, engram_error *err);
-/* Stops the prefill and frees it; the history is unchanged.  No buffer of
- * it is written after this returns. */
+int engram_prefill_end_timed(engram_prefill *pf, uint64_t timeout_ns, engram_error *err);
+/* Stops the prefill, waits until the pool holds no read of it, frees it;
+ * the history is unchanged.  No buffer of it is written after this
+ * returns. */
 void engram_prefill_cancel(engram_prefill *pf);
 
 #pragma GCC visibility pop

@@ -7,6 +7,11 @@
  * history, so table 1 can trail table 0 by any distance (its reads start
  * after a delay or a signal) without keeping the row ids of chunks
  * between: memory does not grow with the prompt.
+ *
+ * Prefills are served oldest first, and the slots left after the decode
+ * steps (less a reserve for steps arriving meanwhile) are shared between
+ * them round-robin, so a prompt's first chunk waits for a share of the
+ * device, not for the prompts before it to finish.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -37,35 +42,48 @@ static void *pf_dst(struct rjob *j, uint32_t idx)
 
 static void pf_free(engram_prefill *pf)
 {
+    engram_pool *p = pf->p;
     for (int t = 0; t < ENGRAM_TABLES; t++)
         free(pf->reqs[t]);
-    if (pf->ring_registered)
-        pf->p->host.unreg(pf->p->host.ctx, pf->ring_own, pf->ring_len);
-    free(pf->ring_own);
+    pool_ring_give(p, &pf->own);
     free(pf->rows48);
     pthread_mutex_destroy(&pf->mu);
     pthread_cond_destroy(&pf->cv);
     free(pf);
+    pool_handle_gone(p);
 }
 
-/* Checked options -> chunk, ring; 0 if begin would refuse them. */
-static size_t ring_len(const engram_prefill_opts *o, unsigned *chunk, unsigned *ring)
+/* Checked options -> chunk and ring for a prompt of n tokens (SIZE_MAX:
+ * any prompt); the ring's bytes, 0 if begin would refuse the options.  A
+ * prompt shorter than a chunk gets a chunk of its length, and a ring never
+ * has more chunks than the prompt. */
+static size_t ring_len(const engram_prefill_opts *o, size_t n, unsigned *chunk, unsigned *ring)
 {
     *chunk = o->chunk_tokens ? o->chunk_tokens : ENGRAM_BATCH_TOKENS;
     *ring = o->ring_chunks ? o->ring_chunks : 2;
     if (*chunk > ENGRAM_BATCH_TOKENS || *ring > 64 ||
         (o->dtype != ENGRAM_BF16 && o->dtype != ENGRAM_F32 && o->dtype != ENGRAM_RAW))
         return 0;
+    if (n < *chunk)
+        *chunk = n ? (unsigned)n : 1;
+    size_t chunks = n == SIZE_MAX ? SIZE_MAX : (n + *chunk - 1) / *chunk;
+    if (chunks < *ring)
+        *ring = chunks ? (unsigned)chunks : 1;
     return (size_t)ENGRAM_TABLES * *ring * *chunk * ENGRAM_COLUMNS * row_bytes(o->dtype);
 }
 
 size_t engram_prefill_ring_bytes(const engram_prefill_opts *opts)
 {
+    return engram_prefill_ring_bytes_for(opts, SIZE_MAX);
+}
+
+size_t engram_prefill_ring_bytes_for(const engram_prefill_opts *opts, size_t n_tokens)
+{
     engram_prefill_opts o = {0};
     if (opts)
         o = *opts;
     unsigned chunk, ring;
-    return ring_len(&o, &chunk, &ring);
+    return ring_len(&o, n_tokens, &chunk, &ring);
 }
 
 int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_t *mask, size_t n,
@@ -77,7 +95,7 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
     if (opts)
         o = *opts;
     unsigned chunk, ring;
-    size_t len = ring_len(&o, &chunk, &ring);
+    size_t len = ring_len(&o, n, &chunk, &ring);
     if (len == 0)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
                        "prefill options: chunk 1..%u tokens, ring 1..64 chunks, dtype BF16/F32/RAW",
@@ -86,21 +104,18 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
                        "prefill ring memory: %zu bytes at %p; these options need %zu, 64-byte aligned",
                        o.ring_bytes, o.ring_mem, len);
-    if (s->state != S_IDLE)
-        return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress");
     engram_pool *p = s->p;
     uint32_t vocab = engram_hasher_layout(p->hasher)->vocab;
     for (size_t i = 0; i < n; i++)
         if (tokens[i] >= vocab)
             return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "token %zu (%u) is not < vocab %u", i,
                            tokens[i], vocab);
-    pthread_mutex_lock(&p->mu);
-    int broken = p->broken;
-    if (broken && err)
-        *err = p->broken_err;
-    pthread_mutex_unlock(&p->mu);
-    if (broken)
-        return -EIO;
+    pthread_mutex_lock(&s->mu);
+    int busy = s->state != S_IDLE;
+    engram_history hist = s->hist;
+    pthread_mutex_unlock(&s->mu);
+    if (busy)
+        return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress");
     engram_prefill *pf = calloc(1, sizeof *pf);
     if (!pf)
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
@@ -118,37 +133,52 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
     pf->delay_ns = o.table1_delay_ns;
     pf->table1_go = o.table1_delay_ns == 0;
     pthread_mutex_init(&pf->mu, NULL);
-    pthread_cond_init(&pf->cv, NULL);
+    {
+        pthread_condattr_t a;
+        pthread_condattr_init(&a);
+        pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+        pthread_cond_init(&pf->cv, &a);
+        pthread_condattr_destroy(&a);
+    }
     int ok = (pf->rows48 = malloc((size_t)chunk * ENGRAM_ROWS_PER_TOKEN * sizeof *pf->rows48)) != NULL;
     uint8_t *mem = o.ring_mem;
     if (ok && !mem) {
-        ok = posix_memalign((void **)&pf->ring_own, 4096, len) == 0;
-        if (!ok)
-            pf->ring_own = NULL;
-        mem = pf->ring_own;
+        ok = pool_ring_take(p, len, &pf->own) == 0;
+        mem = pf->own.mem;
     }
     for (int t = 0; t < ENGRAM_TABLES && ok; t++) {
         pf->reqs[t] = malloc((size_t)chunk * ENGRAM_COLUMNS * sizeof *pf->reqs[t]);
         pf->buf[t] = mem + (size_t)t * ring * chunk_bytes(pf);
         ok = pf->reqs[t] != NULL;
-        pf->hist[t] = s->hist;
+        pf->hist[t] = hist;
         atomic_init(&pf->ready[t], 0);
     }
-    if (!ok) {
-        pf_free(pf);
-        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for the prefill's ring (%zu bytes)",
-                       o.ring_mem ? (size_t)0 : len);
-    }
-    if (pf->ring_own && p->host.reg)
-        pf->ring_registered = p->host.reg(p->host.ctx, pf->ring_own, len) >= 0;
-    pf->t_begin = pool_now_ns();
-    s->state = S_PREFILL;
-    s->pf = pf;
     pthread_mutex_lock(&p->mu);
-    pf->next_pf = p->pf_head;
-    p->pf_head = pf;
+    int rc = ok ? 0 : err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for the prefill's ring (%zu bytes)",
+                              o.ring_mem ? (size_t)0 : len);
+    if (rc == 0)
+        rc = pool_refuses(p, err);
+    p->handles++; /* pf_free drops it */
+    if (rc == 0) {
+        pthread_mutex_lock(&s->mu);
+        s->state = S_PREFILL;
+        s->pf = pf;
+        pthread_mutex_unlock(&s->mu);
+        pf->t_begin = pool_now_ns();
+        pf->listed = 1;
+        if (p->pf_tail)
+            p->pf_tail->next_pf = pf;
+        else
+            p->pf_head = pf;
+        p->pf_tail = pf;
+        pool_wake_locked(p);
+    }
     pthread_mutex_unlock(&p->mu);
-    pool_kick(p);
+    if (rc < 0) {
+        pf_free(pf);
+        return rc;
+    }
+    SCHED_POINT("prefill begun");
     *out = pf;
     return 0;
 }
@@ -165,21 +195,65 @@ size_t engram_prefill_ready(const engram_prefill *pf, int table)
     return atomic_load_explicit(&((engram_prefill *)(uintptr_t)pf)->ready[table], memory_order_acquire);
 }
 
-int engram_prefill_wait(engram_prefill *pf, int t, size_t c, const void **rows, size_t *first,
-                        size_t *n_tokens, engram_error *err)
+void engram_prefill_get_info(const engram_prefill *pf, engram_prefill_info *info)
+{
+    engram_prefill *m = (engram_prefill *)(uintptr_t)pf; /* the lock, not the state */
+    memset(info, 0, sizeof *info);
+    pthread_mutex_lock(&m->mu);
+    info->chunks = pf->chunks;
+    info->chunk_tokens = pf->chunk;
+    info->ring_chunks = pf->ring;
+    info->ring_bytes = pf->ring_len;
+    info->begin_ns = pf->t_begin;
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        info->ready[t] = atomic_load(&m->ready[t]);
+        info->first_ready_ns[t] = pf->first_ns[t];
+        info->last_ready_ns[t] = pf->last_ns[t];
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+int engram_prefill_wait_timed(engram_prefill *pf, int t, size_t c, uint64_t timeout_ns,
+                              const void **rows, size_t *first, size_t *n_tokens, engram_error *err)
 {
     if (!pf || t < 0 || t >= ENGRAM_TABLES || c >= pf->chunks)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no chunk %zu of table %d", c, t);
     pthread_mutex_lock(&pf->mu);
-    while (atomic_load(&pf->ready[t]) <= c && pf->rc == 0 && !pf->cancel_req)
-        pthread_cond_wait(&pf->cv, &pf->mu);
     int rc = 0;
-    if (atomic_load(&pf->ready[t]) <= c) {
-        rc = pf->rc ? pf->rc : -ECANCELED;
-        if (err)
-            *err = pf->err;
-        if (!pf->rc)
-            err_set(err, rc, ENGRAM_NO_OFFSET, "the prefill was cancelled");
+    /* misuse that would return a reused buffer or never return */
+    if (c < pf->released[t])
+        rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                     "chunk %zu of table %d was released (its buffer holds a later chunk)", c, t);
+    else if (c >= pf->released[t] + pf->ring)
+        rc = err_set(err, -EDEADLK, ENGRAM_NO_OFFSET,
+                     "chunk %zu of table %d cannot be read before chunk %zu is released (a ring of %u "
+                     "chunks)", c, t, c - pf->ring, pf->ring);
+    else if (t == 1 && !pf->table1_go && pf->delay_ns == ENGRAM_PREFILL_MANUAL &&
+             atomic_load(&pf->ready[1]) <= c)
+        rc = err_set(err, -EDEADLK, ENGRAM_NO_OFFSET,
+                     "table 1's reads wait for engram_prefill_start_table1 (table1_delay_ns = "
+                     "ENGRAM_PREFILL_MANUAL)");
+    int forever = timeout_ns == ENGRAM_FOREVER, expired = timeout_ns == 0;
+    struct timespec until = {0, 0};
+    if (!forever && !expired)
+        until = pool_deadline(timeout_ns);
+    while (rc == 0 && atomic_load(&pf->ready[t]) <= c && pf->rc == 0 && !pf->cancel_req && !expired) {
+        if (forever)
+            SCHED_WAIT(&pf->cv, &pf->mu);
+        else
+            expired = SCHED_TIMEDWAIT(&pf->cv, &pf->mu, &until) == ETIMEDOUT;
+    }
+    if (rc == 0 && atomic_load(&pf->ready[t]) <= c) {
+        if (pf->rc) {
+            rc = pf->rc;
+            if (err)
+                *err = pf->err;
+        } else if (pf->cancel_req) {
+            rc = err_set(err, -ECANCELED, ENGRAM_NO_OFFSET, "the prefill was cancelled");
+        } else {
+            rc = err_set(err, -ETIMEDOUT, ENGRAM_NO_OFFSET, "chunk %zu of table %d is still being read",
+                         c, t);
+        }
     }
     pthread_mutex_unlock(&pf->mu);
     if (rc < 0)
@@ -193,9 +267,15 @@ int engram_prefill_wait(engram_prefill *pf, int t, size_t c, const void **rows, 
     return 0;
 }
 
+int engram_prefill_wait(engram_prefill *pf, int t, size_t c, const void **rows, size_t *first,
+                        size_t *n_tokens, engram_error *err)
+{
+    return engram_prefill_wait_timed(pf, t, c, ENGRAM_FOREVER, rows, first, n_tokens, err);
+}
+
 void engram_prefill_release(engram_prefill *pf, int t, size_t c)
 {
-    if (!pf || t < 0 || t >= ENGRAM_TABLES)
+    if (!pf || t < 0 || t >= ENGRAM_TABLES || c >= pf->chunks)
         return;
     pthread_mutex_lock(&pf->mu);
     if (c + 1 > pf->released[t])
@@ -214,51 +294,89 @@ void engram_prefill_start_table1(engram_prefill *pf)
     pool_kick(pf->p);
 }
 
-/* Asks the I/O thread to stop it and waits until it holds nothing of it. */
-static void detach(engram_prefill *pf)
+/* Asks the I/O thread to stop the prefill and waits (up to timeout_ns)
+ * until it holds nothing of it: 0 or -ETIMEDOUT. */
+static int detach(engram_prefill *pf, uint64_t timeout_ns)
 {
     pthread_mutex_lock(&pf->mu);
+    int was = pf->cancel_req;
     pf->cancel_req = 1;
-    pthread_cond_broadcast(&pf->cv);
+    SCHED_WAKE(&pf->cv);
+    int done = pf->detached;
     pthread_mutex_unlock(&pf->mu);
-    pool_kick(pf->p);
+    if (done)
+        return 0;
+    if (!was)
+        pool_kick(pf->p);
+    int forever = timeout_ns == ENGRAM_FOREVER, expired = timeout_ns == 0;
+    struct timespec until = {0, 0};
+    if (!forever && !expired)
+        until = pool_deadline(timeout_ns);
     pthread_mutex_lock(&pf->mu);
-    while (!pf->detached)
-        pthread_cond_wait(&pf->cv, &pf->mu);
+    while (!pf->detached && !expired) {
+        if (forever)
+            SCHED_WAIT(&pf->cv, &pf->mu);
+        else
+            expired = SCHED_TIMEDWAIT(&pf->cv, &pf->mu, &until) == ETIMEDOUT;
+    }
+    done = pf->detached;
     pthread_mutex_unlock(&pf->mu);
+    return done ? 0 : -ETIMEDOUT;
+}
+
+/* The prefill's outcome once detached; commits the history when every
+ * chunk of both tables was read and its session is still open. */
+static int finish(engram_prefill *pf, int commit, engram_error *err)
+{
+    int rc = 0;
+    pthread_mutex_lock(&pf->mu);
+    engram_session *s = pf->s;
+    int complete = atomic_load(&pf->ready[0]) == pf->chunks && atomic_load(&pf->ready[1]) == pf->chunks;
+    if (!complete || !s) {
+        if (pf->rc) {
+            rc = pf->rc;
+            if (err)
+                *err = pf->err;
+        } else {
+            rc = err_set(err, -ECANCELED, ENGRAM_NO_OFFSET,
+                         "prefill ended before all its chunks were read; history unchanged");
+        }
+    }
+    pthread_mutex_unlock(&pf->mu);
+    if (s) {
+        pthread_mutex_lock(&s->mu);
+        if (rc == 0 && commit)
+            s->hist = pf->hist[0];
+        s->state = S_IDLE;
+        s->pf = NULL;
+        pthread_mutex_unlock(&s->mu);
+    }
+    pf_free(pf);
+    SCHED_POINT("prefill ended");
+    return rc;
+}
+
+int engram_prefill_end_timed(engram_prefill *pf, uint64_t timeout_ns, engram_error *err)
+{
+    if (!pf)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if (detach(pf, timeout_ns) < 0)
+        return err_set(err, -ETIMEDOUT, ENGRAM_NO_OFFSET,
+                       "the prefill still has reads in flight; it is stopping: call end or cancel again");
+    return finish(pf, 1, err);
 }
 
 int engram_prefill_end(engram_prefill *pf, engram_error *err)
 {
-    if (!pf)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
-    detach(pf);
-    int rc = 0;
-    if (pf->rc) {
-        rc = pf->rc;
-        if (err)
-            *err = pf->err;
-    } else if (atomic_load(&pf->ready[0]) < pf->chunks || atomic_load(&pf->ready[1]) < pf->chunks) {
-        rc = err_set(err, -ECANCELED, ENGRAM_NO_OFFSET,
-                     "prefill ended before all its chunks were read; history unchanged");
-    }
-    engram_session *s = pf->s;
-    if (rc == 0)
-        s->hist = pf->hist[0];
-    s->state = S_IDLE;
-    s->pf = NULL;
-    pf_free(pf);
-    return rc;
+    return engram_prefill_end_timed(pf, ENGRAM_FOREVER, err);
 }
 
 void engram_prefill_cancel(engram_prefill *pf)
 {
     if (!pf)
         return;
-    detach(pf);
-    pf->s->state = S_IDLE;
-    pf->s->pf = NULL;
-    pf_free(pf);
+    detach(pf, ENGRAM_FOREVER);
+    finish(pf, 0, NULL);
 }
 
 /* ------------------------------------------------------------ the I/O thread's part */
@@ -295,9 +413,11 @@ static void start_chunk(engram_pool *p, engram_prefill *pf, int t)
     pthread_mutex_unlock(&p->mu);
 }
 
-/* Serves one prefill; 1 once it is stopped and holds no read (the caller
- * then detaches it), else 0; *timed set when table 1 waits for its delay. */
-static int service_one(engram_pool *p, engram_prefill *pf, unsigned *budget, int *timed)
+/* Collects a prefill's ended jobs (publishing their chunks) and starts the
+ * next chunks its ring and table 1's signal allow; 1 once it is stopped
+ * (cancelled, failed or every chunk read) and holds no read, so that the
+ * caller detaches it.  *timed set when table 1 waits for its delay. */
+static int service_one(engram_pool *p, engram_prefill *pf, int *timed)
 {
     pthread_mutex_lock(&pf->mu);
     int cancel = pf->cancel_req || pf->rc;
@@ -322,74 +442,152 @@ static int service_one(engram_pool *p, engram_prefill *pf, unsigned *budget, int
             pf->rc = j->rc;
             pf->err = j->err;
         } else if (j->rc == 0) {
+            uint64_t now = pool_now_ns();
+            if (!pf->first_ns[t])
+                pf->first_ns[t] = now;
+            pf->last_ns[t] = now;
             atomic_store_explicit(&pf->ready[t], pf->next[t], memory_order_release);
         }
-        pthread_cond_broadcast(&pf->cv);
+        SCHED_WAKE(&pf->cv);
         pthread_mutex_unlock(&pf->mu);
+        SCHED_POINT("io: chunk published");
         cancel |= j->rc != 0;
     }
     if (cancel) /* done with it once its reads are collected */
         return !pf->active[0] && !pf->active[1];
+    if (pf->next[0] == pf->chunks && pf->next[1] == pf->chunks && !pf->active[0] && !pf->active[1])
+        return 1; /* every chunk read */
     uint64_t now = 0;
     for (int t = 0; t < ENGRAM_TABLES; t++) {
-        if (!pf->active[t] && pf->next[t] < pf->chunks && pf->next[t] < released[t] + pf->ring) {
-            int may = t == 0 || go;
-            if (!may && pf->delay_ns != ENGRAM_PREFILL_MANUAL) {
-                if (!now)
-                    now = pool_now_ns();
-                may = now - pf->t_begin >= pf->delay_ns;
-                *timed |= !may;
-            }
-            if (may)
-                start_chunk(p, pf, t);
+        if (pf->active[t] || pf->next[t] >= pf->chunks || pf->next[t] >= released[t] + pf->ring)
+            continue;
+        int may = t == 0 || go;
+        if (!may && pf->delay_ns != ENGRAM_PREFILL_MANUAL) {
+            if (!now)
+                now = pool_now_ns();
+            may = now - pf->t_begin >= pf->delay_ns;
+            *timed |= !may;
         }
-        if (pf->active[t]) {
-            unsigned max = *budget > STEP_RESERVE ? *budget - STEP_RESERVE : 0;
-            *budget -= reader_job_issue(p->r, &pf->job[t], max);
-        }
+        if (may)
+            start_chunk(p, pf, t);
     }
     return 0;
+}
+
+/* Takes pf off the pool's list and tells its consumer: the last touch, the
+ * consumer may free it as soon as it sees detached. */
+static void detach_now(engram_pool *p, engram_prefill *pf)
+{
+    pthread_mutex_lock(&p->mu);
+    engram_prefill **pp = &p->pf_head, *prev = NULL;
+    while (*pp != pf) {
+        prev = *pp;
+        pp = &(*pp)->next_pf;
+    }
+    *pp = pf->next_pf;
+    if (p->pf_tail == pf)
+        p->pf_tail = prev;
+    pf->listed = 0;
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_lock(&pf->mu);
+    pf->detached = 1;
+    SCHED_WAKE(&pf->cv);
+    pthread_mutex_unlock(&pf->mu);
+    SCHED_POINT("io: prefill detached");
+}
+
+/* The list's next prefill after pf (NULL: the first); prefills are added at
+ * the tail under p->mu and removed only by this thread. */
+static engram_prefill *next_of(engram_pool *p, engram_prefill *pf)
+{
+    pthread_mutex_lock(&p->mu);
+    engram_prefill *n = pf ? pf->next_pf : p->pf_head;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+/* Reads a prefill's jobs may still issue (0 when none wants a slot). */
+static int wants_slots(const engram_prefill *pf)
+{
+    return (pf->active[0] && pf->job[0].live > 0 && pf->job[0].rc == 0) ||
+           (pf->active[1] && pf->job[1].live > 0 && pf->job[1].rc == 0);
+}
+
+/* Issues up to max reads of pf, table 0's first; returns how many. */
+static unsigned issue_one(engram_pool *p, engram_prefill *pf, unsigned max)
+{
+    unsigned used = 0;
+    for (int t = 0; t < ENGRAM_TABLES && used < max; t++)
+        if (pf->active[t])
+            used += reader_job_issue(p->r, &pf->job[t], max - used);
+    return used;
+}
+
+/* Gives pf up to `share` of the avail - *used slots left. */
+static void give(engram_pool *p, engram_prefill *pf, unsigned share, unsigned avail, unsigned *used)
+{
+    if (*used < avail && wants_slots(pf))
+        *used += issue_one(p, pf, share < avail - *used ? share : avail - *used);
 }
 
 int prefetch_service(engram_pool *p, unsigned *budget)
 {
     int timed = 0;
-    pthread_mutex_lock(&p->mu);
-    engram_prefill *list = p->pf_head;
-    pthread_mutex_unlock(&p->mu);
-    /* Prefills are only added at the head (under p->mu) and only removed
-     * here, by this thread: walking the list taken above is safe. */
-    for (engram_prefill *pf = list, *next; pf; pf = next) {
-        next = pf->next_pf;
-        if (!service_one(p, pf, budget, &timed))
+    unsigned wanting = 0, listed = 0;
+    for (engram_prefill *pf = next_of(p, NULL), *next; pf; pf = next) {
+        next = next_of(p, pf);
+        if (service_one(p, pf, &timed)) {
+            detach_now(p, pf);
             continue;
-        pthread_mutex_lock(&p->mu);
-        engram_prefill **pp = &p->pf_head;
-        while (*pp != pf)
-            pp = &(*pp)->next_pf;
-        *pp = pf->next_pf;
-        pthread_mutex_unlock(&p->mu);
-        /* the last touch: the consumer may free it as soon as it sees this */
-        pthread_mutex_lock(&pf->mu);
-        pf->detached = 1;
-        pthread_cond_broadcast(&pf->cv);
-        pthread_mutex_unlock(&pf->mu);
+        }
+        wanting += wants_slots(pf);
+        listed++;
     }
+    /* The slots the steps left, less a reserve for steps arriving before
+     * the next pass, in equal shares from a rotating first prefill, then
+     * what is left, oldest first.  (Only this thread removes prefills from
+     * the list; one added meanwhile has no job yet.) */
+    unsigned avail = *budget > STEP_RESERVE ? *budget - STEP_RESERVE : 0, used = 0;
+    if (wanting == 0 || avail == 0)
+        return timed;
+    unsigned share = (avail + wanting - 1) / wanting, start = p->pf_turn++ % listed;
+    engram_prefill *first = next_of(p, NULL);
+    for (unsigned i = 0; i < start && first; i++)
+        first = next_of(p, first);
+    for (engram_prefill *pf = first; pf; pf = next_of(p, pf))
+        give(p, pf, share, avail, &used);
+    for (engram_prefill *pf = next_of(p, NULL); pf && pf != first; pf = next_of(p, pf))
+        give(p, pf, share, avail, &used);
+    for (engram_prefill *pf = next_of(p, NULL); pf && used < avail; pf = next_of(p, pf))
+        give(p, pf, avail, avail, &used);
+    *budget -= used;
     return timed;
 }
 
 void prefetch_fail_all(engram_pool *p, int code, const engram_error *e)
 {
-    pthread_mutex_lock(&p->mu);
-    engram_prefill *list = p->pf_head;
-    pthread_mutex_unlock(&p->mu);
-    for (engram_prefill *pf = list; pf; pf = pf->next_pf)
+    for (engram_prefill *pf = next_of(p, NULL); pf; pf = next_of(p, pf))
         for (int t = 0; t < ENGRAM_TABLES; t++)
             if (pf->active[t] && pf->job[t].rc == 0) {
                 pf->job[t].rc = code;
                 pf->job[t].err = *e;
                 pf->job[t].live = 0;
             }
+}
+
+void prefetch_detach_all(engram_pool *p, const engram_error *e)
+{
+    for (engram_prefill *pf; (pf = next_of(p, NULL)) != NULL;) {
+        pf->active[0] = pf->active[1] = 0;
+        pthread_mutex_lock(&pf->mu);
+        int complete = atomic_load(&pf->ready[0]) == pf->chunks && atomic_load(&pf->ready[1]) == pf->chunks;
+        if (pf->rc == 0 && !complete) {
+            pf->rc = e->code;
+            pf->err = *e;
+        }
+        pthread_mutex_unlock(&pf->mu);
+        detach_now(p, pf);
+    }
 }
 
 int prefetch_collectable(engram_pool *p)

@@ -4,11 +4,20 @@
  *
  * Sessions queue their steps; the I/O thread takes whatever is queued into
  * a round (up to ENGRAM_ROUND_TOKENS tokens), which is two reader jobs (one
- * per table, table 0 first) whose requests are sorted together, so a row
- * that several sessions want at once is read once.  Rows are written into
- * a session's buffer only under the session's lock and only for the step
- * generation that asked for them, so abort and commit can promise that
- * nothing is written after they return, without waiting for the device.
+ * per table) whose requests are sorted together, so a row that several
+ * sessions want at once is read once.  Reads are issued oldest round first
+ * and every round's table 0 before any round's table 1 (table 0 is needed
+ * at layer 1, table 1 only at layer 14); prefill chunks get what is left.
+ *
+ * A step is taken into exactly one round (issued == gen + 1), and every
+ * request of it is answered exactly once (a bit per request in want), so a
+ * step can only succeed once each of its rows was written.  Rows are
+ * written into a session's buffer only under the session's lock and only
+ * for the step generation that asked for them and while that step has not
+ * ended, so abort, commit and close can promise that nothing is written
+ * after they return, without waiting for the device.  A round entry lets
+ * go of its session as soon as the session's own requests are answered,
+ * whatever the rest of the round does.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -25,19 +34,172 @@ uint64_t pool_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+struct timespec pool_deadline(uint64_t timeout_ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t s = timeout_ns / 1000000000ull, ns = (uint64_t)ts.tv_nsec + timeout_ns % 1000000000ull;
+    if (s > (uint64_t)INT32_MAX * 64) /* "forever" in practice, and no overflow */
+        s = (uint64_t)INT32_MAX * 64;
+    ts.tv_sec += (time_t)s + (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    return ts;
+}
+
+static void cond_init_mono(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
 static size_t row_bytes(int dtype)
 {
     return dtype == ENGRAM_F32 ? ENGRAM_ROW_VALUES * 4
          : dtype == ENGRAM_BF16 ? ENGRAM_ROW_VALUES * 2 : ENGRAM_ROW_BYTES;
 }
 
+void pool_wake_locked(engram_pool *p)
+{
+    if (p->stop)
+        return; /* the reader may be gone */
+    p->work = 1;
+    SCHED_WAKE(&p->cv);
+    reader_wake(p->r);
+}
+
 void pool_kick(engram_pool *p)
 {
     pthread_mutex_lock(&p->mu);
-    p->work = 1;
-    pthread_cond_signal(&p->cv);
+    pool_wake_locked(p);
     pthread_mutex_unlock(&p->mu);
-    reader_wake(p->r);
+    SCHED_POINT("kick");
+}
+
+static void ring_free(engram_pool *p, struct ring *rg)
+{
+    if (rg->registered)
+        p->host.unreg(p->host.ctx, rg->mem, rg->len);
+    free(rg->mem);
+    memset(rg, 0, sizeof *rg);
+}
+
+/* The pool's memory once it is closed and nothing refers to it. */
+static void pool_free_shell(engram_pool *p)
+{
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+}
+
+void pool_handle_gone(engram_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    int last = --p->handles == 0 && p->closed;
+    pthread_mutex_unlock(&p->mu);
+    if (last)
+        pool_free_shell(p);
+}
+
+int pool_ring_take(engram_pool *p, size_t len, struct ring *out)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&p->mu);
+    int best = -1;
+    for (int i = 0; i < RING_CACHE; i++)
+        if (p->rings[i].mem && p->rings[i].len >= len &&
+            (best < 0 || p->rings[i].len < p->rings[best].len))
+            best = i;
+    if (best >= 0) {
+        *out = p->rings[best];
+        memset(&p->rings[best], 0, sizeof p->rings[best]);
+        p->ring_reuses++;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (out->mem)
+        return 0;
+    if (posix_memalign((void **)&out->mem, 4096, len) != 0) {
+        out->mem = NULL;
+        return -ENOMEM;
+    }
+    out->len = len;
+    if (p->host.reg)
+        out->registered = p->host.reg(p->host.ctx, out->mem, len) >= 0;
+    pthread_mutex_lock(&p->mu);
+    p->ring_allocs++;
+    p->ring_bytes += len;
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+void pool_ring_give(engram_pool *p, struct ring *rg)
+{
+    if (!rg->mem)
+        return;
+    struct ring victim = *rg;
+    memset(rg, 0, sizeof *rg);
+    pthread_mutex_lock(&p->mu);
+    if (!p->closed) {
+        /* kept in a free place, else in place of the smallest kept ring if
+         * that is smaller, as long as the kept rings stay within the
+         * pool's ring_cache_bytes: the cache holds the largest rings seen */
+        uint64_t kept_bytes = 0;
+        int at = -1, small = -1;
+        for (int i = 0; i < RING_CACHE; i++) {
+            kept_bytes += p->rings[i].len;
+            if (!p->rings[i].mem && at < 0)
+                at = i;
+            if (p->rings[i].mem && (small < 0 || p->rings[i].len < p->rings[small].len))
+                small = i;
+        }
+        if (at < 0 && p->rings[small].len < victim.len)
+            at = small;
+        if (at >= 0 && kept_bytes - p->rings[at].len + victim.len <= p->ring_cache_cap) {
+            struct ring kept = victim;
+            victim = p->rings[at];
+            p->rings[at] = kept;
+        }
+    }
+    if (victim.mem)
+        p->ring_bytes -= victim.len;
+    pthread_mutex_unlock(&p->mu);
+    if (victim.mem)
+        ring_free(p, &victim);
+}
+
+/* ------------------------------------------------------------ sessions' memory */
+
+static void session_free(engram_session *s)
+{
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+/* A round entry lets go of its session (under s->mu); 1 when the session
+ * is then to be freed (its owner closed it and nothing else refers to it). */
+static int entry_release(struct round_entry *en)
+{
+    engram_session *s = en->s;
+    en->left = 0;
+    return --s->refs == 0 && s->closed;
+}
+
+/* Under s->mu: table t's outstanding requests of the current step fail
+ * with e (the first error of the step is kept). */
+static void step_fail_table(engram_session *s, int t, const engram_error *e)
+{
+    if (s->remaining[t] == 0)
+        return;
+    if (s->rc[t] == 0)
+        s->rc[t] = e->code;
+    if (s->err.code == 0)
+        s->err = *e;
+    memset(s->want[t], 0, sizeof s->want[t]);
+    s->remaining[t] = 0;
+    SCHED_WAKE(&s->cv);
 }
 
 /* ------------------------------------------------------------ rounds */
@@ -45,21 +207,23 @@ void pool_kick(engram_pool *p)
 /* Request index within a round: entry << 8 | token << 5 | column. */
 #define IDX(e, tok, col) ((uint32_t)(e) << 8 | (uint32_t)(tok) << 5 | (uint32_t)(col))
 
-/* One request of table t done (row written, or failed with e). */
+/* One request of table t answered: its row arrived (raw) or failed (e). */
 static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw,
                        const engram_error *e)
 {
     struct round_entry *en = &rd->e[idx >> 8];
     engram_session *s = en->s;
-    unsigned tok = (idx >> 5) & 7, col = idx & 31;
+    unsigned tok = (idx >> 5) & 7, col = idx & 31, bit = tok * ENGRAM_COLUMNS + col;
+    uint64_t b = 1ull << (bit & 63);
     pthread_mutex_lock(&s->mu);
-    if (s->gen == en->gen && s->remaining[t] > 0) {
+    if (s->gen == en->gen && !s->ended && (s->want[t][bit >> 6] & b)) {
+        s->want[t][bit >> 6] &= ~b;
         if (e) {
             if (s->rc[t] == 0)
                 s->rc[t] = e->code;
             if (s->err.code == 0) /* the step's first failure */
                 s->err = *e;
-        } else if (!s->cancelled && s->rc[t] == 0) {
+        } else if (s->rc[t] == 0) {
             uint8_t *dst = (uint8_t *)en->out +
                            ((size_t)tok * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + col) *
                                row_bytes(en->dtype);
@@ -73,9 +237,13 @@ static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw
         if (--s->remaining[t] == 0)
             s->ready_ns[t] = pool_now_ns();
         if (e || s->remaining[t] == 0)
-            pthread_cond_broadcast(&s->cv);
+            SCHED_WAKE(&s->cv);
     }
+    int gone = --en->left == 0 && entry_release(en);
     pthread_mutex_unlock(&s->mu);
+    if (gone)
+        session_free(s);
+    SCHED_POINT("io: row answered");
 }
 
 static int round_deliver(struct rjob *j, const uint8_t *raw, size_t lo, size_t hi, const char **why)
@@ -101,6 +269,35 @@ static void round_failed(struct rjob *j, size_t lo, size_t hi, const engram_erro
         entry_done(j->ctx, (uint32_t)j->reqs[i], j->table, NULL, e);
 }
 
+/* The step queue (under p->mu). */
+static void queue_add(engram_pool *p, engram_session *s)
+{
+    s->qnext = NULL;
+    s->qprev = p->q_tail;
+    if (p->q_tail)
+        p->q_tail->qnext = s;
+    else
+        p->q_head = s;
+    p->q_tail = s;
+    s->queued = 1;
+}
+
+static void queue_remove(engram_pool *p, engram_session *s)
+{
+    if (!s->queued)
+        return;
+    if (s->qprev)
+        s->qprev->qnext = s->qnext;
+    else
+        p->q_head = s->qnext;
+    if (s->qnext)
+        s->qnext->qprev = s->qprev;
+    else
+        p->q_tail = s->qprev;
+    s->qprev = s->qnext = NULL;
+    s->queued = 0;
+}
+
 /* Moves queued steps into free rounds and starts their jobs.  Under p->mu. */
 static void intake(engram_pool *p)
 {
@@ -117,13 +314,12 @@ static void intake(engram_pool *p)
                 pthread_mutex_unlock(&s->mu);
                 break;
             }
-            p->q_head = s->qnext;
-            if (!p->q_head)
-                p->q_tail = NULL;
-            s->queued = 0;
-            if (!s->cancelled && s->remaining[0] + s->remaining[1] > 0) {
+            queue_remove(p, s);
+            /* queued means "a step not yet in a round"; checked again */
+            if (s->state == S_STEP && !s->ended && s->issued != s->gen + 1 &&
+                s->remaining[0] + s->remaining[1] > 0) {
                 unsigned e = rd->n_entries++;
-                rd->e[e] = (struct round_entry){s, s->gen, s->out, s->dtype};
+                rd->e[e] = (struct round_entry){s, s->gen, s->out, s->dtype, 0};
                 for (unsigned i = 0; i < s->k; i++) {
                     if (s->masked[i])
                         continue;
@@ -131,8 +327,10 @@ static void intake(engram_pool *p)
                         for (unsigned c = 0; c < ENGRAM_COLUMNS; c++)
                             rd->reqs[t][n[t]++] =
                                 (uint64_t)s->rows[i][t * ENGRAM_COLUMNS + c] << 32 | IDX(e, i, c);
+                    rd->e[e].left += ENGRAM_ROWS_PER_TOKEN; /* each answered once */
                 }
                 rd->n_tokens += s->k;
+                s->issued = s->gen + 1;
                 s->refs++;
             }
             pthread_mutex_unlock(&s->mu);
@@ -153,33 +351,60 @@ static void intake(engram_pool *p)
             p->step_requested += n[t];
         }
         rd->active = 1;
+        rd->seq = ++p->round_seq;
         p->n_rounds++;
     }
 }
 
-/* Rounds whose reads are all back release their sessions.  A job that
- * failed as a whole (the engine) fails what it had not delivered. */
+/* Issues the rounds' reads: every round's table 0 before any round's
+ * table 1, each table oldest round first.  The I/O thread's. */
+static void issue_rounds(engram_pool *p)
+{
+    struct round *order[ROUNDS];
+    int n = 0;
+    for (int ri = 0; ri < ROUNDS; ri++) {
+        struct round *rd = &p->rounds[ri];
+        if (!rd->active)
+            continue;
+        int at = n++;
+        while (at > 0 && order[at - 1]->seq > rd->seq) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = rd;
+    }
+    for (int t = 0; t < ENGRAM_TABLES; t++)
+        for (int i = 0; i < n; i++)
+            reader_job_issue(p->r, &order[i]->job[t], UINT32_MAX);
+}
+
+/* Rounds whose jobs have ended let go of the sessions whose requests were
+ * not all answered: a job that failed as a whole (the engine, or the pool
+ * closing) fails what it had not delivered. */
 static void finish_rounds(engram_pool *p)
 {
     for (int ri = 0; ri < ROUNDS; ri++) {
         struct round *rd = &p->rounds[ri];
         if (!rd->active || !reader_job_finished(&rd->job[0]) || !reader_job_finished(&rd->job[1]))
             continue;
-        for (unsigned e = 0; e < rd->n_entries; e++) {
-            engram_session *s = rd->e[e].s;
+        for (unsigned k = 0; k < rd->n_entries; k++) {
+            struct round_entry *en = &rd->e[k];
+            if (en->left == 0)
+                continue;
+            engram_session *s = en->s;
             pthread_mutex_lock(&s->mu);
-            if (s->gen == rd->e[e].gen)
-                for (int t = 0; t < ENGRAM_TABLES; t++)
-                    if (rd->job[t].rc != 0 && s->remaining[t] > 0) {
-                        if (s->err.code == 0)
-                            s->err = rd->job[t].err;
-                        if (s->rc[t] == 0)
-                            s->rc[t] = rd->job[t].rc;
-                        s->remaining[t] = 0;
-                    }
-            s->refs--;
-            pthread_cond_broadcast(&s->cv);
+            if (s->gen == en->gen && !s->ended)
+                for (int t = 0; t < ENGRAM_TABLES; t++) {
+                    engram_error e = rd->job[t].err;
+                    if (rd->job[t].rc == 0) /* cannot happen: every request is answered */
+                        err_set(&e, -EIO, ENGRAM_NO_OFFSET, "table %d: a request was not answered", t);
+                    step_fail_table(s, t, &e);
+                }
+            int gone = entry_release(en);
             pthread_mutex_unlock(&s->mu);
+            if (gone)
+                session_free(s);
+            SCHED_POINT("io: entry released");
         }
         pthread_mutex_lock(&p->mu);
         p->step_read += rd->job[0].rows_read + rd->job[1].rows_read;
@@ -198,6 +423,32 @@ static int rounds_active(const engram_pool *p)
 
 /* ------------------------------------------------------------ the I/O thread */
 
+/* Fails every job of the rounds (not yet failed) with e: their reads in
+ * flight are then only collected. */
+static void fail_rounds(engram_pool *p, const engram_error *e)
+{
+    for (int ri = 0; ri < ROUNDS; ri++)
+        for (int t = 0; t < ENGRAM_TABLES; t++)
+            if (p->rounds[ri].active && p->rounds[ri].job[t].rc == 0) {
+                p->rounds[ri].job[t].rc = e->code;
+                p->rounds[ri].job[t].err = *e;
+                p->rounds[ri].job[t].live = 0;
+            }
+}
+
+/* Fails every queued step with e and empties the queue.  Under p->mu. */
+static void fail_queue(engram_pool *p, const engram_error *e)
+{
+    while (p->q_head) {
+        engram_session *s = p->q_head;
+        queue_remove(p, s);
+        pthread_mutex_lock(&s->mu);
+        for (int t = 0; t < ENGRAM_TABLES; t++)
+            step_fail_table(s, t, e);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
 /* The engine failed as a whole (submit or reap, after retries): every read
  * in flight is collected and every step and prefill chunk that had reads
  * fails with the error.  The pool goes on with later steps unless the
@@ -207,13 +458,7 @@ static void fail_everything(engram_pool *p, int rc, const char *what)
     engram_error e;
     err_set(&e, rc, ENGRAM_NO_OFFSET, "the pool's I/O engine failed (%s): %s", what,
             engram_strerror(rc));
-    for (int ri = 0; ri < ROUNDS; ri++)
-        for (int t = 0; t < ENGRAM_TABLES; t++)
-            if (p->rounds[ri].active && p->rounds[ri].job[t].rc == 0) {
-                p->rounds[ri].job[t].rc = rc;
-                p->rounds[ri].job[t].err = e;
-                p->rounds[ri].job[t].live = 0;
-            }
+    fail_rounds(p, &e);
     prefetch_fail_all(p, rc, &e);
     reader_drain_all(p->r, 1);
     engram_error be;
@@ -227,71 +472,47 @@ static void fail_everything(engram_pool *p, int rc, const char *what)
     }
 }
 
-/* Fails a session's step with the broken pool's error.  Under s->mu. */
-static void step_fail_dead(engram_session *s, const engram_error *e)
+/* Every round entry lets go of its session, failing its step with e.  For
+ * a broken reader, whose reads will never be collected: their jobs have
+ * failed, so nothing would be delivered, and the reader is never reaped
+ * again (this thread stops calling it, its close keeps its memory). */
+static void release_rounds(engram_pool *p, const engram_error *e)
 {
-    for (int t = 0; t < ENGRAM_TABLES; t++)
-        if (s->remaining[t] > 0) {
-            if (s->err.code == 0)
-                s->err = *e;
-            if (s->rc[t] == 0)
-                s->rc[t] = -EIO;
-            s->remaining[t] = 0;
-        }
-    pthread_cond_broadcast(&s->cv);
-}
-
-/* The reader is broken: its engine stopped answering with reads in flight,
- * and they will never be collected.  Every step queued or in a round and
- * every prefill fails at once with the pool's error, and their owners may
- * reuse or free their buffers: nothing can be delivered into them any more
- * (their jobs have failed, so a late completion would only be collected,
- * and a broken reader is never reaped again: this thread stops calling it,
- * and its close keeps its memory without reaping).  The jobs' own structs
- * may then go (a prefill's is freed by its owner); the slots that still
- * name them are never looked at again. */
-static void pool_dead(engram_pool *p)
-{
-    pthread_mutex_lock(&p->mu);
-    engram_error e = p->broken_err;
-    for (engram_session *s = p->q_head; s; s = s->qnext) {
-        pthread_mutex_lock(&s->mu);
-        s->queued = 0;
-        step_fail_dead(s, &e);
-        pthread_mutex_unlock(&s->mu);
-    }
-    p->q_head = p->q_tail = NULL;
-    engram_prefill *list = p->pf_head;
-    p->pf_head = NULL;
-    pthread_mutex_unlock(&p->mu);
     for (int ri = 0; ri < ROUNDS; ri++) {
         struct round *rd = &p->rounds[ri];
         if (!rd->active)
             continue;
         for (unsigned k = 0; k < rd->n_entries; k++) {
-            engram_session *s = rd->e[k].s;
+            struct round_entry *en = &rd->e[k];
+            if (en->left == 0)
+                continue;
+            engram_session *s = en->s;
             pthread_mutex_lock(&s->mu);
-            if (s->gen == rd->e[k].gen)
-                step_fail_dead(s, &e);
-            s->refs--;
-            pthread_cond_broadcast(&s->cv);
+            if (s->gen == en->gen && !s->ended)
+                for (int t = 0; t < ENGRAM_TABLES; t++)
+                    step_fail_table(s, t, e);
+            int gone = entry_release(en);
             pthread_mutex_unlock(&s->mu);
+            if (gone)
+                session_free(s);
         }
         rd->active = 0;
     }
-    for (engram_prefill *pf = list, *next; pf; pf = next) {
-        next = pf->next_pf;
-        pf->active[0] = pf->active[1] = 0;
-        /* the last touch: the consumer may free it as soon as it sees this */
-        pthread_mutex_lock(&pf->mu);
-        if (pf->rc == 0) {
-            pf->rc = -EIO;
-            pf->err = e;
-        }
-        pf->detached = 1;
-        pthread_cond_broadcast(&pf->cv);
-        pthread_mutex_unlock(&pf->mu);
-    }
+}
+
+/* The reader is broken: its engine stopped answering with reads in flight,
+ * and they will never be collected.  Every step queued or in a round and
+ * every prefill fails at once with the pool's error; their owners may
+ * reuse or free their buffers. */
+static void pool_dead(engram_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    engram_error e = p->broken_err;
+    fail_queue(p, &e);
+    pthread_mutex_unlock(&p->mu);
+    release_rounds(p, &e);
+    prefetch_detach_all(p, &e);
+    SCHED_POINT("io: dead");
 }
 
 static int pool_is_broken(engram_pool *p)
@@ -302,9 +523,30 @@ static int pool_is_broken(engram_pool *p)
     return b;
 }
 
+/* The pool closes: every step and prefill still in progress fails with
+ * -ESHUTDOWN, every read in flight is collected (unless the reader is
+ * broken), and every session and prefill is let go of. */
+static void shutdown_io(engram_pool *p)
+{
+    engram_error e;
+    err_set(&e, -ESHUTDOWN, ENGRAM_NO_OFFSET, "the pool was closed");
+    pthread_mutex_lock(&p->mu);
+    fail_queue(p, &e);
+    int broken = p->broken;
+    pthread_mutex_unlock(&p->mu);
+    if (!broken) {
+        fail_rounds(p, &e);
+        prefetch_fail_all(p, e.code, &e);
+        reader_drain_all(p->r, 1);
+    }
+    release_rounds(p, &e);
+    prefetch_detach_all(p, &e);
+}
+
 static void *io_main(void *arg)
 {
     engram_pool *p = arg;
+    SCHED_THREAD_BEGIN("io");
     engram_reader *r = p->r;
     for (;;) {
         pthread_mutex_lock(&p->mu);
@@ -313,10 +555,9 @@ static void *io_main(void *arg)
             break;
         }
         if (p->broken) {
-            /* Dead: fail whatever arrives (a step or prefill may have passed
-             * its check just before the reader broke) until the pool closes. */
+            /* dead: fail whatever arrives until the pool closes */
             if (!p->q_head && !p->pf_head)
-                pthread_cond_wait(&p->cv, &p->mu);
+                SCHED_WAIT(&p->cv, &p->mu);
             pthread_mutex_unlock(&p->mu);
             pool_dead(p);
             continue;
@@ -324,12 +565,10 @@ static void *io_main(void *arg)
         p->work = 0;
         intake(p);
         pthread_mutex_unlock(&p->mu);
+        SCHED_POINT("io: intake");
 
         /* steps first: their rows are on an engine's critical path */
-        for (int ri = 0; ri < ROUNDS; ri++)
-            for (int t = 0; t < ENGRAM_TABLES; t++)
-                if (p->rounds[ri].active)
-                    reader_job_issue(r, &p->rounds[ri].job[t], UINT32_MAX);
+        issue_rounds(p);
         unsigned budget = reader_free_slots(r);
         int timed = prefetch_service(p, &budget);
         int rc = reader_push_jobs(r);
@@ -353,6 +592,7 @@ static void *io_main(void *arg)
                 continue;
             }
             finish_rounds(p);
+            SCHED_POINT("io: reaped");
         } else if (reader_in_flight(r) > 0) {
             struct timespec ts = {0, 50000}; /* reads the engine refused for now */
             nanosleep(&ts, NULL);
@@ -360,27 +600,17 @@ static void *io_main(void *arg)
             pthread_mutex_lock(&p->mu);
             if (!p->work && !p->stop && !p->q_head && !rounds_active(p) && !prefetch_collectable(p)) {
                 if (timed) {
-                    struct timespec ts;
-                    clock_gettime(CLOCK_REALTIME, &ts);
-                    ts.tv_nsec += 200000;
-                    if (ts.tv_nsec >= 1000000000) {
-                        ts.tv_sec++;
-                        ts.tv_nsec -= 1000000000;
-                    }
-                    pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+                    struct timespec ts = pool_deadline(200000);
+                    SCHED_TIMEDWAIT(&p->cv, &p->mu, &ts);
                 } else {
-                    pthread_cond_wait(&p->cv, &p->mu);
+                    SCHED_WAIT(&p->cv, &p->mu);
                 }
             }
             pthread_mutex_unlock(&p->mu);
         }
     }
-    /* closing: nothing may stay in flight (a broken reader's reads will
-     * never come back: its close keeps its memory instead) */
-    if (!pool_is_broken(p)) {
-        reader_drain_all(r, 1);
-        finish_rounds(p);
-    }
+    shutdown_io(p);
+    SCHED_THREAD_END();
     return NULL;
 }
 
@@ -392,32 +622,35 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
     if (!m || !out)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
     engram_pool *p = calloc(1, sizeof *p);
-    if (!p)
+    if (!p || !(p->rounds = calloc(ROUNDS, sizeof *p->rounds))) {
+        free(p);
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+    }
     p->m = m;
     p->hasher = engram_model_hasher(m);
     if (opts && opts->reader.host.reg && opts->reader.host.unreg)
         p->host = opts->reader.host;
+    p->ring_cache_cap = opts && opts->ring_cache_bytes ? opts->ring_cache_bytes : ENGRAM_RING_CACHE_DEFAULT;
     int rc = reader_open_wakeable(m, opts ? &opts->reader : NULL, &p->r, err);
     if (rc < 0) {
+        free(p->rounds);
         free(p);
         return rc;
     }
-    for (int ri = 0; ri < ROUNDS; ri++)
-        p->rounds[ri].p = p;
     engram_reader_stats(p->r, &p->io0); /* before the I/O thread owns the reader */
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
+    cond_init_mono(&p->cv);
     rc = thread_start(&p->thread, 256u << 10, io_main, p);
     if (rc < 0) {
         engram_reader_close(p->r);
         pthread_mutex_destroy(&p->mu);
         pthread_cond_destroy(&p->cv);
+        free(p->rounds);
         free(p);
         return err_set(err, rc, ENGRAM_NO_OFFSET, "cannot start the pool's I/O thread: %s",
                        engram_strerror(rc));
     }
-    p->started = 1;
+    SCHED_SPAWNED();
     *out = p;
     return 0;
 }
@@ -427,15 +660,26 @@ void engram_pool_close(engram_pool *p)
     if (!p)
         return;
     pthread_mutex_lock(&p->mu);
+    pool_wake_locked(p);
     p->stop = 1;
-    pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    reader_wake(p->r);
-    pthread_join(p->thread, NULL);
+    SCHED_JOIN(p->thread);
     engram_reader_close(p->r);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv);
-    free(p);
+    p->r = NULL;
+    free(p->rounds);
+    p->rounds = NULL;
+    struct ring kept[RING_CACHE];
+    pthread_mutex_lock(&p->mu);
+    memcpy(kept, p->rings, sizeof kept);
+    memset(p->rings, 0, sizeof p->rings);
+    p->closed = 1;
+    int last = p->handles == 0;
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < RING_CACHE; i++)
+        if (kept[i].mem)
+            ring_free(p, &kept[i]);
+    if (last)
+        pool_free_shell(p);
 }
 
 void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st)
@@ -449,6 +693,10 @@ void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st)
     st->prefill_chunks = p->pf_chunks;
     st->prefill_rows_requested = p->pf_requested;
     st->prefill_rows_read = p->pf_read;
+    st->prefill_rings_allocated = p->ring_allocs;
+    st->prefill_rings_reused = p->ring_reuses;
+    st->prefill_ring_bytes = p->ring_bytes;
+    st->closed = p->stop;
     int broken = p->broken;
     pthread_mutex_unlock(&p->mu);
     /* the reader's counters belong to the I/O thread: only its fixed facts,
@@ -461,6 +709,18 @@ void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st)
 
 /* ------------------------------------------------------------ sessions */
 
+int pool_refuses(const engram_pool *p, engram_error *err)
+{
+    if (p->stop)
+        return err_set(err, -ESHUTDOWN, ENGRAM_NO_OFFSET, "the pool was closed");
+    if (p->broken) {
+        if (err)
+            *err = p->broken_err;
+        return -EIO;
+    }
+    return 0;
+}
+
 int engram_session_open(engram_pool *p, engram_session **out, engram_error *err)
 {
     if (!p || !out)
@@ -471,61 +731,98 @@ int engram_session_open(engram_pool *p, engram_session **out, engram_error *err)
     s->p = p;
     engram_history_reset(&s->hist);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    cond_init_mono(&s->cv);
+    pthread_mutex_lock(&p->mu);
+    int rc = p->stop ? err_set(err, -ESHUTDOWN, ENGRAM_NO_OFFSET, "the pool was closed") : 0;
+    if (rc == 0)
+        p->handles++;
+    pthread_mutex_unlock(&p->mu);
+    if (rc < 0) {
+        session_free(s);
+        return rc;
+    }
     *out = s;
     return 0;
+}
+
+/* Ends the step in progress (commit, abort, close): out of the queue, and
+ * nothing is written into its buffer once this returns; waiters elsewhere
+ * wake and see that it ended. */
+static int end_step(engram_session *s, int closing)
+{
+    engram_pool *p = s->p;
+    pthread_mutex_lock(&p->mu);
+    queue_remove(p, s);
+    pthread_mutex_lock(&s->mu);
+    s->ended = 1;
+    if (s->state == S_STEP)
+        s->state = S_IDLE;
+    s->closed |= closing;
+    int free_now = closing && s->refs == 0; /* else the last round entry frees it */
+    SCHED_WAKE(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&p->mu);
+    SCHED_POINT("step ended");
+    return free_now;
 }
 
 void engram_session_close(engram_session *s)
 {
     if (!s)
         return;
-    if (s->state == S_PREFILL && s->pf)
-        engram_prefill_cancel(s->pf);
-    engram_step_abort(s);
     engram_pool *p = s->p;
-    pthread_mutex_lock(&p->mu); /* out of the queue */
-    if (s->queued) {
-        engram_session **pp = &p->q_head, *prev = NULL;
-        while (*pp && *pp != s) {
-            prev = *pp;
-            pp = &(*pp)->qnext;
-        }
-        if (*pp) {
-            *pp = s->qnext;
-            if (p->q_tail == s)
-                p->q_tail = prev;
-        }
-        s->queued = 0;
-    }
-    pthread_mutex_unlock(&p->mu);
-    pthread_mutex_lock(&s->mu); /* no round may refer to it */
-    while (s->refs > 0)
-        pthread_cond_wait(&s->cv, &s->mu);
+    /* a prefill in progress is cancelled and let go of: its handle stays
+     * valid until its owner ends or cancels it */
+    pthread_mutex_lock(&s->mu);
+    engram_prefill *pf = s->pf;
+    s->pf = NULL;
     pthread_mutex_unlock(&s->mu);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
+    if (pf) {
+        pthread_mutex_lock(&pf->mu);
+        pf->s = NULL;
+        pf->cancel_req = 1;
+        if (pf->rc == 0) {
+            pf->rc = -ECANCELED;
+            err_set(&pf->err, -ECANCELED, ENGRAM_NO_OFFSET, "the prefill's session was closed");
+        }
+        SCHED_WAKE(&pf->cv);
+        pthread_mutex_unlock(&pf->mu);
+        pool_kick(p);
+    }
+    if (end_step(s, 1))
+        session_free(s);
+    pool_handle_gone(p);
 }
 
 void engram_session_history(const engram_session *s, engram_history *h)
 {
+    engram_session *m = (engram_session *)(uintptr_t)s; /* the lock, not the state */
+    pthread_mutex_lock(&m->mu);
     *h = s->hist;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* Sets the committed history of an idle session (h validated). */
+static int set_hist(engram_session *s, const engram_history *h, engram_error *err)
+{
+    pthread_mutex_lock(&s->mu);
+    int rc = s->state != S_IDLE ? err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress") : 0;
+    if (rc == 0)
+        s->hist = *h;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }
 
 int engram_session_set_history(engram_session *s, const engram_history *h, engram_error *err)
 {
     if (!s || !h)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
-    if (s->state != S_IDLE)
-        return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress");
     uint32_t cv = engram_hasher_layout(s->p->hasher)->compressed_vocab;
     for (int i = 0; i < ENGRAM_HISTORY; i++)
         if (h->id[i] != ENGRAM_DEAD && (h->id[i] < 0 || (uint32_t)h->id[i] >= cv))
             return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "history entry %d (%d) is neither -1 nor < %u",
                            i, h->id[i], cv);
-    s->hist = *h;
-    return 0;
+    return set_hist(s, h, err);
 }
 
 int engram_session_restore(engram_session *s, const uint32_t *tokens, const uint8_t *mask,
@@ -533,8 +830,6 @@ int engram_session_restore(engram_session *s, const uint32_t *tokens, const uint
 {
     if (!s || (n > 0 && !tokens))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
-    if (s->state != S_IDLE)
-        return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress");
     const engram_layout *l = engram_hasher_layout(s->p->hasher);
     engram_history h;
     engram_history_reset(&h);
@@ -548,28 +843,48 @@ int engram_session_restore(engram_session *s, const uint32_t *tokens, const uint
         h.id[1] = h.id[0];
         h.id[0] = mask && !mask[i] ? ENGRAM_DEAD : (int32_t)l->token_map[tokens[i]];
     }
-    s->hist = h;
+    return set_hist(s, &h, err);
+}
+
+/* ------------------------------------------------------------ steps */
+
+static int check_tokens(const engram_pool *p, const uint32_t *tokens, size_t n, size_t first,
+                        engram_error *err)
+{
+    uint32_t vocab = engram_hasher_layout(p->hasher)->vocab;
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] >= vocab)
+            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "token %zu (%u) is not < vocab %u", first + i,
+                           tokens[i], vocab);
     return 0;
 }
 
-/* Hashes a step into the session (under s->mu: the I/O thread may be
- * reading an aborted step's queued data).  Tokens validated by the caller. */
-static void set_step(engram_session *s, const uint32_t *tokens, const uint8_t *mask, unsigned k,
-                     engram_dtype dtype, void *out)
+/* Installs a validated step in an idle session and queues it.  Under p->mu
+ * (so that the I/O thread sees the step and the queue change together). */
+static void install_step(engram_pool *p, const engram_step_req *q, engram_dtype dtype)
 {
+    engram_session *s = q->s;
     pthread_mutex_lock(&s->mu);
     s->gen++;
-    s->k = k;
+    s->ended = 0;
+    s->k = q->k;
     s->dtype = dtype;
-    s->out = out;
+    s->out = q->out;
     engram_history h = s->hist;
     unsigned live = 0;
-    for (unsigned i = 0; i < k; i++) {
-        int masked = mask && !mask[i];
-        engram_hash_token(s->p->hasher, &h, tokens[i], masked, s->rows[i]);
+    memset(s->want, 0, sizeof s->want);
+    for (unsigned i = 0; i < q->k; i++) {
+        int masked = q->mask && !q->mask[i];
+        engram_hash_token(p->hasher, &h, q->tokens[i], masked, s->rows[i]);
         s->after[i] = h;
         s->masked[i] = (uint8_t)masked;
         live += !masked;
+        if (!masked)
+            for (int t = 0; t < ENGRAM_TABLES; t++)
+                for (unsigned c = 0; c < ENGRAM_COLUMNS; c++) {
+                    unsigned bit = i * ENGRAM_COLUMNS + c;
+                    s->want[t][bit >> 6] |= 1ull << (bit & 63);
+                }
     }
     s->begin_ns = pool_now_ns();
     for (int t = 0; t < ENGRAM_TABLES; t++) {
@@ -577,69 +892,104 @@ static void set_step(engram_session *s, const uint32_t *tokens, const uint8_t *m
         s->rc[t] = 0;
         s->ready_ns[t] = live ? 0 : s->begin_ns;
     }
-    s->cancelled = 0;
     s->err.code = 0;
-    pthread_mutex_unlock(&s->mu);
     s->state = S_STEP;
-}
-
-/* Queues a session whose step has rows to read.  Under p->mu. */
-static void enqueue(engram_pool *p, engram_session *s)
-{
     p->steps++;
-    if (s->remaining[0] + s->remaining[1] == 0 || s->queued)
-        return;
-    s->qnext = NULL;
-    if (p->q_tail)
-        p->q_tail->qnext = s;
-    else
-        p->q_head = s;
-    p->q_tail = s;
-    s->queued = 1;
+    if (live && !s->queued)
+        queue_add(p, s);
+    pthread_mutex_unlock(&s->mu);
 }
 
-static int check_tokens(const engram_pool *p, const uint32_t *tokens, size_t n, engram_error *err)
-{
-    uint32_t vocab = engram_hasher_layout(p->hasher)->vocab;
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] >= vocab)
-            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "token %zu (%u) is not < vocab %u", i,
-                           tokens[i], vocab);
-    return 0;
-}
+/* The i-th request of a begin call, however the caller laid them out. */
+typedef void (*req_at_fn)(const void *ctx, size_t i, engram_step_req *q);
 
-static int pool_usable(engram_pool *p, engram_error *err)
+/* Validates every request, then installs and queues all of them at once
+ * (one intake takes them together) or none. */
+static int begin_steps(req_at_fn at, const void *ctx, size_t n, engram_dtype dtype, engram_error *err)
 {
+    if (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32 && dtype != ENGRAM_RAW)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad dtype %d", (int)dtype);
+    engram_step_req q, o;
+    at(ctx, 0, &q);
+    engram_pool *p = q.s ? q.s->p : NULL;
+    size_t first = 0;
+    for (size_t i = 0; i < n; i++) {
+        at(ctx, i, &q);
+        if (!q.s || q.s->p != p || !q.out || !q.tokens)
+            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "session %zu: NULL or of another pool", i);
+        if (q.k == 0 || q.k > ENGRAM_MAX_DRAFT)
+            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "session %zu: k = %u (k must be 1..%u)", i,
+                           q.k, ENGRAM_MAX_DRAFT);
+        for (size_t j = 0; j < i; j++) {
+            at(ctx, j, &o);
+            if (o.s == q.s)
+                return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "session %zu appears twice (also at %zu)",
+                               i, j);
+        }
+        int rc = check_tokens(p, q.tokens, q.k, first, err);
+        if (rc < 0)
+            return rc;
+        first += q.k;
+    }
     pthread_mutex_lock(&p->mu);
-    int broken = p->broken;
-    if (broken && err)
-        *err = p->broken_err;
+    int rc = pool_refuses(p, err);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        at(ctx, i, &q);
+        pthread_mutex_lock(&q.s->mu);
+        if (q.s->state != S_IDLE)
+            rc = n == 1 ? err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress")
+                        : err_set(err, -EBUSY, ENGRAM_NO_OFFSET,
+                                  "session %zu: a step or prefill is in progress", i);
+        pthread_mutex_unlock(&q.s->mu);
+    }
+    if (rc == 0) {
+        for (size_t i = 0; i < n; i++) {
+            at(ctx, i, &q);
+            install_step(p, &q, dtype);
+        }
+        pool_wake_locked(p);
+    }
     pthread_mutex_unlock(&p->mu);
-    return broken ? -EIO : 0;
+    SCHED_POINT("begin");
+    return rc;
+}
+
+static void req_of_array(const void *ctx, size_t i, engram_step_req *q)
+{
+    *q = ((const engram_step_req *)ctx)[i];
+}
+
+int engram_step_begin_many(const engram_step_req *reqs, size_t n, engram_dtype dtype,
+                           engram_error *err)
+{
+    if (n == 0)
+        return 0;
+    if (!reqs)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL requests");
+    return begin_steps(req_of_array, reqs, n, dtype, err);
 }
 
 int engram_step_begin(engram_session *s, const uint32_t *tokens, const uint8_t *mask, unsigned k,
                       engram_dtype dtype, void *out, engram_error *err)
 {
-    if (!s || !tokens || !out || k == 0 || k > ENGRAM_MAX_DRAFT ||
-        (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32 && dtype != ENGRAM_RAW))
+    if (!s || !tokens || !out || k == 0 || k > ENGRAM_MAX_DRAFT)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad argument (k must be 1..%u)",
                        ENGRAM_MAX_DRAFT);
-    if (s->state != S_IDLE)
-        return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress");
-    int rc = check_tokens(s->p, tokens, k, err);
-    if (rc == 0)
-        rc = pool_usable(s->p, err);
-    if (rc < 0)
-        return rc;
-    set_step(s, tokens, mask, k, dtype, out);
-    pthread_mutex_lock(&s->p->mu);
-    enqueue(s->p, s);
-    s->p->work = 1;
-    pthread_cond_signal(&s->p->cv);
-    pthread_mutex_unlock(&s->p->mu);
-    reader_wake(s->p->r);
-    return 0;
+    engram_step_req q = {s, tokens, mask, k, out};
+    return begin_steps(req_of_array, &q, 1, dtype, err);
+}
+
+struct batch_args {
+    engram_session *const *ss;
+    const uint32_t *tokens;
+    const uint8_t *mask;
+    void *const *outs;
+};
+
+static void req_of_batch(const void *ctx, size_t i, engram_step_req *q)
+{
+    const struct batch_args *b = ctx;
+    *q = (engram_step_req){b->ss[i], b->tokens + i, b->mask ? b->mask + i : NULL, 1, b->outs[i]};
 }
 
 int engram_step_begin_batch(engram_session *const *ss, const uint32_t *tokens, const uint8_t *mask,
@@ -647,91 +997,100 @@ int engram_step_begin_batch(engram_session *const *ss, const uint32_t *tokens, c
 {
     if (n == 0)
         return 0;
-    if (!ss || !tokens || !outs || (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32 && dtype != ENGRAM_RAW))
+    if (!ss || !tokens || !outs)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad argument");
-    engram_pool *p = ss[0] ? ss[0]->p : NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (!ss[i] || ss[i]->p != p || !outs[i])
-            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "session %zu: NULL or of another pool", i);
-        for (size_t j = 0; j < i; j++)
-            if (ss[j] == ss[i])
-                return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "session %zu appears twice (also at %zu)",
-                               i, j);
-        if (ss[i]->state != S_IDLE)
-            return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "session %zu: a step or prefill is in progress", i);
-    }
-    int rc = check_tokens(p, tokens, n, err);
-    if (rc == 0)
-        rc = pool_usable(p, err);
-    if (rc < 0)
-        return rc;
-    for (size_t i = 0; i < n; i++)
-        set_step(ss[i], tokens + i, mask ? mask + i : NULL, 1, dtype, outs[i]);
-    pthread_mutex_lock(&p->mu);
-    for (size_t i = 0; i < n; i++)
-        enqueue(p, ss[i]);
-    p->work = 1;
-    pthread_cond_signal(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    reader_wake(p->r);
-    return 0;
+    struct batch_args b = {ss, tokens, mask, outs};
+    return begin_steps(req_of_batch, &b, n, dtype, err);
 }
 
-static int step_table_rc(engram_session *s, int t, int block, engram_error *err)
+/* Waits (up to timeout_ns; 0: not at all) until table t's rows of the
+ * current step are in, it failed or it ended.  Still to come: -EAGAIN for
+ * a poll, else -ETIMEDOUT. */
+static int step_table_rc(engram_session *s, int t, uint64_t timeout_ns, int poll, engram_error *err)
 {
+    if (!s || t < 0 || t >= ENGRAM_TABLES)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL session or bad table %d", t);
     pthread_mutex_lock(&s->mu);
-    while (block && s->remaining[t] > 0 && s->rc[t] == 0)
-        pthread_cond_wait(&s->cv, &s->mu);
-    int rc = s->rc[t] ? s->rc[t] : s->remaining[t] > 0 ? -EAGAIN : 0;
-    if (rc < 0 && rc != -EAGAIN && err)
-        *err = s->err;
+    if (s->state != S_STEP) {
+        pthread_mutex_unlock(&s->mu);
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no step in progress");
+    }
+    unsigned gen = s->gen;
+    int forever = timeout_ns == ENGRAM_FOREVER, expired = timeout_ns == 0;
+    struct timespec until = {0, 0};
+    if (!forever && !expired)
+        until = pool_deadline(timeout_ns);
+    while (s->gen == gen && !s->ended && s->remaining[t] > 0 && s->rc[t] == 0 && !expired) {
+        if (forever)
+            SCHED_WAIT(&s->cv, &s->mu);
+        else
+            expired = SCHED_TIMEDWAIT(&s->cv, &s->mu, &until) == ETIMEDOUT;
+    }
+    int rc = 0;
+    if (s->gen != gen || s->ended) {
+        rc = err_set(err, -ECANCELED, ENGRAM_NO_OFFSET,
+                     "the step ended (commit, abort or close) during the wait");
+    } else if (s->rc[t] != 0) {
+        rc = s->rc[t];
+        if (err)
+            *err = s->err;
+    } else if (s->remaining[t] > 0) {
+        rc = poll ? -EAGAIN
+                  : err_set(err, -ETIMEDOUT, ENGRAM_NO_OFFSET, "table %d: %u of the step's rows still to come",
+                            t, s->remaining[t]);
+    }
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
 
+int engram_step_wait_timed(engram_session *s, int t, uint64_t timeout_ns, engram_error *err)
+{
+    return step_table_rc(s, t, timeout_ns, 0, err);
+}
+
 int engram_step_wait(engram_session *s, int t, engram_error *err)
 {
-    if (!s || t < 0 || t >= ENGRAM_TABLES || s->state != S_STEP)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no step in progress (or a bad table)");
-    return step_table_rc(s, t, 1, err);
+    return step_table_rc(s, t, ENGRAM_FOREVER, 0, err);
 }
 
 int engram_step_poll(engram_session *s, int t, engram_error *err)
 {
-    if (!s || t < 0 || t >= ENGRAM_TABLES || s->state != S_STEP)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no step in progress (or a bad table)");
-    return step_table_rc(s, t, 0, err);
-}
-
-/* Ends the step: nothing is written into its buffer afterwards. */
-static void end_step(engram_session *s)
-{
-    pthread_mutex_lock(&s->mu);
-    s->cancelled = 1;
-    pthread_mutex_unlock(&s->mu);
-    s->state = S_IDLE;
+    return step_table_rc(s, t, 0, 1, err);
 }
 
 int engram_step_commit(engram_session *s, unsigned j, engram_error *err)
 {
-    if (!s || s->state != S_STEP)
+    if (!s)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no step in progress");
-    if (j > s->k)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "commit of %u tokens of a %u-token step", j,
-                       s->k);
-    int rc = 0;
-    for (int t = 0; t < ENGRAM_TABLES && rc == 0; t++)
-        rc = step_table_rc(s, t, 1, err);
+    pthread_mutex_lock(&s->mu);
+    int rc = s->state != S_STEP ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no step in progress")
+           : j > s->k ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "commit of %u tokens of a %u-token step", j, s->k)
+                      : 0;
+    if (rc < 0) {
+        pthread_mutex_unlock(&s->mu);
+        return rc;
+    }
+    while (s->rc[0] == 0 && s->rc[1] == 0 && s->remaining[0] + s->remaining[1] > 0)
+        SCHED_WAIT(&s->cv, &s->mu);
+    rc = s->rc[0] ? s->rc[0] : s->rc[1];
+    if (rc < 0 && err)
+        *err = s->err;
     if (rc == 0 && j > 0)
         s->hist = s->after[j - 1];
-    end_step(s);
+    pthread_mutex_unlock(&s->mu);
+    end_step(s, 0);
     return rc;
 }
 
 void engram_step_abort(engram_session *s)
 {
-    if (s && s->state == S_STEP)
-        end_step(s);
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    int stepping = s->state == S_STEP;
+    pthread_mutex_unlock(&s->mu);
+    if (stepping)
+        end_step(s, 0);
 }
 
 void engram_step_get_info(const engram_session *s, engram_step_info *info)

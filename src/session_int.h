@@ -3,11 +3,18 @@
  * I/O thread, sessions and decode steps) and prefetch.c (prefill with
  * prefetch, driven by the same thread).
  *
- * Locks: pool->mu guards the step queue, the prefill list and the "work"
- * flag; session->mu guards a session's step delivery state; prefill->mu a
- * prefill's progress.  Order when nested: pool->mu, then session->mu or
- * prefill->mu (never two sessions, never session and prefill).  The reader
- * is touched by the I/O thread only (and by wake from anywhere).
+ * Locks: pool->mu guards the step queue, the prefill list, the ring cache,
+ * the handle count and the pool's flags; session->mu a session's state,
+ * history and step; prefill->mu a prefill's consumer-side state.  Order when
+ * nested: pool->mu, then session->mu or prefill->mu (never two sessions,
+ * never a session and a prefill).  Rounds and the reader are the I/O
+ * thread's alone (intake fills rounds under pool->mu).
+ *
+ * Lifetimes: a session's memory is freed by whichever lets go last, its
+ * owner's close or the round entry that still refers to it (refs), so that
+ * close never waits for a read.  The pool's memory (its "shell": locks,
+ * flags, hooks) outlives engram_pool_close while sessions or prefills of it
+ * are still open; the last of them frees it.
  */
 #ifndef ENGRAM_SESSION_INT_H
 #define ENGRAM_SESSION_INT_H
@@ -17,40 +24,48 @@
 
 #include "engram.h"
 #include "reader_int.h"
+#include "sched_points.h"
 
 #define ROUNDS 4
 #define ROUND_REQS (ENGRAM_ROUND_TOKENS * ENGRAM_COLUMNS)
 /* Slots the prefill jobs leave free for decode steps arriving meanwhile. */
 #define STEP_RESERVE 8u
+/* Prefill rings the pool keeps for later prompts. */
+#define RING_CACHE 4
+/* Request bits of one table of a step: token * 24 + column. */
+#define STEP_WORDS ((ENGRAM_MAX_DRAFT * ENGRAM_COLUMNS + 63) / 64)
 
 enum { S_IDLE = 0, S_STEP, S_PREFILL };
 
 struct engram_session {
     engram_pool *p;
-    engram_history hist;          /* committed                            */
-    int state;                    /* the owner's view: idle, step, prefill */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    /* the step, written under mu by begin, read by the I/O thread */
-    unsigned gen;                 /* bumped by every begin                 */
+    pthread_cond_t cv;            /* CLOCK_MONOTONIC                        */
+    /* under mu */
+    engram_history hist;          /* committed                              */
+    int state;                    /* idle, step, prefill                    */
+    int closed;                   /* its owner closed it                    */
+    unsigned refs;                /* round entries that refer to it         */
+    engram_prefill *pf;           /* the prefill in progress                */
+    /* the step, under mu */
+    unsigned gen;                 /* bumped by every begin                  */
+    unsigned issued;              /* gen + 1 of the step taken into a round */
+    int ended;                    /* commit or abort: nothing more written  */
     unsigned k;
     int dtype;
     void *out;
     uint8_t masked[ENGRAM_MAX_DRAFT];
     uint32_t rows[ENGRAM_MAX_DRAFT][ENGRAM_ROWS_PER_TOKEN];
     engram_history after[ENGRAM_MAX_DRAFT];
-    /* delivery state, under mu */
-    unsigned remaining[ENGRAM_TABLES];
+    uint64_t want[ENGRAM_TABLES][STEP_WORDS]; /* requests not yet answered  */
+    unsigned remaining[ENGRAM_TABLES];        /* = bits set in want         */
     int rc[ENGRAM_TABLES];
-    engram_error err;             /* of the first failure                  */
-    int cancelled;
-    unsigned refs;                /* rounds referencing the session        */
+    engram_error err;             /* of the first failure                   */
     uint64_t begin_ns, ready_ns[ENGRAM_TABLES];
     unsigned nrows[ENGRAM_TABLES];
     /* under pool->mu */
     int queued;
-    engram_session *qnext;
-    engram_prefill *pf;
+    engram_session *qprev, *qnext;
 };
 
 struct round_entry {
@@ -58,15 +73,22 @@ struct round_entry {
     unsigned gen;
     void *out;
     int dtype;
+    unsigned left;                /* requests not yet answered (0: released) */
 };
 
 struct round {
-    engram_pool *p;
     int active;
+    uint64_t seq;                 /* intake order: older rounds issue first */
     struct rjob job[ENGRAM_TABLES];
     uint64_t reqs[ENGRAM_TABLES][ROUND_REQS];
     struct round_entry e[ENGRAM_ROUND_TOKENS];
     unsigned n_entries, n_tokens;
+};
+
+struct ring {
+    uint8_t *mem;
+    size_t len;
+    int registered;               /* the host hooks accepted it            */
 };
 
 struct engram_pool {
@@ -75,22 +97,28 @@ struct engram_pool {
     engram_reader *r;
     engram_host_hooks host;       /* the caller's (opts.reader.host)       */
     pthread_t thread;
-    int started;
     pthread_mutex_t mu;
-    pthread_cond_t cv;            /* the I/O thread's idle wait            */
+    pthread_cond_t cv;            /* the I/O thread's idle wait (MONOTONIC) */
     int stop, work;
+    int closed;                   /* engram_pool_close has returned        */
+    unsigned handles;             /* sessions and prefills still open      */
     engram_session *q_head, *q_tail;
-    engram_prefill *pf_head;      /* prefills the I/O thread serves        */
-    struct round rounds[ROUNDS];
+    engram_prefill *pf_head, *pf_tail; /* prefills served, oldest first    */
+    unsigned pf_turn;             /* round-robin start of the prefill share */
+    struct round *rounds;         /* [ROUNDS], the I/O thread's            */
+    uint64_t round_seq;
+    struct ring rings[RING_CACHE];/* free rings of ended prefills          */
+    uint64_t ring_cache_cap;      /* bytes they may hold together          */
     /* statistics, under mu */
     uint64_t steps, n_rounds, step_requested, step_read, pf_chunks, pf_requested, pf_read;
+    uint64_t ring_allocs, ring_reuses, ring_bytes;
     int broken;
     engram_error broken_err;
     engram_io_stats io0;          /* the reader's facts at open            */
 };
 
 struct engram_prefill {
-    engram_session *s;
+    engram_session *s;            /* NULL once its session closed (under pf->mu) */
     engram_pool *p;
     const uint32_t *tokens;
     const uint8_t *mask;
@@ -100,12 +128,13 @@ struct engram_prefill {
     size_t row_bytes;
     uint64_t t_begin, delay_ns;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;            /* CLOCK_MONOTONIC                       */
     /* under mu (the consumer's side) */
     size_t released[ENGRAM_TABLES];
     int cancel_req, table1_go, detached;
     int rc;
     engram_error err;
+    uint64_t first_ns[ENGRAM_TABLES], last_ns[ENGRAM_TABLES];
     _Atomic size_t ready[ENGRAM_TABLES];
     /* the I/O thread's */
     engram_history hist[ENGRAM_TABLES]; /* running history of each table's hashing */
@@ -115,23 +144,43 @@ struct engram_prefill {
     uint64_t *reqs[ENGRAM_TABLES];   /* chunk x 24                          */
     uint32_t *rows48;                /* chunk x 48, hashing scratch         */
     uint8_t *buf[ENGRAM_TABLES];     /* ring x chunk x 24 rows              */
-    uint8_t *ring_own;               /* both rings, if allocated here       */
+    struct ring own;                 /* both rings, if the pool provided them */
     size_t ring_len;
-    int ring_registered;             /* the pool's host.reg accepted it      */
+    /* under pool->mu */
+    int listed;
     engram_prefill *next_pf;
 };
 
 uint64_t pool_now_ns(void);
-/* Tells the I/O thread there is work (any thread). */
+/* Under p->mu: the I/O thread runs another iteration (unless stopping). */
+void pool_wake_locked(engram_pool *p);
+/* Under p->mu: 0, or why the pool takes no new work (-ESHUTDOWN, -EIO
+ * with the broken reader's error). */
+int pool_refuses(const engram_pool *p, engram_error *err);
+/* Tells the I/O thread there is work (any thread, no lock held). */
 void pool_kick(engram_pool *p);
-/* The I/O thread's part of prefills: progress, issue, collect; returns 1
- * if some prefill waits on time only (the delay of table 1). */
+/* Drops a handle (a session or a prefill) of a closed pool; frees the
+ * pool's shell when it was the last.  Under no lock. */
+void pool_handle_gone(engram_pool *p);
+/* An absolute CLOCK_MONOTONIC time timeout_ns from now. */
+struct timespec pool_deadline(uint64_t timeout_ns);
+/* A ring of at least len bytes from the pool's cache or new (registered
+ * with the host hooks), or NULL; gives it back (kept or freed). */
+int pool_ring_take(engram_pool *p, size_t len, struct ring *out);
+void pool_ring_give(engram_pool *p, struct ring *rg);
+
+/* The I/O thread's part of prefills: progress, issue (sharing *budget
+ * between prefills), collect; returns 1 if some prefill waits on time only
+ * (the delay of table 1). */
 int prefetch_service(engram_pool *p, unsigned *budget);
-/* 1 if a prefill has a job that ended (read, or failed before its reads
- * were issued) and is still to be collected by prefetch_service.  Called
- * by the I/O thread with p->mu held. */
+/* 1 if a prefill has a job that ended and is still to be collected by
+ * prefetch_service.  Called by the I/O thread with p->mu held. */
 int prefetch_collectable(engram_pool *p);
-/* Fails every prefill's jobs (the engine died): under no lock. */
+/* Fails every prefill's jobs (the engine died, or the pool closes): under
+ * no lock. */
 void prefetch_fail_all(engram_pool *p, int code, const engram_error *e);
+/* Ends every prefill for good (after a drain, or when the reader is
+ * broken): fails them with e and detaches them.  Under no lock. */
+void prefetch_detach_all(engram_pool *p, const engram_error *e);
 
 #endif

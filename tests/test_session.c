@@ -459,7 +459,8 @@ static void host_hooks(int e)
             CHECK(hl.len[0] >= (size_t)ps.io.depth * (ps.io.align > 1 ? ps.io.align : 264));
         engram_session *s;
         CHECK_EQ(engram_session_open(p, &s, &err), 0);
-        /* a ring the prefill allocates: registered at begin, unregistered at end */
+        /* a ring the pool allocates: registered at begin, kept by the pool at
+         * end (for the next prompt), unregistered when the pool closes */
         engram_prefill *pf;
         CHECK_EQ(engram_prefill_begin(s, tok, NULL, n, &o, &pf, &err), 0);
         CHECK_EQ(hl.regs, refuse ? 0 : 2);
@@ -471,7 +472,22 @@ static void host_hooks(int e)
             CHECK_EQ(hl.len[1], ring);
         CHECK(good);
         CHECK_EQ(engram_prefill_end(pf, &err), 0);
-        CHECK_EQ(hl.unregs, refuse ? 0 : 1);
+        CHECK_EQ(hl.unregs, 0);
+        /* the next prompt of the same size takes the kept ring: no new registration */
+        engram_history hk = h0;
+        CHECK_EQ(engram_session_set_history(s, &hk, &err), 0);
+        CHECK_EQ(engram_prefill_begin(s, tok, NULL, n, &o, &pf, &err), 0);
+        CHECK_EQ(hl.regs, refuse ? 0 : 2);
+        good = 1;
+        for (size_t c = 0; c < engram_prefill_chunks(pf); c++)
+            for (int t = 0; t < 2; t++)
+                good &= ring_chunk_ok(pf, t, c, want, refuse ? NULL : hl.p[1], refuse ? 0 : hl.len[1]);
+        CHECK(good);
+        CHECK_EQ(engram_prefill_end(pf, &err), 0);
+        engram_pool_stats_get(p, &ps);
+        CHECK_EQ(ps.prefill_rings_allocated, 1);
+        CHECK_EQ(ps.prefill_rings_reused, 1);
+        CHECK_EQ(ps.prefill_ring_bytes, ring);
         /* the caller's ring: nothing registered or allocated for it, rows inside it */
         engram_history hz = h0;
         CHECK_EQ(engram_session_set_history(s, &hz, &err), 0);
