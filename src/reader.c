@@ -611,34 +611,39 @@ static void fail_slot(engram_reader *r, unsigned s, int code, const char *fmt, .
     j->live = 0;
 }
 
-/* Queues the pending slots (what has not arrived of each read).  0 when
- * all are queued, a transient -errno when the engine wants completions
- * reaped first (the rest stay pending), or a hard -errno (the slot whose
+/* Queues the pending slots (what has not arrived of each read) in the
+ * order they were taken, so that reads issued first (the pool's oldest
+ * steps, table 0 before table 1) reach the device first.  0 when all are
+ * queued, a transient -errno when the engine wants completions reaped
+ * first (the rest stay pending, in order), or a hard -errno (the slot whose
  * queueing failed is failed and released). */
 static int flush_pending(engram_reader *r)
 {
-    while (r->n_pending > 0) {
-        unsigned s = r->pending[r->n_pending - 1];
+    unsigned i = 0;
+    int err = 0;
+    for (; i < r->n_pending; i++) {
+        unsigned s = r->pending[i];
         struct slot *sl = &r->slots[s];
         if (sl->job->rc != 0) {
-            r->n_pending--;
             release(r, s);
             continue;
         }
         sl->from = sl->got / r->align * r->align;
-        int rc = r->eng->ops->queue(r->eng, s, r->arena + (size_t)s * r->slot_size + sl->from,
-                                    sl->len - sl->from, sl->off + sl->from);
-        if (rc < 0 && io_transient(rc))
-            return rc;
-        r->n_pending--;
-        if (rc < 0) {
-            fail_slot(r, s, rc, "cannot queue the read: %s", strerror(-rc));
+        err = r->eng->ops->queue(r->eng, s, r->arena + (size_t)s * r->slot_size + sl->from,
+                                 sl->len - sl->from, sl->off + sl->from);
+        if (err < 0 && io_transient(err))
+            break;
+        if (err < 0) {
+            fail_slot(r, s, err, "cannot queue the read: %s", strerror(-err));
             release(r, s);
-            return rc;
+            i++;
+            break;
         }
         r->inflight++;
     }
-    return 0;
+    memmove(r->pending, r->pending + i, (r->n_pending - i) * sizeof *r->pending);
+    r->n_pending -= i;
+    return err;
 }
 
 /* Writes a valid-or-not raw row where the job wants it: decoded (the
