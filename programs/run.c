@@ -150,7 +150,6 @@ struct run {
     uint64_t read_ns[2], exposed_ns[2];
     uint64_t *step_lat;
     size_t n_steps;
-    uint8_t *rows;         /* [B][24] contiguous rows of one table        */
     uint8_t *outs;         /* [B][48] rows: step deliveries               */
     float *xs;             /* [B][S][W] residual rows of one step          */
     uint8_t *ring;         /* the prefills' rings, allocated (and pinned) once */
@@ -303,16 +302,10 @@ static int decode_step(struct run *R, size_t step, engram_error *err)
                 R->read_ns[t] += total;
                 R->exposed_ns[t] += exposed;
             }
-            if (rc == 0 && R->rdt == ENGRAM_RAW) { /* the GPU takes them strided */
+            /* the step's [B][48] rows in place: table t's 24 of each token */
+            if (rc == 0)
                 rc = apply_layer(R, t, R->outs + (size_t)t * ENGRAM_COLUMNS * R->rowb,
                                  ENGRAM_ROWS_PER_TOKEN * R->rowb, R->xs, B, err);
-            } else if (rc == 0) {
-                for (unsigned b = 0; b < B; b++)
-                    memcpy(R->rows + (size_t)b * ENGRAM_COLUMNS * R->rowb,
-                           R->outs + ((size_t)b * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS) * R->rowb,
-                           ENGRAM_COLUMNS * R->rowb);
-                rc = apply_layer(R, t, R->rows, ENGRAM_COLUMNS * R->rowb, R->xs, B, err);
-            }
         } else {
             busy(R->layer_us);
         }
@@ -485,10 +478,9 @@ int cmd_run(int argc, char **argv)
     R.per = (size_t)li.streams * li.width;
     R.ss = calloc(B, sizeof *R.ss);
     R.step_lat = malloc((N ? N : 1) * sizeof *R.step_lat);
-    R.rows = malloc(B * ENGRAM_COLUMNS * 512);
     R.outs = malloc(B * ENGRAM_ROWS_PER_TOKEN * 512); /* room for BF16 or raw rows */
     R.xs = malloc(B * (R.per ? R.per : 1) * 4);
-    if (rc == 0 && (!R.ss || !R.step_lat || !R.rows || !R.outs || !R.xs))
+    if (rc == 0 && (!R.ss || !R.step_lat || !R.outs || !R.xs))
         rc = -ENOMEM;
     if (rc == 0 && prefetch) { /* one ring for every prompt */
         engram_prefill_opts o = prefill_opts(&R);
@@ -643,7 +635,6 @@ int cmd_run(int argc, char **argv)
     engram_model_close(R.m);
     free(R.ss);
     free(R.step_lat);
-    free(R.rows);
     free(R.outs);
     free(R.xs);
     free(R.ring);
