@@ -554,7 +554,7 @@ int cmd_run(int argc, char **argv)
         int count_err = (int)(pages0 < 0 ? pages0 : pages1 < 0 ? pages1 : 0);
         char growth_s[4400];
         if (count_err && json)
-            snprintf(growth_s, sizeof growth_s, "null,\"page_cache_error\":\"%s\"", strerror(-count_err));
+            snprintf(growth_s, sizeof growth_s, "null");
         else if (count_err)
             snprintf(growth_s, sizeof growth_s, "not counted (%s: %s)", path, strerror(-count_err));
         else if (json)
@@ -562,7 +562,11 @@ int cmd_run(int argc, char **argv)
         else
             snprintf(growth_s, sizeof growth_s, "grew by %" PRId64 " pages", growth);
         if (json) {
-            printf("{\"model\":\"%s\",\"device\":\"%s\",\"sessions\":%u,\"layers\":%u,\"layer_us\":%" PRIu64
+            printf("{\"model\":");
+            json_string(stdout, path);
+            printf(",\"device\":");
+            json_string(stdout, device);
+            printf(",\"sessions\":%u,\"layers\":%u,\"layer_us\":%" PRIu64
                    ",\"threads\":%" PRIu64 ",\"overlap\":%s,\"prefetch\":%s,"
                    "\"width\":%u,\"streams\":%u,"
                    "\"prefill\":{\"tokens\":%zu,\"seconds\":%.6f,\"tokens_per_s\":%.2f,"
@@ -574,16 +578,25 @@ int cmd_run(int argc, char **argv)
                    "\"read_ns\":[%" PRIu64 ",%" PRIu64 "],\"exposed_ns\":[%" PRIu64 ",%" PRIu64
                    "],\"hidden_ns\":[%" PRIu64 ",%" PRIu64 "],\"read_total_ns\":%" PRIu64
                    ",\"exposed_total_ns\":%" PRIu64 ",\"hidden_total_ns\":%" PRIu64 "},"
-                   "\"io\":{\"engine\":\"%s\",\"direct\":%d,\"note\":\"%s\",\"host_registered\":%" PRIu64 "},\"page_cache_growth_pages\":%s"
-                   ",\"checksum\":\"%016" PRIx64 "\"}\n",
-                   path, device, R.B, R.layers, X, threads, overlap ? "true" : "false",
+                   "\"io\":{\"engine\":",
+                   R.B, R.layers, X, threads, overlap ? "true" : "false",
                    prefetch ? "true" : "false", li.width, li.streams, prompt_tokens, pre_s,
                    pre_s > 0 ? (double)prompt_tokens / pre_s : 0.0, ps.prefill_rows_requested,
                    ps.prefill_rows_read, ps.prefill_chunks, pexp, R.n_steps, R.n_steps * B, dec_s,
                    dec_s > 0 ? (double)(R.n_steps * B) / dec_s : 0.0, p50, p99,
                    ps.step_rows_requested, ps.step_rows_read, ps.rounds, dread[0], dread[1], dexp[0],
                    dexp[1], dread[0] - dexp[0], dread[1] - dexp[1], tot_read, tot_exp,
-                   tot_read - tot_exp, ps.io.engine, ps.io.direct, ps.io.note ? ps.io.note : "", ps.io.host_registered, growth_s, fnv);
+                   tot_read - tot_exp);
+            json_string(stdout, ps.io.engine);
+            printf(",\"direct\":%d,\"note\":", ps.io.direct);
+            json_string(stdout, ps.io.note);
+            printf(",\"host_registered\":%" PRIu64 "},\"page_cache_growth_pages\":%s", ps.io.host_registered,
+                   growth_s);
+            if (count_err) {
+                printf(",\"page_cache_error\":");
+                json_string(stdout, strerror(-count_err));
+            }
+            printf(",\"checksum\":\"%016" PRIx64 "\"}\n", fnv);
         } else {
             printf("engram run: %s, W %u, %u streams; %u sessions, %u layers of %" PRIu64
                    " us (Engram at 1 and 14 on the %s), %" PRIu64 " apply thread%s%s%s\n",
