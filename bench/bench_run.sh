@@ -15,10 +15,11 @@ for round in 1 2; do
     for ov in "" "--no-overlap"; do
         J --sessions 1 --decode 48 --layer-us 1000 $ov | /usr/bin/python3 -c "
 import json,sys; d=json.load(sys.stdin); x=d['decode']
-print('(a) overlap=%-5s decode %7.1f tok/s, step p50 %6.2f ms, read %.1f ms, hidden %5.1f%% (table 0 %5.1f%%, table 1 %5.1f%%)' % (
-  d['overlap'], x['tokens_per_s'], x['step_p50_ns']/1e6, x['read_total_ns']/1e6,
-  100*x['hidden_total_ns']/max(1,x['read_total_ns']), 100*x['hidden_ns'][0]/max(1,x['read_ns'][0]),
-  100*x['hidden_ns'][1]/max(1,x['read_ns'][1])))"
+t=x['per_table']
+print('(a) overlap=%-5s decode %7.1f tok/s, step p50 %6.2f ms, read span %.1f ms, hidden %5.1f%% (%.1f%% in the begin call; table 0 span %.1f ms exposed %.1f ms, table 1 span %.1f ms exposed %.1f ms)' % (
+  d['overlap'], x['tokens_per_s'], x['step_p50_ns']/1e6, x['read_span_ns']/1e6,
+  100*x['hidden_ns']/max(1,x['read_span_ns']), 100*x['hidden_in_begin_ns']/max(1,x['read_span_ns']),
+  t['read_span_ns'][0]/1e6, t['exposed_wait_ns'][0]/1e6, t['read_span_ns'][1]/1e6, t['exposed_wait_ns'][1]/1e6))"
     done
     for s in 1 8 32; do
         J --sessions $s --decode 32 --layer-us 100 | /usr/bin/python3 -c "
@@ -30,8 +31,8 @@ print('(b) B=%-3d decode %7.1f tok/s, step p50 %6.2f ms, %d rows requested, %d r
         for pf in "" "--no-prefetch"; do
             J --sessions 1 --decode 4 --layer-us $us $pf | /usr/bin/python3 -c "
 import json,sys; d=json.load(sys.stdin); x=d['prefill']
-print('(c) layer-us %4d prefetch=%-5s prefill %7.1f tok/s (%d tokens, %.2f s, waiting at Engram layers %.2f s)' % (
-  d['layer_us'], d['prefetch'], x['tokens_per_s'], x['tokens'], x['seconds'], x['wait_ns']/1e9))"
+print('(c) layer-us %4d prefetch=%-5s prefill %7.1f tok/s (%d tokens, %.2f s, reads: span %.2f s, exposed %.2f s)' % (
+  d['layer_us'], d['prefetch'], x['tokens_per_s'], x['tokens'], x['seconds'], x['read_span_ns']/1e9, x['exposed_wait_ns']/1e9))"
         done
     done
 done

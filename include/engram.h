@@ -388,6 +388,25 @@ uint64_t engram_applier_bytes(const engram_applier *a);
 int engram_apply(engram_applier *a, const void *rows, engram_dtype rows_dtype, void *residual,
                  engram_dtype resid_dtype, const uint8_t *mask, size_t n, engram_error *err);
 
+/*
+ * engram_apply with the tokens where the caller keeps them: token t's 24
+ * rows (24 x 256 values of rows_dtype, contiguous) start at rows + t *
+ * rows_stride bytes, its residual (S x W values of resid_dtype, contiguous)
+ * at residual + t * resid_stride bytes.  For instance a decode step's
+ * output [k][48][256] BF16 is applied in place: table t's rows start at
+ * out + t * 24 * 256 * 2 with rows_stride 48 * 256 * 2.  The bytes between
+ * tokens are neither read nor written; the residuals must not overlap the
+ * rows.  engram_apply is the dense case (rows_stride 24 * 256 * elem,
+ * resid_stride S * W * elem), and a token's result is the same bits
+ * whatever its strides.  Strides are checked first, whatever n:
+ * -EINVAL naming rows_stride or resid_stride if it is less than one
+ * token's bytes, not a multiple of the element size, or if n tokens of it
+ * would run past the end of the address space.  Otherwise as engram_apply.
+ */
+int engram_apply_strided(engram_applier *a, const void *rows, engram_dtype rows_dtype,
+                         size_t rows_stride, void *residual, engram_dtype resid_dtype,
+                         size_t resid_stride, const uint8_t *mask, size_t n, engram_error *err);
+
 /* The projection alone: kv [n][(S+1)W] as F32 for n tokens (no mask, no
  * gate; for engines that gate elsewhere, and for tests).  -EINVAL, -EDOM
  * (non-finite rows, nothing written). */

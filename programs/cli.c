@@ -42,6 +42,62 @@ int fail_lib(int rc, const engram_error *err, const char *what)
     }
 }
 
+/* Length of the well-formed UTF-8 sequence at s[0 .. n) (RFC 3629: no
+ * overlongs, no surrogates, nothing past U+10FFFF), or, as a negative
+ * number, the length of its maximal ill-formed subpart: the lead byte and
+ * the continuation bytes that could still have completed it (Unicode's
+ * recommended practice, which Python's decode(errors='replace') follows). */
+static int utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    if (c < 0x80)
+        return 1;
+    int len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (len == 0) /* a continuation byte, C0, C1 or F5..FF */
+        return -1;
+    /* the second byte's range depends on the lead (overlongs, surrogates,
+     * past U+10FFFF), every later one is 80..BF */
+    unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+    unsigned char hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    for (int i = 1; i < len; i++) {
+        if ((size_t)i >= n || s[i] < lo || s[i] > hi)
+            return -i;
+        lo = 0x80;
+        hi = 0xbf;
+    }
+    return len;
+}
+
+void json_string(FILE *f, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    size_t n = strlen((const char *)p);
+    fputc('"', f);
+    while (n > 0) {
+        unsigned char c = *p;
+        int len = utf8_seq(p, n);
+        if (len < 0) {
+            fputs("\\ufffd", f);
+            len = -len;
+        } else if (c == '"' || c == '\\') {
+            fputc('\\', f);
+            fputc(c, f);
+        } else if (c < 0x20) {
+            const char *e = c == '\b' ? "\\b" : c == '\f' ? "\\f" : c == '\n' ? "\\n"
+                          : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+            if (e)
+                fputs(e, f);
+            else
+                fprintf(f, "\\u%04x", c);
+        } else {
+            fwrite(p, 1, (size_t)len, f);
+        }
+        p += len;
+        n -= (size_t)len;
+    }
+    fputc('"', f);
+}
+
 double now_s(void)
 {
     struct timespec ts;

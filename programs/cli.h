@@ -17,6 +17,14 @@ extern const char *prog;
 int fail_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int fail_lib(int rc, const engram_error *err, const char *what);
 double now_s(void);
+/* Writes s (NULL: "") as a JSON string literal: '"' and '\\' escaped,
+ * \b \f \n \r \t, other control characters as \u00XX; well-formed UTF-8
+ * passed through as it is; every maximal ill-formed UTF-8 subpart (a stray
+ * byte, a truncated, overlong or surrogate sequence, anything past
+ * U+10FFFF) written as \ufffd, as Python's decode(errors='replace') reads
+ * it, so the output is always valid UTF-8 JSON (a path that is not UTF-8
+ * does not round-trip; the text output prints it as it is). */
+void json_string(FILE *f, const char *s);
 int parse_u64(const char *s, uint64_t max, uint64_t *out);
 int has_help(int argc, char **argv);
 int open_model(const char *path, engram_model **m);

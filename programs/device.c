@@ -24,6 +24,7 @@
 
 struct dev {
     engram_applier *a;               /* CPU */
+    size_t resid_bytes;              /* CPU: one token's residual, S x W F32 */
     const struct dev_plugin *plugin; /* CUDA */
     void *h;
 };
@@ -106,6 +107,9 @@ int dev_open(const char *name, const engram_layer *L, unsigned threads, size_t m
     int rc = 0;
     if (!name || !strcmp(name, "cpu")) {
         engram_apply_opts o = {.threads = threads};
+        engram_layer_info li;
+        engram_layer_get_info(L, &li);
+        d->resid_bytes = (size_t)li.streams * li.width * sizeof(float);
         rc = engram_applier_new(L, &o, &d->a, err);
     } else if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fma") || !strcmp(name, "cuda-fast")) {
         d->plugin = load_plugin(err);
@@ -159,16 +163,24 @@ void dev_host_hooks(struct dev *d, engram_host_hooks *h)
 }
 
 /* rows: n tokens' 24 rows of the layer's table, `stride` bytes apart (raw
- * rows for CUDA, BF16 for the CPU); x: the host residual [n][S][W] F32. */
+ * rows for CUDA, BF16 for the CPU: any stride through
+ * engram_apply_strided); x: the host residual [n][S][W] F32; kv_out (the
+ * projection, [n][(S+1)W] F32) wants dense rows on the CPU. */
 int dev_apply(struct dev *d, const void *rows, size_t stride, float *x, const uint8_t *mask,
               size_t n, float *kv_out, engram_error *err)
 {
     if (d->plugin)
         return d->plugin->apply(d->h, rows, stride, x, mask, n, kv_out, err);
-    /* the CPU applier takes [n][24][256] contiguous rows */
-    if (stride != (size_t)ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2)
+    /* the CPU applier reads the rows where they are (a step's [n][48][256]
+     * included); the projection alone wants them dense */
+    size_t dense = (size_t)ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2;
+    if (kv_out && stride != dense) {
+        snprintf(err->msg, sizeof err->msg, "the projection output needs dense rows (stride %zu, not %zu)",
+                 dense, stride);
         return err->code = -EINVAL;
-    int rc = engram_apply(d->a, rows, ENGRAM_BF16, x, ENGRAM_F32, mask, n, err);
+    }
+    int rc = engram_apply_strided(d->a, rows, ENGRAM_BF16, stride, x, ENGRAM_F32, d->resid_bytes, mask,
+                                  n, err);
     if (rc == 0 && kv_out)
         rc = engram_project(d->a, rows, ENGRAM_BF16, n, kv_out, err);
     return rc;

@@ -71,17 +71,7 @@ static void primes_summary(const uint32_t *p, uint32_t *mn, uint32_t *mx, uint64
 
 static void json_str(const char *s)
 {
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c < 0x20)
-            printf("\\u%04x", c);
-        else
-            putchar(c);
-    }
-    putchar('"');
+    json_string(stdout, s);
 }
 
 static int cmd_info(int argc, char **argv)
@@ -158,9 +148,14 @@ static int cmd_info(int argc, char **argv)
         printf(",\"placement\":{\"tables_last\":%s,\"table0_page_aligned\":%s,\"reference_ok\":%s}",
                in.tables_last ? "true" : "false", in.table0_page_aligned ? "true" : "false",
                placement ? "true" : "false");
-        printf(",\"simd\":\"%s\",\"io\":{\"engine\":\"%s\",\"direct\":%s,\"align\":%u,\"depth\":%u,\"drop\":\"%s\",\"note\":",
-               engram_simd_name(engram_simd_selected()), io.engine, io.direct ? "true" : "false",
-               io.align, io.depth, io.drop);
+        printf(",\"simd\":");
+        json_str(engram_simd_name(engram_simd_selected()));
+        printf(",\"io\":{\"engine\":");
+        json_str(io.engine);
+        printf(",\"direct\":%s,\"align\":%u,\"depth\":%u,\"drop\":", io.direct ? "true" : "false",
+               io.align, io.depth);
+        json_str(io.drop);
+        printf(",\"note\":");
         json_str(io.note);
         printf("}}\n");
     } else {

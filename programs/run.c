@@ -42,10 +42,22 @@ static const char *run_help =
     "promoted to F32); cuda-fma: every sum by F32 FMAs on the CUDA cores;\n"
     "cuda-fast: cuBLAS with the tensor cores' own sums (faster, less accurate).\n"
     "Reports prefill and decode tokens/s, step latency p50/p99, rows requested vs\n"
-    "distinct rows read, read time hidden behind the layers vs exposed, the I/O\n"
-    "engine, page-cache growth of the tables' part of the model file and an\n"
-    "FNV-1a 64 checksum of the\n"
-    "final residuals (of every token, session by session).\n"
+    "distinct rows read, read time, the I/O engine, page-cache growth of the tables'\n"
+    "part of the model file and an FNV-1a 64 checksum of the final residuals (of\n"
+    "every token, session by session).  Read time, summed over steps (prompts):\n"
+    "  span     a decode step's begin to its last row of either table (both from\n"
+    "           engram_step_get_info); a prompt's engram_prefill_begin call to the\n"
+    "           engine seeing every chunk read (a wait's return or a look at\n"
+    "           engram_prefill_ready between layers; how late it may be is shown);\n"
+    "           --no-prefetch: the serial reads' own time\n"
+    "  exposed  the engine thread's time inside engram_step_wait (prefill:\n"
+    "           engram_prefill_wait) within the span\n"
+    "  hidden   span - exposed: reads while the engine ran layers or applies (or\n"
+    "           was not running); the part still inside the begin call is shown\n"
+    "  after    time inside the waits after the span (wake-up, rows already in)\n"
+    "Per table (decode): each table's own span and exposed time; they overlap.\n"
+    "--json names them read_span_ns, exposed_wait_ns, hidden_ns,\n"
+    "hidden_in_begin_ns, wait_outside_span_ns, with a \"definitions\" object.\n"
     "Defaults: the demo model next to the engram binary (demo.gguf, written there\n"
     "by engram build the first time) and the bundled GPL-3 token stream; N 64,\n"
     "B 4, L 43, X 100, 1 thread.  Exit codes as for every command.\n";
@@ -59,15 +71,50 @@ static uint64_t ns_now(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* A layer of the simulated engine: busy work (not sleep) for us. */
+/* Where a prefill's reads stand, as the engine sees them: engram_prefill_ready
+ * looked at often (an atomic load) between layers, and right before and
+ * after every wait, so the end of the read span is known to within the time
+ * between two looks (or, when a wait returns with the last chunk, its
+ * wake-up, which lies in both the span and the time waited). */
+struct look {
+    engram_prefill *pf;
+    size_t chunks;
+    uint64_t last_ns;      /* the latest look that found a chunk not yet read */
+    uint64_t seen_ns;      /* the first look that found every chunk of both
+                              tables read (0: not yet)                       */
+    uint64_t late_ns;      /* how much of the span may follow the last read,
+                              apart from a wait's wake-up                    */
+};
+
+/* wait_w0: the entry of the wait that just returned (0 if none): if it
+ * returned with the last chunk, the chunk was read after last_ns and the
+ * span's end is the wait's return. */
+static void look(struct look *lk, uint64_t wait_w0)
+{
+    if (!lk || lk->seen_ns)
+        return;
+    uint64_t now = ns_now();
+    if (engram_prefill_ready(lk->pf, 0) >= lk->chunks && engram_prefill_ready(lk->pf, 1) >= lk->chunks) {
+        lk->seen_ns = now;
+        lk->late_ns = (wait_w0 ? wait_w0 : now) - lk->last_ns;
+    } else {
+        lk->last_ns = now;
+    }
+}
+
+/* A layer of the simulated engine: busy work (not sleep) for us, looking
+ * at a prefill's progress (lk, or NULL) as it goes. */
 static volatile double sink_value;
-static void busy(uint64_t us)
+static void busy(uint64_t us, struct look *lk)
 {
     uint64_t end = ns_now() + us * 1000;
     double x = 1.0;
-    while (ns_now() < end)
+    while (ns_now() < end) {
         for (int i = 0; i < 200; i++)
             x = x * 1.0000001 + 1e-9;
+        look(lk, 0);
+    }
+    look(lk, 0);
     sink_value = x;
 }
 
@@ -126,6 +173,28 @@ static int lib_fail(int rc, const engram_error *err, const char *what)
 
 /* ------------------------------------------------------------ the run */
 
+/* Read time, summed over decode steps or prompts: the span of the reads,
+ * the part of it the engine spent inside the waits (exposed), the rest of
+ * the time inside the waits (after the span: wake-up, waits for rows
+ * already in), and, for prefill, how late the span's end may have been seen. */
+struct reads {
+    uint64_t span_ns, exposed_ns, outside_ns, late_ns;
+    uint64_t in_begin_ns;  /* of the span's non-waiting part: still inside the begin call */
+};
+
+/* One call to engram_step_wait on the engine's thread. */
+struct wait {
+    uint64_t w0, w1;
+    int table;
+};
+
+/* The part of [a0, a1] inside [b0, b1]. */
+static uint64_t overlap_ns(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1)
+{
+    uint64_t lo = a0 > b0 ? a0 : b0, hi = a1 < b1 ? a1 : b1;
+    return hi > lo ? hi - lo : 0;
+}
+
 struct sess {
     engram_session *s;
     const uint32_t *tok;   /* its slice                                  */
@@ -145,12 +214,16 @@ struct run {
     uint64_t layer_us;
     int overlap, prefetch, tty;
     size_t per;            /* S x W                                       */
-    /* measurements */
+    /* measurements (what they cover: def_dec, def_pre below) */
     uint64_t prefill_ns, decode_ns;
-    uint64_t read_ns[2], exposed_ns[2];
+    struct reads pre, dec;
+    uint64_t dec_read_t[2], dec_exposed_t[2]; /* per table                */
+    struct wait *waits;    /* [2B] the waits of the step in progress       */
+    size_t n_waits;
+    uint64_t begun_ns;     /* when the step's begin call returned          */
     uint64_t *step_lat;
     size_t n_steps;
-    uint8_t *rows;         /* [B][24] contiguous rows of one table        */
+    unsigned inconsistent; /* figures that broke their own definitions     */
     uint8_t *outs;         /* [B][48] rows: step deliveries               */
     float *xs;             /* [B][S][W] residual rows of one step          */
     uint8_t *ring;         /* the prefills' rings, allocated (and pinned) once */
@@ -173,7 +246,8 @@ static int apply_layer(struct run *R, int t, const void *rows, size_t stride, fl
     return dev_apply(R->D[t], rows, stride, x, NULL, n, NULL, err);
 }
 
-/* Prefill of one session's prompt through the prefetch ring. */
+/* Prefill of one session's prompt through the prefetch ring (or, without
+ * prefetch, chunk by chunk with serial reads on the engine's thread). */
 static int prefill(struct run *R, struct sess *q, engram_error *err)
 {
     size_t n = q->prompt;
@@ -188,8 +262,14 @@ static int prefill(struct run *R, struct sess *q, engram_error *err)
     engram_session_history(q->s, &h);
     int rc = 0;
     size_t chunk = ENGRAM_BATCH_TOKENS, chunks = (n + chunk - 1) / chunk;
+    struct look lk = {0}, *lkp = NULL;
+    uint64_t in_wait = 0, t_begin = ns_now(), wait_lo = UINT64_MAX;
+    struct reads acc = {0};
     if (R->prefetch) {
         rc = engram_prefill_begin(q->s, q->tok, NULL, n, &o, &pf, err);
+        acc.in_begin_ns = ns_now() - t_begin;
+        lk = (struct look){.pf = pf, .chunks = chunks, .last_ns = t_begin};
+        lkp = pf ? &lk : NULL;
     } else {
         /* without prefetch: each chunk read serially by a reader of its
          * own, before the chunk's layers run */
@@ -205,13 +285,13 @@ static int prefill(struct run *R, struct sess *q, engram_error *err)
         const void *rows[2] = {NULL, NULL};
         uint64_t layer_cost = R->layer_us * ((k + 63) / 64);
         if (!R->prefetch) {
-            uint64_t t0 = ns_now();
             rc = engram_hash_tokens(engram_model_hasher(R->m), &h, q->tok + first, NULL, k, rows48, err);
+            uint64_t r0 = ns_now();
             for (int t = 0; t < 2 && rc == 0; t++)
                 rc = engram_reader_batch(rd, t, rows48, k, (engram_dtype)R->rdt, serial[t], err);
-            uint64_t dt = ns_now() - t0;
-            R->read_ns[0] += dt;
-            R->exposed_ns[0] += dt;
+            uint64_t dt = ns_now() - r0;
+            acc.span_ns += dt; /* the reads block the engine: all exposed */
+            acc.exposed_ns += dt;
             rows[0] = serial[0];
             rows[1] = serial[1];
         }
@@ -219,33 +299,112 @@ static int prefill(struct run *R, struct sess *q, engram_error *err)
             if (l == 1 || l == 14) {
                 int t = l == 14;
                 if (R->prefetch) {
+                    look(lkp, 0);
                     uint64_t w0 = ns_now();
                     rc = engram_prefill_wait(pf, t, c, &rows[t], NULL, NULL, err);
-                    R->exposed_ns[t] += ns_now() - w0;
+                    uint64_t w1 = ns_now();
+                    in_wait += w1 - w0;
+                    wait_lo = w0 < wait_lo ? w0 : wait_lo;
+                    /* the waits' parts after the span, known once it ends */
+                    if (lk.seen_ns && w1 > lk.seen_ns)
+                        acc.outside_ns += w1 - (w0 > lk.seen_ns ? w0 : lk.seen_ns);
+                    look(lkp, w0);
                 }
                 if (rc == 0)
                     rc = apply_layer(R, t, rows[t], ENGRAM_COLUMNS * R->rowb, q->x + first * R->per, k, err);
                 if (R->prefetch)
                     engram_prefill_release(pf, t, c);
+                look(lkp, 0);
             } else {
                 if (l == 2 && R->prefetch && c == 0)
                     engram_prefill_start_table1(pf); /* layer signal: 14's reads start */
-                busy(layer_cost);
+                busy(layer_cost, lkp);
             }
         }
     }
     if (pf) {
+        look(lkp, 0); /* every chunk was waited for: all read, unless a wait failed */
         int erc = engram_prefill_end(pf, rc == 0 ? err : NULL);
         if (rc == 0)
             rc = erc;
     } else if (rc == 0) {
         rc = engram_session_set_history(q->s, &h, err);
     }
+    if (rc == 0 && R->prefetch && !lk.seen_ns) {
+        R->inconsistent++; /* every chunk waited for, yet not all ready: cannot happen */
+    } else if (rc == 0 && R->prefetch) {
+        /* the span: from the begin call to the first look that saw every
+         * chunk in; the waits all lie after the begin, so what of them is
+         * not outside the span is inside it */
+        acc.span_ns = lk.seen_ns - t_begin;
+        acc.late_ns = lk.late_ns;
+        acc.exposed_ns = in_wait - acc.outside_ns;
+        if (wait_lo < t_begin || acc.exposed_ns > acc.span_ns)
+            R->inconsistent++; /* cannot happen: reported if it does */
+    }
+    if (rc == 0) {
+        R->pre.span_ns += acc.span_ns;
+        R->pre.exposed_ns += acc.exposed_ns;
+        R->pre.outside_ns += acc.outside_ns;
+        R->pre.late_ns += acc.late_ns;
+        R->pre.in_begin_ns += acc.in_begin_ns;
+    }
     engram_reader_close(rd);
     free(rows48);
     free(serial[0]);
     free(serial[1]);
     return rc;
+}
+
+/* Waits for table t's rows of session s, timing it. */
+static int timed_wait(struct run *R, engram_session *s, int t, engram_error *err)
+{
+    uint64_t w0 = ns_now();
+    int rc = engram_step_wait(s, t, err);
+    R->waits[R->n_waits++] = (struct wait){w0, ns_now(), t};
+    return rc;
+}
+
+/* A step's read figures from its sessions' begin and ready times and the
+ * engine's waits (called once every wait of the step has returned 0, so
+ * every ready time is set). */
+static void account_step(struct run *R, engram_session *const *sv)
+{
+    uint64_t begin = UINT64_MAX, ready[2] = {0, 0};
+    for (unsigned b = 0; b < R->B; b++) {
+        engram_step_info info;
+        engram_step_get_info(sv[b], &info);
+        begin = info.begin_ns < begin ? info.begin_ns : begin;
+        for (int t = 0; t < 2; t++)
+            ready[t] = info.ready_ns[t] > ready[t] ? info.ready_ns[t] : ready[t];
+    }
+    uint64_t end = ready[0] > ready[1] ? ready[0] : ready[1];
+    /* The library's clock is ours (CLOCK_MONOTONIC) and the waits come
+     * after the begin returned, so neither can precede the begin; a step
+     * that says otherwise is counted and left out, not clamped. */
+    int bad = ready[0] < begin || ready[1] < begin;
+    bad |= R->begun_ns < begin;
+    for (size_t i = 0; i < R->n_waits; i++)
+        bad |= R->waits[i].w0 < R->begun_ns;
+    if (bad) {
+        R->inconsistent++;
+        return;
+    }
+    for (size_t i = 0; i < R->n_waits; i++) {
+        const struct wait *w = &R->waits[i];
+        /* the waits are calls on one thread, so they do not overlap each
+         * other: their parts inside the span add up to at most the span */
+        uint64_t in = overlap_ns(w->w0, w->w1, begin, end);
+        R->dec.exposed_ns += in;
+        R->dec.outside_ns += w->w1 - w->w0 - in;
+        R->dec_exposed_t[w->table] += overlap_ns(w->w0, w->w1, begin, ready[w->table]);
+    }
+    R->dec.span_ns += end - begin;
+    /* the engine was inside engram_step_begin_batch from before begin_ns
+     * until begun_ns, and waited only after it */
+    R->dec.in_begin_ns += (R->begun_ns < end ? R->begun_ns : end) - begin;
+    for (int t = 0; t < 2; t++)
+        R->dec_read_t[t] += ready[t] - begin;
 }
 
 /* One decode step of every session together. */
@@ -263,58 +422,26 @@ static int decode_step(struct run *R, size_t step, engram_error *err)
         memcpy(R->xs + (size_t)b * R->per, q->x + (q->prompt + step) * R->per, R->per * 4);
     }
     uint64_t t0 = ns_now();
+    R->n_waits = 0;
     int rc = engram_step_begin_batch(sv, tok, NULL, B, (engram_dtype)R->rdt, outs, err);
+    R->begun_ns = ns_now();
     for (unsigned l = 0; l < R->layers && rc == 0; l++) {
-        int t = l == 14 ? 1 : 0;
-        if ((l == 1 || l == 14) || (!R->overlap && l == 0)) {
-            if (!R->overlap && l == 0) {
-                /* every read waited for before any layer: all exposed */
-                uint64_t last[2] = {0, 0};
-                for (unsigned b = 0; b < B && rc == 0; b++)
-                    for (int tt = 0; tt < 2 && rc == 0; tt++) {
-                        rc = engram_step_wait(sv[b], tt, err);
-                        engram_step_info info;
-                        engram_step_get_info(sv[b], &info);
-                        if (info.ready_ns[tt] > last[tt])
-                            last[tt] = info.ready_ns[tt];
-                    }
-                for (int tt = 0; tt < 2; tt++) {
-                    uint64_t dt = last[tt] > t0 ? last[tt] - t0 : 0;
-                    R->read_ns[tt] += dt;
-                    R->exposed_ns[tt] += dt;
-                }
-                busy(R->layer_us);
-                continue;
-            }
-            uint64_t w0 = ns_now(), last = 0;
-            for (unsigned b = 0; b < B && rc == 0; b++) {
-                rc = engram_step_wait(sv[b], t, err);
-                engram_step_info info;
-                engram_step_get_info(sv[b], &info);
-                if (info.ready_ns[t] > last)
-                    last = info.ready_ns[t];
-            }
-            if (R->overlap) {
-                /* read time: begin to the last row; exposed: the part of it
-                 * after the engine started waiting */
-                uint64_t total = last > t0 ? last - t0 : 0, exposed = last > w0 ? last - w0 : 0;
-                if (exposed > total)
-                    exposed = total;
-                R->read_ns[t] += total;
-                R->exposed_ns[t] += exposed;
-            }
-            if (rc == 0 && R->rdt == ENGRAM_RAW) { /* the GPU takes them strided */
+        if (!R->overlap && l == 0) /* every read waited for before any layer */
+            for (unsigned b = 0; b < B && rc == 0; b++)
+                for (int t = 0; t < 2 && rc == 0; t++)
+                    rc = timed_wait(R, sv[b], t, err);
+        if (l == 1 || l == 14) {
+            int t = l == 14;
+            for (unsigned b = 0; b < B && rc == 0 && R->overlap; b++)
+                rc = timed_wait(R, sv[b], t, err);
+            if (rc == 0 && t == 1)
+                account_step(R, sv);
+            /* the step's [B][48] rows in place: table t's 24 of each token */
+            if (rc == 0)
                 rc = apply_layer(R, t, R->outs + (size_t)t * ENGRAM_COLUMNS * R->rowb,
                                  ENGRAM_ROWS_PER_TOKEN * R->rowb, R->xs, B, err);
-            } else if (rc == 0) {
-                for (unsigned b = 0; b < B; b++)
-                    memcpy(R->rows + (size_t)b * ENGRAM_COLUMNS * R->rowb,
-                           R->outs + ((size_t)b * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS) * R->rowb,
-                           ENGRAM_COLUMNS * R->rowb);
-                rc = apply_layer(R, t, R->rows, ENGRAM_COLUMNS * R->rowb, R->xs, B, err);
-            }
         } else {
-            busy(R->layer_us);
+            busy(R->layer_us, NULL);
         }
     }
     for (unsigned b = 0; b < B; b++) {
@@ -340,6 +467,191 @@ static void progress(struct run *R, const char *what, size_t done, size_t total)
     if (done == total)
         fputc('\n', stderr);
     fflush(stderr);
+}
+
+/* ------------------------------------------------------------ the report */
+
+/* What each read figure covers: the JSON's "definitions", the text's legend. */
+static const char *const def_dec[][2] = {
+    {"decode.read_span_ns", "Sum over decode steps of the latest ready_ns of any table of any session in "
+     "the step (engram_step_get_info) minus the step's begin_ns (the earliest of its sessions')."},
+    {"decode.exposed_wait_ns", "Sum over decode steps of the engine thread's wall time inside "
+     "engram_step_wait calls (both tables, all sessions) that falls inside the step's read span."},
+    {"decode.hidden_ns", "read_span_ns - exposed_wait_ns: read time during which the engine thread was not "
+     "inside a wait (running layers or applies, or not running at all)."},
+    {"decode.hidden_in_begin_ns", "The part of hidden_ns during which the engine thread was still inside "
+     "engram_step_begin_batch, after the step's begin_ns (queueing the reads and waking the I/O thread, "
+     "which on a busy machine may take the engine's CPU): not hidden behind any layer."},
+    {"decode.wait_outside_span_ns", "The rest of the time inside engram_step_wait, after the step's last "
+     "row was in (wake-up, waits for rows already in); exposed_wait_ns + this = all time inside the waits."},
+    {"decode.per_table.read_span_ns", "Per table t, the sum over steps of the latest ready_ns[t] minus the "
+     "step's begin_ns; the two overlap in time and do not add up to read_span_ns."},
+    {"decode.per_table.exposed_wait_ns", "Per table t, the time inside engram_step_wait(s, t) calls within "
+     "[begin_ns, latest ready_ns[t]] of each step."},
+};
+static const char *const def_pre[][2] = {
+    {"prefill.read_span_ns", "Sum over prompts of the time from the engram_prefill_begin call to the first "
+     "moment the engine saw every chunk of both tables read: the return of the wait that got the last "
+     "chunk, or a look at engram_prefill_ready (inside the layers' busy loops, around every wait and "
+     "apply) that found them all read."},
+    {"prefill.read_span_late_max_ns", "Sum over prompts of the most that read_span_ns (and so hidden_ns) "
+     "may run past the last chunk's read: from the last look that found a chunk unread to the look that "
+     "found all read, or to the entry of the wait that returned with the last chunk (that wait's wake-up "
+     "is in both read_span_ns and exposed_wait_ns)."},
+    {"prefill.exposed_wait_ns", "Sum over prompts of the engine thread's wall time inside "
+     "engram_prefill_wait calls that falls inside the prompt's read span."},
+    {"prefill.hidden_ns", "read_span_ns - exposed_wait_ns: read time during which the engine thread was not "
+     "inside a wait."},
+    {"prefill.hidden_in_begin_ns", "The part of hidden_ns the engine thread spent inside the "
+     "engram_prefill_begin call."},
+    {"prefill.wait_outside_span_ns", "Time inside engram_prefill_wait after the read span ended."},
+};
+static const char *const def_pre_serial[][2] = {
+    {"prefill.read_span_ns", "Sum over the prompts' chunks of the time inside the serial engram_reader_batch "
+     "calls (both tables) on the engine's thread (--no-prefetch)."},
+    {"prefill.read_span_late_max_ns", "0: the serial reads are timed directly."},
+    {"prefill.exposed_wait_ns", "Equal to read_span_ns: serial reads block the engine thread."},
+    {"prefill.hidden_ns", "0: nothing runs beside serial reads."},
+    {"prefill.hidden_in_begin_ns", "0: no prefill is begun."},
+    {"prefill.wait_outside_span_ns", "0: no waits."},
+};
+#define NDEFS(a) (sizeof(a) / sizeof *(a))
+
+struct report {
+    const char *path, *device;
+    uint64_t layer_us, threads;
+    engram_layer_info li;
+    size_t prompt_tokens;
+    engram_pool_stats ps;
+    uint64_t p50, p99;
+    int64_t growth;
+    int count_err;
+    uint64_t fnv;
+};
+
+static double pct(uint64_t part, uint64_t whole)
+{
+    return whole ? 100.0 * (double)part / (double)whole : 0.0;
+}
+
+static void print_json(const struct run *R, const struct report *o)
+{
+    const engram_pool_stats *ps = &o->ps;
+    double pre_s = (double)R->prefill_ns / 1e9, dec_s = (double)R->decode_ns / 1e9;
+    size_t dec_tokens = R->n_steps * R->B;
+    printf("{\"model\":");
+    json_string(stdout, o->path);
+    printf(",\"device\":");
+    json_string(stdout, o->device);
+    printf(",\"sessions\":%u,\"layers\":%u,\"layer_us\":%" PRIu64 ",\"threads\":%" PRIu64
+           ",\"overlap\":%s,\"prefetch\":%s,\"width\":%u,\"streams\":%u",
+           R->B, R->layers, o->layer_us, o->threads, R->overlap ? "true" : "false",
+           R->prefetch ? "true" : "false", o->li.width, o->li.streams);
+    printf(",\"prefill\":{\"tokens\":%zu,\"seconds\":%.6f,\"tokens_per_s\":%.2f,\"rows_requested\":%" PRIu64
+           ",\"rows_read\":%" PRIu64 ",\"chunks\":%" PRIu64 ",\"read_span_ns\":%" PRIu64
+           ",\"read_span_late_max_ns\":%" PRIu64 ",\"exposed_wait_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64
+           ",\"hidden_in_begin_ns\":%" PRIu64 ",\"wait_outside_span_ns\":%" PRIu64 "}",
+           o->prompt_tokens, pre_s, pre_s > 0 ? (double)o->prompt_tokens / pre_s : 0.0,
+           ps->prefill_rows_requested, ps->prefill_rows_read, ps->prefill_chunks, R->pre.span_ns,
+           R->pre.late_ns, R->pre.exposed_ns, R->pre.span_ns - R->pre.exposed_ns, R->pre.in_begin_ns,
+           R->pre.outside_ns);
+    printf(",\"decode\":{\"steps\":%zu,\"tokens\":%zu,\"seconds\":%.6f,\"tokens_per_s\":%.2f,"
+           "\"step_p50_ns\":%" PRIu64 ",\"step_p99_ns\":%" PRIu64 ",\"rows_requested\":%" PRIu64
+           ",\"rows_read\":%" PRIu64 ",\"rounds\":%" PRIu64 ",\"read_span_ns\":%" PRIu64
+           ",\"exposed_wait_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64 ",\"hidden_in_begin_ns\":%" PRIu64
+           ",\"wait_outside_span_ns\":%" PRIu64 ",\"per_table\":{\"read_span_ns\":[%" PRIu64 ",%" PRIu64 "],\"exposed_wait_ns\":[%" PRIu64
+           ",%" PRIu64 "]}}",
+           R->n_steps, dec_tokens, dec_s, dec_s > 0 ? (double)dec_tokens / dec_s : 0.0, o->p50, o->p99,
+           ps->step_rows_requested, ps->step_rows_read, ps->rounds, R->dec.span_ns, R->dec.exposed_ns,
+           R->dec.span_ns - R->dec.exposed_ns, R->dec.in_begin_ns, R->dec.outside_ns, R->dec_read_t[0], R->dec_read_t[1],
+           R->dec_exposed_t[0], R->dec_exposed_t[1]);
+    printf(",\"inconsistent\":%u,\"definitions\":{", R->inconsistent);
+    const char *const(*pre)[2] = R->prefetch ? def_pre : def_pre_serial;
+    size_t n_pre = R->prefetch ? NDEFS(def_pre) : NDEFS(def_pre_serial);
+    for (size_t i = 0; i < NDEFS(def_dec) + n_pre; i++) {
+        const char *const *d = i < NDEFS(def_dec) ? def_dec[i] : pre[i - NDEFS(def_dec)];
+        printf("%s", i ? "," : "");
+        json_string(stdout, d[0]);
+        putchar(':');
+        json_string(stdout, d[1]);
+    }
+    printf(",\"inconsistent\":");
+    json_string(stdout, "Steps or prompts whose timestamps contradict the definitions (a ready time or "
+                        "a wait before the begin, a prefill never seen complete): left out of every "
+                        "figure, never clamped; 0 expected.");
+    printf("},\"io\":{\"engine\":");
+    json_string(stdout, ps->io.engine);
+    printf(",\"direct\":%d,\"note\":", ps->io.direct);
+    json_string(stdout, ps->io.note);
+    printf(",\"host_registered\":%" PRIu64 "},\"page_cache_growth_pages\":", ps->io.host_registered);
+    if (o->count_err) {
+        printf("null,\"page_cache_error\":");
+        json_string(stdout, strerror(-o->count_err));
+    } else {
+        printf("%" PRId64, o->growth);
+    }
+    printf(",\"checksum\":\"%016" PRIx64 "\"}\n", o->fnv);
+}
+
+/* The report for people; the legend says what the read figures cover. */
+static void print_text(const struct run *R, const struct report *o)
+{
+    const engram_pool_stats *ps = &o->ps;
+    double pre_s = (double)R->prefill_ns / 1e9, dec_s = (double)R->decode_ns / 1e9;
+    printf("engram run: %s, W %u, %u streams; %u sessions, %u layers of %" PRIu64
+           " us (Engram at 1 and 14 on the %s), %" PRIu64 " apply thread%s%s%s\n",
+           o->path, o->li.width, o->li.streams, R->B, R->layers, o->layer_us, o->device, o->threads,
+           o->threads > 1 ? "s" : "", R->overlap ? "" : ", reads waited before layer 0",
+           R->prefetch ? "" : ", no prefetch");
+    printf("prefill: %zu tokens in %.3f s = %.1f tokens/s; %" PRIu64 " rows requested, %" PRIu64
+           " distinct read (%" PRIu64 " chunks)%s\n",
+           o->prompt_tokens, pre_s, pre_s > 0 ? (double)o->prompt_tokens / pre_s : 0.0,
+           ps->prefill_rows_requested, ps->prefill_rows_read, ps->prefill_chunks,
+           R->prefetch ? "" : " (the serial readers' rows are not counted here)");
+    if (R->prefetch)
+        printf("         reads: span %.3f ms (end seen at most %.1f us late), exposed %.3f ms, hidden %.3f ms "
+               "(%.1f%%; %.3f ms of it in the begin call); waiting after the span %.3f ms\n",
+               (double)R->pre.span_ns / 1e6, (double)R->pre.late_ns / 1e3, (double)R->pre.exposed_ns / 1e6,
+               (double)(R->pre.span_ns - R->pre.exposed_ns) / 1e6,
+               pct(R->pre.span_ns - R->pre.exposed_ns, R->pre.span_ns), (double)R->pre.in_begin_ns / 1e6,
+               (double)R->pre.outside_ns / 1e6);
+    else
+        printf("         reads: serial, on the engine's thread: %.3f ms, all exposed\n",
+               (double)R->pre.span_ns / 1e6);
+    printf("decode:  %zu steps x %u sessions in %.3f s = %.1f tokens/s; step p50 %.3f ms, p99 %.3f ms\n",
+           R->n_steps, R->B, dec_s, dec_s > 0 ? (double)(R->n_steps * R->B) / dec_s : 0.0,
+           (double)o->p50 / 1e6, (double)o->p99 / 1e6);
+    printf("         rows: %" PRIu64 " requested, %" PRIu64 " distinct read (%.1f%% saved by merging "
+           "sessions' reads), %" PRIu64 " rounds\n", ps->step_rows_requested, ps->step_rows_read,
+           ps->step_rows_requested ? 100.0 - pct(ps->step_rows_read, ps->step_rows_requested) : 0.0,
+           ps->rounds);
+    printf("         reads: span %.3f ms, exposed %.3f ms, hidden %.3f ms (%.1f%%; %.3f ms of it in the "
+           "begin call); waiting after the last row %.3f ms\n", (double)R->dec.span_ns / 1e6,
+           (double)R->dec.exposed_ns / 1e6, (double)(R->dec.span_ns - R->dec.exposed_ns) / 1e6,
+           pct(R->dec.span_ns - R->dec.exposed_ns, R->dec.span_ns), (double)R->dec.in_begin_ns / 1e6,
+           (double)R->dec.outside_ns / 1e6);
+    printf("         per table (spans overlap, no sum): table 0 span %.3f ms, exposed %.3f ms; "
+           "table 1 span %.3f ms, exposed %.3f ms\n", (double)R->dec_read_t[0] / 1e6,
+           (double)R->dec_exposed_t[0] / 1e6, (double)R->dec_read_t[1] / 1e6,
+           (double)R->dec_exposed_t[1] / 1e6);
+    const char *note = ps->io.note && ps->io.note[0] ? ps->io.note : NULL;
+    printf("io:      %s%s%s%s%s; page cache of the tables ", ps->io.engine,
+           ps->io.direct ? ", O_DIRECT" : ", buffered", note ? " (" : "", note ? note : "", note ? ")" : "");
+    if (o->count_err)
+        printf("not counted (%s: %s)\n", o->path, strerror(-o->count_err));
+    else
+        printf("grew by %" PRId64 " pages\n", o->growth);
+    if (ps->io.host_registered)
+        printf("         the reader's buffers (%" PRIu64 " KiB, where reads land) and the prefill "
+               "ring page-locked for the GPU's copies\n", ps->io.host_registered >> 10);
+    printf("checksum of the final residuals (FNV-1a 64): %016" PRIx64 "\n", o->fnv);
+    printf("legend:  decode span = per step, from its begin to its last row of either table\n"
+           "         (engram_step_get_info), summed; prefill span = from engram_prefill_begin to the\n"
+           "         engine seeing the last chunk of both tables read; exposed = the engine's time inside\n"
+           "         the waits within the span; hidden = span - exposed; --json: \"definitions\"\n");
+    if (R->inconsistent)
+        printf("warning: %u steps or prompts had timestamps that contradict the definitions; left out\n",
+               R->inconsistent);
 }
 
 /* The demo model next to the binary, written once; says why not. */
@@ -485,10 +797,10 @@ int cmd_run(int argc, char **argv)
     R.per = (size_t)li.streams * li.width;
     R.ss = calloc(B, sizeof *R.ss);
     R.step_lat = malloc((N ? N : 1) * sizeof *R.step_lat);
-    R.rows = malloc(B * ENGRAM_COLUMNS * 512);
+    R.waits = malloc(2 * B * sizeof *R.waits);
     R.outs = malloc(B * ENGRAM_ROWS_PER_TOKEN * 512); /* room for BF16 or raw rows */
     R.xs = malloc(B * (R.per ? R.per : 1) * 4);
-    if (rc == 0 && (!R.ss || !R.step_lat || !R.rows || !R.outs || !R.xs))
+    if (rc == 0 && (!R.ss || !R.step_lat || !R.waits || !R.outs || !R.xs))
         rc = -ENOMEM;
     if (rc == 0 && prefetch) { /* one ring for every prompt */
         engram_prefill_opts o = prefill_opts(&R);
@@ -527,7 +839,6 @@ int cmd_run(int argc, char **argv)
         progress(&R, "prefill", b + 1, B);
     }
     R.prefill_ns = ns_now() - t0;
-    uint64_t pre_read[2] = {R.read_ns[0], R.read_ns[1]}, pre_exp[2] = {R.exposed_ns[0], R.exposed_ns[1]};
     /* decode */
     t0 = ns_now();
     for (size_t s = 0; s < N && rc == 0; s++) {
@@ -548,88 +859,17 @@ int cmd_run(int argc, char **argv)
             for (size_t i = 0; i < R.ss[b].len * R.per * 4; i++)
                 fnv = (fnv ^ p[i]) * 0x100000001b3ull;
         }
-        engram_pool_stats ps;
-        engram_pool_stats_get(R.pool, &ps);
-        uint64_t p50 = quantile(R.step_lat, R.n_steps, 0.5), p99 = quantile(R.step_lat, R.n_steps, 0.99);
-        double pre_s = (double)R.prefill_ns / 1e9, dec_s = (double)R.decode_ns / 1e9;
-        uint64_t dread[2] = {R.read_ns[0] - pre_read[0], R.read_ns[1] - pre_read[1]};
-        uint64_t dexp[2] = {R.exposed_ns[0] - pre_exp[0], R.exposed_ns[1] - pre_exp[1]};
-        uint64_t tot_read = dread[0] + dread[1], tot_exp = dexp[0] + dexp[1];
-        uint64_t ptot = pre_read[0] + pre_read[1], pexp = pre_exp[0] + pre_exp[1];
-        /* prefill with prefetch: exposed = waiting at layers 1/14; the rest
-         * of the prompt's read time ran behind the layers */
-        int64_t growth = pages0 >= 0 && pages1 >= 0 ? pages1 - pages0 : 0;
-        int count_err = (int)(pages0 < 0 ? pages0 : pages1 < 0 ? pages1 : 0);
-        char growth_s[4400];
-        if (count_err && json)
-            snprintf(growth_s, sizeof growth_s, "null,\"page_cache_error\":\"%s\"", strerror(-count_err));
-        else if (count_err)
-            snprintf(growth_s, sizeof growth_s, "not counted (%s: %s)", path, strerror(-count_err));
-        else if (json)
-            snprintf(growth_s, sizeof growth_s, "%" PRId64, growth);
+        struct report o = {.path = path, .device = device, .layer_us = X, .threads = threads, .li = li,
+                           .prompt_tokens = prompt_tokens, .fnv = fnv};
+        engram_pool_stats_get(R.pool, &o.ps);
+        o.p50 = quantile(R.step_lat, R.n_steps, 0.5);
+        o.p99 = quantile(R.step_lat, R.n_steps, 0.99);
+        o.growth = pages0 >= 0 && pages1 >= 0 ? pages1 - pages0 : 0;
+        o.count_err = (int)(pages0 < 0 ? pages0 : pages1 < 0 ? pages1 : 0);
+        if (json)
+            print_json(&R, &o);
         else
-            snprintf(growth_s, sizeof growth_s, "grew by %" PRId64 " pages", growth);
-        if (json) {
-            printf("{\"model\":\"%s\",\"device\":\"%s\",\"sessions\":%u,\"layers\":%u,\"layer_us\":%" PRIu64
-                   ",\"threads\":%" PRIu64 ",\"overlap\":%s,\"prefetch\":%s,"
-                   "\"width\":%u,\"streams\":%u,"
-                   "\"prefill\":{\"tokens\":%zu,\"seconds\":%.6f,\"tokens_per_s\":%.2f,"
-                   "\"rows_requested\":%" PRIu64 ",\"rows_read\":%" PRIu64 ",\"chunks\":%" PRIu64
-                   ",\"wait_ns\":%" PRIu64 "},"
-                   "\"decode\":{\"steps\":%zu,\"tokens\":%zu,\"seconds\":%.6f,\"tokens_per_s\":%.2f,"
-                   "\"step_p50_ns\":%" PRIu64 ",\"step_p99_ns\":%" PRIu64 ",\"rows_requested\":%" PRIu64
-                   ",\"rows_read\":%" PRIu64 ",\"rounds\":%" PRIu64 ","
-                   "\"read_ns\":[%" PRIu64 ",%" PRIu64 "],\"exposed_ns\":[%" PRIu64 ",%" PRIu64
-                   "],\"hidden_ns\":[%" PRIu64 ",%" PRIu64 "],\"read_total_ns\":%" PRIu64
-                   ",\"exposed_total_ns\":%" PRIu64 ",\"hidden_total_ns\":%" PRIu64 "},"
-                   "\"io\":{\"engine\":\"%s\",\"direct\":%d,\"note\":\"%s\",\"host_registered\":%" PRIu64 "},\"page_cache_growth_pages\":%s"
-                   ",\"checksum\":\"%016" PRIx64 "\"}\n",
-                   path, device, R.B, R.layers, X, threads, overlap ? "true" : "false",
-                   prefetch ? "true" : "false", li.width, li.streams, prompt_tokens, pre_s,
-                   pre_s > 0 ? (double)prompt_tokens / pre_s : 0.0, ps.prefill_rows_requested,
-                   ps.prefill_rows_read, ps.prefill_chunks, pexp, R.n_steps, R.n_steps * B, dec_s,
-                   dec_s > 0 ? (double)(R.n_steps * B) / dec_s : 0.0, p50, p99,
-                   ps.step_rows_requested, ps.step_rows_read, ps.rounds, dread[0], dread[1], dexp[0],
-                   dexp[1], dread[0] - dexp[0], dread[1] - dexp[1], tot_read, tot_exp,
-                   tot_read - tot_exp, ps.io.engine, ps.io.direct, ps.io.note ? ps.io.note : "", ps.io.host_registered, growth_s, fnv);
-        } else {
-            printf("engram run: %s, W %u, %u streams; %u sessions, %u layers of %" PRIu64
-                   " us (Engram at 1 and 14 on the %s), %" PRIu64 " apply thread%s%s%s\n",
-                   path, li.width, li.streams, R.B, R.layers, X, device, threads, threads > 1 ? "s" : "",
-                   overlap ? "" : ", reads waited before layer 0", prefetch ? "" : ", no prefetch");
-            printf("prefill: %zu tokens in %.3f s = %.1f tokens/s; %" PRIu64 " rows requested, %" PRIu64
-                   " distinct read (%" PRIu64 " chunks)%s; waiting at the Engram layers %.3f s%s\n",
-                   prompt_tokens, pre_s, pre_s > 0 ? (double)prompt_tokens / pre_s : 0.0,
-                   ps.prefill_rows_requested, ps.prefill_rows_read, ps.prefill_chunks,
-                   prefetch ? "" : " (serial reader: not counted here)", (double)pexp / 1e9,
-                   prefetch ? "" : " (all of the read time)");
-            (void)ptot;
-            printf("decode:  %zu steps x %u sessions in %.3f s = %.1f tokens/s; step p50 %.3f ms, "
-                   "p99 %.3f ms\n", R.n_steps, R.B, dec_s,
-                   dec_s > 0 ? (double)(R.n_steps * B) / dec_s : 0.0, (double)p50 / 1e6,
-                   (double)p99 / 1e6);
-            printf("         rows: %" PRIu64 " requested, %" PRIu64 " distinct read (%.1f%% saved by "
-                   "merging sessions' reads), %" PRIu64 " rounds\n", ps.step_rows_requested,
-                   ps.step_rows_read,
-                   ps.step_rows_requested ? 100.0 * (1.0 - (double)ps.step_rows_read /
-                                                              (double)ps.step_rows_requested) : 0.0,
-                   ps.rounds);
-            for (int t = 0; t < 2; t++)
-                printf("         table %d read time %.3f ms: hidden %.3f ms (%.1f%%), exposed %.3f ms\n",
-                       t, (double)dread[t] / 1e6, (double)(dread[t] - dexp[t]) / 1e6,
-                       dread[t] ? 100.0 * (double)(dread[t] - dexp[t]) / (double)dread[t] : 0.0,
-                       (double)dexp[t] / 1e6);
-            printf("         all reads: %.3f ms, hidden %.1f%%\n", (double)tot_read / 1e6,
-                   tot_read ? 100.0 * (double)(tot_read - tot_exp) / (double)tot_read : 0.0);
-            printf("io:      %s%s%s%s%s; page cache of the tables %s\n",
-                   ps.io.engine, ps.io.direct ? ", O_DIRECT" : ", buffered",
-                   ps.io.note && ps.io.note[0] ? " (" : "", ps.io.note && ps.io.note[0] ? ps.io.note : "",
-                   ps.io.note && ps.io.note[0] ? ")" : "", growth_s);
-            if (ps.io.host_registered)
-                printf("         the reader's buffers (%" PRIu64 " KiB, where reads land) and the prefill "
-                       "ring page-locked for the GPU's copies\n", ps.io.host_registered >> 10);
-            printf("checksum of the final residuals (FNV-1a 64): %016" PRIx64 "\n", fnv);
-        }
+            print_text(&R, &o);
     }
     for (unsigned b = 0; b < B && R.ss; b++) {
         engram_session_close(R.ss[b].s);
@@ -643,7 +883,7 @@ int cmd_run(int argc, char **argv)
     engram_model_close(R.m);
     free(R.ss);
     free(R.step_lat);
-    free(R.rows);
+    free(R.waits);
     free(R.outs);
     free(R.xs);
     free(R.ring);

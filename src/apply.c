@@ -45,8 +45,10 @@ struct engram_applier {
     unsigned nt, workers, n_write;
     const void *rows;
     engram_dtype rows_dtype;
+    size_t rows_stride;    /* bytes from one token's rows to the next's   */
     uint8_t *res;
     engram_dtype res_dtype;
+    size_t res_stride;     /* bytes from one token's residual to the next's */
     float *kv_out;
     size_t kv_ld;
 };
@@ -60,8 +62,13 @@ static size_t esize(engram_dtype d)
 
 static void *resid_at(const engram_applier *a, size_t t, unsigned s)
 {
-    const struct engram_layer *L = a->L;
-    return a->res + ((t * L->S + s) * (size_t)L->W) * esize(a->res_dtype);
+    return a->res + t * a->res_stride + (size_t)s * a->L->W * esize(a->res_dtype);
+}
+
+/* Token t's 24 rows (K values of the call's rows type). */
+static const void *rows_at(const void *rows, size_t stride, size_t t)
+{
+    return (const uint8_t *)rows + t * stride;
 }
 
 /* [lo, hi) of n items for worker w of nw. */
@@ -98,7 +105,7 @@ static void work(void *arg, unsigned w)
     case PH_CONVERT:
         share(a->nt, w, a->workers, &lo, &hi);
         for (unsigned j = lo; j < hi; j++) {
-            const uint16_t *src = (const uint16_t *)a->rows + a->tok[j] * ENGRAM_K;
+            const uint16_t *src = rows_at(a->rows, a->rows_stride, a->tok[j]);
             float *dst = a->e32 + (size_t)j * ENGRAM_K;
             for (unsigned i = 0; i < ENGRAM_K; i++)
                 dst[i] = bf16_to_f32(src[i]);
@@ -237,12 +244,36 @@ static int bad_args(engram_applier *a, const void *rows, engram_dtype rd, const 
     return 0;
 }
 
-/* Rows of token t: every value finite (decoded rows always are). */
-static int check_rows(const void *rows, engram_dtype rd, size_t t, engram_error *err)
+/* A stride of n tokens of `need` bytes from base: no token overlaps the
+ * next, every element lies at a multiple of its size from base (the
+ * kernels read rows and residual in place as arrays of that type), and the
+ * last token ends inside the address space, so no offset computed from it
+ * wraps. */
+static int bad_stride(const void *base, size_t stride, size_t need, size_t elem, size_t n,
+                      const char *name, engram_error *err)
 {
+    if (stride < need)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "%s %zu is less than a token's %zu bytes", name, stride, need);
+    if (stride % elem)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "%s %zu is not a multiple of the element size (%zu bytes)", name, stride, elem);
+    if (n > 1 && n - 1 > (SIZE_MAX - need) / stride)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "%s %zu: %zu tokens would span more than the address space", name, stride, n);
+    if (n > 0 && (uintptr_t)base > UINTPTR_MAX - ((n - 1) * stride + need))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "%s %zu: %zu tokens from %p would run past the end of the address space",
+                       name, stride, n, base);
+    return 0;
+}
+
+/* Rows of token t: every value finite (decoded rows always are). */
+static int check_rows(const void *rows, engram_dtype rd, size_t stride, size_t t, engram_error *err)
+{
+    const void *r = rows_at(rows, stride, t);
     for (unsigned i = 0; i < ENGRAM_K; i++) {
-        float v = rd == ENGRAM_F32 ? ((const float *)rows)[t * ENGRAM_K + i]
-                                   : bf16_to_f32(((const uint16_t *)rows)[t * ENGRAM_K + i]);
+        float v = rd == ENGRAM_F32 ? ((const float *)r)[i] : bf16_to_f32(((const uint16_t *)r)[i]);
         if (!isfinite(v))
             return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
                            "token %zu: row %u value %u is %s (rows must be finite)", t,
@@ -268,12 +299,14 @@ static int check_resid(const engram_applier *a, size_t t, engram_error *err)
     return 0;
 }
 
-/* Sets up the block of tokens tok[0..nt) for the projection. */
+/* Sets up the block of tokens tok[0..nt) for the projection: F32 rows are
+ * read in place, BF16 rows converted (gathered from their strides) into
+ * the block's F32 panel. */
 static void block_rows(engram_applier *a)
 {
     if (a->rows_dtype == ENGRAM_F32) {
         for (unsigned j = 0; j < a->nt; j++)
-            a->e[j] = (const float *)a->rows + a->tok[j] * ENGRAM_K;
+            a->e[j] = rows_at(a->rows, a->rows_stride, a->tok[j]);
         return;
     }
     for (unsigned j = 0; j < a->nt; j++)
@@ -281,23 +314,32 @@ static void block_rows(engram_applier *a)
     run(a, PH_CONVERT, a->nt);
 }
 
-int engram_apply(engram_applier *a, const void *rows, engram_dtype rows_dtype, void *residual,
-                 engram_dtype resid_dtype, const uint8_t *mask, size_t n, engram_error *err)
+int engram_apply_strided(engram_applier *a, const void *rows, engram_dtype rows_dtype,
+                         size_t rows_stride, void *residual, engram_dtype resid_dtype,
+                         size_t resid_stride, const uint8_t *mask, size_t n, engram_error *err)
 {
     int rc = bad_args(a, rows, rows_dtype, residual, resid_dtype, n, err);
     if (rc < 0)
         return rc;
+    const struct engram_layer *L = a->L;
+    size_t re = esize(rows_dtype), xe = esize(resid_dtype);
+    if ((rc = bad_stride(rows, rows_stride, ENGRAM_K * re, re, n, "rows_stride", err)) < 0 ||
+        (rc = bad_stride(residual, resid_stride, (size_t)L->S * L->W * xe, xe, n, "resid_stride",
+                         err)) < 0)
+        return rc;
     a->rows = rows;
     a->rows_dtype = rows_dtype;
+    a->rows_stride = rows_stride;
     a->res = residual;
     a->res_dtype = resid_dtype;
+    a->res_stride = resid_stride;
     for (size_t t = 0; t < n; t++) {
         if (mask && !mask[t])
             continue;
-        if ((rc = check_rows(rows, rows_dtype, t, err)) < 0 || (rc = check_resid(a, t, err)) < 0)
+        if ((rc = check_rows(rows, rows_dtype, rows_stride, t, err)) < 0 ||
+            (rc = check_resid(a, t, err)) < 0)
             return rc;
     }
-    const struct engram_layer *L = a->L;
     size_t t = 0;
     while (t < n) {
         a->nt = 0;
@@ -325,17 +367,29 @@ int engram_apply(engram_applier *a, const void *rows, engram_dtype rows_dtype, v
     return 0;
 }
 
+int engram_apply(engram_applier *a, const void *rows, engram_dtype rows_dtype, void *residual,
+                 engram_dtype resid_dtype, const uint8_t *mask, size_t n, engram_error *err)
+{
+    /* the dense layout; strides of 0 for a NULL applier, which
+     * engram_apply_strided refuses before it looks at them */
+    size_t rs = ENGRAM_K * esize(rows_dtype);
+    size_t xs = a ? (size_t)a->L->S * a->L->W * esize(resid_dtype) : 0;
+    return engram_apply_strided(a, rows, rows_dtype, rs, residual, resid_dtype, xs, mask, n, err);
+}
+
 int engram_project(engram_applier *a, const void *rows, engram_dtype rows_dtype, size_t n,
                    float *kv, engram_error *err)
 {
     int rc = bad_args(a, rows, rows_dtype, kv, ENGRAM_F32, n, err);
     if (rc < 0)
         return rc;
+    size_t rs = ENGRAM_K * esize(rows_dtype);
     for (size_t t = 0; t < n; t++)
-        if ((rc = check_rows(rows, rows_dtype, t, err)) < 0)
+        if ((rc = check_rows(rows, rows_dtype, rs, t, err)) < 0)
             return rc;
     a->rows = rows;
     a->rows_dtype = rows_dtype;
+    a->rows_stride = rs;
     const struct engram_layer *L = a->L;
     for (size_t t = 0; t < n;) {
         a->nt = 0;

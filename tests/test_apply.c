@@ -12,6 +12,9 @@
  *    call of any length, at any position, in any block size, with any number
  *    of threads (the applier's own or a caller's fork-join hook);
  *  - masked tokens are untouched; d = +0 gives sigmoid(0.001);
+ *  - engram_apply_strided gives the dense call's bits, reading and writing
+ *    nothing between or after the tokens (poison there), and refuses bad
+ *    strides naming them;
  *  - bad input: every error path, with the residual proven unchanged (or
  *    updated exactly up to the failing token, as documented);
  *  - a call allocates nothing (counted in plain builds), and the applier's
@@ -357,6 +360,160 @@ static void batch_invariance(struct fixture *f)
     free(mask);
 }
 
+/* ------------------------------------------------ strided = dense */
+
+/* Bytes of a poison that is NaN as BF16 (0xffff) and as F32 (0xffffffff):
+ * a strided call that read a byte between tokens would fail with -EDOM or
+ * give NaN, and one that wrote there would change it. */
+#define POISON 0xff
+
+static int all_poison(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != POISON)
+            return 0;
+    return 1;
+}
+
+/* Token t's values (count of them, dtype d) from dense BF16/F32 sources. */
+static void put_values(uint8_t *dst, engram_dtype d, const uint16_t *bf, const float *f32, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (d == ENGRAM_BF16) {
+            uint16_t v = bf ? bf[i] : f2bf(f32[i]);
+            memcpy(dst + i * 2, &v, 2);
+        } else {
+            float v = bf ? bf16f(bf[i]) : f32[i];
+            memcpy(dst + i * 4, &v, 4);
+        }
+    }
+}
+
+/* engram_apply_strided against engram_apply on the same tokens laid out
+ * densely: for n = 1, 3, 130, 300 (blocks of 64 tokens, 2 threads), rows
+ * BF16/F32 x residual BF16/F32, no mask and a mask, rows at a decode
+ * step's stride (48 rows, table 1's half) and at an odd one, residuals
+ * with gaps.  Every residual bit equal, masked tokens untouched, every byte
+ * between tokens and past the last one still poison. */
+static void strided(struct fixture *f)
+{
+    static const size_t ns[] = {1, 3, 130, 300};
+    const size_t nmax = 300, per = (size_t)f->S * f->W;
+    uint16_t *rows = model_rows(f, nmax, 21);
+    float *x0 = make_resid(nmax * per, 22);
+    uint8_t *mask = malloc(nmax);
+    uint64_t seed = 23;
+    for (size_t t = 0; t < nmax; t++)
+        mask[t] = tu_rand(&seed) % 5 != 0;
+    engram_applier *a = applier(f, ENGRAM_SIMD_AUTO, 2, 64);
+    engram_error err;
+    long calls = 0, equal = 0;
+    for (int rd = 0; rd < 2 && a; rd++)
+        for (int xd = 0; xd < 2; xd++)
+            for (int variant = 0; variant < 2; variant++)
+                for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+                    for (int masked = 0; masked < 2; masked++) {
+                        engram_dtype rdt = rd ? ENGRAM_F32 : ENGRAM_BF16, xdt = xd ? ENGRAM_F32 : ENGRAM_BF16;
+                        size_t re = rd ? 4 : 2, xe = xd ? 4 : 2, n = ns[ni];
+                        const uint8_t *m = masked ? mask : NULL;
+                        /* variant 0: a step's [n][48][256], table 1's rows
+                         * (offset 24 rows); variant 1: 7 elements of gap
+                         * after each token, rows from offset 0 */
+                        size_t rs = variant ? (K + 7) * re : 2 * K * re, roff = variant ? 0 : K * re;
+                        size_t xs = variant ? (per + 3) * xe : 2 * per * xe + 64, xoff = variant ? 0 : 32;
+                        size_t rbytes = roff + n * rs + 64, xbytes = xoff + n * xs + 64;
+                        uint8_t *rbuf = malloc(rbytes), *xbuf = malloc(xbytes), *xkeep = malloc(xbytes);
+                        uint8_t *drows = malloc(n * K * re), *dx = malloc(n * per * xe);
+                        memset(rbuf, POISON, rbytes);
+                        memset(xbuf, POISON, xbytes);
+                        for (size_t t = 0; t < n; t++) {
+                            put_values(drows + t * K * re, rdt, rows + t * K, NULL, K);
+                            memcpy(rbuf + roff + t * rs, drows + t * K * re, K * re);
+                            put_values(dx + t * per * xe, xdt, NULL, x0 + t * per, per);
+                            memcpy(xbuf + xoff + t * xs, dx + t * per * xe, per * xe);
+                        }
+                        memcpy(xkeep, xbuf, xbytes);
+                        CHECK_EQ(engram_apply(a, drows, rdt, dx, xdt, m, n, &err), 0);
+                        int rc = engram_apply_strided(a, rbuf + roff, rdt, rs, xbuf + xoff, xdt, xs, m, n, &err);
+                        CHECK_EQ(rc, 0);
+                        if (rc)
+                            fprintf(stderr, "strided: %s\n", err.msg);
+                        int same = 1, untouched = 1, changed = 0, live = 0;
+                        for (size_t t = 0; t < n; t++) {
+                            const uint8_t *got = xbuf + xoff + t * xs;
+                            same &= memcmp(got, dx + t * per * xe, per * xe) == 0;
+                            if (m && !m[t])
+                                untouched &= memcmp(got, xkeep + xoff + t * xs, per * xe) == 0;
+                            else
+                                live++, changed |= memcmp(got, xkeep + xoff + t * xs, per * xe) != 0;
+                            /* the gap after each token, residual and rows */
+                            untouched &= all_poison(got + per * xe, xs - per * xe);
+                            untouched &= all_poison(rbuf + roff + t * rs + K * re, rs - K * re);
+                            untouched &= memcmp(rbuf + roff + t * rs, drows + t * K * re, K * re) == 0;
+                        }
+                        untouched &= all_poison(xbuf, xoff) && all_poison(rbuf, roff);
+                        untouched &= all_poison(xbuf + xoff + n * xs, 64) && all_poison(rbuf + roff + n * rs, 64);
+                        CHECK(same);
+                        CHECK(untouched);
+                        CHECK(changed || !live); /* the call did something: unmasked tokens moved */
+                        if (!same || !untouched)
+                            fprintf(stderr, "strided: rows %s, residual %s, variant %d, n %zu, mask %d: "
+                                    "%s\n", rd ? "F32" : "BF16", xd ? "F32" : "BF16", variant, n, masked,
+                                    !same ? "differs from dense" : "touched a byte outside its tokens");
+                        calls++;
+                        equal += same && untouched;
+                        free(rbuf);
+                        free(xbuf);
+                        free(xkeep);
+                        free(drows);
+                        free(dx);
+                    }
+    printf("W=%u: strided apply: %ld of %ld calls (n 1/3/130/300, rows and residual BF16/F32, "
+           "masked or not, two stride layouts) bit for bit the dense call, poison between and after "
+           "tokens untouched\n", f->W, equal, calls);
+    CHECK_EQ(calls, 64);
+
+    /* bad strides: -EINVAL naming the argument, nothing written, whatever n */
+    size_t n = 3, rs = K * 2, xs = per * 4;
+    float *x = malloc(n * per * 4);
+    memcpy(x, x0, n * per * 4);
+    CHECK_ERR(engram_apply_strided(a, rows, ENGRAM_BF16, rs - 2, x, ENGRAM_F32, xs, NULL, n, &err), err,
+              -EINVAL, "rows_stride 12286 is less than a token's 12288 bytes");
+    CHECK_ERR(engram_apply_strided(a, rows, ENGRAM_F32, rs, x, ENGRAM_F32, xs, NULL, 0, &err), err,
+              -EINVAL, "rows_stride 12288 is less than a token's 24576 bytes");
+    CHECK_ERR(engram_apply_strided(a, rows, ENGRAM_BF16, rs + 1, x, ENGRAM_F32, xs, NULL, n, &err), err,
+              -EINVAL, "rows_stride 12289 is not a multiple of the element size (2 bytes)");
+    CHECK_ERR(engram_apply_strided(a, rows, ENGRAM_BF16, rs, x, ENGRAM_F32, xs - 4, NULL, n, &err), err,
+              -EINVAL, "resid_stride");
+    CHECK_ERR(engram_apply_strided(a, rows, ENGRAM_BF16, rs, x, ENGRAM_F32, xs + 2, NULL, n, &err), err,
+              -EINVAL, "resid_stride");
+    CHECK_ERR(engram_apply_strided(a, rows, ENGRAM_BF16, rs, x, ENGRAM_BF16, xs / 2 - 2, NULL, 1, &err), err,
+              -EINVAL, "resid_stride");
+    CHECK_ERR(engram_apply_strided(a, rows, ENGRAM_BF16, SIZE_MAX / 2 & ~(size_t)3, x, ENGRAM_F32, xs, NULL, n, &err),
+              err, -EINVAL, "rows_stride");
+    CHECK(strstr(err.msg, "address space") != NULL);
+    CHECK_ERR(engram_apply_strided(a, rows, ENGRAM_BF16, rs, x, ENGRAM_F32, SIZE_MAX / 2 & ~(size_t)3, NULL, n, &err),
+              err, -EINVAL, "resid_stride");
+    CHECK(strstr(err.msg, "address space") != NULL);
+    /* a stride whose product fits a size_t but runs past the top of memory
+     * from where the rows are */
+    size_t wrap = ((UINTPTR_MAX - (uintptr_t)rows) / 2 + K) & ~(size_t)1;
+    CHECK_ERR(engram_apply_strided(a, rows, ENGRAM_BF16, wrap, x, ENGRAM_F32, xs, NULL, n, &err), err,
+              -EINVAL, "rows_stride");
+    CHECK(strstr(err.msg, "end of the address space") != NULL);
+    CHECK(memcmp(x, x0, n * per * 4) == 0);
+    /* the argument checks engram_apply had come first */
+    CHECK_ERR(engram_apply_strided(NULL, rows, ENGRAM_BF16, rs, x, ENGRAM_F32, xs, NULL, n, &err), err,
+              -EINVAL, "NULL");
+    CHECK_ERR(engram_apply_strided(a, rows, (engram_dtype)9, rs, x, ENGRAM_F32, xs, NULL, n, &err), err,
+              -EINVAL, "type");
+    free(x);
+    engram_applier_free(a);
+    free(rows);
+    free(x0);
+    free(mask);
+}
+
 /* ------------------------------------------------ the gate's edge: d = +0 */
 
 static void zero_stream(struct fixture *f)
@@ -571,6 +728,7 @@ int main(void)
     if (fixture_open(&f, "apply64.gguf", 64) == 0) {
         kernels_agree(&f);
         batch_invariance(&f);
+        strided(&f);
         zero_stream(&f);
         errors(&f);
         memory(&f);

@@ -35,6 +35,46 @@ check "independent GGUF parser agrees" node tests/gguf_check.mjs "$M" "$T/info.j
 check "dump through @huggingface/gguf" sh -c "node tests/gguf_dump.mjs '$M' > '$T/dump.json'"
 check "info text names placement" sh -c "'$ENGRAM' info '$M' | grep -q \"meets the reference engine's rule\""
 
+# --json of every command that has it (info, layout, run), on model paths
+# holding JSON's special characters, every control character and UTF-8 of
+# 2, 3 and 4 bytes (the path must come back exactly), and on paths that are
+# not UTF-8: every byte 0x80..0xff alone, truncated, surrogate, overlong and
+# past-U+10FFFF sequences (the path must come back as Python's
+# decode(errors='replace') reads the bytes).  The output is decoded as
+# strict UTF-8 and parsed by Python's json (which refuses raw control
+# characters in strings).
+head -c 300 data/gpl3.tok > "$T/tokj"
+check "build a model whose layers run (normal fill)" "$ENGRAM" build "$T/jn.gguf" --base 5000 --width 16 --fill normal --seed 9
+check "--json escapes every string (info, layout, run)" "$PY" - "$ENGRAM" "$T/jn.gguf" "$T" "$T/tokj" <<'EOF'
+import json, os, subprocess, sys
+engram, model, tmp, tok = (os.fsencode(a) for a in sys.argv[1:5])
+names = [
+    (b'q"uote back\\slash tab\tnew\nline ' + bytes(range(1, 0x20)) + b' del\x7f '
+     b'\xc3\xa9 \xe2\x82\xac \xf0\x9d\x84\x9e \xef\xbf\xbd', True),
+    (b'a'.join(bytes([c]) for c in range(0x80, 0x100)), False),
+    (b'cut\xe2\x82( sur\xed\xa0\x80 big\xf4\x90\x80\x80 over\xc0\xaf\xe0\x80\xaf end\xf0\x9f\x98', False),
+]
+def run(*args):
+    p = subprocess.run([engram, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.returncode == 0, (args, p.stderr)
+    return json.loads(p.stdout.decode("utf-8"))  # strict UTF-8, strict JSON
+run(b"layout", b"--vocab-size", b"99045", b"--json")
+for i, (name, utf8) in enumerate(names):
+    d = os.path.join(tmp, b"j%d" % i, name)
+    os.makedirs(d)
+    path = os.path.join(d, b'm"\\\t\n' + name[:40] + b".gguf")
+    os.link(model, path)
+    want = path.decode("utf-8", "replace")
+    if utf8:
+        assert want == path.decode("utf-8") and want == os.fsdecode(path)
+    info = run(b"info", path, b"--json")
+    assert info["path"] == want, (info["path"], want)
+    r = run(b"run", path, b"--json", b"--tokens", tok, b"--decode", b"2", b"--sessions", b"1",
+            b"--layer-us", b"0")
+    assert r["model"] == want, (r["model"], want)
+    assert isinstance(r["io"]["note"], str) and isinstance(info["io"]["note"], str)
+EOF
+
 # hash: bundled real text, plain, masked, with history
 head -c 12000 data/gpl3.tok > "$T/tok"
 "$PY" - "$T/tok" > "$T/mask" <<'EOF'
