@@ -771,7 +771,7 @@ static void staging(engram_model *m, fx *f, int gpu)
     if (!p)
         return;
     engram_pool_stats ps;
-    engram_pool_stats_get(p, &ps);
+    engram_pool_get_stats(p, &ps);
     printf("staging: reader %s, %llu bytes of its buffers page-locked\n", ps.io.engine,
            (unsigned long long)ps.io.host_registered);
     if (gpu)

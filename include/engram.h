@@ -24,6 +24,9 @@
  *  - Every buffer is owned by the caller unless a comment says otherwise.
  *  - Opaque handles come from engram_*_open / _new and are released by the
  *    matching _close / _free, which accept NULL.
+ *  - Getters are engram_<object>_get_<what>(object, out) (get_info,
+ *    get_stats): they fill a caller-owned struct and cannot fail; strings
+ *    in it are static or owned by the object, valid until its close.
  *
  * Error codes used:
  *   -EINVAL  bad argument (token >= vocab, history id out of range, bad table
@@ -567,7 +570,11 @@ int engram_reader_step_poll(engram_reader *r, engram_error *err);
  * with a step in flight does the same. */
 int engram_reader_step_cancel(engram_reader *r);
 
-void engram_reader_stats(const engram_reader *r, engram_io_stats *st);
+/* Fills *st with the reader's facts and its counters since open or the
+ * last engram_reader_reset_stats (which zeroes them and the step latency
+ * histogram).  Its strings (engine, note, drop) are static or owned by the
+ * reader.  Like every call on a reader, not concurrent with its others. */
+void engram_reader_get_stats(const engram_reader *r, engram_io_stats *st);
 void engram_reader_reset_stats(engram_reader *r);
 
 /* ------------------------------------------------------------------ sessions */
@@ -613,7 +620,7 @@ typedef struct engram_pool_opts {
  * reader breaks (its engine stops answering, see the reader), every step
  * and prefill in progress fails at once with -EIO (histories unchanged,
  * their buffers no longer written), every later begin is refused with
- * -EIO, and engram_pool_stats_get reports io.broken = 1: close the
+ * -EIO, and engram_pool_get_stats reports io.broken = 1: close the
  * sessions and the pool and open another.  Closing does not wait for the
  * dead engine's reads (their memory is kept, as for the reader).
  *
@@ -635,7 +642,10 @@ typedef struct engram_pool_stats {
     uint64_t prefill_chunks;     /* chunk reads of prefills finished         */
     uint64_t prefill_rows_requested, prefill_rows_read;
 } engram_pool_stats;
-void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st);
+/* Fills *st (caller-owned) with the pool's counters since open; may be
+ * called from any thread at any time (it takes the pool's lock briefly).
+ * st->io's strings are owned by the pool, valid until engram_pool_close. */
+void engram_pool_get_stats(engram_pool *p, engram_pool_stats *st);
 
 /* A session: history reset (all dead), idle.  -ENOMEM. */
 int engram_session_open(engram_pool *p, engram_session **out, engram_error *err);
@@ -748,6 +758,28 @@ int engram_prefill_end(engram_prefill *pf, engram_error *err);
 /* Stops the prefill and frees it; the history is unchanged.  No buffer of
  * it is written after this returns. */
 void engram_prefill_cancel(engram_prefill *pf);
+
+/* ------------------------------------------------------------------ old names */
+
+/* Names of 0.1.0 kept for one release as inline wrappers (nothing exported):
+ * using one draws a deprecation warning; they go in the next release. */
+#if defined(__GNUC__) || defined(__clang__)
+#define ENGRAM_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define ENGRAM_DEPRECATED(msg)
+#endif
+
+ENGRAM_DEPRECATED("use engram_reader_get_stats")
+static inline void engram_reader_stats(const engram_reader *r, engram_io_stats *st)
+{
+    engram_reader_get_stats(r, st);
+}
+
+ENGRAM_DEPRECATED("use engram_pool_get_stats")
+static inline void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st)
+{
+    engram_pool_get_stats(p, st);
+}
 
 #pragma GCC visibility pop
 

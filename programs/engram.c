@@ -119,7 +119,7 @@ static int cmd_info(int argc, char **argv)
     io.note = io.drop = "";
     engram_error rerr;
     if (engram_reader_open(m, NULL, &rd, &rerr) == 0)
-        engram_reader_stats(rd, &io);
+        engram_reader_get_stats(rd, &io);
     else
         io.note = rerr.msg;
     if (json) {

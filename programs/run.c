@@ -549,7 +549,7 @@ int cmd_run(int argc, char **argv)
                 fnv = (fnv ^ p[i]) * 0x100000001b3ull;
         }
         engram_pool_stats ps;
-        engram_pool_stats_get(R.pool, &ps);
+        engram_pool_get_stats(R.pool, &ps);
         uint64_t p50 = quantile(R.step_lat, R.n_steps, 0.5), p99 = quantile(R.step_lat, R.n_steps, 0.99);
         double pre_s = (double)R.prefill_ns / 1e9, dec_s = (double)R.decode_ns / 1e9;
         uint64_t dread[2] = {R.read_ns[0] - pre_read[0], R.read_ns[1] - pre_read[1]};

@@ -487,7 +487,7 @@ void engram_reader_reset_stats(engram_reader *r)
     memset(r->hist, 0, sizeof r->hist);
 }
 
-void engram_reader_stats(const engram_reader *r, engram_io_stats *st)
+void engram_reader_get_stats(const engram_reader *r, engram_io_stats *st)
 {
     *st = r->st;
     st->engine = r->eng ? r->eng->name : "none";

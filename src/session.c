@@ -405,7 +405,7 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
     }
     for (int ri = 0; ri < ROUNDS; ri++)
         p->rounds[ri].p = p;
-    engram_reader_stats(p->r, &p->io0); /* before the I/O thread owns the reader */
+    engram_reader_get_stats(p->r, &p->io0); /* before the I/O thread owns the reader */
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     rc = thread_start(&p->thread, 256u << 10, io_main, p);
@@ -438,7 +438,7 @@ void engram_pool_close(engram_pool *p)
     free(p);
 }
 
-void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st)
+void engram_pool_get_stats(engram_pool *p, engram_pool_stats *st)
 {
     memset(st, 0, sizeof *st);
     pthread_mutex_lock(&p->mu);
