@@ -78,7 +78,9 @@ extern "C" {
 typedef struct engram_error {
     int code;          /* the negative errno the call returned              */
     uint64_t offset;   /* byte offset in the file, or ENGRAM_NO_OFFSET      */
-    uint64_t row;      /* table-local row that failed, or ENGRAM_NO_ROW     */
+    uint64_t row;      /* table-local row that failed (the row codec's
+                          functions: the row's index within the call), or
+                          ENGRAM_NO_ROW                                     */
     char msg[256];     /* one line, no trailing newline                     */
 } engram_error;
 
@@ -174,24 +176,44 @@ engram_simd engram_simd_selected(void);
 const char *engram_simd_name(engram_simd s);
 
 /*
- * Decode n raw rows (n * 264 bytes, SPEC.md section 7) into n * 256 BF16
- * values (uint16 bit patterns) or float32 values (each exactly a BF16).
- * All rows are checked first: if one is invalid the call returns -EDOM,
- * writes nothing to out, and sets *bad (if not NULL) to its index.
- * -EINVAL if s is not supported here.  No heap memory.
+ * The row functions below share one error contract.  raw is caller-owned,
+ * n * 264 bytes, read only during the call.  Every row is checked before
+ * anything is written.  On failure the return value is a negative errno
+ * and err (if not NULL) holds:
+ *   -EDOM   a row does not decode: err->row = the index within raw (0 ..
+ *           n - 1; not a table row id) of the first invalid row, err->msg =
+ *           "row <i>, value <j>: <reason>" (j: the value 0..255 whose code
+ *           is NaN or overflows) or "row <i>, scale <b>: <reason>" (b: the
+ *           NaN scale byte 0..7), the reason being one of "NaN code (E4M3
+ *           0x7F/0xFF)", "NaN scale (E8M0 0xFF)", "value overflows float32
+ *           (non-finite)" (the text after the first ": ").
+ *   -EINVAL a bad argument; err->row = ENGRAM_NO_ROW.
+ * err->code = the return value and err->offset = ENGRAM_NO_OFFSET either
+ * way; on success err is not touched.  The checks format nothing on
+ * success (a message is written only for a row that fails, and only when
+ * err is not NULL), so per-row callers may pass NULL for speed.
+ */
+
+/*
+ * Decode n raw rows (SPEC.md section 7) into out: n * 256 BF16 values
+ * (uint16 bit patterns) or float32 values (each exactly a BF16), caller-
+ * owned.  If a row is invalid the call returns -EDOM and writes nothing to
+ * out.  -EINVAL if s is not supported here, or raw or out is NULL with n >
+ * 0.  No heap memory.
  */
 int engram_rows_decode_bf16(engram_simd s, const uint8_t *raw, size_t n,
-                            uint16_t *out, size_t *bad);
+                            uint16_t *out, engram_error *err);
 int engram_rows_decode_f32(engram_simd s, const uint8_t *raw, size_t n,
-                           float *out, size_t *bad);
+                           float *out, engram_error *err);
 
-/* Checks n raw rows; 0 if all decode, else -EDOM with *bad = index of the
- * first invalid one.  Uses the selected SIMD kernels' fast check.  */
-int engram_rows_check(const uint8_t *raw, size_t n, size_t *bad);
+/* Checks n raw rows: 0 if all decode, else -EDOM naming the first invalid
+ * one (-EINVAL: raw NULL with n > 0).  Uses the selected SIMD kernels' fast
+ * check.  No heap memory. */
+int engram_rows_check(const uint8_t *raw, size_t n, engram_error *err);
 
-/* 0 if the raw row decodes, -EDOM if not (NaN code, NaN scale or overflow).
- * If why is not NULL it receives a short static reason. */
-int engram_row_check(const uint8_t raw[ENGRAM_ROW_BYTES], const char **why);
+/* One row: 0 if it decodes, -EDOM if not (NaN code, NaN scale or overflow),
+ * with err->row = 0 and the reason in err->msg as above. */
+int engram_row_check(const uint8_t raw[ENGRAM_ROW_BYTES], engram_error *err);
 
 /* ------------------------------------------------------------------ model */
 

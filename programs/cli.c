@@ -42,6 +42,12 @@ int fail_lib(int rc, const engram_error *err, const char *what)
     }
 }
 
+const char *row_reason(const engram_error *err)
+{
+    const char *p = strstr(err->msg, ": ");
+    return p ? p + 2 : err->msg;
+}
+
 double now_s(void)
 {
     struct timespec ts;

@@ -16,6 +16,9 @@ extern const char *prog;
 
 int fail_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int fail_lib(int rc, const engram_error *err, const char *what);
+/* The reason of a row codec's -EDOM (engram.h: the text after the first
+ * ": " of "row <i>, value <j>: <reason>"); the whole message otherwise. */
+const char *row_reason(const engram_error *err);
 double now_s(void);
 int parse_u64(const char *s, uint64_t max, uint64_t *out);
 int has_help(int argc, char **argv);

@@ -481,15 +481,14 @@ static int scan_table(int fd, int t, const engram_table_info *ti, uint8_t *buf, 
         }
         posix_fadvise(fd, (off_t)off, (off_t)bytes, POSIX_FADV_DONTNEED);
         s->read_bytes += bytes;
-        size_t at = 0, bad;
-        while (at < k && engram_rows_check(buf + at * ENGRAM_ROW_BYTES, k - at, &bad) == -EDOM) {
-            const char *why = "invalid";
-            engram_row_check(buf + (at + bad) * ENGRAM_ROW_BYTES, &why);
+        size_t at = 0;
+        engram_error e;
+        while (at < k && engram_rows_check(buf + at * ENGRAM_ROW_BYTES, k - at, &e) == -EDOM) {
             if (tty)
                 fputc('\n', stderr);
-            printf("table %d row %" PRIu64 ": %s\n", t, row + at + bad, why);
+            printf("table %d row %" PRIu64 ": %s\n", t, row + at + e.row, row_reason(&e));
             s->bad++;
-            at += bad + 1;
+            at += (size_t)e.row + 1;
         }
         row += k;
         if (tty && now_s() - last > 0.2) {

@@ -81,7 +81,7 @@ static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw
 static int round_deliver(struct rjob *j, const uint8_t *raw, size_t lo, size_t hi, const char **why)
 {
     struct round *rd = j->ctx;
-    if (engram_row_check(raw, why) < 0) {
+    if (row_check_reason(raw, why) < 0) {
         /* a row that does not decode fails the steps that asked for it */
         engram_error e;
         uint32_t row = (uint32_t)(j->reqs[lo] >> 32);
