@@ -54,7 +54,16 @@ extern "C" {
  * library is built with hidden visibility. */
 #pragma GCC visibility push(default)
 
+/* The version of these headers: MAJOR.MINOR.PATCH, the string being the
+ * three numbers joined by dots.  engram_version() gives the library's. */
+#define ENGRAM_VERSION_MAJOR 0
+#define ENGRAM_VERSION_MINOR 1
+#define ENGRAM_VERSION_PATCH 0
 #define ENGRAM_VERSION "0.1.0"
+
+/* ENGRAM_VERSION of the library actually loaded (a shared library may be
+ * newer than the headers a program was built with); a static string. */
+const char *engram_version(void);
 
 /* DeepSeek V4.1 Flash geometry (SPEC.md section 2). */
 #define ENGRAM_TABLES 2        /* table 0 = model layer 1, table 1 = layer 14 */

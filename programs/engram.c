@@ -581,7 +581,7 @@ static const char *main_help =
     "  layout --vocab-size V' [...]        multipliers and primes of a layout\n"
     "  quantize IN OUT / dequantize IN OUT float rows <-> 264-byte rows\n"
     "  bench io FILE [...]                 reader vs fio vs the reference's baseline\n"
-    "  version                             print the version\n"
+    "  version, --version                  print the library's version\n"
     "exit codes: 0 ok, 1 invalid data (model, row, token), 2 usage, 3 system error\n";
 
 int main(int argc, char **argv)
@@ -598,7 +598,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-        printf("engram %s\n", ENGRAM_VERSION);
+        printf("engram %s\n", engram_version());
         return 0;
     }
     static const struct {
