@@ -198,9 +198,8 @@ const char *engram_simd_name(engram_simd s);
  *           (non-finite)" (the text after the first ": ").
  *   -EINVAL a bad argument; err->row = ENGRAM_NO_ROW.
  * err->code = the return value and err->offset = ENGRAM_NO_OFFSET either
- * way; on success err is not touched.  The checks format nothing on
- * success (a message is written only for a row that fails, and only when
- * err is not NULL), so per-row callers may pass NULL for speed.
+ * way; on success err is not touched.  Nothing is formatted unless a row
+ * fails and err is not NULL: passing err costs nothing on success.
  */
 
 /*
@@ -792,7 +791,7 @@ void engram_prefill_cancel(engram_prefill *pf);
 
 /* ------------------------------------------------------------------ old names */
 
-/* Names of 0.1.0 kept for one release as inline wrappers (nothing exported):
+/* Earlier names kept for one release as inline wrappers (nothing exported):
  * using one draws a deprecation warning; they go in the next release. */
 #if defined(__GNUC__) || defined(__clang__)
 #define ENGRAM_DEPRECATED(msg) __attribute__((deprecated(msg)))

@@ -79,8 +79,7 @@ extern "C" {
 /* 1 if a CUDA device can be used (err not touched); else 0, and err (if
  * not NULL) holds code -ENODEV, offset ENGRAM_NO_OFFSET, row ENGRAM_NO_ROW
  * and the reason in msg (the CUDA runtime's error text, or "no CUDA
- * device").  A predicate, not a 0-or-errno call: any number of threads may
- * ask. */
+ * device").  A predicate, not a 0-or-errno call. */
 int engram_cuda_available(engram_error *err);
 
 /*
