@@ -224,8 +224,13 @@ bench: all
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: headers, both libraries
 # (static and shared), their pkg-config files (engram, engram-tools) and
-# the CLI.
+# the CLI.  Into the default prefix, as root and without DESTDIR, it runs
+# ldconfig, so that programs linked with `pkg-config --libs engram` find
+# libengram.so.0 at run time; anywhere else (or if the runtime linker still
+# does not find it there) it prints one line saying how to tell it.
 PREFIX ?= /usr/local
+LIBDIR_HINT = note: unless the runtime linker searches $(PREFIX)/lib (ldconfig),
+LIBDIR_HINT += run programs with LD_LIBRARY_PATH=$(PREFIX)/lib or link them with
 install: lib $(BUILD)/engram
 	@d="$(DESTDIR)$(PREFIX)"; set -e; \
 	mkdir -p "$$d/include" "$$d/lib/pkgconfig" "$$d/bin"; \
@@ -244,7 +249,13 @@ install: lib $(BUILD)/engram
 	    mkdir -p "$$d/lib/engram"; cp $(BUILD)/engram-cuda.so "$$d/lib/engram/"; \
 	    cp include/engram_cuda.h "$$d/include/"; cp $(BUILD)/libengram-cuda.a "$$d/lib/"; \
 	fi; \
-	echo "installed into $$d"
+	echo "installed into $$d"; \
+	if [ -z "$(DESTDIR)" ] && [ "$(PREFIX)" = /usr/local ] && [ "$$(id -u)" = 0 ] && \
+	    ldconfig && ldconfig -p | grep -q "libengram\.so\.0 .*=> $(PREFIX)/lib/libengram\.so\.0$$"; then \
+	    echo "ran ldconfig: $(PREFIX)/lib/libengram.so.0 is in the runtime linker's cache"; \
+	else \
+	    echo "$(LIBDIR_HINT)" '-Wl,-rpath,$$(pkg-config --variable=libdir engram)'; \
+	fi
 
 clean:
 	rm -rf build build-san-* build-clang build-fuzz

@@ -63,9 +63,9 @@ template <typename F> static float timed(cudaStream_t st, int reps, F fn)
 
 int main(int argc, char **argv)
 {
-    char why[200];
-    if (!engram_cuda_available(why, sizeof why)) {
-        fprintf(stderr, "no CUDA device: %s\n", why);
+    engram_error why;
+    if (!engram_cuda_available(&why)) {
+        fprintf(stderr, "no CUDA device: %s\n", why.msg);
         return 1;
     }
     char path[512];

@@ -109,17 +109,14 @@ static int set_err(engram_error *err, int code, const char *msg)
             return cuda_err(err, e_, what);                                                  \
     } while (0)
 
-extern "C" int engram_cuda_available(char *why, size_t why_len)
+extern "C" int engram_cuda_available(engram_error *err)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
-        if (why && why_len)
-            snprintf(why, why_len, "%s", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        set_err(err, -ENODEV, e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
         return 0;
     }
-    if (why && why_len)
-        snprintf(why, why_len, "%d CUDA device%s", n, n > 1 ? "s" : "");
     return 1;
 }
 
@@ -1087,9 +1084,8 @@ extern "C" uint64_t engram_cuda_layer_bytes(const engram_cuda_layer *c)
 
 static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_error *err)
 {
-    char why[160];
-    if (!engram_cuda_available(why, sizeof why))
-        return set_err(err, -ENODEV, why);
+    if (!engram_cuda_available(err))
+        return -ENODEV;
     CK(cudaSetDevice(c->device), "cudaSetDevice");
     size_t nw = (size_t)c->N * K, blk = ENGRAM_CUDA_BLOCK;
     CK(cudaMalloc(&c->w, nw * 2), "cudaMalloc (weights)");

@@ -771,7 +771,7 @@ static void staging(engram_model *m, fx *f, int gpu)
     if (!p)
         return;
     engram_pool_stats ps;
-    engram_pool_stats_get(p, &ps);
+    engram_pool_get_stats(p, &ps);
     printf("staging: reader %s, %llu bytes of its buffers page-locked\n", ps.io.engine,
            (unsigned long long)ps.io.host_registered);
     if (gpu)
@@ -1026,11 +1026,16 @@ static void faults(fx *f)
 
 int main(void)
 {
-    char why[200];
-    if (!engram_cuda_available(why, sizeof why)) {
+    engram_error why;
+    memset(&why, 0, sizeof why);
+    int avail = engram_cuda_available(&why);
+    CHECK_EQ(engram_cuda_available(NULL), avail); /* err may be NULL */
+    if (!avail) {
         /* CI: no GPU.  The library loads, says why, and refuses cleanly. */
-        printf("no CUDA device: %s\n", why);
-        CHECK(why[0] != 0);
+        printf("no CUDA device: %s\n", why.msg);
+        CHECK(why.msg[0] != 0);
+        CHECK_EQ(why.code, -ENODEV);
+        CHECK(why.offset == ENGRAM_NO_OFFSET && why.row == ENGRAM_NO_ROW);
         static uint32_t map[3000];
         engram_layout l;
         char path[512];
@@ -1044,7 +1049,7 @@ int main(void)
         engram_cuda_layer *c = (engram_cuda_layer *)0x1;
         int rc = engram_cuda_layer_open(L, 0, &c, &err);
         CHECK_EQ(rc, -ENODEV);
-        CHECK(strstr(err.msg, why) != NULL);
+        CHECK(strstr(err.msg, why.msg) != NULL);
         CHECK(c == (engram_cuda_layer *)0x1);
         arguments(L);
         staging(m, NULL, 0);
@@ -1053,7 +1058,10 @@ int main(void)
         tu_cleanup();
         return tu_finish("test_cuda (no GPU: availability and refusal only)");
     }
-    printf("CUDA: %s\n", why);
+    CHECK_EQ(why.code, 0); /* available: err not touched */
+    int n_dev = 0;
+    CU(cudaGetDeviceCount(&n_dev));
+    printf("CUDA: %d device%s\n", n_dev, n_dev > 1 ? "s" : "");
     /* 63: N = 315 outputs, odd; 5128: 641 chunks of 8 columns, past what
      * the prefill gate keeps in registers (applies only) */
     const uint32_t widths[4] = {64, 5120, 63, 5128};

@@ -24,6 +24,9 @@
  *  - Every buffer is owned by the caller unless a comment says otherwise.
  *  - Opaque handles come from engram_*_open / _new and are released by the
  *    matching _close / _free, which accept NULL.
+ *  - Getters are engram_<object>_get_<what>(object, out) (get_info,
+ *    get_stats): they fill a caller-owned struct and cannot fail; strings
+ *    in it are static or owned by the object, valid until its close.
  *
  * Error codes used:
  *   -EINVAL  bad argument (token >= vocab, history id out of range, bad table
@@ -51,7 +54,16 @@ extern "C" {
  * library is built with hidden visibility. */
 #pragma GCC visibility push(default)
 
+/* The version of these headers: MAJOR.MINOR.PATCH, the string being the
+ * three numbers joined by dots.  engram_version() gives the library's. */
+#define ENGRAM_VERSION_MAJOR 0
+#define ENGRAM_VERSION_MINOR 1
+#define ENGRAM_VERSION_PATCH 0
 #define ENGRAM_VERSION "0.1.0"
+
+/* ENGRAM_VERSION of the library actually loaded (a shared library may be
+ * newer than the headers a program was built with); a static string. */
+const char *engram_version(void);
 
 /* DeepSeek V4.1 Flash geometry (SPEC.md section 2). */
 #define ENGRAM_TABLES 2        /* table 0 = model layer 1, table 1 = layer 14 */
@@ -75,7 +87,9 @@ extern "C" {
 typedef struct engram_error {
     int code;          /* the negative errno the call returned              */
     uint64_t offset;   /* byte offset in the file, or ENGRAM_NO_OFFSET      */
-    uint64_t row;      /* table-local row that failed, or ENGRAM_NO_ROW     */
+    uint64_t row;      /* table-local row that failed (the row codec's
+                          functions: the row's index within the call), or
+                          ENGRAM_NO_ROW                                     */
     char msg[256];     /* one line, no trailing newline                     */
 } engram_error;
 
@@ -171,24 +185,43 @@ engram_simd engram_simd_selected(void);
 const char *engram_simd_name(engram_simd s);
 
 /*
- * Decode n raw rows (n * 264 bytes, SPEC.md section 7) into n * 256 BF16
- * values (uint16 bit patterns) or float32 values (each exactly a BF16).
- * All rows are checked first: if one is invalid the call returns -EDOM,
- * writes nothing to out, and sets *bad (if not NULL) to its index.
- * -EINVAL if s is not supported here.  No heap memory.
+ * The row functions below share one error contract.  raw is caller-owned,
+ * n * 264 bytes, read only during the call.  Every row is checked before
+ * anything is written.  On failure the return value is a negative errno
+ * and err (if not NULL) holds:
+ *   -EDOM   a row does not decode: err->row = the index within raw (0 ..
+ *           n - 1; not a table row id) of the first invalid row, err->msg =
+ *           "row <i>, value <j>: <reason>" (j: the value 0..255 whose code
+ *           is NaN or overflows) or "row <i>, scale <b>: <reason>" (b: the
+ *           NaN scale byte 0..7), the reason being one of "NaN code (E4M3
+ *           0x7F/0xFF)", "NaN scale (E8M0 0xFF)", "value overflows float32
+ *           (non-finite)" (the text after the first ": ").
+ *   -EINVAL a bad argument; err->row = ENGRAM_NO_ROW.
+ * err->code = the return value and err->offset = ENGRAM_NO_OFFSET either
+ * way; on success err is not touched.  Nothing is formatted unless a row
+ * fails and err is not NULL: passing err costs nothing on success.
+ */
+
+/*
+ * Decode n raw rows (SPEC.md section 7) into out: n * 256 BF16 values
+ * (uint16 bit patterns) or float32 values (each exactly a BF16), caller-
+ * owned.  If a row is invalid the call returns -EDOM and writes nothing to
+ * out.  -EINVAL if s is not supported here, or raw or out is NULL with n >
+ * 0.  No heap memory.
  */
 int engram_rows_decode_bf16(engram_simd s, const uint8_t *raw, size_t n,
-                            uint16_t *out, size_t *bad);
+                            uint16_t *out, engram_error *err);
 int engram_rows_decode_f32(engram_simd s, const uint8_t *raw, size_t n,
-                           float *out, size_t *bad);
+                           float *out, engram_error *err);
 
-/* Checks n raw rows; 0 if all decode, else -EDOM with *bad = index of the
- * first invalid one.  Uses the selected SIMD kernels' fast check.  */
-int engram_rows_check(const uint8_t *raw, size_t n, size_t *bad);
+/* Checks n raw rows: 0 if all decode, else -EDOM naming the first invalid
+ * one (-EINVAL: raw NULL with n > 0).  Uses the selected SIMD kernels' fast
+ * check.  No heap memory. */
+int engram_rows_check(const uint8_t *raw, size_t n, engram_error *err);
 
-/* 0 if the raw row decodes, -EDOM if not (NaN code, NaN scale or overflow).
- * If why is not NULL it receives a short static reason. */
-int engram_row_check(const uint8_t raw[ENGRAM_ROW_BYTES], const char **why);
+/* One row: 0 if it decodes, -EDOM if not (NaN code, NaN scale or overflow),
+ * with err->row = 0 and the reason in err->msg as above. */
+int engram_row_check(const uint8_t raw[ENGRAM_ROW_BYTES], engram_error *err);
 
 /* ------------------------------------------------------------------ model */
 
@@ -586,7 +619,11 @@ int engram_reader_step_poll(engram_reader *r, engram_error *err);
  * with a step in flight does the same. */
 int engram_reader_step_cancel(engram_reader *r);
 
-void engram_reader_stats(const engram_reader *r, engram_io_stats *st);
+/* Fills *st with the reader's facts and its counters since open or the
+ * last engram_reader_reset_stats (which zeroes them and the step latency
+ * histogram).  Its strings (engine, note, drop) are static or owned by the
+ * reader.  Like every call on a reader, not concurrent with its others. */
+void engram_reader_get_stats(const engram_reader *r, engram_io_stats *st);
 void engram_reader_reset_stats(engram_reader *r);
 
 /* ------------------------------------------------------------------ sessions */
@@ -665,7 +702,7 @@ typedef struct engram_pool_opts {
  * reader breaks (its engine stops answering, see the reader), every step
  * and prefill in progress fails at once with -EIO (histories unchanged,
  * their buffers no longer written), every later begin is refused with
- * -EIO, and engram_pool_stats_get reports io.broken = 1: close the
+ * -EIO, and engram_pool_get_stats reports io.broken = 1: close the
  * sessions and the pool and open another.  Closing does not wait for the
  * dead engine's reads (their memory is kept, as for the reader).
  *
@@ -694,7 +731,10 @@ typedef struct engram_pool_stats {
     uint64_t prefill_ring_bytes;      /* bytes of rings held now, in use or kept */
     int closed;                  /* engram_pool_close has begun              */
 } engram_pool_stats;
-void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st);
+/* Fills *st (caller-owned) with the pool's counters since open; may be
+ * called from any thread at any time (it takes the pool's lock briefly).
+ * st->io's strings are owned by the pool, valid until engram_pool_close. */
+void engram_pool_get_stats(engram_pool *p, engram_pool_stats *st);
 
 /* A session: history reset (all dead), idle.  -ENOMEM, -ESHUTDOWN. */
 int engram_session_open(engram_pool *p, engram_session **out, engram_error *err);
@@ -863,6 +903,28 @@ int engram_prefill_end_timed(engram_prefill *pf, uint64_t timeout_ns, engram_err
  * the history is unchanged.  No buffer of it is written after this
  * returns. */
 void engram_prefill_cancel(engram_prefill *pf);
+
+/* ------------------------------------------------------------------ old names */
+
+/* Earlier names kept for one release as inline wrappers (nothing exported):
+ * using one draws a deprecation warning; they go in the next release. */
+#if defined(__GNUC__) || defined(__clang__)
+#define ENGRAM_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define ENGRAM_DEPRECATED(msg)
+#endif
+
+ENGRAM_DEPRECATED("use engram_reader_get_stats")
+static inline void engram_reader_stats(const engram_reader *r, engram_io_stats *st)
+{
+    engram_reader_get_stats(r, st);
+}
+
+ENGRAM_DEPRECATED("use engram_pool_get_stats")
+static inline void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st)
+{
+    engram_pool_get_stats(p, st);
+}
 
 #pragma GCC visibility pop
 

@@ -76,8 +76,11 @@ extern "C" {
  * follow such edges. */
 #define ENGRAM_CUDA_SERIAL_GATE 4u
 
-/* 1 if a CUDA device can be used; else 0 with the reason in why. */
-int engram_cuda_available(char *why, size_t why_len);
+/* 1 if a CUDA device can be used (err not touched); else 0, and err (if
+ * not NULL) holds code -ENODEV, offset ENGRAM_NO_OFFSET, row ENGRAM_NO_ROW
+ * and the reason in msg (the CUDA runtime's error text, or "no CUDA
+ * device").  A predicate, not a 0-or-errno call. */
+int engram_cuda_available(engram_error *err);
 
 /*
  * Staging: rows go from the SSD into the pool's reader buffers (O_DIRECT:

@@ -51,14 +51,21 @@ int engram_layout_multipliers(uint32_t compressed_vocab, uint32_t layer, int n, 
  * scale would be 2^128 (not a float): they saturate to the largest finite
  * code, counted in *saturated (if not NULL; added to).  Values below the
  * smallest step of their block (2^-9 of its scale) round to zero.
- * Policy for non-finite input: NaN or +-Inf is rejected (-EDOM, *bad = the
- * index of the first such value, out untouched).  Every row written decodes
+ * in and out are caller-owned (n_rows * 256 inputs, n_rows * 264 bytes
+ * out).  Policy for non-finite input: NaN or +-Inf is rejected before
+ * anything is written: -EDOM, out untouched, and err (if not NULL) holds
+ * row = the index within the call of the row holding the first such value
+ * (not a table row id), offset = ENGRAM_NO_OFFSET and msg = "row <i>,
+ * value <j>: NaN cannot be quantized" (or "infinity cannot be quantized"),
+ * j = that value's index 0..255 in its row.  -EINVAL (err->row =
+ * ENGRAM_NO_ROW): in or out NULL with n_rows > 0, or n_rows * 264 past
+ * SIZE_MAX.  On success err is not touched.  Every row written decodes
  * (engram_rows_decode_*).  No heap memory.
  */
-int engram_rows_quantize_f32(const float *in, size_t n_rows, uint8_t *out, size_t *bad,
-                             uint64_t *saturated);
-int engram_rows_quantize_bf16(const uint16_t *in, size_t n_rows, uint8_t *out, size_t *bad,
-                              uint64_t *saturated);
+int engram_rows_quantize_f32(const float *in, size_t n_rows, uint8_t *out, uint64_t *saturated,
+                             engram_error *err);
+int engram_rows_quantize_bf16(const uint16_t *in, size_t n_rows, uint8_t *out,
+                              uint64_t *saturated, engram_error *err);
 
 /* ------------------------------------------------------------------ token map */
 

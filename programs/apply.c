@@ -263,7 +263,7 @@ int cmd_apply(int argc, char **argv)
     }
     if (!st) {
         engram_io_stats io;
-        engram_reader_stats(r.rd, &io);
+        engram_reader_get_stats(r.rd, &io);
         double dt = now_s() - t0;
         printf("applied layer %" PRIu64 " to %zu tokens (%" PRIu64 " masked): W %u, %u streams\n",
                layer, n, masked, li.width, li.streams);

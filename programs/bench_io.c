@@ -330,7 +330,7 @@ static int section_depths(struct bench *b, struct depth_point *pts)
         double ours_r[ROUNDS], plain_r[ROUNDS], mix_r[ROUNDS], batched_r[ROUNDS], cores_r[ROUNDS];
         double slice = b->seconds / ROUNDS < 1 ? 1 : b->seconds / ROUNDS;
         engram_io_stats st;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         unsigned r_depth = st.depth;
         for (int round = 0; round < ROUNDS; round++) {
             /* The four runs rotate their order every round, so no tool
@@ -362,7 +362,7 @@ static int section_depths(struct bench *b, struct depth_point *pts)
                     t1 = now_s();
                 } while (t1 - t0 < slice);
                 cores_r[round] = (cpu_s() - c0) / (t1 - t0);
-                engram_reader_stats(r, &st);
+                engram_reader_get_stats(r, &st);
                 ours_r[round] = (double)st.rows_read / (t1 - t0);
             }
         }
@@ -408,7 +408,7 @@ static int section_decode(struct bench *b)
         }
     }
     engram_io_stats st;
-    engram_reader_stats(r, &st);
+    engram_reader_get_stats(r, &st);
     engram_reader_close(r);
     printf("    engram (%s): %" PRIu64 " steps, p50 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us\n",
            st.engine, st.steps, (double)st.step_p50_ns / 1e3, (double)st.step_p99_ns / 1e3,
@@ -626,10 +626,10 @@ static int section_prefill(struct bench *b)
             }
         }
         engram_io_stats st, stc;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         memset(&stc, 0, sizeof stc);
         if (rc)
-            engram_reader_stats(rc, &stc);
+            engram_reader_get_stats(rc, &stc);
         engram_reader_close(r);
         engram_reader_close(rc);
         drop_file_cache(b);
@@ -893,7 +893,7 @@ int cmd_bench(int argc, char **argv)
             engram_model_close(b.m);
             return fail_lib(-EIO, &err, "reader");
         }
-        engram_reader_stats(r, &s);
+        engram_reader_get_stats(r, &s);
         b.align = s.align > 1 ? s.align : 512;
         /* Rows start at multiples of 264 from the table offset: count the
          * share whose bytes span two aligned blocks. */

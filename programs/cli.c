@@ -98,6 +98,12 @@ void json_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
+const char *row_reason(const engram_error *err)
+{
+    const char *p = strstr(err->msg, ": ");
+    return p ? p + 2 : err->msg;
+}
+
 double now_s(void)
 {
     struct timespec ts;

@@ -16,6 +16,9 @@ extern const char *prog;
 
 int fail_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int fail_lib(int rc, const engram_error *err, const char *what);
+/* The reason of a row codec's -EDOM (engram.h: the text after the first
+ * ": " of "row <i>, value <j>: <reason>"); the whole message otherwise. */
+const char *row_reason(const engram_error *err);
 double now_s(void);
 /* Writes s (NULL: "") as a JSON string literal: '"' and '\\' escaped,
  * \b \f \n \r \t, other control characters as \u00XX; well-formed UTF-8

@@ -109,7 +109,7 @@ static int cmd_info(int argc, char **argv)
     io.note = io.drop = "";
     engram_error rerr;
     if (engram_reader_open(m, NULL, &rd, &rerr) == 0)
-        engram_reader_stats(rd, &io);
+        engram_reader_get_stats(rd, &io);
     else
         io.note = rerr.msg;
     if (json) {
@@ -476,15 +476,14 @@ static int scan_table(int fd, int t, const engram_table_info *ti, uint8_t *buf, 
         }
         posix_fadvise(fd, (off_t)off, (off_t)bytes, POSIX_FADV_DONTNEED);
         s->read_bytes += bytes;
-        size_t at = 0, bad;
-        while (at < k && engram_rows_check(buf + at * ENGRAM_ROW_BYTES, k - at, &bad) == -EDOM) {
-            const char *why = "invalid";
-            engram_row_check(buf + (at + bad) * ENGRAM_ROW_BYTES, &why);
+        size_t at = 0;
+        engram_error e;
+        while (at < k && engram_rows_check(buf + at * ENGRAM_ROW_BYTES, k - at, &e) == -EDOM) {
             if (tty)
                 fputc('\n', stderr);
-            printf("table %d row %" PRIu64 ": %s\n", t, row + at + bad, why);
+            printf("table %d row %" PRIu64 ": %s\n", t, row + at + e.row, row_reason(&e));
             s->bad++;
-            at += bad + 1;
+            at += (size_t)e.row + 1;
         }
         row += k;
         if (tty && now_s() - last > 0.2) {
@@ -577,7 +576,7 @@ static const char *main_help =
     "  layout --vocab-size V' [...]        multipliers and primes of a layout\n"
     "  quantize IN OUT / dequantize IN OUT float rows <-> 264-byte rows\n"
     "  bench io FILE [...]                 reader vs fio vs the reference's baseline\n"
-    "  version                             print the version\n"
+    "  version, --version                  print the library's version\n"
     "exit codes: 0 ok, 1 invalid data (model, row, token), 2 usage, 3 system error\n";
 
 int main(int argc, char **argv)
@@ -594,7 +593,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-        printf("engram %s\n", ENGRAM_VERSION);
+        printf("engram %s\n", engram_version());
         return 0;
     }
     static const struct {

@@ -861,7 +861,7 @@ int cmd_run(int argc, char **argv)
         }
         struct report o = {.path = path, .device = device, .layer_us = X, .threads = threads, .li = li,
                            .prompt_tokens = prompt_tokens, .fnv = fnv};
-        engram_pool_stats_get(R.pool, &o.ps);
+        engram_pool_get_stats(R.pool, &o.ps);
         o.p50 = quantile(R.step_lat, R.n_steps, 0.5);
         o.p99 = quantile(R.step_lat, R.n_steps, 0.99);
         o.growth = pages0 >= 0 && pages1 >= 0 ? pages1 - pages0 : 0;

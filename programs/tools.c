@@ -652,17 +652,21 @@ static int cmd_quantize(int argc, char **argv)
                                        (uint32_t)raw[4 * i + 2] << 16 | (uint32_t)raw[4 * i + 3] << 24;
             memcpy(&x[i], &u, 4);
         }
-        size_t bad = 0;
-        rc = engram_rows_quantize_f32(x, k, q, &bad, &st.sat);
+        engram_error e;
+        rc = engram_rows_quantize_f32(x, k, q, &st.sat, &e);
         if (rc == -EDOM) {
+            /* err names the row; its first non-finite value is the column */
+            size_t bad = (size_t)e.row * 256, end = bad + 255;
+            while (bad < end && isfinite(x[bad]))
+                bad++;
             fprintf(stderr, "%s: %s: row %" PRIu64 " column %zu is %s; NaN and Inf cannot be quantized\n",
                     prog, inp, r0 + bad / 256, bad % 256, isnan(x[bad]) ? "NaN" : "infinite");
             status = EXIT_DATA;
         } else if (rc < 0) {
-            status = fail_lib(rc, NULL, "quantize");
-        } else if (engram_rows_decode_f32(ENGRAM_SIMD_AUTO, q, k, y, &bad) < 0) {
+            status = fail_lib(rc, &e, "quantize");
+        } else if (engram_rows_decode_f32(ENGRAM_SIMD_AUTO, q, k, y, &e) < 0) {
             fprintf(stderr, "%s: internal error: quantized row %" PRIu64 " does not decode\n", prog,
-                    r0 + bad);
+                    r0 + e.row);
             status = EXIT_SYSTEM;
         } else if (fwrite(q, ENGRAM_ROW_BYTES, k, out.f) != k) {
             fprintf(stderr, "%s: cannot write '%s': %s\n", prog, outp, strerror(errno));
@@ -732,21 +736,21 @@ static int cmd_dequantize(int argc, char **argv)
             status = EXIT_SYSTEM;
     }
     for (uint64_t r0 = 0; r0 < rows && status == 0; r0 += Q_CHUNK_ROWS) {
-        size_t k = rows - r0 < Q_CHUNK_ROWS ? (size_t)(rows - r0) : Q_CHUNK_ROWS, bad = 0;
+        size_t k = rows - r0 < Q_CHUNK_ROWS ? (size_t)(rows - r0) : Q_CHUNK_ROWS;
+        engram_error e;
         if (fread(raw, ENGRAM_ROW_BYTES, k, f) != k) {
             fprintf(stderr, "%s: '%s': read failed or file shrank\n", prog, inp);
             status = EXIT_SYSTEM;
             break;
         }
-        rc = bf16 ? engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, k, (uint16_t *)vals, &bad)
-                  : engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, k, (float *)vals, &bad);
+        rc = bf16 ? engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, k, (uint16_t *)vals, &e)
+                  : engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, k, (float *)vals, &e);
         if (rc == -EDOM) {
-            const char *why = "invalid";
-            engram_row_check(raw + bad * ENGRAM_ROW_BYTES, &why);
-            fprintf(stderr, "%s: %s: row %" PRIu64 " does not decode: %s\n", prog, inp, r0 + bad, why);
+            fprintf(stderr, "%s: %s: row %" PRIu64 " does not decode: %s\n", prog, inp, r0 + e.row,
+                    row_reason(&e));
             status = EXIT_DATA;
         } else if (rc < 0) {
-            status = fail_lib(rc, NULL, "dequantize");
+            status = fail_lib(rc, &e, "dequantize");
         } else if (fwrite(vals, es * ENGRAM_ROW_VALUES, k, out.f) != k) {
             fprintf(stderr, "%s: cannot write '%s': %s\n", prog, outp, strerror(errno));
             status = EXIT_SYSTEM;

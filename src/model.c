@@ -11,6 +11,7 @@
 #include "hash.h"
 #include "layout.h"
 #include "model.h"
+#include "rowcodec.h"
 #include "util.h"
 
 #define PAGE_ALIGN 4096u
@@ -246,12 +247,13 @@ static int read_decoded(const engram_model *m, int t, const uint32_t *rows, size
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for %zu rows", n);
     rc = engram_model_read_raw(m, t, rows, n, raw, err);
     if (rc == 0) {
-        size_t bad = 0;
-        rc = f32 ? engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, n, out, &bad)
-                 : engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, n, out, &bad);
+        engram_error e; /* e.row: the first invalid row's index in rows */
+        rc = f32 ? engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, n, out, &e)
+                 : engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, n, out, &e);
         if (rc == -EDOM) {
+            size_t bad = (size_t)e.row;
             const char *why = "invalid";
-            engram_row_check(raw + bad * ENGRAM_ROW_BYTES, &why);
+            row_check_reason(raw + bad * ENGRAM_ROW_BYTES, &why);
             err_set_row(err, rc, rows[bad], "row %u of table %d: %s", rows[bad], t, why);
         }
     }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engram_tools.h"
+#include "util.h"
 
 #define BLOCK 32
 
@@ -80,16 +81,16 @@ static uint32_t f32_bits(float x)
 }
 
 static int quantize_rows(const float *f32, const uint16_t *bf16, size_t n_rows, uint8_t *out,
-                         size_t *bad, uint64_t *saturated)
+                         uint64_t *saturated, engram_error *err)
 {
     size_t total = n_rows * ENGRAM_ROW_VALUES;
     for (size_t i = 0; i < total; i++) {
         uint32_t u = f32 ? f32_bits(f32[i]) : (uint32_t)bf16[i] << 16;
-        if ((u & 0x7F800000u) == 0x7F800000u) { /* NaN or Inf */
-            if (bad)
-                *bad = i;
-            return -EDOM;
-        }
+        if ((u & 0x7F800000u) == 0x7F800000u) /* NaN or Inf */
+            return err_set_row(err, -EDOM, i / ENGRAM_ROW_VALUES, "row %zu, value %zu: %s",
+                               i / ENGRAM_ROW_VALUES, i % ENGRAM_ROW_VALUES,
+                               (u & 0x007FFFFFu) ? "NaN cannot be quantized"
+                                                 : "infinity cannot be quantized");
     }
     uint64_t sat = 0;
     for (size_t r = 0; r < n_rows; r++) {
@@ -114,18 +115,26 @@ static int quantize_rows(const float *f32, const uint16_t *bf16, size_t n_rows, 
     return 0;
 }
 
-int engram_rows_quantize_f32(const float *in, size_t n_rows, uint8_t *out, size_t *bad,
-                             uint64_t *saturated)
+static int check_args(const void *in, size_t n_rows, const uint8_t *out, engram_error *err)
 {
-    if ((n_rows && (!in || !out)) || n_rows > SIZE_MAX / ENGRAM_ROW_BYTES)
-        return -EINVAL;
-    return quantize_rows(in, NULL, n_rows, out, bad, saturated);
+    if (n_rows && (!in || !out))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "rows to quantize or output: NULL");
+    if (n_rows > SIZE_MAX / ENGRAM_ROW_BYTES)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "%zu rows: the output size overflows",
+                       n_rows);
+    return 0;
 }
 
-int engram_rows_quantize_bf16(const uint16_t *in, size_t n_rows, uint8_t *out, size_t *bad,
-                              uint64_t *saturated)
+int engram_rows_quantize_f32(const float *in, size_t n_rows, uint8_t *out, uint64_t *saturated,
+                             engram_error *err)
 {
-    if ((n_rows && (!in || !out)) || n_rows > SIZE_MAX / ENGRAM_ROW_BYTES)
-        return -EINVAL;
-    return quantize_rows(NULL, in, n_rows, out, bad, saturated);
+    int rc = check_args(in, n_rows, out, err);
+    return rc < 0 ? rc : quantize_rows(in, NULL, n_rows, out, saturated, err);
+}
+
+int engram_rows_quantize_bf16(const uint16_t *in, size_t n_rows, uint8_t *out,
+                              uint64_t *saturated, engram_error *err)
+{
+    int rc = check_args(in, n_rows, out, err);
+    return rc < 0 ? rc : quantize_rows(NULL, in, n_rows, out, saturated, err);
 }

@@ -487,7 +487,7 @@ void engram_reader_reset_stats(engram_reader *r)
     memset(r->hist, 0, sizeof r->hist);
 }
 
-void engram_reader_stats(const engram_reader *r, engram_io_stats *st)
+void engram_reader_get_stats(const engram_reader *r, engram_io_stats *st)
 {
     *st = r->st;
     st->engine = r->eng ? r->eng->name : "none";
@@ -656,10 +656,10 @@ static int write_row(const uint8_t *raw, int dtype, void *dst, const char **why)
         rc = engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, (float *)dst, NULL);
     else if (dtype == ENGRAM_BF16)
         rc = engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, (uint16_t *)dst, NULL);
-    else if ((rc = engram_row_check(raw, why)) == 0)
+    else if ((rc = row_check_reason(raw, why)) == 0)
         memcpy(dst, raw, ENGRAM_ROW_BYTES);
     if (rc == -EDOM && dtype != ENGRAM_RAW)
-        engram_row_check(raw, why);
+        row_check_reason(raw, why);
     return rc;
 }
 

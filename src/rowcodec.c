@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "rowcodec.h"
+#include "util.h"
 
 static inline uint16_t bf16_rne(uint32_t f32_bits)
 {
@@ -38,31 +39,67 @@ uint16_t row_decode_value(uint8_t code, uint8_t scale)
     return bf16_rne(bits | sign);
 }
 
-int engram_row_check(const uint8_t raw[ENGRAM_ROW_BYTES], const char **why)
+/* The first fault of a row in memory order of its blocks: *why and *at (a
+ * value 0..255 whose code is NaN or overflows, or 256 + b for the NaN scale
+ * byte of block b).  Both written only on failure. */
+static inline int row_fault(const uint8_t *raw, const char **why, unsigned *at)
 {
     for (int b = 0; b < ENGRAM_ROW_VALUES / ROW_BLOCK; b++) {
         uint8_t s = raw[ENGRAM_ROW_VALUES + b];
         if (s == 255) {
-            if (why)
-                *why = "NaN scale (E8M0 0xFF)";
+            *why = "NaN scale (E8M0 0xFF)";
+            *at = ENGRAM_ROW_VALUES + (unsigned)b;
             return -EDOM;
         }
         for (int i = 0; i < ROW_BLOCK; i++) {
             uint8_t mag = raw[b * ROW_BLOCK + i] & 0x7f;
             if (mag == 0x7f) {
-                if (why)
-                    *why = "NaN code (E4M3 0x7F/0xFF)";
+                *why = "NaN code (E4M3 0x7F/0xFF)";
+                *at = (unsigned)(b * ROW_BLOCK + i);
                 return -EDOM;
             }
             /* |v| < 2^(e-6) for e > 0: the product overflows float32 iff
              * e - 7 + s - 127 >= 128. */
             if ((mag >> 3) + s >= 262) {
-                if (why)
-                    *why = "value overflows float32 (non-finite)";
+                *why = "value overflows float32 (non-finite)";
+                *at = (unsigned)(b * ROW_BLOCK + i);
                 return -EDOM;
             }
         }
     }
+    return 0;
+}
+
+int row_check_reason(const uint8_t *raw, const char **why)
+{
+    const char *w;
+    unsigned at;
+    int rc = row_fault(raw, &w, &at);
+    if (rc < 0 && why)
+        *why = w;
+    return rc;
+}
+
+/* Row `index` of a call does not decode: the public error (cold: the
+ * checks themselves never format). */
+__attribute__((cold, noinline)) static int row_error(engram_error *err, const uint8_t *row,
+                                                     size_t index)
+{
+    if (!err)
+        return -EDOM;
+    const char *why = "invalid";
+    unsigned at = 0;
+    row_fault(row, &why, &at);
+    if (at >= ENGRAM_ROW_VALUES)
+        return err_set_row(err, -EDOM, index, "row %zu, scale %u: %s", index,
+                           at - ENGRAM_ROW_VALUES, why);
+    return err_set_row(err, -EDOM, index, "row %zu, value %u: %s", index, at, why);
+}
+
+int engram_row_check(const uint8_t raw[ENGRAM_ROW_BYTES], engram_error *err)
+{
+    if (row_check_reason(raw, NULL) < 0)
+        return row_error(err, raw, 0);
     return 0;
 }
 
@@ -173,35 +210,35 @@ static const struct row_kernels *resolve(engram_simd s)
 }
 
 /* Every row is checked before anything is written (validate, then mutate). */
-static int check_rows(const struct row_kernels *k, const uint8_t *raw, size_t n, size_t *bad)
+static int check_rows(const struct row_kernels *k, const uint8_t *raw, size_t n, engram_error *err)
 {
     for (size_t r = 0; r < n; r++) {
         const uint8_t *row = raw + r * ENGRAM_ROW_BYTES;
-        if (!k->fast_ok(row) && engram_row_check(row, NULL) < 0) {
-            if (bad)
-                *bad = r;
-            return -EDOM;
-        }
+        if (!k->fast_ok(row) && row_check_reason(row, NULL) < 0)
+            return row_error(err, row, r);
     }
     return 0;
 }
 
-int engram_rows_check(const uint8_t *raw, size_t n, size_t *bad)
+int engram_rows_check(const uint8_t *raw, size_t n, engram_error *err)
 {
     if (n > 0 && !raw)
-        return -EINVAL;
-    return check_rows(resolve(ENGRAM_SIMD_AUTO), raw, n, bad);
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "rows to check: NULL");
+    return check_rows(resolve(ENGRAM_SIMD_AUTO), raw, n, err);
 }
 
 /* Both output formats: check every row first, then decode each with the
  * chosen kernels where their fast path applies, else with the reference. */
 static int decode_rows(engram_simd s, const uint8_t *raw, size_t n, void *out, int f32,
-                       size_t *bad)
+                       engram_error *err)
 {
     const struct row_kernels *k = resolve(s);
-    if (!k || (n > 0 && (!raw || !out)))
-        return -EINVAL;
-    int rc = check_rows(k, raw, n, bad);
+    if (!k)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "row kernels '%s' not supported here",
+                       engram_simd_name(s));
+    if (n > 0 && (!raw || !out))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "rows to decode or output: NULL");
+    int rc = check_rows(k, raw, n, err);
     if (rc < 0)
         return rc;
     for (size_t r = 0; r < n; r++) {
@@ -216,12 +253,13 @@ static int decode_rows(engram_simd s, const uint8_t *raw, size_t n, void *out, i
 }
 
 int engram_rows_decode_bf16(engram_simd s, const uint8_t *raw, size_t n, uint16_t *out,
-                            size_t *bad)
+                            engram_error *err)
 {
-    return decode_rows(s, raw, n, out, 0, bad);
+    return decode_rows(s, raw, n, out, 0, err);
 }
 
-int engram_rows_decode_f32(engram_simd s, const uint8_t *raw, size_t n, float *out, size_t *bad)
+int engram_rows_decode_f32(engram_simd s, const uint8_t *raw, size_t n, float *out,
+                           engram_error *err)
 {
-    return decode_rows(s, raw, n, out, 1, bad);
+    return decode_rows(s, raw, n, out, 1, err);
 }

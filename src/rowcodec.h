@@ -40,7 +40,15 @@ extern const struct row_kernels row_kernels_scalar;
 extern const struct row_kernels row_kernels_avx2;
 extern const struct row_kernels row_kernels_avx512;
 
-/* Scalar reference for one value; the row must pass engram_row_check. */
+/* Scalar reference for one value; the row must pass row_check_reason. */
 uint16_t row_decode_value(uint8_t code, uint8_t scale);
+
+/* The per-row check of the hot paths (the reader's and the pool's
+ * deliveries, engram_model_read_*'s message): 0 if the raw row decodes, else
+ * -EDOM with *why (if not NULL) one of the short static reasons "NaN code
+ * (E4M3 0x7F/0xFF)", "NaN scale (E8M0 0xFF)", "value overflows float32
+ * (non-finite)".  Formats nothing; engram_row_check wraps it for the public
+ * engram_error. */
+int row_check_reason(const uint8_t *raw, const char **why);
 
 #endif

@@ -249,7 +249,7 @@ static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw
 static int round_deliver(struct rjob *j, const uint8_t *raw, size_t lo, size_t hi, const char **why)
 {
     struct round *rd = j->ctx;
-    if (engram_row_check(raw, why) < 0) {
+    if (row_check_reason(raw, why) < 0) {
         /* a row that does not decode fails the steps that asked for it */
         engram_error e;
         uint32_t row = (uint32_t)(j->reqs[lo] >> 32);
@@ -637,7 +637,7 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
         free(p);
         return rc;
     }
-    engram_reader_stats(p->r, &p->io0); /* before the I/O thread owns the reader */
+    engram_reader_get_stats(p->r, &p->io0); /* before the I/O thread owns the reader */
     pthread_mutex_init(&p->mu, NULL);
     cond_init_mono(&p->cv);
     rc = thread_start(&p->thread, 256u << 10, io_main, p);
@@ -682,7 +682,7 @@ void engram_pool_close(engram_pool *p)
         pool_free_shell(p);
 }
 
-void engram_pool_stats_get(engram_pool *p, engram_pool_stats *st)
+void engram_pool_get_stats(engram_pool *p, engram_pool_stats *st)
 {
     memset(st, 0, sizeof *st);
     pthread_mutex_lock(&p->mu);

@@ -373,7 +373,7 @@ int main(int argc, char **argv)
         pthread_join(th[i], NULL);
     double el = now() - t0;
     engram_pool_stats st;
-    engram_pool_stats_get(pool, &st);
+    engram_pool_get_stats(pool, &st);
     engram_pool_close(pool);
     engram_model_close(model);
     for (int t = 0; t < 2; t++)

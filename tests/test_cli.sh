@@ -27,6 +27,12 @@ expect_rc() { # expect_rc RC NEEDLE DESCRIPTION COMMAND...
         bad "$d (rc $rc, wanted $want and '$needle')"; head -3 "$T/err" >&2; fi
 }
 
+# ---------------------------------------------------------------- version
+want_v="engram $(sed -n 's/^#define ENGRAM_VERSION "\(.*\)"/\1/p' include/engram.h)"
+for v in version --version; do
+    [ "$("$ENGRAM" $v)" = "$want_v" ] && ok || bad "engram $v does not print '$want_v'"
+done
+
 # ---------------------------------------------------------------- a small model
 M="$T/small.gguf"
 check "build small model" "$ENGRAM" build "$M" --base 20000 --width 16 --fill random --seed 9

@@ -427,7 +427,7 @@ static void transient_reap(engram_model *m, const uint32_t *rows, const uint16_t
         engram_io_stats st;
         engram_reader_reset_stats(r);
         CHECK_EQ(step_eq(r, rows, w0, w1, &err), 0);
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         CHECK(st.rows_read > 0);
         /* A hard engine error fails the batch; the reader stays exact. */
         fe_arm(FE_REAP, 2, -EIO, 1);
@@ -545,7 +545,7 @@ static void smaller(engram_model *m, const uint32_t *rows, const uint16_t *w0, c
         if (!r)
             continue;
         engram_io_stats st;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         CHECK(st.depth > 0);
         CHECK_EQ(st.direct, align <= (32u << 10));
         CHECK_EQ(st.align, align <= (32u << 10) ? align : 1);
@@ -565,7 +565,7 @@ static void smaller(engram_model *m, const uint32_t *rows, const uint16_t *w0, c
         CHECK_EQ(batch_eq(r, 0, rows, n, w0, &err), 0);
         CHECK_EQ(fe.fired, 5);
         engram_io_stats st;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         CHECK(st.retries >= 5);
         fe_arm(FE_CQE, 2, FE_SHORT, 3);
         CHECK_EQ(step_eq(r, rows, w0, w1, &err), 0);
@@ -667,7 +667,7 @@ static int outcome_ok(const struct fault *f, int rc, const engram_error *err, en
         }
     }
     engram_io_stats st;
-    engram_reader_stats(r, &st);
+    engram_reader_get_stats(r, &st);
     if (st.in_flight != 0 || st.broken) {
         fprintf(stderr, "  %s at %ld: %u reads in flight after the call, broken %d\n",
                 fault_name(f), fe.plan.at, st.in_flight, st.broken);
@@ -797,12 +797,12 @@ static void cancels(engram_model *m, const uint32_t *rows, const uint16_t *w0, c
                     if (engram_reader_step_poll(r, &err) != -EAGAIN)
                         break; /* finished before the cancel: then nothing to cancel */
                 engram_io_stats st;
-                engram_reader_stats(r, &st);
+                engram_reader_get_stats(r, &st);
                 if (refuse)
                     fe_arm(FE_CANCEL, 1, -EIO, 1);
                 int rc = engram_reader_step_cancel(r);
                 fe_disarm();
-                engram_reader_stats(r, &st);
+                engram_reader_get_stats(r, &st);
                 CHECK(rc == 0 || rc == -EINVAL);
                 CHECK_EQ(st.in_flight, 0);
                 CHECK_EQ(engram_reader_step_wait(r, &err), -EINVAL); /* the step is over */
@@ -810,7 +810,7 @@ static void cancels(engram_model *m, const uint32_t *rows, const uint16_t *w0, c
             }
         }
         engram_io_stats st;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         CHECK(st.steps_cancelled > 0);
         engram_reader_close(r);
         contract_clean("cancel");
@@ -833,7 +833,7 @@ static void engine_dies(engram_model *m, const uint32_t *rows, const uint16_t *w
             int rc = in_step ? step_eq(r, rows, w0, w1, &err) : batch_eq(r, 0, rows, 4, w0, &err);
             CHECK_EQ(rc, -EIO);
             engram_io_stats st;
-            engram_reader_stats(r, &st);
+            engram_reader_get_stats(r, &st);
             CHECK_EQ(st.broken, 1);
             CHECK(st.in_flight > 0);
             rc = batch_eq(r, 0, rows, 4, w0, &err);
@@ -879,7 +879,7 @@ static void engine_refuses(engram_model *m, const uint32_t *rows, const uint16_t
             }
             fe_disarm();
             engram_io_stats st;
-            engram_reader_stats(r, &st);
+            engram_reader_get_stats(r, &st);
             if (hard) {
                 CHECK_ERR(rc, err, -EIO, "cannot queue");
                 CHECK(err.row != ENGRAM_NO_ROW);
@@ -1366,7 +1366,7 @@ static void reader_done(void *vc, int faulted)
     if (faulted) {
         engram_io_stats st;
         engram_error err;
-        engram_reader_stats(c->r, &st);
+        engram_reader_get_stats(c->r, &st);
         CHECK(c->o.engine == ENGRAM_IO_AUTO && strcmp(st.engine, "threads") == 0);
         CHECK_EQ(batch_eq(c->r, 0, c->rows, 4, c->w0, &err), 0);
     }
@@ -1403,7 +1403,7 @@ static void setup_faults(engram_model *m, const uint32_t *rows, const uint16_t *
         o.engine = ENGRAM_IO_AUTO;
         CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
         engram_io_stats st;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         CHECK(strcmp(st.engine, "threads") == 0 && strstr(st.note, "io_uring refused") != NULL);
         CHECK_EQ(batch_eq(r, 0, rows, 4, w0, &err), 0);
         engram_reader_close(r);
@@ -1417,7 +1417,7 @@ static void setup_faults(engram_model *m, const uint32_t *rows, const uint16_t *
     setup.register_files = setup.register_buffers = 0;
     if (r) {
         engram_io_stats st;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         CHECK(strstr(st.note, "no fixed file") && strstr(st.note, "no fixed buffers"));
         CHECK_EQ(batch_eq(r, 0, rows, 4, w0, &err), 0);
         engram_reader_close(r);
@@ -1527,7 +1527,7 @@ static void session_faults(engram_model *m)
             }
         }
         engram_pool_stats st;
-        engram_pool_stats_get(p, &st);
+        engram_pool_get_stats(p, &st);
         CHECK_EQ(st.io.in_flight, 0);
         CHECK_EQ(st.io.broken, 0);
         engram_session_close(s);
@@ -1586,7 +1586,7 @@ static void pool_dies(engram_model *m)
             CHECK_EQ(engram_prefill_end(tpf, &err), -EIO);
         }
         engram_pool_stats st;
-        engram_pool_stats_get(p, &st);
+        engram_pool_get_stats(p, &st);
         CHECK_EQ(st.io.broken, 1);
         int rc = engram_step_begin(s, tok, NULL, 1, ENGRAM_BF16, out[0], &err);
         CHECK_ERR(rc, err, -EIO, "");

@@ -4,7 +4,10 @@
 # installed headers through pkg-config (engram for the runtime, engram-tools
 # for the model tools), dynamically and statically, run against a model the
 # tools write.  The runtime library must not need jansson or utf8proc; the
-# shared libraries export only engram_* symbols.
+# shared libraries export only engram_* symbols.  Outside the default prefix
+# (and with DESTDIR) install runs no ldconfig and prints one line saying how
+# to tell the runtime linker; following it (an rpath from pkg-config) works.
+# Nothing is installed into /usr/local.
 set -eu
 B=${1:-build}
 cd "$(dirname "$0")/.."
@@ -12,9 +15,27 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/engram-install-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-make --no-print-directory -s BUILD="$B" install PREFIX="$T/prefix" >/dev/null
+# A stand-in ldconfig on PATH: install must not run it here.
+mkdir -p "$T/bin"
+printf '#!/bin/sh\necho "$*" >> "%s/ldconfig.calls"\n' "$T" > "$T/bin/ldconfig"
+chmod +x "$T/bin/ldconfig"
+PATH="$T/bin:$PATH" make --no-print-directory -s BUILD="$B" install PREFIX="$T/prefix" > "$T/install.out"
 P="$T/prefix"
 export PKG_CONFIG_PATH="$P/lib/pkgconfig"
+# The hint: exactly one line, naming this prefix's lib and the rpath recipe.
+hint='-Wl,-rpath,$(pkg-config --variable=libdir engram)'
+[ "$(grep -c 'LD_LIBRARY_PATH' "$T/install.out")" = 1 ] || fail "install prints no (or several) hint lines: $(cat "$T/install.out")"
+grep 'LD_LIBRARY_PATH' "$T/install.out" | grep -F "LD_LIBRARY_PATH=$P/lib" | grep -qF -- "$hint" ||
+    fail "install's hint does not name $P/lib and the rpath: $(cat "$T/install.out")"
+# The default prefix staged through DESTDIR: the same hint (for /usr/local/lib),
+# files only under DESTDIR.
+PATH="$T/bin:$PATH" make --no-print-directory -s BUILD="$B" install PREFIX=/usr/local DESTDIR="$T/stage" \
+    > "$T/install_destdir.out"
+[ -f "$T/stage/usr/local/lib/libengram.so.0" ] || fail "DESTDIR install"
+[ "$(grep -c 'LD_LIBRARY_PATH' "$T/install_destdir.out")" = 1 ] &&
+    grep -F "LD_LIBRARY_PATH=/usr/local/lib" "$T/install_destdir.out" | grep -qF -- "$hint" ||
+    fail "DESTDIR install prints no hint: $(cat "$T/install_destdir.out")"
+[ ! -e "$T/ldconfig.calls" ] || fail "install ran ldconfig outside the default prefix: $(cat "$T/ldconfig.calls")"
 
 # What each shared library needs and exports.
 readelf -d "$P/lib/libengram.so.0" | grep NEEDED > "$T/needed"
@@ -64,6 +85,28 @@ int main(int argc, char **argv)
     return 0;
 }
 C
+cat > "$T/version.c" <<'C'
+#include <engram.h>
+#include <stdio.h>
+/* The library actually loaded, and the headers compiled against. */
+int main(void)
+{
+    printf("%s %s\n", engram_version(), ENGRAM_VERSION);
+    return 0;
+}
+C
+cat > "$T/old_names.c" <<'C'
+#include <engram.h>
+/* The 0.1.0 getter names still build (with a deprecation warning). */
+void f(engram_reader *r, engram_pool *p);
+void f(engram_reader *r, engram_pool *p)
+{
+    engram_io_stats st;
+    engram_pool_stats ps;
+    engram_reader_stats(r, &st);
+    engram_pool_stats_get(p, &ps);
+}
+C
 cat > "$T/engine.c" <<'C'
 #include <engram.h>
 #include <stdio.h>
@@ -93,6 +136,17 @@ $CC -std=c11 -Wall -Werror -o "$T/engine" "$T/engine.c" $(pkg-config --cflags --
 $CC -std=c11 -Wall -Werror -o "$T/engine_static" "$T/engine.c" $(pkg-config --cflags engram) \
     "$P/lib/libengram.a" $(pkg-config --static --libs-only-l engram | sed 's/-lengram//')
 if ldd "$T/engine" | grep -E 'jansson|utf8proc'; then fail "engine program pulls tools deps"; fi
+# As the hint says: an rpath from pkg-config, then no LD_LIBRARY_PATH.
+# shellcheck disable=SC2046
+$CC -std=c11 -Wall -Werror -o "$T/version" "$T/version.c" $(pkg-config --cflags --libs engram) \
+    -Wl,-rpath,"$(pkg-config --variable=libdir engram)"
+v=$(env -u LD_LIBRARY_PATH "$T/version") || fail "a program linked with the hint's rpath does not run"
+[ "$v" = "$(pkg-config --modversion engram) $(pkg-config --modversion engram)" ] ||
+    fail "engram_version() / ENGRAM_VERSION '$v' vs pkg-config $(pkg-config --modversion engram)"
+# shellcheck disable=SC2046
+$CC -std=c11 -Wall -c -o "$T/old_names.o" "$T/old_names.c" $(pkg-config --cflags engram) 2> "$T/old_names.err" ||
+    fail "the deprecated getter names no longer build"
+[ "$(grep -c 'is deprecated' "$T/old_names.err")" = 2 ] || fail "old names without a deprecation warning: $(cat "$T/old_names.err")"
 LD_LIBRARY_PATH="$P/lib" "$T/tools" "$T/m.gguf" || fail "tools program"
 a=$(LD_LIBRARY_PATH="$P/lib" "$T/engine" "$T/m.gguf") || fail "engine program"
 b=$("$T/engine_static" "$T/m.gguf") || fail "static engine program"

@@ -90,7 +90,7 @@ int main(void)
             CHECK_EQ(engram_reader_step_wait(r, &err), 0);
         }
         engram_io_stats st;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         engram_reader_close(r);
         uint64_t after = resident(path, lo, hi);
         printf("%-48s rows read %6llu  resident table pages %llu -> %llu (of %llu)\n",

@@ -97,7 +97,7 @@ static void batches(engram_model *m)
             continue;
         }
         engram_io_stats st;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         CHECK(strcmp(st.engine, engine_names[e]) == 0);
         CHECK_EQ(st.direct, e != 2);
         CHECK(st.reserved_bytes <= ENGRAM_READER_MAX_BYTES);
@@ -113,7 +113,7 @@ static void batches(engram_model *m)
                 CHECK(memcmp(got, want, bytes) == 0);
                 for (int k = 0; k < 64; k++)
                     CHECK(got[bytes + k] == 0xee);
-                engram_reader_stats(r, &st);
+                engram_reader_get_stats(r, &st);
                 CHECK_EQ(st.rows_requested, n * 24);
                 CHECK_EQ(st.rows_read, expected_reads(rows, n, t)); /* each distinct row once */
                 CHECK(st.rows_read < st.rows_requested);
@@ -155,7 +155,7 @@ static void cached(engram_model *m)
                 engram_reader_reset_stats(r);
                 CHECK_EQ(engram_reader_batch(r, 1, rows, n, ENGRAM_BF16, got, &err), 0);
                 CHECK(memcmp(got, want, bytes) == 0);
-                engram_reader_stats(r, &st);
+                engram_reader_get_stats(r, &st);
                 CHECK_EQ(st.rows_read + st.cache_hits, distinct);
                 if (big && pass == 1)
                     CHECK_EQ(st.rows_read, 0);
@@ -179,7 +179,7 @@ static void cached(engram_model *m)
                     CHECK(memcmp(out, (float *)w0 + i * 24 * 256, 24 * 256 * 4) == 0);
                     CHECK(memcmp(out + 24 * 256, (float *)w1 + i * 24 * 256, 24 * 256 * 4) == 0);
                 }
-                engram_reader_stats(r, &st);
+                engram_reader_get_stats(r, &st);
                 CHECK_EQ(st.steps, ns);
                 CHECK_EQ(st.rows_read + st.cache_hits, ns * 48);
                 if (big && pass == 1)
@@ -232,7 +232,7 @@ static void steps(engram_model *m)
                 CHECK(memcmp(out + 24 * 256, (float *)want1 + i * 24 * 256, 24 * 256 * 4) == 0);
             }
             engram_io_stats st;
-            engram_reader_stats(r, &st);
+            engram_reader_get_stats(r, &st);
             CHECK_EQ(st.steps, n);
             CHECK(st.step_p50_ns > 0 && st.step_p50_ns <= st.step_p99_ns &&
                   st.step_p99_ns <= st.step_p999_ns);
@@ -333,7 +333,7 @@ static void errors(const char *path, const engram_layout *l)
         int rc = engram_reader_batch(r, 1, rows, 3, ENGRAM_BF16, out, &err);
         CHECK_ERR(rc, err, -EINVAL, "token 1 column 5");
         engram_io_stats st;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         CHECK_EQ(st.rows_read, 0);
         rows[48 + 24 + 5] = 1000;
         rc = engram_reader_batch(r, 1, rows, 3, ENGRAM_BF16, out, &err);
@@ -447,7 +447,7 @@ static void million(engram_model *m)
         CHECK_EQ(engram_reader_batch_stream(r, 0, rows, nt, ENGRAM_BF16, window, window_tokens,
                                             sink, &c, &err), 0);
         engram_io_stats st;
-        engram_reader_stats(r, &st);
+        engram_reader_get_stats(r, &st);
         CHECK_EQ(c.tokens, nt);
         CHECK_EQ(c.bad, 0);
         CHECK_EQ(st.rows_requested, nt * 24);
@@ -482,8 +482,16 @@ static void env_and_options(engram_model *m)
     setenv("ENGRAM_IO", "threads", 1);
     CHECK_EQ(engram_reader_open(m, NULL, &r, &err), 0);
     engram_io_stats st;
-    engram_reader_stats(r, &st);
+    engram_reader_get_stats(r, &st);
     CHECK(strcmp(st.engine, "threads") == 0);
+    /* The 0.1.0 name still works for one release (a deprecation warning). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    engram_io_stats old;
+    engram_reader_stats(r, &old);
+#pragma GCC diagnostic pop
+    CHECK(strcmp(old.engine, st.engine) == 0 && old.depth == st.depth &&
+          old.reserved_bytes == st.reserved_bytes);
     uint32_t *rows = hashed_stream(m, 5000, 9, 30);
     uint16_t *w = malloc(100 * 24 * 256 * 2);
     int rc = engram_reader_batch_stream(r, 0, rows, 5000, ENGRAM_BF16, w, 100, stop_sink, NULL, &err);
@@ -494,7 +502,7 @@ static void env_and_options(engram_model *m)
     setenv("ENGRAM_IO", "buffered", 1);
     setenv("ENGRAM_IO_DROP", "fadvise", 1);
     CHECK_EQ(engram_reader_open(m, NULL, &r, &err), 0);
-    engram_reader_stats(r, &st);
+    engram_reader_get_stats(r, &st);
     CHECK(strcmp(st.engine, "buffered") == 0 && strcmp(st.drop, "fadvise") == 0);
     engram_reader_close(r);
     unsetenv("ENGRAM_IO");

@@ -48,6 +48,29 @@ static const engram_simd impls[] = {ENGRAM_SIMD_SCALAR, ENGRAM_SIMD_AVX2, ENGRAM
                                     ENGRAM_SIMD_AUTO};
 #define N_IMPLS 4
 
+/* The engram_error of a row that fails (engram.h's row contract): code
+ * -EDOM, no offset, row = its index in the call, msg = want exactly. */
+static void check_row_error(const engram_error *e, size_t index, const char *want)
+{
+    CHECK_EQ(e->code, -EDOM);
+    CHECK(e->offset == ENGRAM_NO_OFFSET);
+    CHECK_EQ(e->row, (uint64_t)index);
+    if (strcmp(e->msg, want) != 0) {
+        tu_failures++;
+        fprintf(stderr, "row error '%s', want '%s'\n", e->msg, want);
+    }
+}
+
+/* What the message of a row whose first fault is byte `at` (a value 0..255
+ * or a scale byte 256..263) must say. */
+static void row_message(char *buf, size_t len, size_t index, int at, const char *why)
+{
+    if (at >= RV)
+        snprintf(buf, len, "row %zu, scale %d: %s", index, at - RV, why);
+    else
+        snprintf(buf, len, "row %zu, value %d: %s", index, at, why);
+}
+
 /* Decodes rows with impl in both formats, comparing with expected bits; also
  * checks canaries past the outputs. */
 static void check_rows(engram_simd s, const uint8_t *raw, size_t n, const uint16_t *want)
@@ -59,10 +82,12 @@ static void check_rows(engram_simd s, const uint8_t *raw, size_t n, const uint16
         b[i] = 0xa5a5;
         f[i] = -1234.5f;
     }
-    size_t bad = 999;
-    CHECK_EQ(engram_rows_decode_bf16(s, raw, n, b, &bad), 0);
-    CHECK_EQ(engram_rows_decode_f32(s, raw, n, f, &bad), 0);
-    CHECK_EQ(bad, 999);
+    engram_error e, e0; /* not touched on success */
+    memset(&e, 0x5c, sizeof e);
+    memset(&e0, 0x5c, sizeof e0);
+    CHECK_EQ(engram_rows_decode_bf16(s, raw, n, b, &e), 0);
+    CHECK_EQ(engram_rows_decode_f32(s, raw, n, f, &e), 0);
+    CHECK(memcmp(&e, &e0, sizeof e) == 0);
     size_t wrong = 0;
     for (size_t i = 0; i < n * RV; i++) {
         uint32_t fb;
@@ -98,6 +123,12 @@ static void exhaustive(void)
             uint16_t want[RV] = {0};
             int ok = oracle((uint8_t)c, (uint8_t)s, &want[c]);
             CHECK(ok >= 0);
+            /* the rejection's message: the scale byte first, then the code */
+            char msg[128];
+            row_message(msg, sizeof msg, 0, s == 255 ? RV + c / 32 : c,
+                        s == 255              ? "NaN scale (E8M0 0xFF)"
+                        : (c & 0x7f) == 0x7f ? "NaN code (E4M3 0x7F/0xFF)"
+                                             : "value overflows float32 (non-finite)");
             for (int k = 0; k < N_IMPLS; k++) {
                 if (!engram_simd_supported(impls[k]))
                     continue;
@@ -109,15 +140,20 @@ static void exhaustive(void)
                 } else {
                     uint16_t out[RV];
                     memset(out, 0x5a, sizeof out);
-                    size_t bad = 7;
-                    CHECK_EQ(engram_rows_decode_bf16(impls[k], row, 1, out, &bad), -EDOM);
-                    CHECK_EQ(bad, 0);
+                    engram_error e;
+                    CHECK_EQ(engram_rows_decode_bf16(impls[k], row, 1, out, &e), -EDOM);
+                    check_row_error(&e, 0, msg);
                     for (int i = 0; i < RV; i++)
                         CHECK(out[i] == 0x5a5a);
                     rejected++;
                 }
             }
             CHECK_EQ(engram_row_check(row, NULL), ok == 1 ? 0 : -EDOM);
+            if (ok != 1) {
+                engram_error e;
+                CHECK_EQ(engram_row_check(row, &e), -EDOM);
+                check_row_error(&e, 0, msg);
+            }
         }
     printf("exhaustive: %d rows agree with the oracle, %d rejections checked\n", agree, rejected);
 }
@@ -180,7 +216,8 @@ static void random_rows(void)
     free(want);
 }
 
-/* A batch with one bad row: -EDOM, its index, and nothing written. */
+/* A batch with one bad row: -EDOM, its index and reason in err, and nothing
+ * written. */
 static void batch_rejection(void)
 {
     enum { N = 10 };
@@ -203,9 +240,22 @@ static void batch_rejection(void)
         bad_raw[cases[k].row * RB + cases[k].at] = cases[k].v;
         if (cases[k].at >= RV) /* make the overflow real: a code with e = 15 */
             bad_raw[cases[k].row * RB + (cases[k].at - RV) * 32] = 0x78;
-        const char *why = NULL;
-        CHECK_EQ(engram_row_check(bad_raw + cases[k].row * RB, &why), -EDOM);
-        CHECK(why && strstr(why, cases[k].why));
+        /* the first fault: a NaN scale byte itself, else the value (an
+         * overflow: the e = 15 code under the large scale) */
+        int at = cases[k].at < RV ? cases[k].at
+                 : cases[k].v == 255 ? cases[k].at
+                                     : (cases[k].at - RV) * 32;
+        const char *why = cases[k].v == 255 && cases[k].at >= RV ? "NaN scale (E8M0 0xFF)"
+                          : cases[k].at < RV ? "NaN code (E4M3 0x7F/0xFF)"
+                                             : "value overflows float32 (non-finite)";
+        CHECK(strstr(why, cases[k].why));
+        char want1[128], want[128];
+        row_message(want1, sizeof want1, 0, at, why);
+        row_message(want, sizeof want, (size_t)cases[k].row, at, why);
+        engram_error e;
+        CHECK_EQ(engram_row_check(bad_raw + cases[k].row * RB, &e), -EDOM);
+        check_row_error(&e, 0, want1);
+        CHECK(strstr(e.msg, cases[k].why));
         for (int i = 0; i < N_IMPLS; i++) {
             if (!engram_simd_supported(impls[i]))
                 continue;
@@ -213,27 +263,35 @@ static void batch_rejection(void)
             float outf[N * RV];
             memset(out, 0x77, sizeof out);
             memset(outf, 0x77, sizeof outf);
-            size_t bad = 0;
-            CHECK_EQ(engram_rows_decode_bf16(impls[i], bad_raw, N, out, &bad), -EDOM);
-            CHECK_EQ(bad, (size_t)cases[k].row);
-            bad = 0;
-            CHECK_EQ(engram_rows_decode_f32(impls[i], bad_raw, N, outf, &bad), -EDOM);
-            CHECK_EQ(bad, (size_t)cases[k].row);
+            memset(&e, 0, sizeof e);
+            CHECK_EQ(engram_rows_decode_bf16(impls[i], bad_raw, N, out, &e), -EDOM);
+            check_row_error(&e, (size_t)cases[k].row, want);
+            CHECK(strstr(e.msg, cases[k].why));
+            memset(&e, 0, sizeof e);
+            CHECK_EQ(engram_rows_decode_f32(impls[i], bad_raw, N, outf, &e), -EDOM);
+            check_row_error(&e, (size_t)cases[k].row, want);
+            CHECK_EQ(engram_rows_decode_f32(impls[i], bad_raw, N, outf, NULL), -EDOM);
             int untouched = 1;
             for (size_t j = 0; j < sizeof out; j++)
                 untouched &= ((uint8_t *)out)[j] == 0x77;
             for (size_t j = 0; j < sizeof outf; j++)
                 untouched &= ((uint8_t *)outf)[j] == 0x77;
             CHECK(untouched);
-            bad = 0;
-            CHECK_EQ(engram_rows_check(bad_raw, N, &bad), -EDOM);
-            CHECK_EQ(bad, (size_t)cases[k].row);
+            memset(&e, 0, sizeof e);
+            CHECK_EQ(engram_rows_check(bad_raw, N, &e), -EDOM);
+            check_row_error(&e, (size_t)cases[k].row, want);
+            CHECK_EQ(engram_rows_check(bad_raw, N, NULL), -EDOM);
         }
     }
     CHECK_EQ(engram_rows_check(raw, N, NULL), 0);
-    size_t nb = 7;
-    CHECK_EQ(engram_rows_check(NULL, 1, &nb), -EINVAL); /* NULL rows */
-    CHECK_EQ(engram_rows_check(NULL, 0, &nb), 0);       /* nothing to check */
+    engram_error e, e0;
+    memset(&e, 0x5c, sizeof e);
+    memset(&e0, 0x5c, sizeof e0);
+    CHECK_EQ(engram_rows_check(raw, N, &e), 0);
+    CHECK_EQ(engram_rows_check(NULL, 0, &e), 0);       /* nothing to check */
+    CHECK(memcmp(&e, &e0, sizeof e) == 0);              /* err untouched on success */
+    CHECK_EQ(engram_rows_check(NULL, 1, &e), -EINVAL); /* NULL rows */
+    CHECK(e.code == -EINVAL && e.row == ENGRAM_NO_ROW && e.offset == ENGRAM_NO_OFFSET);
 }
 
 /* Results must not depend on FTZ/DAZ set by the caller. */
@@ -270,6 +328,11 @@ static void selection(void)
     uint16_t out[RV];
     CHECK_EQ(engram_rows_decode_bf16((engram_simd)99, row, 1, out, NULL), -EINVAL);
     CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_SCALAR, NULL, 1, out, NULL), -EINVAL);
+    engram_error e;
+    CHECK_ERR(engram_rows_decode_bf16((engram_simd)99, row, 1, out, &e), e, -EINVAL,
+              "not supported");
+    CHECK(e.row == ENGRAM_NO_ROW);
+    CHECK_ERR(engram_rows_decode_f32(ENGRAM_SIMD_SCALAR, row, 1, NULL, &e), e, -EINVAL, "NULL");
     CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_SCALAR, row, 0, NULL, NULL), 0);
     printf("simd: selected %s; avx2 %s, avx512 %s\n", engram_simd_name(engram_simd_selected()),
            engram_simd_supported(ENGRAM_SIMD_AVX2) ? "tested" : "not on this CPU",

@@ -242,7 +242,7 @@ static void batched(int e)
     }
     CHECK_EQ(bad, 0);
     engram_pool_stats st;
-    engram_pool_stats_get(p, &st);
+    engram_pool_get_stats(p, &st);
     CHECK_EQ(st.step_rows_requested, (uint64_t)B * STEPS * 48);
     CHECK(st.step_rows_read < st.step_rows_requested); /* shared rows read once */
     CHECK(st.rounds >= STEPS);
@@ -451,7 +451,7 @@ static void host_hooks(int e)
         if (!p)
             break;
         engram_pool_stats ps;
-        engram_pool_stats_get(p, &ps);
+        engram_pool_get_stats(p, &ps);
         /* the reader's I/O buffers, once, at open: at least `depth` reads' worth */
         CHECK_EQ(hl.regs, refuse ? 0 : 1);
         CHECK_EQ(ps.io.host_registered, refuse ? 0 : hl.len[0]);
@@ -484,7 +484,7 @@ static void host_hooks(int e)
                 good &= ring_chunk_ok(pf, t, c, want, refuse ? NULL : hl.p[1], refuse ? 0 : hl.len[1]);
         CHECK(good);
         CHECK_EQ(engram_prefill_end(pf, &err), 0);
-        engram_pool_stats_get(p, &ps);
+        engram_pool_get_stats(p, &ps);
         CHECK_EQ(ps.prefill_rings_allocated, 1);
         CHECK_EQ(ps.prefill_rings_reused, 1);
         CHECK_EQ(ps.prefill_ring_bytes, ring);
@@ -656,7 +656,7 @@ static void threads(int e)
     }
     CHECK_EQ(bad, 0);
     engram_pool_stats st;
-    engram_pool_stats_get(p, &st);
+    engram_pool_get_stats(p, &st);
     printf("threads %-8s: %d threads x %d sessions x %d steps + a 3000-token prefill: %llu rounds, "
            "%llu step rows requested, %llu read\n", engine_names[e], THREADS, PER, TSTEPS,
            (unsigned long long)st.rounds, (unsigned long long)st.step_rows_requested,

@@ -326,12 +326,12 @@ static void quantizer(void)
 {
     float x[256], y[256];
     uint8_t q[264], q2[264];
-    size_t bad = 99;
+    engram_error err;
     uint64_t sat = 0;
     /* Zeros and negative zeros: code 0 / 0x80, scale 2^0 (byte 127). */
     for (int i = 0; i < 256; i++)
         x[i] = i % 2 ? -0.0f : 0.0f;
-    CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &bad, &sat), 0);
+    CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &sat, &err), 0);
     for (int i = 0; i < 256; i++)
         CHECK_EQ(q[i], i % 2 ? 0x80 : 0);
     for (int b = 0; b < 8; b++)
@@ -340,7 +340,7 @@ static void quantizer(void)
     for (int k = -127; k <= 120; k += 31) {
         for (int i = 0; i < 256; i++)
             x[i] = (float)ldexp(i % 3 ? 448.0 : -448.0, k);
-        CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &bad, &sat), 0);
+        CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &sat, &err), 0);
         CHECK_EQ(q[256], 127 + k);
         CHECK_EQ(q[0], 0xFE);
         CHECK_EQ(q[1], 0x7E);
@@ -351,7 +351,7 @@ static void quantizer(void)
     for (int i = 0; i < 256; i++)
         x[i] = 1.0f;
     x[0] = nextafterf(448.0f, 1e9f);
-    CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &bad, &sat), 0);
+    CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &sat, &err), 0);
     CHECK_EQ(q[256], 128);
     CHECK_EQ(q[257], 127 - 8); /* max 1.0: 1 <= 448 * 2^-8 = 1.75 */
     /* Ties to even at scale 2^0 (spacing 2 in [16, 32)): 17 -> 16,
@@ -365,7 +365,7 @@ static void quantizer(void)
     x[5] = (float)ldexp(0.5, -9);
     x[6] = (float)ldexp(1.5, -9);
     x[7] = (float)ldexp(7.5, -9); /* subnormal 7 vs normal 8 (2^-6): even is 8 */
-    CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &bad, &sat), 0);
+    CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &sat, &err), 0);
     CHECK_EQ(engram_rows_decode_f32(ENGRAM_SIMD_SCALAR, q, 1, y, NULL), 0);
     CHECK(y[1] == 16.0f && y[2] == 20.0f && y[3] == 20.0f && y[4] == 24.0f);
     CHECK(y[5] == 0.0f && y[6] == (float)ldexp(2, -9) && y[7] == (float)ldexp(1, -6));
@@ -374,9 +374,9 @@ static void quantizer(void)
     for (int i = 0; i < 256; i++)
         x[i] = i % 2 ? -FLT_MAX : FLT_MAX;
     sat = 0;
-    CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &bad, &sat), 0);
+    CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &sat, &err), 0);
     CHECK_EQ(sat, 256);
-    CHECK_EQ(engram_rows_check(q, 1, &bad), 0);
+    CHECK_EQ(engram_rows_check(q, 1, &err), 0);
     CHECK_EQ(engram_rows_decode_f32(ENGRAM_SIMD_SCALAR, q, 1, y, NULL), 0);
     CHECK(y[0] == (float)ldexp(240.0, 120) && y[1] == -(float)ldexp(240.0, 120));
     /* NaN and Inf: rejected, index named, output untouched. */
@@ -384,14 +384,41 @@ static void quantizer(void)
         x[i] = 1.0f;
     x[77] = NAN;
     memset(q2, 0xA5, sizeof q2);
-    CHECK_EQ(engram_rows_quantize_f32(x, 1, q2, &bad, NULL), -EDOM);
-    CHECK_EQ(bad, 77);
+    memset(&err, 0, sizeof err);
+    CHECK_ERR(engram_rows_quantize_f32(x, 1, q2, NULL, &err), err, -EDOM,
+              "row 0, value 77: NaN cannot be quantized");
+    CHECK_EQ(err.row, 0);
+    CHECK(err.offset == ENGRAM_NO_OFFSET);
     for (int i = 0; i < 264; i++)
         CHECK_EQ(q2[i], 0xA5);
     x[77] = 1.0f;
     x[200] = -INFINITY;
-    CHECK_EQ(engram_rows_quantize_f32(x, 1, q2, &bad, NULL), -EDOM);
-    CHECK_EQ(bad, 200);
+    CHECK_ERR(engram_rows_quantize_f32(x, 1, q2, NULL, &err), err, -EDOM,
+              "row 0, value 200: infinity cannot be quantized");
+    CHECK_EQ(err.row, 0);
+    for (int i = 0; i < 264; i++)
+        CHECK_EQ(q2[i], 0xA5);
+    /* Several rows: err.row is the row's index in the call, the value's
+     * index is within its row; nothing of the rows before it is written. */
+    {
+        static float x3[3 * 256];
+        static uint8_t q3[3 * 264];
+        for (int i = 0; i < 3 * 256; i++)
+            x3[i] = 0.5f;
+        x3[2 * 256 + 5] = NAN;
+        x3[2 * 256 + 9] = INFINITY;
+        memset(q3, 0xA5, sizeof q3);
+        CHECK_ERR(engram_rows_quantize_f32(x3, 3, q3, NULL, &err), err, -EDOM,
+                  "row 2, value 5: NaN");
+        CHECK_EQ(err.row, 2);
+        for (size_t i = 0; i < sizeof q3; i++)
+            CHECK_EQ(q3[i], 0xA5);
+        x3[2 * 256 + 5] = 1.0f;
+        CHECK_ERR(engram_rows_quantize_f32(x3, 3, q3, NULL, &err), err, -EDOM,
+                  "row 2, value 9: infinity");
+        CHECK_EQ(err.row, 2);
+        CHECK_EQ(engram_rows_quantize_f32(x3, 3, q3, NULL, NULL), -EDOM); /* err may be NULL */
+    }
     /* BF16 input: the same rows as the float input they represent. */
     uint16_t hb[256];
     uint64_t s = 3;
@@ -402,16 +429,18 @@ static void quantizer(void)
         uint32_t u = (uint32_t)hb[i] << 16;
         memcpy(&x[i], &u, 4);
     }
-    CHECK_EQ(engram_rows_quantize_bf16(hb, 1, q, &bad, NULL), 0);
+    CHECK_EQ(engram_rows_quantize_bf16(hb, 1, q, NULL, &err), 0);
     /* refused arguments: NULL input or output for rows, a count past SIZE_MAX / 264 */
-    CHECK_EQ(engram_rows_quantize_bf16(NULL, 1, q, &bad, NULL), -EINVAL);
-    CHECK_EQ(engram_rows_quantize_bf16(hb, 1, NULL, &bad, NULL), -EINVAL);
-    CHECK_EQ(engram_rows_quantize_bf16(hb, SIZE_MAX / 264 + 1, q, &bad, NULL), -EINVAL);
-    CHECK_EQ(engram_rows_quantize_f32(NULL, 1, q, &bad, NULL), -EINVAL);
-    CHECK_EQ(engram_rows_quantize_f32(x, SIZE_MAX / 264 + 1, q, &bad, NULL), -EINVAL);
-    CHECK_EQ(engram_rows_quantize_f32(x, 1, q2, &bad, NULL), 0);
+    CHECK_ERR(engram_rows_quantize_bf16(NULL, 1, q, NULL, &err), err, -EINVAL, "NULL");
+    CHECK(err.row == ENGRAM_NO_ROW);
+    CHECK_EQ(engram_rows_quantize_bf16(hb, 1, NULL, NULL, &err), -EINVAL);
+    CHECK_ERR(engram_rows_quantize_bf16(hb, SIZE_MAX / 264 + 1, q, NULL, &err), err, -EINVAL,
+              "overflows");
+    CHECK_EQ(engram_rows_quantize_f32(NULL, 1, q, NULL, &err), -EINVAL);
+    CHECK_EQ(engram_rows_quantize_f32(x, SIZE_MAX / 264 + 1, q, NULL, &err), -EINVAL);
+    CHECK_EQ(engram_rows_quantize_f32(x, 1, q2, NULL, &err), 0);
     CHECK(memcmp(q, q2, 264) == 0);
-    CHECK_EQ(engram_rows_check(q, 1, &bad), 0);
+    CHECK_EQ(engram_rows_check(q, 1, &err), 0);
     /* Random rows of every magnitude: always decodable, and within half an
      * E4M3 step (2^-4 relative) of the input wherever the value is at
      * least 2^-6 of its block's scale (the normal range of E4M3). */
@@ -422,7 +451,7 @@ static void quantizer(void)
             double g = (double)(tu_rand(&s) % 2000001) / 1000000.0 - 1.0;
             x[i] = (float)ldexp(g, k);
         }
-        CHECK_EQ(engram_rows_quantize_f32(x, 1, q, &bad, NULL), 0);
+        CHECK_EQ(engram_rows_quantize_f32(x, 1, q, NULL, &err), 0);
         CHECK_EQ(engram_rows_decode_f32(ENGRAM_SIMD_AUTO, q, 1, y, NULL), 0);
         for (int i = 0; i < 256; i++) {
             double scale = ldexp(1.0, q[256 + i / 32] - 127);
@@ -432,7 +461,7 @@ static void quantizer(void)
         }
     }
     CHECK_EQ(worse, 0);
-    CHECK_EQ(engram_rows_quantize_f32(NULL, 1, q, &bad, NULL), -EINVAL);
+    CHECK_EQ(engram_rows_quantize_f32(NULL, 1, q, NULL, &err), -EINVAL);
 }
 
 int main(void)
