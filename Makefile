@@ -48,8 +48,9 @@ TOOLS_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(TOOLS_SRC))
 # shares with the runtime (error filling, the GGUF type table).
 TOOLS_SO_EXTRA = $(BUILD)/obj/util.o $(BUILD)/obj/gguf.o
 LIBS = $(BUILD)/libengram-tools.a $(BUILD)/libengram.a
-TEST_SRC = $(filter-out tests/test_faults.c,$(wildcard tests/test_*.c))
-TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/test_faults
+TEST_SRC = $(filter-out tests/test_faults.c tests/test_interleave.c,$(wildcard tests/test_*.c))
+TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/test_faults \
+           $(BUILD)/tests/test_interleave
 BENCH_SRC = $(wildcard bench/*.c)
 BENCHES  = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 VERSION  = $(shell sed -n 's/^\#define ENGRAM_VERSION "\(.*\)"/\1/p' include/engram.h)
@@ -97,6 +98,20 @@ lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUI
 $(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(wildcard src/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DENGRAM_BUILDING -c $< -o $@
+
+# The library once more with the pause points of src/sched_points.h live
+# (-DENGRAM_SCHED) in the files that have them, for tests/test_interleave.c
+# only: never installed.
+SCHED_SRC = src/session.c src/prefetch.c
+SCHED_OBJ = $(filter-out $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SCHED_SRC)),$(CORE_OBJ)) \
+            $(patsubst src/%.c,$(BUILD)/obj-sched/%.o,$(SCHED_SRC))
+$(BUILD)/obj-sched/%.o: src/%.c include/engram.h $(wildcard src/*.h) Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DENGRAM_BUILDING -DENGRAM_SCHED -c $< -o $@
+
+$(BUILD)/libengram-sched.a: $(SCHED_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
 
 $(BUILD)/libengram.a: $(CORE_OBJ)
 	@rm -f $@
@@ -167,6 +182,13 @@ FAULT_WRAP = -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,--wrap=
 $(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) $(FAULT_WRAP) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+
+# The interleaving explorer: the sched build of the library, its engines
+# replaced by a deterministic one (tests/test_interleave.c).
+$(BUILD)/tests/test_interleave: tests/test_interleave.c tests/testutil.h $(BUILD)/libengram-sched.a $(BUILD)/libengram-tools.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new -o $@ $< \
+	    $(BUILD)/libengram-tools.a $(BUILD)/libengram-sched.a $(LDLIBS_ALL)
 
 $(BUILD)/tests/test_tools: tests/test_tools.c tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
