@@ -48,9 +48,9 @@ TOOLS_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(TOOLS_SRC))
 # shares with the runtime (error filling, the GGUF type table).
 TOOLS_SO_EXTRA = $(BUILD)/obj/util.o $(BUILD)/obj/gguf.o
 LIBS = $(BUILD)/libengram-tools.a $(BUILD)/libengram.a
-TEST_SRC = $(filter-out tests/test_faults.c tests/test_interleave.c,$(wildcard tests/test_*.c))
+TEST_SRC = $(filter-out tests/test_faults.c tests/test_interleave.c tests/test_service.c,$(wildcard tests/test_*.c))
 TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/test_faults \
-           $(BUILD)/tests/test_interleave
+           $(BUILD)/tests/test_interleave $(BUILD)/tests/test_service
 BENCH_SRC = $(wildcard bench/*.c)
 BENCHES  = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 VERSION  = $(shell sed -n 's/^\#define ENGRAM_VERSION "\(.*\)"/\1/p' include/engram.h)
@@ -182,6 +182,13 @@ FAULT_WRAP = -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,--wrap=
 $(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) $(FAULT_WRAP) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+
+# The pool's service order read by read: its engines behind a gate
+# (tests/fault_engine.h).
+$(BUILD)/tests/test_service: tests/test_service.c tests/fault_engine.h tests/testutil.h $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new -o $@ $< \
+	    $(LIBS) $(LDLIBS_ALL)
 
 # The interleaving explorer: the sched build of the library, its engines
 # replaced by a deterministic one (tests/test_interleave.c).

@@ -19,6 +19,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,6 +212,222 @@ static inline struct io_engine *fe_wrap_engine(struct io_engine *inner)
     return &f->base;
 }
 
+
+/* ------------------------------------------------ the gate
+ *
+ * With fg_arm(1), engines created from then on are gates: no read reaches
+ * the device until the test releases it.  A gate keeps the reads queued
+ * to it in order (and logs every one: offset, length), and its reap
+ * completes only released reads, by a real pread of the model file into the
+ * reader's buffer; with none released it blocks until a release or a
+ * wake.  So a test decides when each read finishes: a read it never
+ * releases is a read stuck in the device, and the reads the pool issues
+ * between two releases (a "wave") are its decisions for that state.
+ * fg_settle() waits until the pool's thread is blocked in the gate again
+ * with nothing to do (every effect of the last release or begin seen). */
+
+#define FG_LOG 65536
+
+struct fg_read {
+    unsigned slot;
+    void *buf;
+    uint32_t len;
+    uint64_t off;
+    int released, stuck, cancelled;
+};
+
+static struct {
+    int armed;
+    int fd;
+    struct fg_read q[FE_MAX_SLOTS]; /* in flight, in queue order */
+    unsigned n;
+    uint64_t log_off[FG_LOG];
+    uint32_t log_len[FG_LOG];
+    unsigned nlog;
+    int waiting, woken;
+    unsigned long blocks;            /* times the reaper blocked         */
+    pthread_cond_t cv;
+} fg = {.cv = PTHREAD_COND_INITIALIZER};
+
+struct fg_engine {
+    struct io_engine base;
+    struct io_engine *inner;
+};
+
+static int fg_queue(struct io_engine *e, unsigned slot, void *buf, uint32_t len, uint64_t off)
+{
+    (void)e;
+    pthread_mutex_lock(&fe_mu);
+    int rc = -EBUSY;
+    if (fg.n < FE_MAX_SLOTS) {
+        fg.q[fg.n++] = (struct fg_read){slot, buf, len, off, 0, 0, 0};
+        if (fg.nlog < FG_LOG) {
+            fg.log_off[fg.nlog] = off;
+            fg.log_len[fg.nlog++] = len;
+        }
+        rc = 0;
+    }
+    pthread_mutex_unlock(&fe_mu);
+    return rc;
+}
+
+static int fg_submit(struct io_engine *e)
+{
+    (void)e;
+    return 0;
+}
+
+static int fg_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigned min)
+{
+    (void)e;
+    pthread_mutex_lock(&fe_mu);
+    unsigned k = 0;
+    for (;;) {
+        for (unsigned i = 0; i < fg.n && k < max;) {
+            struct fg_read *r = &fg.q[i];
+            if (!r->released && !r->cancelled) {
+                i++;
+                continue;
+            }
+            ssize_t got = r->cancelled ? -ECANCELED : pread(fg.fd, r->buf, r->len, (off_t)r->off);
+            out[k++] = (struct io_cqe){r->slot, got < 0 ? (r->cancelled ? -ECANCELED : -errno) : (int32_t)got};
+            memmove(r, r + 1, (fg.n - i - 1) * sizeof *r);
+            fg.n--;
+        }
+        /* a wake may end the wait early (io_engine.h) */
+        if ((k > 0 && k >= min) || min == 0 || fg.woken)
+            break;
+        fg.waiting = 1;
+        fg.blocks++;
+        pthread_cond_broadcast(&fg.cv);
+        pthread_cond_wait(&fg.cv, &fe_mu);
+        fg.waiting = 0;
+    }
+    fg.woken = 0;
+    pthread_mutex_unlock(&fe_mu);
+    return (int)k;
+}
+
+static int fg_cancel(struct io_engine *e)
+{
+    (void)e;
+    pthread_mutex_lock(&fe_mu);
+    for (unsigned i = 0; i < fg.n; i++)
+        if (!fg.q[i].released)
+            fg.q[i].cancelled = 1;
+    pthread_cond_broadcast(&fg.cv);
+    pthread_mutex_unlock(&fe_mu);
+    return 0;
+}
+
+static void fg_wake(struct io_engine *e)
+{
+    (void)e;
+    pthread_mutex_lock(&fe_mu);
+    fg.woken = 1;
+    pthread_cond_broadcast(&fg.cv);
+    pthread_mutex_unlock(&fe_mu);
+}
+
+static void fg_destroy(struct io_engine *e)
+{
+    struct fg_engine *g = (struct fg_engine *)e;
+    pthread_mutex_lock(&fe_mu);
+    if (fg.n > 0)
+        fe.destroy_inflight += fg.n;
+    pthread_mutex_unlock(&fe_mu);
+    g->inner->ops->destroy(g->inner);
+    free(g);
+}
+
+static const struct io_engine_ops fg_ops = {fg_queue, fg_submit, fg_reap, fg_cancel, fg_wake, fg_destroy};
+
+static inline struct io_engine *fg_wrap_engine(int fd, struct io_engine *inner)
+{
+    struct fg_engine *g = calloc(1, sizeof *g);
+    if (!g)
+        return inner;
+    g->base = *inner;
+    g->base.ops = &fg_ops;
+    g->inner = inner;
+    pthread_mutex_lock(&fe_mu);
+    fg.fd = fd;
+    fg.n = 0;
+    fg.nlog = 0;
+    fg.waiting = fg.woken = 0;
+    pthread_mutex_unlock(&fe_mu);
+    return &g->base;
+}
+
+static inline void fg_arm(int on)
+{
+    pthread_mutex_lock(&fe_mu);
+    fg.armed = on;
+    pthread_mutex_unlock(&fe_mu);
+}
+
+/* The reaper's blocks so far: pass to fg_settle after an action. */
+static inline unsigned long fg_blocks(void)
+{
+    pthread_mutex_lock(&fe_mu);
+    unsigned long b = fg.blocks;
+    pthread_mutex_unlock(&fe_mu);
+    return b;
+}
+
+/* Waits (up to 20 s: 0 then) until the reaper blocked again after
+ * `since` and is blocked now with no wake pending. */
+static inline int fg_settle(unsigned long since)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 20;
+    pthread_mutex_lock(&fe_mu);
+    int rc = 0;
+    while (!(fg.blocks > since && fg.waiting && !fg.woken) && rc == 0)
+        rc = pthread_cond_timedwait(&fg.cv, &fe_mu, &until);
+    int ok = fg.blocks > since && fg.waiting && !fg.woken;
+    pthread_mutex_unlock(&fe_mu);
+    return ok;
+}
+
+/* Releases every read in flight that is not stuck; returns how many. */
+static inline unsigned fg_release_all(void)
+{
+    pthread_mutex_lock(&fe_mu);
+    unsigned k = 0;
+    for (unsigned i = 0; i < fg.n; i++)
+        if (!fg.q[i].stuck && !fg.q[i].released) {
+            fg.q[i].released = 1;
+            k++;
+        }
+    pthread_cond_broadcast(&fg.cv);
+    pthread_mutex_unlock(&fe_mu);
+    return k;
+}
+
+/* Marks the reads in flight covering file bytes [lo, hi) stuck (or not). */
+static inline unsigned fg_stick(uint64_t lo, uint64_t hi, int stuck)
+{
+    pthread_mutex_lock(&fe_mu);
+    unsigned k = 0;
+    for (unsigned i = 0; i < fg.n; i++)
+        if (fg.q[i].off <= lo && fg.q[i].off + fg.q[i].len >= hi) {
+            fg.q[i].stuck = stuck;
+            k++;
+        }
+    pthread_mutex_unlock(&fe_mu);
+    return k;
+}
+
+static inline unsigned fg_in_flight(void)
+{
+    pthread_mutex_lock(&fe_mu);
+    unsigned n = fg.n;
+    pthread_mutex_unlock(&fe_mu);
+    return n;
+}
+
 int __real_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, int wakeable,
                                struct io_engine **out, char *note, size_t note_len);
 int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, int wakeable,
@@ -220,7 +438,9 @@ int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena
     if (fe.setup_uring)
         return fe.setup_uring;
     int rc = __real_io_uring_engine_new(fd, depth, arena, arena_len, wakeable, out, note, note_len);
-    if (rc == 0 && fe.wrap)
+    if (rc == 0 && fg.armed)
+        *out = fg_wrap_engine(fd, *out);
+    else if (rc == 0 && fe.wrap)
         *out = fe_wrap_engine(*out);
     return rc;
 }
@@ -232,7 +452,9 @@ int __wrap_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, st
     if (fe.setup_threads)
         return fe.setup_threads;
     int rc = __real_io_threads_engine_new(fd, threads, drop, out);
-    if (rc == 0 && fe.wrap)
+    if (rc == 0 && fg.armed)
+        *out = fg_wrap_engine(fd, *out);
+    else if (rc == 0 && fe.wrap)
         *out = fe_wrap_engine(*out);
     return rc;
 }
