@@ -5,8 +5,11 @@
  * with random masks, waited table by table (or polled) and committed with a
  * random j; batched steps over all of the thread's sessions; steps aborted
  * at once (their buffers must not be written afterwards); prefills of
- * random length chunk by chunk, ended or cancelled midway; snapshots and
- * restores.  Every row delivered is compared with the serial answer: the
+ * random length chunk by chunk, ended or cancelled midway, or their session
+ * closed under them; snapshots and restores; a step begun, aborted and
+ * another begun at once (the pattern of #20's defect 1); steps of k draft
+ * tokens for every session of the thread at once (engram_step_begin_many);
+ * waits with short time limits, repeated when they run out.  Every row delivered is compared with the serial answer: the
  * same tokens hashed by engram_hash_tokens from the thread's own copy of the
  * history and decoded from an in-memory copy of the tables (read once with
  * plain reads, decoded with engram_rows_decode_bf16: no reader, no pool, no
@@ -39,6 +42,7 @@ static engram_pool *pool;
 static double deadline;
 static atomic_int failures;
 static atomic_ullong n_steps, n_batches, n_aborts, n_prefills, n_cancels, n_restores, n_rows;
+static atomic_ullong n_reborn, n_many, n_timeouts, n_closed_under;
 
 static double now(void)
 {
@@ -116,7 +120,7 @@ static void *work(void *arg)
     engram_history h[MAXS];
     engram_error err;
     uint16_t *out = malloc((size_t)MAXS * TOKB), *gone = malloc((size_t)MAXS * TOKB);
-    uint16_t *bout = malloc((size_t)MAXS * TOKB);
+    uint16_t *bout = malloc((size_t)MAXS * ENGRAM_MAX_DRAFT * TOKB);
     size_t ptok_cap = 4000;
     uint32_t *ptok = malloc(ptok_cap * sizeof *ptok);
     if (!out || !gone || !bout || !ptok) {
@@ -134,7 +138,7 @@ static void *work(void *arg)
     while (now() < deadline && atomic_load(&failures) == 0) {
         int q = (int)(tu_rand(&w->rng) % (uint64_t)w->n_sess);
         unsigned op = (unsigned)(tu_rand(&w->rng) % 100);
-        if (op < 55) { /* a step of k draft tokens */
+        if (op < 40) { /* a step of k draft tokens */
             unsigned k = 1 + (unsigned)(tu_rand(&w->rng) % ENGRAM_MAX_DRAFT);
             uint32_t tok[ENGRAM_MAX_DRAFT];
             uint8_t mask[ENGRAM_MAX_DRAFT];
@@ -148,10 +152,14 @@ static void *work(void *arg)
                 break;
             }
             int rc = 0;
-            if (op < 30) {
+            if (op < 15) {
                 rc = engram_step_wait(s[q], 0, &err);
                 if (rc == 0)
                     rc = engram_step_wait(s[q], 1, &err);
+            } else if (op < 30) { /* short limits: -ETIMEDOUT loses nothing */
+                for (int t = 0; t < 2 && rc == 0; t++)
+                    while ((rc = engram_step_wait_timed(s[q], t, 20000, &err)) == -ETIMEDOUT)
+                        atomic_fetch_add(&n_timeouts, 1);
             } else {
                 for (int t = 0; t < 2 && rc == 0; t++)
                     while ((rc = engram_step_poll(s[q], t, &err)) == -EAGAIN)
@@ -171,7 +179,64 @@ static void *work(void *arg)
             if (!history_is(s[q], &h[q]))
                 fail(w->id, "history after commit differs");
             atomic_fetch_add(&n_steps, 1);
-        } else if (op < 70) { /* a batched step over every session */
+        } else if (op < 48) { /* begin, abort, begin again at once: the second step exact */
+            uint32_t ta[2] = {(uint32_t)(tu_rand(&w->rng) % ALPHABET), (uint32_t)(tu_rand(&w->rng) % ALPHABET)};
+            uint32_t tb = (uint32_t)(tu_rand(&w->rng) % ALPHABET);
+            if (engram_step_begin(s[q], ta, NULL, 2, ENGRAM_BF16, gone, &err) < 0) {
+                fail(w->id, err.msg);
+                break;
+            }
+            engram_step_abort(s[q]);
+            poison(gone, 2 * 48 * 256); /* whatever arrived before the abort */
+            poison(out, 48 * 256);
+            int rc = engram_step_begin(s[q], &tb, NULL, 1, ENGRAM_BF16, out, &err);
+            for (int t = 0; t < 2 && rc == 0; t++)
+                rc = engram_step_wait(s[q], t, &err);
+            if (rc == 0 && check_rows(&tb, NULL, 1, h[q], out, 1))
+                fail(w->id, "a step begun right after an abort has rows that differ (or were never written)");
+            if (rc == 0)
+                rc = engram_step_commit(s[q], 1, &err);
+            if (rc < 0) {
+                fail(w->id, err.msg);
+                break;
+            }
+            uint32_t ids[48];
+            engram_hash_token(engram_model_hasher(model), &h[q], tb, 0, ids);
+            if (!history_is(s[q], &h[q]))
+                fail(w->id, "history after abort + step differs");
+            atomic_fetch_add(&n_reborn, 1);
+        } else if (op < 56) { /* k draft tokens for every session at once */
+            engram_step_req rq[MAXS];
+            uint32_t tok[MAXS][ENGRAM_MAX_DRAFT];
+            uint8_t mask[MAXS][ENGRAM_MAX_DRAFT];
+            for (int i = 0; i < w->n_sess; i++) {
+                unsigned k = 1 + (unsigned)(tu_rand(&w->rng) % ENGRAM_MAX_DRAFT);
+                for (unsigned x = 0; x < k; x++) {
+                    tok[i][x] = (uint32_t)(tu_rand(&w->rng) % ALPHABET);
+                    mask[i][x] = tu_rand(&w->rng) % 8 != 0;
+                }
+                rq[i] = (engram_step_req){s[i], tok[i], mask[i], k, bout + (size_t)i * ENGRAM_MAX_DRAFT * 48 * 256};
+                poison(rq[i].out, (size_t)k * 48 * 256);
+            }
+            if (engram_step_begin_many(rq, (size_t)w->n_sess, ENGRAM_BF16, &err) < 0) {
+                fail(w->id, err.msg);
+                break;
+            }
+            for (int i = 0; i < w->n_sess; i++) {
+                unsigned j = (unsigned)(tu_rand(&w->rng) % (rq[i].k + 1));
+                if (engram_step_commit(s[i], j, &err) < 0) {
+                    fail(w->id, err.msg);
+                    break;
+                }
+                if (check_rows(tok[i], mask[i], rq[i].k, h[i], rq[i].out, 1))
+                    fail(w->id, "begin_many rows differ");
+                uint32_t ids[ENGRAM_MAX_DRAFT * 48];
+                engram_hash_tokens(engram_model_hasher(model), &h[i], tok[i], mask[i], j, ids, NULL);
+                if (!history_is(s[i], &h[i]))
+                    fail(w->id, "history after begin_many differs");
+            }
+            atomic_fetch_add(&n_many, 1);
+        } else if (op < 64) { /* a batched step over every session */
             uint32_t tok[MAXS];
             void *outs[MAXS];
             for (int i = 0; i < w->n_sess; i++) {
@@ -197,7 +262,7 @@ static void *work(void *arg)
                     fail(w->id, "history after a batched step differs");
             }
             atomic_fetch_add(&n_batches, 1);
-        } else if (op < 80) { /* a step aborted at once: its buffer is never written after */
+        } else if (op < 72) { /* a step aborted at once: its buffer is never written after */
             uint32_t tok[2] = {(uint32_t)(tu_rand(&w->rng) % ALPHABET), 7};
             if (engram_step_begin(s[q], tok, NULL, 2, ENGRAM_BF16, gone, &err) < 0) {
                 fail(w->id, err.msg);
@@ -208,18 +273,18 @@ static void *work(void *arg)
             if (!history_is(s[q], &h[q]))
                 fail(w->id, "history changed by an aborted step");
             atomic_fetch_add(&n_aborts, 1);
-        } else if (op < 92) { /* a prefill, ended or cancelled midway */
+        } else if (op < 86) { /* a prefill, ended or cancelled midway, or its session closed */
             size_t n = 1 + (size_t)(tu_rand(&w->rng) % 400);
             for (size_t i = 0; i < n; i++)
                 ptok[i] = (uint32_t)(tu_rand(&w->rng) % ALPHABET);
-            int cancel = tu_rand(&w->rng) % 4 == 0;
+            int cancel = tu_rand(&w->rng) % 4 == 0, close_under = !cancel && tu_rand(&w->rng) % 6 == 0;
             engram_prefill_opts o = {.chunk_tokens = 256, .ring_chunks = 2, .dtype = ENGRAM_BF16};
             engram_prefill *pf;
             if (engram_prefill_begin(s[q], ptok, NULL, n, &o, &pf, &err) < 0) {
                 fail(w->id, err.msg);
                 break;
             }
-            size_t chunks = engram_prefill_chunks(pf), stop = cancel ? chunks / 2 : chunks;
+            size_t chunks = engram_prefill_chunks(pf), stop = cancel || close_under ? chunks / 2 : chunks;
             engram_history hc = h[q];
             int bad = 0;
             for (size_t c = 0; c < stop && !bad; c++) {
@@ -251,7 +316,19 @@ static void *work(void *arg)
                 engram_prefill_release(pf, 0, c);
                 engram_prefill_release(pf, 1, c);
             }
-            if (cancel || bad) {
+            if (close_under && !bad) {
+                /* the session goes, the prefill's handle stays: end says so */
+                engram_session_close(s[q]);
+                int rc = engram_prefill_end(pf, &err);
+                if (rc != -ECANCELED)
+                    fail(w->id, "a prefill whose session was closed did not end with -ECANCELED");
+                if (engram_session_open(pool, &s[q], &err) < 0) {
+                    fail(w->id, err.msg);
+                    break;
+                }
+                engram_history_reset(&h[q]);
+                atomic_fetch_add(&n_closed_under, 1);
+            } else if (cancel || bad) {
                 engram_prefill_cancel(pf);
                 atomic_fetch_add(&n_cancels, 1);
             } else {
@@ -384,13 +461,14 @@ int main(int argc, char **argv)
         unlink(built);
     tu_cleanup();
     int f = atomic_load(&failures);
-    printf("stress_sessions: %d threads x %d sessions, %.1f s, engine %s: %llu steps, %llu batched "
-           "steps, %llu aborts, %llu prefills (%llu cancelled), %llu restores; %llu rows checked "
-           "against the serial answer; %llu rounds; %d differences\n",
-           threads, per, el, st.io.engine, (unsigned long long)n_steps,
-           (unsigned long long)n_batches, (unsigned long long)n_aborts,
-           (unsigned long long)n_prefills, (unsigned long long)n_cancels,
-           (unsigned long long)n_restores, (unsigned long long)n_rows,
+    printf("stress_sessions: %d threads x %d sessions, %.1f s, engine %s: %llu steps (%llu timed "
+           "waits ran out and were repeated), %llu batched steps, %llu begin_many, %llu aborts, %llu "
+           "abort-then-begin, %llu prefills (%llu cancelled, %llu sessions closed under one), %llu "
+           "restores; %llu rows checked against the serial answer; %llu rounds; %d differences\n",
+           threads, per, el, st.io.engine, (unsigned long long)n_steps, (unsigned long long)n_timeouts,
+           (unsigned long long)n_batches, (unsigned long long)n_many, (unsigned long long)n_aborts,
+           (unsigned long long)n_reborn, (unsigned long long)n_prefills, (unsigned long long)n_cancels,
+           (unsigned long long)n_closed_under, (unsigned long long)n_restores, (unsigned long long)n_rows,
            (unsigned long long)st.rounds, f);
     return f ? 1 : 0;
 }

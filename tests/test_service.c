@@ -547,7 +547,6 @@ static void stuck_reads(void)
     /* a prefill whose first read is stuck */
     engram_session *c;
     CHECK_EQ(engram_session_open(p, &c, NULL), 0);
-    n_owners = 0;
     owners_free();
     uint32_t ptok[32];
     pick_tokens(0, ptok, 32, 50, 0);

@@ -790,6 +790,8 @@ static void cancels(void)
     CHECK_EQ(engram_prefill_begin(s[1], tok, NULL, 3000, &o, &pf, &err), 0);
     for (int i = 0; i < 4; i++)
         engram_session_close(s[i]);
+    /* the prefill's handle outlives its session: end says what happened */
+    CHECK_ERR(engram_prefill_end(pf, &err), err, -ECANCELED, "session was closed");
     engram_pool_close(p);
     free(tok);
 }
@@ -926,6 +928,372 @@ out:
     engram_pool_close(q);
 }
 
+/* ------------------------------------------------ prefill misuse (#20, defect 6) */
+
+/* Waits that could only return a reused buffer or never return: each says
+ * so at once, and the prefill goes on as before. */
+static void prefill_misuse(void)
+{
+    engram_pool *p = pool_open(0, 0);
+    if (!p)
+        return;
+    const size_t n = 200;
+    uint32_t *tok = random_tokens(n, 41, 500);
+    engram_history h0;
+    engram_history_reset(&h0);
+    uint16_t *want = expected_rows(tok, NULL, n, h0);
+    engram_session *s;
+    engram_error err;
+    CHECK_EQ(engram_session_open(p, &s, &err), 0);
+    engram_prefill_opts o = {.chunk_tokens = 64, .ring_chunks = 1, .dtype = ENGRAM_BF16,
+                             .table1_delay_ns = ENGRAM_PREFILL_MANUAL};
+    engram_prefill *pf;
+    CHECK_EQ(engram_prefill_begin(s, tok, NULL, n, &o, &pf, &err), 0);
+    CHECK_EQ(engram_prefill_chunks(pf), 4);
+    /* table 1 before its signal, in manual mode: it would never come */
+    CHECK_ERR(engram_prefill_wait(pf, 1, 0, NULL, NULL, NULL, &err), err, -EDEADLK, "start_table1");
+    CHECK_ERR(engram_prefill_wait_timed(pf, 1, 0, 1000000, NULL, NULL, NULL, &err), err, -EDEADLK,
+              "start_table1");
+    CHECK(ring_chunk_ok(pf, 0, 0, want, NULL, 0) == 1); /* waits for chunk 0 and releases it */
+    /* chunk 0 released: waiting for it again would return chunk 1's buffer */
+    CHECK_ERR(engram_prefill_wait(pf, 0, 0, NULL, NULL, NULL, &err), err, -EINVAL, "was released");
+    /* a ring of one chunk: chunk 2 cannot come before chunk 1 is released */
+    CHECK_ERR(engram_prefill_wait(pf, 0, 2, NULL, NULL, NULL, &err), err, -EDEADLK, "released");
+    CHECK_ERR(engram_prefill_wait(pf, 0, 4, NULL, NULL, NULL, &err), err, -EINVAL, "no chunk 4");
+    /* and it goes on: chunk 1, then table 1 after its signal */
+    CHECK(ring_chunk_ok(pf, 0, 1, want, NULL, 0) == 1);
+    engram_prefill_start_table1(pf);
+    CHECK(ring_chunk_ok(pf, 1, 0, want, NULL, 0) == 1);
+    CHECK_ERR(engram_prefill_wait(pf, 1, 2, NULL, NULL, NULL, &err), err, -EDEADLK, "released");
+    for (size_t c = 2; c < 4; c++)
+        CHECK(ring_chunk_ok(pf, 0, c, want, NULL, 0) == 1);
+    for (size_t c = 1; c < 4; c++)
+        CHECK(ring_chunk_ok(pf, 1, c, want, NULL, 0) == 1);
+    CHECK_EQ(engram_prefill_end(pf, &err), 0);
+    engram_history h = h0, hs;
+    uint32_t *rws = malloc(n * 48 * sizeof *rws);
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(model), &h, tok, NULL, n, rws, NULL), 0);
+    engram_session_history(s, &hs);
+    CHECK(hist_eq(&h, &hs));
+    free(rws);
+    engram_session_close(s);
+    engram_pool_close(p);
+    free(tok);
+    free(want);
+    printf("prefill misuse: table 1 before its signal -EDEADLK, past the ring -EDEADLK, a released "
+           "chunk -EINVAL; the prefill then read every chunk exactly\n");
+}
+
+/* ------------------------------------------------ rings (#20, defect 7) */
+
+static void ring_sizing(void)
+{
+    const size_t n = 16, big = 3000;
+    uint32_t *tok = random_tokens(big, 43, 500);
+    engram_history h0;
+    engram_history_reset(&h0);
+    uint16_t *want = expected_rows(tok, NULL, n, h0);
+    struct hooklog hl = {0};
+    engram_pool_opts po = {.reader = {.engine = ENGRAM_IO_URING, .depth = 32,
+                                      .host = {hook_reg, hook_unreg, &hl}}};
+    engram_pool *p = NULL;
+    engram_error err;
+    CHECK_EQ(engram_pool_open(model, &po, &p, &err), 0);
+    if (!p) {
+        free(tok);
+        free(want);
+        return;
+    }
+    engram_session *s;
+    CHECK_EQ(engram_session_open(p, &s, &err), 0);
+    engram_prefill_opts o = {.dtype = ENGRAM_BF16}; /* chunk 2048, ring 2 */
+    /* a 16-token prompt: one chunk of 16 tokens, a ring of one chunk */
+    const size_t small = (size_t)2 * 1 * 16 * 24 * 512;
+    CHECK_EQ(engram_prefill_ring_bytes_for(&o, n), small);
+    CHECK_EQ(small, 393216);
+    CHECK_EQ(engram_prefill_ring_bytes(&o), (size_t)2 * 2 * 2048 * 24 * 512);
+    CHECK_EQ(engram_prefill_ring_bytes_for(&o, big), (size_t)2 * 2 * 2048 * 24 * 512);
+    CHECK_EQ(engram_prefill_ring_bytes_for(&o, 2048), (size_t)2 * 1 * 2048 * 24 * 512);
+    int sizes_ok = 1, rows_ok = 1;
+    for (int i = 0; i < 200; i++) {
+        engram_prefill *pf;
+        CHECK_EQ(engram_session_set_history(s, &h0, &err), 0);
+        CHECK_EQ(engram_prefill_begin(s, tok, NULL, n, &o, &pf, &err), 0);
+        engram_prefill_info info;
+        engram_prefill_get_info(pf, &info);
+        sizes_ok &= info.ring_bytes == small && info.chunks == 1 && info.chunk_tokens == 16 &&
+                    info.ring_chunks == 1;
+        for (int t = 0; t < 2; t++)
+            rows_ok &= ring_chunk_ok(pf, t, 0, want, NULL, 0);
+        engram_prefill_get_info(pf, &info);
+        sizes_ok &= info.ready[0] == 1 && info.ready[1] == 1 && info.first_ready_ns[0] >= info.begin_ns &&
+                    info.last_ready_ns[1] >= info.first_ready_ns[1];
+        CHECK_EQ(engram_prefill_end(pf, &err), 0);
+    }
+    CHECK(sizes_ok);
+    CHECK(rows_ok);
+    engram_pool_stats ps;
+    engram_pool_get_stats(p, &ps);
+    /* the reader's buffers and one ring registered, for 200 prompts */
+    CHECK_EQ(hl.regs, 2);
+    CHECK_EQ(hl.unregs, 0);
+    CHECK_EQ(ps.prefill_rings_allocated, 1);
+    CHECK_EQ(ps.prefill_rings_reused, 199);
+    CHECK_EQ(ps.prefill_ring_bytes, small);
+    printf("rings: 200 prompts of 16 tokens, a ring of %zu bytes each, %d host registrations in all "
+           "(the reader's and one ring), %" PRIu64 " ring allocated, %" PRIu64 " reused\n", small, hl.regs,
+           ps.prefill_rings_allocated, ps.prefill_rings_reused);
+    /* a long prompt takes a ring of its own; the small one stays kept */
+    engram_prefill *pf;
+    CHECK_EQ(engram_session_set_history(s, &h0, &err), 0);
+    CHECK_EQ(engram_prefill_begin(s, tok, NULL, big, &o, &pf, &err), 0);
+    engram_prefill_info info;
+    engram_prefill_get_info(pf, &info);
+    CHECK_EQ(info.ring_bytes, (size_t)2 * 2 * 2048 * 24 * 512);
+    engram_prefill_cancel(pf);
+    engram_pool_get_stats(p, &ps);
+    CHECK_EQ(ps.prefill_rings_allocated, 2);
+    CHECK_EQ(ps.prefill_ring_bytes, small + info.ring_bytes);
+    CHECK_EQ(hl.regs, 3);
+    engram_session_close(s);
+    engram_pool_close(p);
+    CHECK_EQ(hl.unregs, 3);
+    CHECK_EQ(hl.bad_unreg, 0);
+    /* a cache too small for a ring keeps none: each prompt allocates and frees */
+    struct hooklog h2 = {0};
+    po.reader.host.ctx = &h2;
+    po.ring_cache_bytes = small - 1;
+    CHECK_EQ(engram_pool_open(model, &po, &p, &err), 0);
+    CHECK_EQ(engram_session_open(p, &s, &err), 0);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(engram_session_set_history(s, &h0, &err), 0);
+        CHECK_EQ(engram_prefill_begin(s, tok, NULL, n, &o, &pf, &err), 0);
+        for (int t = 0; t < 2; t++)
+            CHECK(ring_chunk_ok(pf, t, 0, want, NULL, 0));
+        CHECK_EQ(engram_prefill_end(pf, &err), 0);
+        CHECK_EQ(h2.unregs, i + 1);
+    }
+    engram_pool_get_stats(p, &ps);
+    CHECK_EQ(ps.prefill_rings_allocated, 3);
+    CHECK_EQ(ps.prefill_ring_bytes, 0);
+    engram_session_close(s);
+    engram_pool_close(p);
+    CHECK_EQ(h2.regs, 4); /* the reader's buffers and 3 rings, each unregistered */
+    CHECK_EQ(h2.unregs, 4);
+    CHECK_EQ(h2.bad_unreg, 0);
+    free(tok);
+    free(want);
+}
+
+/* ------------------------------------------------ close with work in progress */
+
+static void close_semantics(void)
+{
+    const size_t n = 3000;
+    uint32_t *tok = random_tokens(n, 47, 500);
+    engram_history h0;
+    engram_history_reset(&h0);
+    engram_error err;
+    /* a session closed under its prefill: the prefill's handle stays valid */
+    engram_pool *p = pool_open(0, 0);
+    if (!p) {
+        free(tok);
+        return;
+    }
+    engram_session *s, *t;
+    CHECK_EQ(engram_session_open(p, &s, &err), 0);
+    engram_prefill_opts o = {.chunk_tokens = 256, .ring_chunks = 2, .dtype = ENGRAM_BF16};
+    engram_prefill *pf;
+    CHECK_EQ(engram_prefill_begin(s, tok, NULL, n, &o, &pf, &err), 0);
+    CHECK_EQ(engram_prefill_wait(pf, 0, 0, NULL, NULL, NULL, &err), 0);
+    engram_session_close(s);
+    int rc = engram_prefill_wait(pf, 0, 5, NULL, NULL, NULL, &err);
+    CHECK(rc == -ECANCELED || rc == -EDEADLK);
+    CHECK_ERR(engram_prefill_end(pf, &err), err, -ECANCELED, "session was closed");
+
+    /* the pool closed with sessions open: steps in flight end, every later
+     * begin is refused, the handles stay valid until closed */
+    CHECK_EQ(engram_session_open(p, &s, &err), 0);
+    CHECK_EQ(engram_session_open(p, &t, &err), 0);
+    static uint16_t out[48 * 256];
+    CHECK_EQ(engram_step_begin(s, tok, NULL, 1, ENGRAM_BF16, out, &err), 0);
+    CHECK_EQ(engram_prefill_begin(t, tok, NULL, n, &o, &pf, &err), 0);
+    engram_pool_close(p);
+    for (int tb = 0; tb < 2; tb++) {
+        rc = engram_step_wait(s, tb, &err);
+        CHECK(rc == 0 || rc == -ESHUTDOWN);
+    }
+    rc = engram_step_commit(s, 1, &err);
+    CHECK(rc == 0 || rc == -ESHUTDOWN);
+    engram_history h;
+    engram_session_history(s, &h);
+    engram_history ha = h0;
+    uint32_t r48[48];
+    engram_hash_token(engram_model_hasher(model), &ha, tok[0], 0, r48);
+    CHECK(rc == 0 ? hist_eq(&h, &ha) : hist_eq(&h, &h0));
+    CHECK_ERR(engram_step_begin(s, tok, NULL, 1, ENGRAM_BF16, out, &err), err, -ESHUTDOWN, "pool was closed");
+    CHECK_ERR(engram_step_wait(s, 0, &err), err, -EINVAL, "no step");
+    engram_session *u = NULL;
+    CHECK_ERR(engram_session_open(p, &u, &err), err, -ESHUTDOWN, "pool was closed");
+    CHECK(u == NULL);
+    rc = engram_prefill_wait(pf, 1, 6, NULL, NULL, NULL, &err);
+    CHECK(rc == -ESHUTDOWN || rc == -EDEADLK);
+    rc = engram_prefill_end(pf, &err);
+    CHECK(rc == -ESHUTDOWN || rc == 0);
+    CHECK_ERR(engram_prefill_begin(t, tok, NULL, n, &o, &pf, &err), err, -ESHUTDOWN, "pool was closed");
+    CHECK_EQ(engram_session_set_history(s, &h0, &err), 0); /* an idle session's own state */
+    engram_session_close(s);
+    engram_session_close(t); /* the last handle: the pool's memory goes (LeakSanitizer) */
+    free(tok);
+    printf("close: a session closed under its prefill (end -ECANCELED), a pool closed with 2 sessions "
+           "and a prefill open (-ESHUTDOWN, handles valid until closed)\n");
+}
+
+/* ------------------------------------------------ steps of several sessions, k tokens each */
+
+static void begin_many(int e)
+{
+    engram_pool *p = pool_open(e, 0);
+    if (!p)
+        return;
+    enum { NS = 4 };
+    const unsigned k[NS] = {1, 3, 8, 2};
+    uint32_t *tok = random_tokens(64, 53, 500);
+    uint8_t mask[64];
+    for (int i = 0; i < 64; i++)
+        mask[i] = i % 5 != 2;
+    engram_session *s[NS];
+    engram_error err;
+    static uint16_t out[NS][ENGRAM_MAX_DRAFT * 48 * 256];
+    engram_step_req q[NS];
+    size_t at = 0;
+    for (int i = 0; i < NS; i++) {
+        CHECK_EQ(engram_session_open(p, &s[i], &err), 0);
+        q[i] = (engram_step_req){s[i], tok + at, mask + at, k[i], out[i]};
+        at += k[i];
+    }
+    for (int round = 0; round < 3; round++) {
+        engram_history before[NS];
+        for (int i = 0; i < NS; i++) {
+            engram_session_history(s[i], &before[i]);
+            memset(out[i], 0xee, sizeof out[i]);
+        }
+        CHECK_EQ(engram_step_begin_many(q, NS, ENGRAM_BF16, &err), 0);
+        for (int i = 0; i < NS; i++) {
+            unsigned j = (unsigned)(round + i) % (k[i] + 1);
+            CHECK_EQ(engram_step_commit(s[i], j, &err), 0);
+            uint16_t *w = expected_rows(q[i].tokens, q[i].mask, k[i], before[i]);
+            int bad = 0;
+            for (unsigned x = 0; x < k[i]; x++)
+                bad += q[i].mask[x] ? memcmp(out[i] + (size_t)x * 48 * 256, w + (size_t)x * 48 * 256, TOKB) != 0
+                                    : out[i][(size_t)x * 48 * 256] != 0xeeee;
+            CHECK_EQ(bad, 0);
+            free(w);
+            engram_history h = before[i], hs;
+            uint32_t rows[8 * 48];
+            CHECK_EQ(engram_hash_tokens(engram_model_hasher(model), &h, q[i].tokens, q[i].mask, j, rows, NULL), 0);
+            engram_session_history(s[i], &hs);
+            CHECK(hist_eq(&h, &hs));
+        }
+    }
+    /* refusals, nothing begun */
+    engram_step_req bad[NS];
+    memcpy(bad, q, sizeof bad);
+    bad[2].k = 0;
+    CHECK_ERR(engram_step_begin_many(bad, NS, ENGRAM_BF16, &err), err, -EINVAL, "k must be");
+    memcpy(bad, q, sizeof bad);
+    bad[3].s = s[1];
+    CHECK_ERR(engram_step_begin_many(bad, NS, ENGRAM_BF16, &err), err, -EINVAL, "twice");
+    uint32_t badtok[3] = {1, 2, engram_model_layout(model)->vocab};
+    memcpy(bad, q, sizeof bad);
+    bad[1].tokens = badtok; /* the requests' tokens in order: 1 of s[0], then s[1]'s 3 */
+    CHECK_ERR(engram_step_begin_many(bad, NS, ENGRAM_BF16, &err), err, -EINVAL, "token 3");
+    for (int i = 0; i < NS; i++)
+        CHECK_EQ(engram_step_poll(s[i], 0, &err), -EINVAL); /* idle */
+    CHECK_EQ(engram_step_begin_many(NULL, 2, ENGRAM_BF16, &err), -EINVAL);
+    CHECK_EQ(engram_step_begin_many(q, 0, ENGRAM_BF16, &err), 0);
+    for (int i = 0; i < NS; i++)
+        engram_session_close(s[i]);
+    engram_pool_close(p);
+    free(tok);
+}
+
+/* ------------------------------------------------ two pipeline stages on two threads */
+
+struct stages {
+    engram_session *s;
+    const uint32_t *tok;
+    size_t n;
+    uint16_t *out;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t begun, done; /* steps begun by stage 0, committed by stage 1 */
+    int bad;
+};
+
+static void *stage1(void *arg)
+{
+    struct stages *g = arg;
+    for (size_t i = 0; i < g->n; i++) {
+        pthread_mutex_lock(&g->mu);
+        while (g->begun <= i)
+            pthread_cond_wait(&g->cv, &g->mu);
+        pthread_mutex_unlock(&g->mu);
+        g->bad += engram_step_wait(g->s, 1, NULL) != 0;
+        pthread_mutex_lock(&g->mu);
+        g->done = i + 1; /* table 1 in: stage 0 may commit */
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+    }
+    return NULL;
+}
+
+static void pipeline(int e)
+{
+    engram_pool *p = pool_open(e, 0);
+    if (!p)
+        return;
+    struct stages g = {.n = 60, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    uint32_t *tok = random_tokens(g.n, 59, 500);
+    engram_history h0;
+    engram_history_reset(&h0);
+    uint16_t *want = expected_rows(tok, NULL, g.n, h0);
+    static uint16_t out[48 * 256];
+    g.tok = tok;
+    g.out = out;
+    CHECK_EQ(engram_session_open(p, &g.s, NULL), 0);
+    pthread_t th;
+    pthread_create(&th, NULL, stage1, &g);
+    int bad = 0;
+    for (size_t i = 0; i < g.n; i++) {
+        memset(out, 0xee, sizeof out);
+        CHECK_EQ(engram_step_begin(g.s, tok + i, NULL, 1, ENGRAM_BF16, out, NULL), 0);
+        pthread_mutex_lock(&g.mu);
+        g.begun = i + 1;
+        pthread_cond_broadcast(&g.cv);
+        pthread_mutex_unlock(&g.mu);
+        bad += engram_step_wait(g.s, 0, NULL) != 0; /* concurrently with stage 1's wait for table 1 */
+        pthread_mutex_lock(&g.mu);
+        while (g.done <= i)
+            pthread_cond_wait(&g.cv, &g.mu);
+        pthread_mutex_unlock(&g.mu);
+        CHECK_EQ(engram_step_commit(g.s, 1, NULL), 0);
+        bad += memcmp(out, want + i * 48 * 256, TOKB) != 0;
+    }
+    pthread_join(th, NULL);
+    CHECK_EQ(bad + g.bad, 0);
+    engram_history h = h0, hs;
+    uint32_t *rws = malloc(g.n * 48 * sizeof *rws);
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(model), &h, tok, NULL, g.n, rws, NULL), 0);
+    engram_session_history(g.s, &hs);
+    CHECK(hist_eq(&h, &hs));
+    free(rws);
+    engram_session_close(g.s);
+    engram_pool_close(p);
+    free(tok);
+    free(want);
+}
+
 static void memory(void)
 {
     printf("a session holds %zu bytes (limit %u)\n", sizeof(struct engram_session),
@@ -952,10 +1320,15 @@ int main(void)
     for (int e = 0; e < 3; e++) {
         steps(e);
         batched(e);
+        begin_many(e);
+        pipeline(e);
         prefill(e);
         host_hooks(e);
         threads(e);
     }
+    prefill_misuse();
+    ring_sizing();
+    close_semantics();
     restore();
     misuse();
     cancels();
