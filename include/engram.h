@@ -10,6 +10,21 @@
  * The tools that make or convert models (token map, layout generator,
  * quantizer, model builder) are in libengram-tools, engram_tools.h.
  *
+ * Which API is yours:
+ *  - An inference engine serving sequences (one or many, decode and
+ *    prefill): open the model, one pool (engram_pool_open) and a session per
+ *    sequence.  Begin a step when a token is known, wait for table 0 before
+ *    layer 1 and table 1 before layer 14, commit; prefill prompts through
+ *    engram_prefill_*.  The pool reads for every session on its own thread,
+ *    merges their reads and keeps each session's contract under any
+ *    interleaving of threads.  Apply with engram_apply_strided (the rows as
+ *    a step delivers them) or on a GPU with engram_cuda.h.  ("sessions")
+ *  - A tool that reads rows (a verifier, a converter, a benchmark) on one
+ *    thread: engram_reader_open and its batch calls, or engram_model_read_*
+ *    for a few rows.  ("reader")
+ *  - Hashing alone (to precompute row ids, or to check another
+ *    implementation): engram_hasher_* / engram_hash_tokens.
+ *
  * Conventions (they hold for every function below):
  *  - Functions that can fail return 0 on success or a negative errno value;
  *    engram_strerror() turns it into text.  Those that take an engram_error *
@@ -37,7 +52,13 @@
  *   -ENOMEM  allocation failed
  *   -ENOTSUP a valid GGUF that is not an Engram model of the supported dialect
  *   -ESTALE  the model's file was replaced and cannot be reached again
- *   -ECANCELED  a decode step was cancelled
+ *   -ECANCELED  a step or prefill ended (abort, cancel, its session closed)
+ *            while it was waited for, or before it was complete
+ *   -EBUSY   a session already has a step or prefill in progress
+ *   -EAGAIN  a poll: not yet
+ *   -ETIMEDOUT  a timed wait ran out (nothing lost: wait again)
+ *   -EDEADLK a prefill wait that could never return (see engram_prefill_wait)
+ *   -ESHUTDOWN  the session's pool was closed
  *   other    errno from the system call that failed (open, pread, ...)
  */
 #ifndef ENGRAM_H
@@ -57,9 +78,9 @@ extern "C" {
 /* The version of these headers: MAJOR.MINOR.PATCH, the string being the
  * three numbers joined by dots.  engram_version() gives the library's. */
 #define ENGRAM_VERSION_MAJOR 0
-#define ENGRAM_VERSION_MINOR 1
+#define ENGRAM_VERSION_MINOR 2
 #define ENGRAM_VERSION_PATCH 0
-#define ENGRAM_VERSION "0.1.0"
+#define ENGRAM_VERSION "0.2.0"
 
 /* ENGRAM_VERSION of the library actually loaded (a shared library may be
  * newer than the headers a program was built with); a static string. */

@@ -18,6 +18,9 @@ const char *engram_strerror(int code)
     case -ERANGE: return "value out of range";
     case -ESTALE: return "the model's file was replaced since it was opened";
     case -ECANCELED: return "cancelled";
+    case -ETIMEDOUT: return "timed out (nothing lost: wait again)";
+    case -EDEADLK: return "this wait could never return";
+    case -ESHUTDOWN: return "the pool was closed";
     default: break;
     }
     if (code < 0) {

@@ -32,6 +32,10 @@ static const char *const fe_op_name[FE_NOPS] = {"queue", "submit", "reap", "comp
 /* Special results for FE_CQE faults besides a negative errno. */
 #define FE_SHORT 1   /* the read comes back with fewer bytes than asked */
 #define FE_EOF 2     /* the read comes back with 0 bytes                */
+#define FE_CUT 3     /* with at most 200 bytes: short of any row's end (a
+                        row's 264 bytes start at or after the read's), so
+                        the read is always resubmitted; FE_SHORT's half may
+                        still hold the whole row */
 
 struct fe_plan {
     int op;          /* enum fe_op, or -1 for none                              */
@@ -163,6 +167,8 @@ static int fe_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsign
         if (out[i].res > 0 && fe_hit_err(FE_CQE, &ferr)) {
             if (ferr == FE_SHORT)
                 out[i].res = out[i].res > 1 ? out[i].res / 2 : 0;
+            else if (ferr == FE_CUT)
+                out[i].res = out[i].res / 2 < 200 ? out[i].res / 2 : 200;
             else if (ferr == FE_EOF)
                 out[i].res = 0;
             else
