@@ -663,7 +663,10 @@ void engram_reader_reset_stats(engram_reader *r);
  * before any step's table-1 rows (needed at layer 14); prefills share the
  * slots the steps leave (less a reserve of 8 for steps arriving meanwhile)
  * in equal turns, so a prompt's first chunk waits for its share of the
- * device, not for the prompts begun before it to finish.
+ * device, not for the prompts begun before it to finish.  Prompts with
+ * reads to do always keep a few slots (prefill_min_slots, an eighth of the
+ * depth by default), so a decode load that would take every slot slows
+ * them down but cannot stop them.
  *
  * Threads: the pool's functions may be called from any threads.  Calls on
  * one session that start or end something (begin, commit, abort, close,
@@ -716,6 +719,11 @@ typedef struct engram_pool_opts {
      * prompts that fit: host hooks (a GPU's page-locking) run once per
      * ring, not once per prompt.  Freed at engram_pool_close. */
     uint64_t ring_cache_bytes;
+    /* Reads in flight prompts keep while they have reads to do, whatever
+     * the steps want (0 = an eighth of the reader's depth, at least 1):
+     * steps come first, but a decode load that would take every slot
+     * cannot starve a prompt's first chunk. */
+    unsigned prefill_min_slots;
 } engram_pool_opts;
 
 /* Failures: a read that fails fails only the step or prefill chunk that

@@ -513,13 +513,18 @@ static int wants_slots(const engram_prefill *pf)
            (pf->active[1] && pf->job[1].live > 0 && pf->job[1].rc == 0);
 }
 
-/* Issues up to max reads of pf, table 0's first; returns how many. */
+/* Issues up to max reads of pf, the older chunk's first (the engine needs
+ * chunk c's table-1 rows at layer 14 before chunk c+1's table-0 rows at
+ * layer 1), table 0 first for the same chunk; returns how many. */
 static unsigned issue_one(engram_pool *p, engram_prefill *pf, unsigned max)
 {
+    int first = pf->active[1] && (!pf->active[0] || pf->next[1] < pf->next[0]);
     unsigned used = 0;
-    for (int t = 0; t < ENGRAM_TABLES && used < max; t++)
+    for (int i = 0; i < ENGRAM_TABLES && used < max; i++) {
+        int t = i ^ first;
         if (pf->active[t])
             used += reader_job_issue(p->r, &pf->job[t], max - used);
+    }
     return used;
 }
 
@@ -530,10 +535,10 @@ static void give(engram_pool *p, engram_prefill *pf, unsigned share, unsigned av
         *used += issue_one(p, pf, share < avail - *used ? share : avail - *used);
 }
 
-int prefetch_service(engram_pool *p, unsigned *budget)
+int prefetch_progress(engram_pool *p, unsigned *guard)
 {
     int timed = 0;
-    unsigned wanting = 0, listed = 0;
+    unsigned wanting = 0, in_flight = 0;
     for (engram_prefill *pf = next_of(p, NULL), *next; pf; pf = next) {
         next = next_of(p, pf);
         if (service_one(p, pf, &timed)) {
@@ -541,15 +546,31 @@ int prefetch_service(engram_pool *p, unsigned *budget)
             continue;
         }
         wanting += wants_slots(pf);
+        for (int t = 0; t < ENGRAM_TABLES; t++)
+            in_flight += pf->active[t] ? pf->job[t].outstanding : 0;
+    }
+    /* the slots the prompts keep whatever the steps want */
+    *guard = wanting && in_flight < p->pf_min_slots ? p->pf_min_slots - in_flight : 0;
+    return timed;
+}
+
+void prefetch_issue(engram_pool *p, unsigned budget, unsigned guard)
+{
+    unsigned wanting = 0, listed = 0;
+    for (engram_prefill *pf = next_of(p, NULL); pf; pf = next_of(p, pf)) {
+        wanting += wants_slots(pf);
         listed++;
     }
     /* The slots the steps left, less a reserve for steps arriving before
-     * the next pass, in equal shares from a rotating first prefill, then
-     * what is left, oldest first.  (Only this thread removes prefills from
-     * the list; one added meanwhile has no job yet.) */
-    unsigned avail = *budget > STEP_RESERVE ? *budget - STEP_RESERVE : 0, used = 0;
+     * the next pass (but never less than the prompts' guard), in equal
+     * shares from a rotating first prefill, then what is left, oldest
+     * first.  (Only this thread removes prefills from the list; one added
+     * meanwhile has no job yet.) */
+    unsigned avail = budget > STEP_RESERVE ? budget - STEP_RESERVE : 0, used = 0;
+    if (avail < guard)
+        avail = guard < budget ? guard : budget;
     if (wanting == 0 || avail == 0)
-        return timed;
+        return;
     unsigned share = (avail + wanting - 1) / wanting, start = p->pf_turn++ % listed;
     engram_prefill *first = next_of(p, NULL);
     for (unsigned i = 0; i < start && first; i++)
@@ -560,8 +581,6 @@ int prefetch_service(engram_pool *p, unsigned *budget)
         give(p, pf, share, avail, &used);
     for (engram_prefill *pf = next_of(p, NULL); pf && used < avail; pf = next_of(p, pf))
         give(p, pf, avail, avail, &used);
-    *budget -= used;
-    return timed;
 }
 
 void prefetch_fail_all(engram_pool *p, int code, const engram_error *e)

@@ -356,9 +356,9 @@ static void intake(engram_pool *p)
     }
 }
 
-/* Issues the rounds' reads: every round's table 0 before any round's
- * table 1, each table oldest round first.  The I/O thread's. */
-static void issue_rounds(engram_pool *p)
+/* Issues up to max of the rounds' reads: every round's table 0 before any
+ * round's table 1, each table oldest round first.  The I/O thread's. */
+static void issue_rounds(engram_pool *p, unsigned max)
 {
     struct round *order[ROUNDS];
     int n = 0;
@@ -374,8 +374,8 @@ static void issue_rounds(engram_pool *p)
         order[at] = rd;
     }
     for (int t = 0; t < ENGRAM_TABLES; t++)
-        for (int i = 0; i < n; i++)
-            reader_job_issue(p->r, &order[i]->job[t], UINT32_MAX);
+        for (int i = 0; i < n && max > 0; i++)
+            max -= reader_job_issue(p->r, &order[i]->job[t], max);
 }
 
 /* Rounds whose jobs have ended let go of the sessions whose requests were
@@ -567,10 +567,13 @@ static void *io_main(void *arg)
         pthread_mutex_unlock(&p->mu);
         SCHED_POINT("io: intake");
 
-        /* steps first: their rows are on an engine's critical path */
-        issue_rounds(p);
-        unsigned budget = reader_free_slots(r);
-        int timed = prefetch_service(p, &budget);
+        /* steps first (their rows are on an engine's critical path), but
+         * prompts with reads to do keep a few slots, so that a saturated
+         * decode load cannot starve them */
+        unsigned guard = 0, free_slots = reader_free_slots(r);
+        int timed = prefetch_progress(p, &guard);
+        issue_rounds(p, free_slots > guard ? free_slots - guard : 0);
+        prefetch_issue(p, reader_free_slots(r), guard);
         int rc = reader_push_jobs(r);
         if (rc < 0)
             fail_everything(p, rc, "submit");
@@ -638,6 +641,9 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
         return rc;
     }
     engram_reader_get_stats(p->r, &p->io0); /* before the I/O thread owns the reader */
+    p->pf_min_slots = opts && opts->prefill_min_slots ? opts->prefill_min_slots : (p->io0.depth + 7) / 8;
+    if (p->pf_min_slots > p->io0.depth)
+        p->pf_min_slots = p->io0.depth;
     pthread_mutex_init(&p->mu, NULL);
     cond_init_mono(&p->cv);
     rc = thread_start(&p->thread, 256u << 10, io_main, p);

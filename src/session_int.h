@@ -105,6 +105,7 @@ struct engram_pool {
     engram_session *q_head, *q_tail;
     engram_prefill *pf_head, *pf_tail; /* prefills served, oldest first    */
     unsigned pf_turn;             /* round-robin start of the prefill share */
+    unsigned pf_min_slots;        /* reads in flight prompts keep          */
     struct round *rounds;         /* [ROUNDS], the I/O thread's            */
     uint64_t round_seq;
     struct ring rings[RING_CACHE];/* free rings of ended prefills          */
@@ -169,12 +170,16 @@ struct timespec pool_deadline(uint64_t timeout_ns);
 int pool_ring_take(engram_pool *p, size_t len, struct ring *out);
 void pool_ring_give(engram_pool *p, struct ring *rg);
 
-/* The I/O thread's part of prefills: progress, issue (sharing *budget
- * between prefills), collect; returns 1 if some prefill waits on time only
- * (the delay of table 1). */
-int prefetch_service(engram_pool *p, unsigned *budget);
+/* The I/O thread's part of prefills, first: collect ended jobs, detach
+ * what is done, start the next chunks; *guard = the slots the prompts are
+ * to keep now (their minimum less what they have in flight, when they have
+ * reads to issue).  1 if some prefill waits on time only (table 1's delay). */
+int prefetch_progress(engram_pool *p, unsigned *guard);
+/* Then, after the steps: issues prefill reads with the budget left (less a
+ * reserve for steps, but at least guard), shared between prefills. */
+void prefetch_issue(engram_pool *p, unsigned budget, unsigned guard);
 /* 1 if a prefill has a job that ended and is still to be collected by
- * prefetch_service.  Called by the I/O thread with p->mu held. */
+ * prefetch_progress.  Called by the I/O thread with p->mu held. */
 int prefetch_collectable(engram_pool *p);
 /* Fails every prefill's jobs (the engine died, or the pool closes): under
  * no lock. */
