@@ -676,9 +676,10 @@ void engram_reader_reset_stats(engram_reader *r);
  * pipeline stages wait for layer 1's rows and layer 14's rows on two
  * threads: one stage waits for table 0, the other for table 1, and one of
  * them commits after both waits have returned).  A wait that is in progress
- * when its step ends (commit, abort or close on another thread) returns
- * -ECANCELED.  Different sessions may be used concurrently from any number
- * of threads.
+ * when its step ends (commit or abort on another thread) returns
+ * -ECANCELED; close must not run while any other call on the session does
+ * (it frees the session).  Different sessions may be used concurrently from
+ * any number of threads.
  *
  * Decode: engram_step_begin() validates and hashes the step's tokens
  * (1, or up to ENGRAM_MAX_DRAFT draft tokens for speculative decoding),
@@ -858,7 +859,11 @@ void engram_step_get_info(const engram_session *s, engram_step_info *info);
  *
  * Two threads may wait for and release chunks of the two tables
  * concurrently (one per table); a table's chunks are waited for and
- * released in order by one thread.
+ * released in order by one thread.  With ENGRAM_PREFILL_MANUAL, call
+ * engram_prefill_start_table1 (from either thread) before the first wait
+ * for table 1: a wait for table 1 before it returns -EDEADLK at once (in a
+ * pipelined engine the signal, at a layer before 14, comes before the
+ * stage that waits for table 1 gets the chunk).
  */
 typedef struct engram_prefill engram_prefill;
 

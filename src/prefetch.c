@@ -116,6 +116,11 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
     pthread_mutex_unlock(&s->mu);
     if (busy)
         return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress");
+    pthread_mutex_lock(&p->mu); /* before a ring is taken (and registered) */
+    int refused = pool_refuses(p, err);
+    pthread_mutex_unlock(&p->mu);
+    if (refused < 0)
+        return refused;
     engram_prefill *pf = calloc(1, sizeof *pf);
     if (!pf)
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
@@ -219,12 +224,21 @@ int engram_prefill_wait_timed(engram_prefill *pf, int t, size_t c, uint64_t time
     if (!pf || t < 0 || t >= ENGRAM_TABLES || c >= pf->chunks)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no chunk %zu of table %d", c, t);
     pthread_mutex_lock(&pf->mu);
-    int rc = 0;
-    /* misuse that would return a reused buffer or never return */
-    if (c < pf->released[t])
+    int rc = 0, ready = atomic_load(&pf->ready[t]) > c;
+    /* a chunk released (its buffer may hold a later one) is misuse; then
+     * why the prefill ended, if it did; then waits that could never return */
+    if (c < pf->released[t]) {
         rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
                      "chunk %zu of table %d was released (its buffer holds a later chunk)", c, t);
-    else if (c >= pf->released[t] + pf->ring)
+    } else if (!ready && pf->rc) {
+        rc = pf->rc;
+        if (err)
+            *err = pf->err;
+    } else if (!ready && pf->cancel_req) {
+        rc = err_set(err, -ECANCELED, ENGRAM_NO_OFFSET, "the prefill was cancelled");
+    } else if (ready) {
+        rc = 0;
+    } else if (c >= pf->released[t] + pf->ring)
         rc = err_set(err, -EDEADLK, ENGRAM_NO_OFFSET,
                      "chunk %zu of table %d cannot be read before chunk %zu is released (a ring of %u "
                      "chunks)", c, t, c - pf->ring, pf->ring);
@@ -304,6 +318,7 @@ static int detach(engram_prefill *pf, uint64_t timeout_ns)
     SCHED_WAKE(&pf->cv);
     int done = pf->detached;
     pthread_mutex_unlock(&pf->mu);
+    SCHED_POINT("prefill: stop asked");
     if (done)
         return 0;
     if (!was)
@@ -343,6 +358,7 @@ static int finish(engram_prefill *pf, int commit, engram_error *err)
         }
     }
     pthread_mutex_unlock(&pf->mu);
+    SCHED_POINT("prefill: outcome read");
     if (s) {
         pthread_mutex_lock(&s->mu);
         if (rc == 0 && commit)
@@ -416,14 +432,17 @@ static void start_chunk(engram_pool *p, engram_prefill *pf, int t)
 /* Collects a prefill's ended jobs (publishing their chunks) and starts the
  * next chunks its ring and table 1's signal allow; 1 once it is stopped
  * (cancelled, failed or every chunk read) and holds no read, so that the
- * caller detaches it.  *timed set when table 1 waits for its delay. */
-static int service_one(engram_pool *p, engram_prefill *pf, int *timed)
+ * caller detaches it.  *until: the earliest time (CLOCK_MONOTONIC ns) a
+ * table 1 waiting for its delay may start, if earlier than *until or it
+ * is 0. */
+static int service_one(engram_pool *p, engram_prefill *pf, uint64_t *until)
 {
     pthread_mutex_lock(&pf->mu);
     int cancel = pf->cancel_req || pf->rc;
     size_t released[ENGRAM_TABLES] = {pf->released[0], pf->released[1]};
     int go = pf->table1_go;
     pthread_mutex_unlock(&pf->mu);
+    SCHED_POINT("io: prefill state read");
     for (int t = 0; t < ENGRAM_TABLES; t++) {
         struct rjob *j = &pf->job[t];
         if (!pf->active[t])
@@ -466,7 +485,9 @@ static int service_one(engram_pool *p, engram_prefill *pf, int *timed)
             if (!now)
                 now = pool_now_ns();
             may = now - pf->t_begin >= pf->delay_ns;
-            *timed |= !may;
+            uint64_t at = pf->t_begin + pf->delay_ns;
+            if (!may && (*until == 0 || at < *until))
+                *until = at;
         }
         if (may)
             start_chunk(p, pf, t);
@@ -535,13 +556,13 @@ static void give(engram_pool *p, engram_prefill *pf, unsigned share, unsigned av
         *used += issue_one(p, pf, share < avail - *used ? share : avail - *used);
 }
 
-int prefetch_progress(engram_pool *p, unsigned *guard)
+uint64_t prefetch_progress(engram_pool *p, unsigned *guard)
 {
-    int timed = 0;
+    uint64_t until = 0;
     unsigned wanting = 0, in_flight = 0;
     for (engram_prefill *pf = next_of(p, NULL), *next; pf; pf = next) {
         next = next_of(p, pf);
-        if (service_one(p, pf, &timed)) {
+        if (service_one(p, pf, &until)) {
             detach_now(p, pf);
             continue;
         }
@@ -551,7 +572,7 @@ int prefetch_progress(engram_pool *p, unsigned *guard)
     }
     /* the slots the prompts keep whatever the steps want */
     *guard = wanting && in_flight < p->pf_min_slots ? p->pf_min_slots - in_flight : 0;
-    return timed;
+    return until;
 }
 
 void prefetch_issue(engram_pool *p, unsigned budget, unsigned guard)
@@ -566,7 +587,7 @@ void prefetch_issue(engram_pool *p, unsigned budget, unsigned guard)
      * shares from a rotating first prefill, then what is left, oldest
      * first.  (Only this thread removes prefills from the list; one added
      * meanwhile has no job yet.) */
-    unsigned avail = budget > STEP_RESERVE ? budget - STEP_RESERVE : 0, used = 0;
+    unsigned avail = budget > p->step_reserve ? budget - p->step_reserve : 0, used = 0;
     if (avail < guard)
         avail = guard < budget ? guard : budget;
     if (wanting == 0 || avail == 0)

@@ -9,8 +9,13 @@
  * point who runs next, so that a test can enumerate the orderings of a
  * small scenario and check the contract after every step:
  *  - SCHED_POINT(name): a gap where another thread may run.  Placed after
- *    every release of a pool, session or prefill lock whose protected state
- *    another thread can observe, never while such a lock is held.
+ *    the lock releases that end a change of shared state or a read of it
+ *    that the thread then acts on (begin, abort/commit/close, a row
+ *    answered, a round taken in, a chunk published, a prefill stopped or
+ *    detached, a prefill's state read by the I/O thread), never while such
+ *    a lock is held; not after the I/O thread's read-only walks of its own
+ *    lists or its statistics.  Between two calls of a caller the test adds
+ *    its own.
  *  - SCHED_WAIT / SCHED_TIMEDWAIT: condition waits (a blocked thread does
  *    not run until it is woken; a timed wait may also time out whenever
  *    the scheduler chooses); SCHED_WAKE: pthread_cond_broadcast (the

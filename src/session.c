@@ -141,7 +141,7 @@ void pool_ring_give(engram_pool *p, struct ring *rg)
     struct ring victim = *rg;
     memset(rg, 0, sizeof *rg);
     pthread_mutex_lock(&p->mu);
-    if (!p->closed) {
+    if (!p->stop) {
         /* kept in a free place, else in place of the smallest kept ring if
          * that is smaller, as long as the kept rings stay within the
          * pool's ring_cache_bytes: the cache holds the largest rings seen */
@@ -234,8 +234,8 @@ static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw
             else
                 memcpy(dst, raw, ENGRAM_ROW_BYTES);
         }
-        if (--s->remaining[t] == 0)
-            s->ready_ns[t] = pool_now_ns();
+        if (--s->remaining[t] == 0 && s->rc[t] == 0)
+            s->ready_ns[t] = pool_now_ns(); /* every row in: not a failure's time */
         if (e || s->remaining[t] == 0)
             SCHED_WAKE(&s->cv);
     }
@@ -378,6 +378,31 @@ static void issue_rounds(engram_pool *p, unsigned max)
             max -= reader_job_issue(p->r, &order[i]->job[t], max);
 }
 
+/* A round all of whose steps have ended (aborted, committed after a
+ * failure, closed) stops issuing reads: its jobs fail, what is in flight is
+ * collected and its entries are let go of by finish_rounds.  The I/O
+ * thread's, after some step ended. */
+static void drop_stale_rounds(engram_pool *p)
+{
+    for (int ri = 0; ri < ROUNDS; ri++) {
+        struct round *rd = &p->rounds[ri];
+        if (!rd->active || (rd->job[0].rc != 0 && rd->job[1].rc != 0))
+            continue;
+        int live = 0;
+        for (unsigned k = 0; k < rd->n_entries && !live; k++) {
+            struct round_entry *en = &rd->e[k];
+            if (en->left == 0)
+                continue;
+            pthread_mutex_lock(&en->s->mu);
+            live = en->s->gen == en->gen && !en->s->ended;
+            pthread_mutex_unlock(&en->s->mu);
+        }
+        if (!live)
+            for (int t = 0; t < ENGRAM_TABLES; t++)
+                reader_job_fail(&rd->job[t], -ECANCELED, "every step of the round ended");
+    }
+}
+
 /* Rounds whose jobs have ended let go of the sessions whose requests were
  * not all answered: a job that failed as a whole (the engine, or the pool
  * closing) fails what it had not delivered. */
@@ -496,6 +521,9 @@ static void release_rounds(engram_pool *p, const engram_error *e)
             if (gone)
                 session_free(s);
         }
+        pthread_mutex_lock(&p->mu);
+        p->step_read += rd->job[0].rows_read + rd->job[1].rows_read;
+        pthread_mutex_unlock(&p->mu);
         rd->active = 0;
     }
 }
@@ -548,6 +576,7 @@ static void *io_main(void *arg)
     engram_pool *p = arg;
     SCHED_THREAD_BEGIN("io");
     engram_reader *r = p->r;
+    uint64_t ends_seen = 0;
     for (;;) {
         pthread_mutex_lock(&p->mu);
         if (p->stop) {
@@ -564,14 +593,18 @@ static void *io_main(void *arg)
         }
         p->work = 0;
         intake(p);
+        int ended = p->ends != ends_seen;
+        ends_seen = p->ends;
         pthread_mutex_unlock(&p->mu);
         SCHED_POINT("io: intake");
+        if (ended)
+            drop_stale_rounds(p);
 
         /* steps first (their rows are on an engine's critical path), but
          * prompts with reads to do keep a few slots, so that a saturated
          * decode load cannot starve them */
         unsigned guard = 0, free_slots = reader_free_slots(r);
-        int timed = prefetch_progress(p, &guard);
+        uint64_t delay_end = prefetch_progress(p, &guard);
         issue_rounds(p, free_slots > guard ? free_slots - guard : 0);
         prefetch_issue(p, reader_free_slots(r), guard);
         int rc = reader_push_jobs(r);
@@ -602,8 +635,9 @@ static void *io_main(void *arg)
         } else {
             pthread_mutex_lock(&p->mu);
             if (!p->work && !p->stop && !p->q_head && !rounds_active(p) && !prefetch_collectable(p)) {
-                if (timed) {
-                    struct timespec ts = pool_deadline(200000);
+                if (delay_end) { /* until a table 1 may start */
+                    uint64_t now = pool_now_ns();
+                    struct timespec ts = pool_deadline(delay_end > now ? delay_end - now : 0);
                     SCHED_TIMEDWAIT(&p->cv, &p->mu, &ts);
                 } else {
                     SCHED_WAIT(&p->cv, &p->mu);
@@ -644,6 +678,9 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
     p->pf_min_slots = opts && opts->prefill_min_slots ? opts->prefill_min_slots : (p->io0.depth + 7) / 8;
     if (p->pf_min_slots > p->io0.depth)
         p->pf_min_slots = p->io0.depth;
+    /* at most a quarter of a small depth (8 of 8 would leave prompts only
+     * their minimum) */
+    p->step_reserve = p->io0.depth / 4 < STEP_RESERVE ? p->io0.depth / 4 : STEP_RESERVE;
     pthread_mutex_init(&p->mu, NULL);
     cond_init_mono(&p->cv);
     rc = thread_start(&p->thread, 256u << 10, io_main, p);
@@ -674,16 +711,23 @@ void engram_pool_close(engram_pool *p)
     p->r = NULL;
     free(p->rounds);
     p->rounds = NULL;
+    /* the kept rings go first: once closed is published, the last handle's
+     * close may free the pool (and its hooks) at any moment; a ring given
+     * back meanwhile is freed at once (stop is set) */
     struct ring kept[RING_CACHE];
     pthread_mutex_lock(&p->mu);
     memcpy(kept, p->rings, sizeof kept);
     memset(p->rings, 0, sizeof p->rings);
-    p->closed = 1;
-    int last = p->handles == 0;
+    for (int i = 0; i < RING_CACHE; i++)
+        p->ring_bytes -= kept[i].len;
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < RING_CACHE; i++)
         if (kept[i].mem)
             ring_free(p, &kept[i]);
+    pthread_mutex_lock(&p->mu);
+    p->closed = 1;
+    int last = p->handles == 0;
+    pthread_mutex_unlock(&p->mu);
     if (last)
         pool_free_shell(p);
 }
@@ -764,6 +808,7 @@ static int end_step(engram_session *s, int closing)
     if (s->state == S_STEP)
         s->state = S_IDLE;
     s->closed |= closing;
+    p->ends++;
     int free_now = closing && s->refs == 0; /* else the last round entry frees it */
     SCHED_WAKE(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -1084,6 +1129,7 @@ int engram_step_commit(engram_session *s, unsigned j, engram_error *err)
     if (rc == 0 && j > 0)
         s->hist = s->after[j - 1];
     pthread_mutex_unlock(&s->mu);
+    SCHED_POINT("commit: history set");
     end_step(s, 0);
     return rc;
 }

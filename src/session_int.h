@@ -28,7 +28,8 @@
 
 #define ROUNDS 4
 #define ROUND_REQS (ENGRAM_ROUND_TOKENS * ENGRAM_COLUMNS)
-/* Slots the prefill jobs leave free for decode steps arriving meanwhile. */
+/* Slots the prefill jobs leave free for decode steps arriving meanwhile
+ * (at most a quarter of the reader's depth). */
 #define STEP_RESERVE 8u
 /* Prefill rings the pool keeps for later prompts. */
 #define RING_CACHE 4
@@ -106,8 +107,10 @@ struct engram_pool {
     engram_prefill *pf_head, *pf_tail; /* prefills served, oldest first    */
     unsigned pf_turn;             /* round-robin start of the prefill share */
     unsigned pf_min_slots;        /* reads in flight prompts keep          */
+    unsigned step_reserve;        /* slots prompts leave for steps to come  */
     struct round *rounds;         /* [ROUNDS], the I/O thread's            */
     uint64_t round_seq;
+    uint64_t ends;                /* steps ended (commit, abort, close)    */
     struct ring rings[RING_CACHE];/* free rings of ended prefills          */
     uint64_t ring_cache_cap;      /* bytes they may hold together          */
     /* statistics, under mu */
@@ -173,8 +176,9 @@ void pool_ring_give(engram_pool *p, struct ring *rg);
 /* The I/O thread's part of prefills, first: collect ended jobs, detach
  * what is done, start the next chunks; *guard = the slots the prompts are
  * to keep now (their minimum less what they have in flight, when they have
- * reads to issue).  1 if some prefill waits on time only (table 1's delay). */
-int prefetch_progress(engram_pool *p, unsigned *guard);
+ * reads to issue).  Returns when the next table 1 waiting for its delay
+ * may start (CLOCK_MONOTONIC ns), or 0. */
+uint64_t prefetch_progress(engram_pool *p, unsigned *guard);
 /* Then, after the steps: issues prefill reads with the budget left (less a
  * reserve for steps, but at least guard), shared between prefills. */
 void prefetch_issue(engram_pool *p, unsigned budget, unsigned guard);

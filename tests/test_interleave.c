@@ -10,10 +10,14 @@
  * point who runs next; blocked threads run only once woken, and a thread
  * in a timed wait may also be resumed by a timeout, at any point.  The
  * reader's engine is replaced (link-time --wrap of its constructors) by a
- * deterministic one serving the real model file's bytes from memory:
- * completions come in order, half of the reads in flight per reap, so a
- * run is a function of the choices made, and every ordering can be
- * replayed.
+ * deterministic one serving the real model file's bytes from memory: each
+ * reap completes up to 8 reads of one submission batch, oldest first, the
+ * batch being a choice of the explorer (the device's completion order), so
+ * a run is a function of the choices made, and every ordering can be
+ * replayed.  That engine never blocks in a reap (it always has a read to
+ * complete when asked for one), so the pool's thread never sleeps inside
+ * the reader: the wake-up of a blocked reap (reader_wake) is not explored
+ * here, only the pool's own waits.
  *
  * Each scenario is explored depth-first over those choices, up to a bound
  * on deviations from the default order (the running thread goes on until
