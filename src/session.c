@@ -808,7 +808,8 @@ static int end_step(engram_session *s, int closing)
     if (s->state == S_STEP)
         s->state = S_IDLE;
     s->closed |= closing;
-    p->ends++;
+    if (s->remaining[0] + s->remaining[1] > 0) /* reads of it may be left to drop */
+        p->ends++;
     int free_now = closing && s->refs == 0; /* else the last round entry frees it */
     SCHED_WAKE(&s->cv);
     pthread_mutex_unlock(&s->mu);

@@ -110,7 +110,7 @@ struct engram_pool {
     unsigned step_reserve;        /* slots prompts leave for steps to come  */
     struct round *rounds;         /* [ROUNDS], the I/O thread's            */
     uint64_t round_seq;
-    uint64_t ends;                /* steps ended (commit, abort, close)    */
+    uint64_t ends;                /* steps ended with rows still to come   */
     struct ring rings[RING_CACHE];/* free rings of ended prefills          */
     uint64_t ring_cache_cap;      /* bytes they may hold together          */
     /* statistics, under mu */

@@ -1186,9 +1186,11 @@ int main(int argc, char **argv)
     pthread_detach(dog);
 
     /* the suite's bounds; one less (and a quarter of the samples) under the
-     * sanitizers, which run every ordering several times slower;
-     * ENGRAM_INTERLEAVE_DEEP=1 for a campaign */
+     * sanitizers, which run every ordering several times slower, or with
+     * ENGRAM_INTERLEAVE_QUICK=1 (mutation runs); ENGRAM_INTERLEAVE_DEEP=1
+     * for a campaign */
     int deep = getenv("ENGRAM_INTERLEAVE_DEEP") != NULL;
+    int quick = SANITIZED || getenv("ENGRAM_INTERLEAVE_QUICK") != NULL;
     const char *seed_s = getenv("ENGRAM_INTERLEAVE_SEED");
     uint64_t seed = seed_s ? strtoull(seed_s, NULL, 10) : (uint64_t)time(NULL);
     const struct scenario all[] = {
@@ -1206,7 +1208,7 @@ int main(int argc, char **argv)
         if (argc > 1 && !strstr(all[i].name, argv[1]))
             continue;
         struct scenario sc = all[i];
-        if (SANITIZED && !deep) {
+        if (quick && !deep) {
             sc.bound = sc.bound > 1 ? sc.bound - 1 : sc.bound;
             sc.samples /= 4;
         }
