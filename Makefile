@@ -92,7 +92,8 @@ endif
 all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
      $(BUILD)/tests/fuzz_tokmap_replay $(BUILD)/tests/fuzz_cli_replay \
      $(BUILD)/tests/fuzz_residual_replay $(BUILD)/tests/seccomp_run \
-     $(BUILD)/tests/envfail_preload.so $(BUILD)/tests/stress_sessions $(CUDA_TARGETS)
+     $(BUILD)/tests/envfail_preload.so $(BUILD)/tests/stress_sessions $(BUILD)/tests/race_abort_begin \
+     $(CUDA_TARGETS)
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
 
 $(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(wildcard src/*.h) Makefile
