@@ -138,13 +138,7 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
     pf->delay_ns = o.table1_delay_ns;
     pf->table1_go = o.table1_delay_ns == 0;
     pthread_mutex_init(&pf->mu, NULL);
-    {
-        pthread_condattr_t a;
-        pthread_condattr_init(&a);
-        pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-        pthread_cond_init(&pf->cv, &a);
-        pthread_condattr_destroy(&a);
-    }
+    pool_cond_init(&pf->cv);
     int ok = (pf->rows48 = malloc((size_t)chunk * ENGRAM_ROWS_PER_TOKEN * sizeof *pf->rows48)) != NULL;
     uint8_t *mem = o.ring_mem;
     if (ok && !mem) {

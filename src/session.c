@@ -46,7 +46,7 @@ struct timespec pool_deadline(uint64_t timeout_ns)
     return ts;
 }
 
-static void cond_init_mono(pthread_cond_t *cv)
+void pool_cond_init(pthread_cond_t *cv)
 {
     pthread_condattr_t a;
     pthread_condattr_init(&a);
@@ -682,7 +682,7 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
      * their minimum) */
     p->step_reserve = p->io0.depth / 4 < STEP_RESERVE ? p->io0.depth / 4 : STEP_RESERVE;
     pthread_mutex_init(&p->mu, NULL);
-    cond_init_mono(&p->cv);
+    pool_cond_init(&p->cv);
     rc = thread_start(&p->thread, 256u << 10, io_main, p);
     if (rc < 0) {
         engram_reader_close(p->r);
@@ -781,7 +781,7 @@ int engram_session_open(engram_pool *p, engram_session **out, engram_error *err)
     s->p = p;
     engram_history_reset(&s->hist);
     pthread_mutex_init(&s->mu, NULL);
-    cond_init_mono(&s->cv);
+    pool_cond_init(&s->cv);
     pthread_mutex_lock(&p->mu);
     int rc = p->stop ? err_set(err, -ESHUTDOWN, ENGRAM_NO_OFFSET, "the pool was closed") : 0;
     if (rc == 0)

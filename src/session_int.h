@@ -166,6 +166,8 @@ void pool_kick(engram_pool *p);
 /* Drops a handle (a session or a prefill) of a closed pool; frees the
  * pool's shell when it was the last.  Under no lock. */
 void pool_handle_gone(engram_pool *p);
+/* A condition variable whose timed waits take CLOCK_MONOTONIC times. */
+void pool_cond_init(pthread_cond_t *cv);
 /* An absolute CLOCK_MONOTONIC time timeout_ns from now. */
 struct timespec pool_deadline(uint64_t timeout_ns);
 /* A ring of at least len bytes from the pool's cache or new (registered

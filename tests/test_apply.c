@@ -28,17 +28,6 @@
 #include "testutil.h"
 #include "../src/gguf.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
 #define K ENGRAM_K
 
 /* ------------------------------------------------ allocation counter (plain builds) */

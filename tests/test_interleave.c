@@ -51,17 +51,6 @@
 
 /* ------------------------------------------------------------ the scheduler */
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
 #define MAXT 8
 #define MAXDEC 60000
 
@@ -348,6 +337,7 @@ static void spawn(struct actor *a)
     engram_sched_spawned();
 }
 
+
 /* One ordering of a scenario: main is thread 0. */
 static void run_once(void (*scenario)(void))
 {
@@ -527,7 +517,6 @@ int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena
     return sim_new(out);
 }
 
-enum io_drop;
 int __wrap_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out);
 int __wrap_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out)
 {
@@ -697,6 +686,24 @@ static void reset_watch(void)
     memset(Hw, 0, sizeof Hw);
 }
 
+/* The usual scenario: a pool and n_sessions sessions, the actors run to
+ * their end, then every session still open and the pool closed. */
+static void run_actors(int n_sessions, struct actor *a, int n_actors)
+{
+    reset_watch();
+    open_pool();
+    for (int i = 0; i < n_sessions; i++)
+        open_session(i);
+    for (int i = 0; i < n_actors; i++)
+        spawn(&a[i]);
+    for (int i = 0; i < n_actors; i++)
+        engram_sched_join(a[i].pt);
+    for (int i = 0; i < n_sessions; i++)
+        if (Hw[i].open)
+            close_session(i);
+    engram_pool_close(pool);
+}
+
 /* ------------------------------------------------------------ scenarios */
 
 /* The caller may be preempted between two calls, not only inside them. */
@@ -731,14 +738,8 @@ static void a1_abort_begin(int id)
 
 static void sc_abort_begin(void)
 {
-    reset_watch();
-    open_pool();
-    open_session(0);
-    struct actor a = {a1_abort_begin, 0, 0};
-    spawn(&a);
-    engram_sched_join(a.pt);
-    close_session(0);
-    engram_pool_close(pool);
+    struct actor a[] = {{a1_abort_begin, 0, 0}};
+    run_actors(1, a, 1);
 }
 
 /* 2. Two sessions whose steps want the same rows (one read serves both):
@@ -759,18 +760,8 @@ static void a2_share_commit(int id)
 
 static void sc_shared_rows(void)
 {
-    reset_watch();
-    open_pool();
-    open_session(0);
-    open_session(1);
-    struct actor a = {a1_abort_begin, 0, 0}, b = {a2_share_commit, 1, 0};
-    spawn(&a);
-    spawn(&b);
-    engram_sched_join(a.pt);
-    engram_sched_join(b.pt);
-    close_session(0);
-    close_session(1);
-    engram_pool_close(pool);
+    struct actor a[] = {{a1_abort_begin, 0, 0}, {a2_share_commit, 1, 0}};
+    run_actors(2, a, 2);
 }
 
 /* 3. A timed wait that may time out (and is retried), then an abort, a new
@@ -801,13 +792,8 @@ static void a3_timeout_close(int id)
 
 static void sc_timeout_close(void)
 {
-    reset_watch();
-    open_pool();
-    open_session(0);
-    struct actor a = {a3_timeout_close, 0, 0};
-    spawn(&a);
-    engram_sched_join(a.pt);
-    engram_pool_close(pool);
+    struct actor a[] = {{a3_timeout_close, 0, 0}};
+    run_actors(1, a, 1); /* the actor closes its session itself */
 }
 
 /* 4. The pool closes while a session steps: the step either succeeds whole
@@ -895,17 +881,9 @@ static void a5_stage1(int id)
 
 static void sc_two_stages(void)
 {
-    reset_watch();
     stage_begun = stage0_done = 0;
-    open_pool();
-    open_session(0);
-    struct actor a = {a5_stage0, 0, 0}, b = {a5_stage1, 0, 0};
-    spawn(&a);
-    spawn(&b);
-    engram_sched_join(a.pt);
-    engram_sched_join(b.pt);
-    close_session(0);
-    engram_pool_close(pool);
+    struct actor a[] = {{a5_stage0, 0, 0}, {a5_stage1, 0, 0}};
+    run_actors(1, a, 2);
 }
 
 /* 6. A prefill (2 chunks of 2 tokens, ring 1, table 1 on a signal, the
@@ -1013,32 +991,16 @@ static void a6_stepper(int id)
 
 static void sc_prefill(void)
 {
-    reset_watch();
     ring_frozen = 0;
-    open_pool();
-    open_session(0);
-    open_session(1);
-    struct actor a = {a6_prefill, 0, 0}, b = {a6_stepper, 1, 0};
-    spawn(&a);
-    spawn(&b);
-    engram_sched_join(a.pt);
-    engram_sched_join(b.pt);
-    close_session(0);
-    close_session(1);
-    engram_pool_close(pool);
+    struct actor a[] = {{a6_prefill, 0, 0}, {a6_stepper, 1, 0}};
+    run_actors(2, a, 2);
 }
 
 static void sc_prefill_cancel(void)
 {
-    reset_watch();
     ring_frozen = 0;
-    open_pool();
-    open_session(0);
-    struct actor a = {a6_cancel, 0, 0};
-    spawn(&a);
-    engram_sched_join(a.pt);
-    close_session(0);
-    engram_pool_close(pool);
+    struct actor a[] = {{a6_cancel, 0, 0}};
+    run_actors(1, a, 1);
 }
 
 /* 7. A session closed under its prefill: the prefill's handle stays valid,
@@ -1061,14 +1023,9 @@ static void a7_close_under_prefill(int id)
 
 static void sc_close_under_prefill(void)
 {
-    reset_watch();
     ring_frozen = 0;
-    open_pool();
-    open_session(0);
-    struct actor a = {a7_close_under_prefill, 0, 0};
-    spawn(&a);
-    engram_sched_join(a.pt);
-    engram_pool_close(pool);
+    struct actor a[] = {{a7_close_under_prefill, 0, 0}};
+    run_actors(1, a, 1);
 }
 
 /* 8. Three sessions at once: the abort/begin pattern, a shared-rows step
@@ -1087,21 +1044,8 @@ static void a8_draft(int id)
 
 static void sc_three(void)
 {
-    reset_watch();
-    open_pool();
-    open_session(0);
-    open_session(1);
-    open_session(2);
-    struct actor a = {a1_abort_begin, 0, 0}, b = {a2_share_commit, 1, 0}, c = {a8_draft, 2, 0};
-    spawn(&a);
-    spawn(&b);
-    spawn(&c);
-    engram_sched_join(a.pt);
-    engram_sched_join(b.pt);
-    engram_sched_join(c.pt);
-    for (int i = 0; i < 3; i++)
-        close_session(i);
-    engram_pool_close(pool);
+    struct actor a[] = {{a1_abort_begin, 0, 0}, {a2_share_commit, 1, 0}, {a8_draft, 2, 0}};
+    run_actors(3, a, 3);
 }
 
 /* ------------------------------------------------------------ main */

@@ -9,13 +9,9 @@
 
 #include "testutil.h"
 
-/* Sanitizers add shadow memory to the resident set and slow everything:
- * there the memory bound is not measured and the long batch is shorter. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SANITIZED 1
-#else
-#define SANITIZED 0
-#endif
+/* Sanitizers (SANITIZED, testutil.h) add shadow memory to the resident set
+ * and slow everything: there the memory bound is not measured and the long
+ * batch is shorter. */
 
 static const engram_io_engine engines[] = {ENGRAM_IO_URING, ENGRAM_IO_THREADS, ENGRAM_IO_BUFFERED};
 static const char *const engine_names[] = {"io_uring", "threads", "buffered"};

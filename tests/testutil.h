@@ -16,6 +16,19 @@
 #include "engram.h"
 #include "engram_tools.h"
 
+/* 1 in a build with ASan or TSan (gcc's and clang's spellings): tests run
+ * lighter there, every step being several times slower. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
 static int tu_failures, tu_checks;
 
 #define CHECK(cond)                                                                  \
