@@ -68,7 +68,7 @@ static int utf8_seq(const unsigned char *s, size_t n)
     return len;
 }
 
-void json_string(FILE *f, const char *s)
+void cli_json_string(FILE *f, const char *s)
 {
     const unsigned char *p = (const unsigned char *)(s ? s : "");
     size_t n = strlen((const char *)p);

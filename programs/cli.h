@@ -27,7 +27,7 @@ double now_s(void);
  * U+10FFFF) written as \ufffd, as Python's decode(errors='replace') reads
  * it, so the output is always valid UTF-8 JSON (a path that is not UTF-8
  * does not round-trip; the text output prints it as it is). */
-void json_string(FILE *f, const char *s);
+void cli_json_string(FILE *f, const char *s);
 int parse_u64(const char *s, uint64_t max, uint64_t *out);
 int has_help(int argc, char **argv);
 int open_model(const char *path, engram_model **m);

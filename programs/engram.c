@@ -71,7 +71,7 @@ static void primes_summary(const uint32_t *p, uint32_t *mn, uint32_t *mx, uint64
 
 static void json_str(const char *s)
 {
-    json_string(stdout, s);
+    cli_json_string(stdout, s);
 }
 
 static int cmd_info(int argc, char **argv)

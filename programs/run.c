@@ -540,9 +540,9 @@ static void print_json(const struct run *R, const struct report *o)
     double pre_s = (double)R->prefill_ns / 1e9, dec_s = (double)R->decode_ns / 1e9;
     size_t dec_tokens = R->n_steps * R->B;
     printf("{\"model\":");
-    json_string(stdout, o->path);
+    cli_json_string(stdout, o->path);
     printf(",\"device\":");
-    json_string(stdout, o->device);
+    cli_json_string(stdout, o->device);
     printf(",\"sessions\":%u,\"layers\":%u,\"layer_us\":%" PRIu64 ",\"threads\":%" PRIu64
            ",\"overlap\":%s,\"prefetch\":%s,\"width\":%u,\"streams\":%u",
            R->B, R->layers, o->layer_us, o->threads, R->overlap ? "true" : "false",
@@ -571,22 +571,22 @@ static void print_json(const struct run *R, const struct report *o)
     for (size_t i = 0; i < NDEFS(def_dec) + n_pre; i++) {
         const char *const *d = i < NDEFS(def_dec) ? def_dec[i] : pre[i - NDEFS(def_dec)];
         printf("%s", i ? "," : "");
-        json_string(stdout, d[0]);
+        cli_json_string(stdout, d[0]);
         putchar(':');
-        json_string(stdout, d[1]);
+        cli_json_string(stdout, d[1]);
     }
     printf(",\"inconsistent\":");
-    json_string(stdout, "Steps or prompts whose timestamps contradict the definitions (a ready time or "
+    cli_json_string(stdout, "Steps or prompts whose timestamps contradict the definitions (a ready time or "
                         "a wait before the begin, a prefill never seen complete): left out of every "
                         "figure, never clamped; 0 expected.");
     printf("},\"io\":{\"engine\":");
-    json_string(stdout, ps->io.engine);
+    cli_json_string(stdout, ps->io.engine);
     printf(",\"direct\":%d,\"note\":", ps->io.direct);
-    json_string(stdout, ps->io.note);
+    cli_json_string(stdout, ps->io.note);
     printf(",\"host_registered\":%" PRIu64 "},\"page_cache_growth_pages\":", ps->io.host_registered);
     if (o->count_err) {
         printf("null,\"page_cache_error\":");
-        json_string(stdout, strerror(-o->count_err));
+        cli_json_string(stdout, strerror(-o->count_err));
     } else {
         printf("%" PRId64, o->growth);
     }
