@@ -40,13 +40,19 @@ else
 SO_CHECK = -Wl,--no-undefined
 endif
 
-TOOLS_SRC = src/tokmap.c src/layout_gen.c src/quant.c src/build.c src/gguf_write.c src/sha256.c
-CORE_SRC  = $(filter-out $(TOOLS_SRC),$(wildcard src/*.c))
+# src/ holds one folder per stage of the pipeline (SPEC.md section 1):
+# common/ format/ hash/ codec/ io/ serve/ output/ make libengram, the
+# runtime; tools/ (token map, layout generator, quantizer, builder, GGUF
+# writer, SHA-256) makes libengram-tools.
+STAGES    = common format hash codec io serve output
+TOOLS_SRC = $(wildcard src/tools/*.c)
+CORE_SRC  = $(foreach d,$(STAGES),$(wildcard src/$(d)/*.c))
+SRC_H     = $(wildcard src/*/*.h)
 CORE_OBJ  = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(CORE_SRC))
 TOOLS_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(TOOLS_SRC))
 # The tools' shared library carries hidden copies of the internal helpers it
 # shares with the runtime (error filling, the GGUF type table).
-TOOLS_SO_EXTRA = $(BUILD)/obj/util.o $(BUILD)/obj/gguf.o
+TOOLS_SO_EXTRA = $(BUILD)/obj/common/util.o $(BUILD)/obj/format/gguf.o
 LIBS = $(BUILD)/libengram-tools.a $(BUILD)/libengram.a
 TEST_SRC = $(filter-out tests/test_faults.c tests/test_interleave.c tests/test_service.c,$(wildcard tests/test_*.c))
 TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/test_faults \
@@ -96,17 +102,17 @@ all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
      $(CUDA_TARGETS)
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
 
-$(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(wildcard src/*.h) Makefile
+$(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(SRC_H) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DENGRAM_BUILDING -c $< -o $@
 
-# The library once more with the pause points of src/sched_points.h live
+# The library once more with the pause points of src/serve/sched_points.h live
 # (-DENGRAM_SCHED) in the files that have them, for tests/test_interleave.c
 # only: never installed.
-SCHED_SRC = src/session.c src/prefetch.c
+SCHED_SRC = src/serve/session.c src/serve/prefetch.c
 SCHED_OBJ = $(filter-out $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SCHED_SRC)),$(CORE_OBJ)) \
             $(patsubst src/%.c,$(BUILD)/obj-sched/%.o,$(SCHED_SRC))
-$(BUILD)/obj-sched/%.o: src/%.c include/engram.h $(wildcard src/*.h) Makefile
+$(BUILD)/obj-sched/%.o: src/%.c include/engram.h $(SRC_H) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DENGRAM_BUILDING -DENGRAM_SCHED -c $< -o $@
 

@@ -30,8 +30,8 @@
 
 #include "engram.h"
 #include "engram_tools.h"
-#include "../src/apply.h"
-#include "../src/gguf.h"
+#include "../src/output/kernels.h"
+#include "../src/format/gguf.h"
 
 static double now(void)
 {

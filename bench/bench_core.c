@@ -17,7 +17,7 @@
 
 #include "engram.h"
 #include "engram_tools.h"
-#include "hash.h"
+#include "hash/hash.h"
 
 static double now_s(void)
 {

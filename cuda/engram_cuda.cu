@@ -1,7 +1,7 @@
 /*
  * engram_cuda.cu - Engram's output stage on an NVIDIA GPU (engram_cuda.h).
  *
- * Kernels, one per stage, with the CPU path (src/project.c) as reference:
+ * Kernels, one per stage, with the CPU path (src/output/kernels.c) as reference:
  *  - gemv1_kernel / gemv_kernel<T>: decode path (n <= 8).  Each warp owns 4
  *    outputs; lane l takes input chunks l, l+32, ... (8 values each, 16-byte
  *    weight loads) with one F32 FMA chain per (token, output); a fixed

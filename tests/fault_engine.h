@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/io_engine.h"
+#include "../src/io/io_engine.h"
 
 enum fe_op { FE_QUEUE = 0, FE_SUBMIT, FE_REAP, FE_CQE, FE_CANCEL, FE_NOPS };
 static const char *const fe_op_name[FE_NOPS] = {"queue", "submit", "reap", "completion", "cancel"};

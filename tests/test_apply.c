@@ -26,7 +26,7 @@
 #include <pthread.h>
 
 #include "testutil.h"
-#include "../src/gguf.h"
+#include "../src/format/gguf.h"
 
 #define K ENGRAM_K
 

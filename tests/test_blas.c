@@ -13,7 +13,7 @@
 #include <math.h>
 
 #include "testutil.h"
-#include "../src/gguf.h"
+#include "../src/format/gguf.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define TSAN 1

@@ -14,10 +14,10 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#include "../src/gguf.h"
-#include "../src/pool.h"
-#include "../src/rowcache.h"
-#include "../src/util.h"
+#include "../src/format/gguf.h"
+#include "../src/output/team.h"
+#include "../src/io/rowcache.h"
+#include "../src/common/util.h"
 #include "fault_engine.h"
 #include "testutil.h"
 
@@ -1214,12 +1214,12 @@ static void small_faults(const engram_layout *l)
     }
     writer_faults();
     /* a pool of no workers */
-    struct pool *pl = NULL;
-    CHECK_EQ(pool_new(0, &pl), -EINVAL);
+    struct team *pl = NULL;
+    CHECK_EQ(team_new(0, &pl), -EINVAL);
     CHECK(pl == NULL);
     /* threads that cannot even get their attributes: -ENOMEM, nothing left */
     setup.attr_fail = 1;
-    CHECK_EQ(pool_new(4, &pl), -ENOMEM);
+    CHECK_EQ(team_new(4, &pl), -ENOMEM);
     CHECK(pl == NULL);
     setup.attr_fail = 0;
 }

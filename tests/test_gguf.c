@@ -5,7 +5,7 @@
  * mutations.  Hostile files must fail cleanly with a message, never crash
  * (this test also runs under ASan+UBSan).
  */
-#include "gguf.h"
+#include "format/gguf.h"
 #include "testutil.h"
 
 static const char *tokens_arr[] = {"<pad>", "hello", "", "w\xc3\xb6rld"};

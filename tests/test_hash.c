@@ -7,7 +7,7 @@
  * compared with it; chunking, snapshots, restores and masks must not change
  * a single row id.
  */
-#include "hash.h"
+#include "hash/hash.h"
 #include "testutil.h"
 
 __extension__ typedef unsigned __int128 u128;

@@ -3,7 +3,7 @@
  * the I/O thread, pool close) under systematically enumerated orderings.
  *
  * The library is built once more with its pause points live
- * (src/sched_points.h, -DENGRAM_SCHED): at every release of a pool, session
+ * (src/serve/sched_points.h, -DENGRAM_SCHED): at every release of a pool, session
  * or prefill lock, at every condition wait and wake, and at the I/O
  * thread's start and end, control comes here.  This scheduler runs one
  * thread at a time (a baton passed with semaphores) and decides at each
@@ -45,9 +45,9 @@
 #include <time.h>
 
 #include "testutil.h"
-#include "../src/io_engine.h"
+#include "../src/io/io_engine.h"
 #define ENGRAM_SCHED 1 /* the hooks' prototypes: defined here */
-#include "../src/sched_points.h"
+#include "../src/serve/sched_points.h"
 
 /* ------------------------------------------------------------ the scheduler */
 

@@ -5,7 +5,7 @@
  * that shrinks under the reader), and a full-size sparse V4.1 model whose
  * second table lies past 100 GB.
  */
-#include "gguf.h"
+#include "format/gguf.h"
 #include "testutil.h"
 
 #define VOCAB 1000

@@ -5,7 +5,7 @@
  * the output is a permutation of the input (same multiset) and is ordered.
  */
 #include "testutil.h"
-#include "../src/radix.h"
+#include "../src/io/radix.h"
 
 static int cmp_full(const void *a, const void *b)
 {

@@ -7,7 +7,7 @@
  */
 #include "testutil.h"
 
-#include "rowcache.h"
+#include "io/rowcache.h"
 
 /* The row stored for (table, row): bytes derived from the key alone. */
 static void row_bytes(int table, uint32_t row, uint8_t out[ENGRAM_ROW_BYTES])

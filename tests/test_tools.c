@@ -12,7 +12,7 @@
 
 #include "testutil.h"
 
-#include "sha256.h"
+#include "tools/sha256.h"
 
 static void multipliers(void)
 {

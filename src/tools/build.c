@@ -13,9 +13,9 @@
 #include <unistd.h>
 
 #include "engram_tools.h"
-#include "gguf.h"
-#include "layout.h"
-#include "util.h"
+#include "format/gguf.h"
+#include "format/layout.h"
+#include "common/util.h"
 
 #define FILL_CHUNK_ROWS 16384u      /* 4.3 MB of rows per write */
 #define SPARSE_EVERY 4096u

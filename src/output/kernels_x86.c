@@ -1,7 +1,7 @@
 /*
- * apply_x86.c - AVX2 (+F16C, FMA) and AVX-512 kernels of Engram's output
+ * kernels_x86.c - AVX2 (+F16C, FMA) and AVX-512 kernels of Engram's output
  * stage, compiled with target attributes and chosen at run time.  They
- * compute exactly the order of project.c's scalar reference:
+ * compute exactly the order of kernels.c's scalar reference:
  *  - projection: vectors run across 16 (8) outputs, so each lane is one
  *    output's chain of fused multiply-adds in input order; K is cut into
  *    blocks of KC, the partial sums going through kv between blocks (a float
@@ -12,7 +12,7 @@
  */
 #include <math.h>
 
-#include "apply.h"
+#include "kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "engram_tools.h"
-#include "layout.h"
+#include "format/layout.h"
 
 
 __extension__ typedef unsigned __int128 u128;

@@ -1,12 +1,12 @@
 /*
- * apply.h - internals of Engram's output stage (SPEC.md section 8): the
+ * kernels.h - internals of Engram's output stage (SPEC.md section 8): the
  * layer's weights as the kernels read them, and the projection and gate
  * kernels (scalar reference, AVX2+F16C+FMA, AVX-512), all computing the
  * canonical order documented in engram.h, so every kernel gives the same
  * bits.
  */
-#ifndef ENGRAM_APPLY_H
-#define ENGRAM_APPLY_H
+#ifndef ENGRAM_KERNELS_H
+#define ENGRAM_KERNELS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "session_int.h"
-#include "util.h"
+#include "common/util.h"
 
 static size_t row_bytes(int dtype)
 {

@@ -18,9 +18,9 @@
 #include <utf8proc.h>
 
 #include "engram_tools.h"
-#include "layout.h"
+#include "format/layout.h"
 #include "sha256.h"
-#include "util.h"
+#include "common/util.h"
 
 /* ------------------------------------------------------------ text */
 

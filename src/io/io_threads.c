@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "io_engine.h"
-#include "util.h"
+#include "common/util.h"
 
 #ifndef RWF_DONTCACHE
 #define RWF_DONTCACHE 0x00000080

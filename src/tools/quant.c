@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "engram_tools.h"
-#include "util.h"
+#include "common/util.h"
 
 #define BLOCK 32
 

@@ -25,7 +25,7 @@
 #include <time.h>
 
 #include "session_int.h"
-#include "util.h"
+#include "common/util.h"
 
 uint64_t pool_now_ns(void)
 {

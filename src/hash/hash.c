@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "hash.h"
-#include "util.h"
+#include "common/util.h"
 
 static hash_ngram_fn impl_for(engram_simd s);
 

@@ -1,7 +1,7 @@
 /*
- * project.c - the scalar reference kernels of Engram's output stage and
+ * kernels.c - the scalar reference kernels of Engram's output stage and
  * the choice of kernels.  These loops *define* the arithmetic (engram.h,
- * "apply"): the SIMD kernels in apply_x86.c reproduce them bit for bit,
+ * "apply"): the SIMD kernels in kernels_x86.c reproduce them bit for bit,
  * which test_apply checks.  Compiled without fast-math or contraction:
  * every fused multiply-add here is an explicit fmaf.
  */
@@ -10,7 +10,7 @@
 #include <cpuid.h>
 #endif
 
-#include "apply.h"
+#include "kernels.h"
 
 /* ------------------------------------------------------------ projection */
 

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "util.h"
+#include "format/gguf.h"
+#include "common/util.h"
 
 struct wtensor {
     char *name;

@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "apply.h"
-#include "pool.h"
-#include "util.h"
+#include "kernels.h"
+#include "team.h"
+#include "common/util.h"
 
 enum phase { PH_CONVERT, PH_PROJECT, PH_GATE, PH_WRITE };
 
@@ -29,7 +29,7 @@ struct engram_applier {
     unsigned threads, tb;
     engram_fork_join fj;
     void *fj_ctx;
-    struct pool *pool;
+    struct team *team;
     uint64_t bytes;
 
     /* workspace, allocated once */
@@ -147,7 +147,7 @@ static void run(engram_applier *a, enum phase ph, unsigned items)
     else if (a->fj)
         a->fj(a->fj_ctx, nw, work, a);
     else
-        pool_run(a->pool, nw, work, a);
+        team_run(a->team, nw, work, a);
 }
 
 /* ------------------------------------------------------------ set-up */
@@ -156,7 +156,7 @@ void engram_applier_free(engram_applier *a)
 {
     if (!a)
         return;
-    pool_free(a->pool);
+    team_free(a->team);
     free(a->e32);
     free(a->kv);
     free(a->g);
@@ -213,7 +213,7 @@ int engram_applier_new(const engram_layer *L, const engram_apply_opts *opts, eng
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for the workspace");
     }
     if (threads > 1 && !a->fj) {
-        int rc = pool_new(threads, &a->pool);
+        int rc = team_new(threads, &a->team);
         if (rc < 0) {
             engram_applier_free(a);
             return err_set(err, rc, ENGRAM_NO_OFFSET, "cannot start %u threads: %s", threads - 1,

@@ -1,16 +1,16 @@
-/* pool.c - a fork-join team of threads created once (see pool.h). */
+/* team.c - a fork-join team of threads created once (see team.h). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "pool.h"
-#include "util.h"
+#include "team.h"
+#include "common/util.h"
 
 /* Workers run kernels with small stack frames; 256 KiB is ample and keeps
  * a team of many threads cheap. */
 #define WORKER_STACK (256u << 10)
 
-struct pool {
+struct team {
     unsigned workers;            /* including the caller */
     pthread_t *threads;
     pthread_mutex_t mu;
@@ -24,14 +24,14 @@ struct pool {
 };
 
 struct start {
-    struct pool *p;
+    struct team *p;
     unsigned index;
 };
 
 static void *worker(void *varg)
 {
     struct start *s = varg;
-    struct pool *p = s->p;
+    struct team *p = s->p;
     unsigned index = s->index;
     free(s);
     unsigned long seen = 0;
@@ -56,7 +56,7 @@ static void *worker(void *varg)
     return NULL;
 }
 
-void pool_free(struct pool *p)
+void team_free(struct team *p)
 {
     if (!p)
         return;
@@ -73,11 +73,11 @@ void pool_free(struct pool *p)
     free(p);
 }
 
-int pool_new(unsigned workers, struct pool **out)
+int team_new(unsigned workers, struct team **out)
 {
     if (workers == 0)
         return -EINVAL;
-    struct pool *p = calloc(1, sizeof *p);
+    struct team *p = calloc(1, sizeof *p);
     if (!p)
         return -ENOMEM;
     p->threads = calloc(workers, sizeof *p->threads);
@@ -106,16 +106,16 @@ int pool_new(unsigned workers, struct pool **out)
         p->workers = i + 1;
     }
     if (rc < 0) {
-        pool_free(p);
+        team_free(p);
         return rc;
     }
     *out = p;
     return 0;
 }
 
-void pool_run(void *vp, unsigned workers, engram_worker_fn fn, void *arg)
+void team_run(void *vp, unsigned workers, engram_worker_fn fn, void *arg)
 {
-    struct pool *p = vp;
+    struct team *p = vp;
     if (workers > p->workers)
         workers = p->workers;
     if (workers <= 1) {

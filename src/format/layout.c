@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "layout.h"
-#include "util.h"
+#include "common/util.h"
 
 /* Validates; *key receives the metadata key the failing rule is about. */
 static int layout_check(const engram_layout *l, engram_error *err, const char **key)

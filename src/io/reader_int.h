@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "engram.h"
-#include "rowcodec.h" /* row_check_reason: the reasons a delivery fails with */
+#include "codec/rowcodec.h" /* row_check_reason: the reasons a delivery fails with */
 
 #define JOB_LANES 64
 

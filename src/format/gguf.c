@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
-#include "util.h"
+#include "common/util.h"
 
 #define GGUF_MAGIC 0x46554747u /* "GGUF" read as little-endian u32 */
 #define WINDOW (1u << 20)

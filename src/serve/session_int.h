@@ -23,7 +23,7 @@
 #include <stdatomic.h>
 
 #include "engram.h"
-#include "reader_int.h"
+#include "io/reader_int.h"
 #include "sched_points.h"
 
 #define ROUNDS 4

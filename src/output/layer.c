@@ -14,10 +14,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "apply.h"
-#include "layout.h"
-#include "model.h"
-#include "util.h"
+#include "kernels.h"
+#include "format/layout.h"
+#include "format/model.h"
+#include "common/util.h"
 
 static const char *const part_name[3] = {"engram_kv", "engram_q_norm", "engram_k_norm"};
 

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "rowcodec.h"
-#include "util.h"
+#include "common/util.h"
 
 static inline uint16_t bf16_rne(uint32_t f32_bits)
 {

@@ -30,11 +30,11 @@
 #include <unistd.h>
 
 #include "io_engine.h"
-#include "model.h"
+#include "format/model.h"
 #include "radix.h"
 #include "reader_int.h"
 #include "rowcache.h"
-#include "util.h"
+#include "common/util.h"
 
 #ifndef RWF_DONTCACHE
 #define RWF_DONTCACHE 0x00000080

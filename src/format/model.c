@@ -8,11 +8,11 @@
 #include <unistd.h>
 
 #include "gguf.h"
-#include "hash.h"
+#include "hash/hash.h"
 #include "layout.h"
 #include "model.h"
-#include "rowcodec.h"
-#include "util.h"
+#include "codec/rowcodec.h"
+#include "common/util.h"
 
 #define PAGE_ALIGN 4096u
 
