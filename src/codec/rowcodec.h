@@ -2,6 +2,7 @@
 #ifndef ENGRAM_ROWCODEC_H
 #define ENGRAM_ROWCODEC_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engram.h"
@@ -50,5 +51,14 @@ uint16_t row_decode_value(uint8_t code, uint8_t scale);
  * (non-finite)".  Formats nothing; engram_row_check wraps it for the public
  * engram_error. */
 int row_check_reason(const uint8_t *raw, const char **why);
+
+/* Bytes of one row as delivered: ENGRAM_F32 and ENGRAM_BF16 decoded (256
+ * values), ENGRAM_RAW as stored (264 bytes). */
+static inline size_t row_out_bytes(int dtype)
+{
+    return dtype == ENGRAM_F32    ? ENGRAM_ROW_VALUES * 4
+           : dtype == ENGRAM_BF16 ? ENGRAM_ROW_VALUES * 2
+                                  : ENGRAM_ROW_BYTES;
+}
 
 #endif

@@ -45,6 +45,9 @@ static inline uint64_t splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t now_ns(void);
+
 /* pthread_create with a stack of `stack` bytes, or larger where the
  * process's static TLS needs more (tried x4 up to 8 MiB, then the default
  * size).  0 or -errno. */

@@ -1,14 +1,16 @@
 /*
- * reader.c - page-cache-free concurrent row reads on top of an I/O engine.
+ * reader.c - page-cache-free concurrent row reads on top of an I/O engine:
+ * the slot/job engine, with open and close.
  *
  * Every row becomes one read of the aligned block(s) covering its 264 bytes
  * into a slot of the reader's arena; the row is validated and decoded
- * straight out of the slot, which is then free again.  Batches are cut into
- * 2048-token chunks whose requests are sorted by row (in place, radix.c) so
- * each distinct row is read once per chunk (the request array is the
- * reader's, sized for one chunk).  With a row cache, rows already read (and
- * validated) are decoded from memory instead.  All memory is allocated at
- * open.
+ * straight out of the slot, which is then free again.  Work comes as jobs
+ * (reader_int.h): sets of row requests sorted by row (in place, radix.c) so
+ * each distinct row is read once per job.  The jobs' owners are the batch
+ * (reader_batch.c), the decode step (reader_step.c) and the session pool
+ * (serve/); the descriptor comes from descriptor.c.  With a row cache, rows
+ * already read (and validated) are decoded from memory instead.  All memory
+ * is allocated at open, the batch's and the step's too (reader_users).
  *
  * Reads in flight are the kernel's until reaped: every path that ends a
  * batch or a step early (a read error, an engine error, cancel, close)
@@ -18,38 +20,25 @@
  * and its buffers are never freed (see bury()).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "descriptor.h"
 #include "io_engine.h"
+#include "latency.h"
 #include "format/model.h"
 #include "radix.h"
 #include "reader_int.h"
 #include "rowcache.h"
 #include "common/util.h"
 
-#ifndef RWF_DONTCACHE
-#define RWF_DONTCACHE 0x00000080
-#endif
-
 #define DEFAULT_DEPTH 64u
-#define IO_BUFFER_BUDGET (512u << 10)
 #define MAX_THREADS 256u
-/* O_DIRECT is used only if at least this many reads fit in the buffer
- * budget (a DIO alignment of at most 32 KiB); larger alignments read so
- * much per row that the buffered fallback is the better path. */
-#define MIN_DIRECT_DEPTH 8u
-#define CHUNK_REQS (ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS)
-#define HIST_SUB 16
-#define HIST_BUCKETS (64 * HIST_SUB)
 /* A read is resubmitted at most this often (short results, -EAGAIN). */
 #define MAX_TRIES 8
 /* Transient engine refusals retried in a row before giving up (~0.1 s). */
@@ -91,7 +80,6 @@ struct engram_reader {
     unsigned *pending, n_pending;  /* owned slots waiting to be queued    */
     unsigned inflight;             /* queued to the engine, not reaped    */
     struct io_cqe *cqes;
-    uint64_t *reqs;                /* one chunk: (key << 32) | destination */
     struct radix_scratch sort;
     struct rowcache *cache;        /* NULL without one                     */
 
@@ -101,61 +89,12 @@ struct engram_reader {
     char broken_msg[160];
     engram_reader *grave_next;
 
-    /* the one decode step in flight (engram_reader_step_*) */
-    int step_active, step_cancel_sent;
-    struct rjob step;
-    uint64_t step_reqs[ENGRAM_ROWS_PER_TOKEN];
-    void *step_out;
-    uint64_t step_t0;
-
-    /* the batch in progress */
-    struct rjob batch;
-    uint8_t *b_out;                /* first token of the current chunk    */
+    /* the batch's and the decode step's memory (their files own it) */
+    struct reader_users users;
 
     engram_io_stats st;
-    uint32_t hist[HIST_BUCKETS];
+    struct latency_hist hist;      /* decode-step times                    */
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Log-linear histogram: 16 sub-buckets per power of two (~6% resolution). */
-static unsigned hist_index(uint64_t v)
-{
-    if (v < HIST_SUB)
-        return (unsigned)v;
-    unsigned e = 63u - (unsigned)__builtin_clzll(v);
-    unsigned sub = (unsigned)(v >> (e - 4)) & (HIST_SUB - 1);
-    unsigned idx = (e - 3) * HIST_SUB + sub;
-    return idx < HIST_BUCKETS ? idx : HIST_BUCKETS - 1;
-}
-
-static uint64_t hist_value(unsigned idx)
-{
-    if (idx < HIST_SUB)
-        return idx;
-    unsigned e = idx / HIST_SUB + 3, sub = idx % HIST_SUB;
-    return ((uint64_t)(HIST_SUB + sub)) << (e - 4);
-}
-
-static uint64_t hist_quantile(const uint32_t *h, uint64_t total, double q)
-{
-    if (total == 0)
-        return 0;
-    uint64_t want = (uint64_t)(q * (double)total), seen = 0;
-    if (want >= total)
-        want = total - 1;
-    for (unsigned i = 0; i < HIST_BUCKETS; i++) {
-        seen += h[i];
-        if (seen > want)
-            return hist_value(i);
-    }
-    return hist_value(HIST_BUCKETS - 1);
-}
 
 static void pause_briefly(void)
 {
@@ -179,146 +118,6 @@ static engram_io_engine env_engine(void)
     return ENGRAM_IO_AUTO;
 }
 
-/* Alignment O_DIRECT needs on this file: statx(STATX_DIOALIGN) where the
- * kernel reports it, else 4096 (a safe multiple of every logical block). */
-static uint32_t dio_alignment(int fd)
-{
-#ifdef STATX_DIOALIGN
-    struct statx sx;
-    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
-        if (sx.stx_dio_offset_align == 0)
-            return 0; /* the filesystem does not do direct I/O on this file */
-        uint32_t a = sx.stx_dio_offset_align > sx.stx_dio_mem_align ? sx.stx_dio_offset_align
-                                                                     : sx.stx_dio_mem_align;
-        return a;
-    }
-#endif
-    return 4096;
-}
-
-/* Bytes of one slot: a row spans at most two aligned blocks. */
-static uint32_t slot_bytes(uint32_t align)
-{
-    return (uint32_t)(((uint64_t)align - 1 + ENGRAM_ROW_BYTES + align - 1) / align * align);
-}
-
-static enum io_drop probe_dontcache(int fd, uint64_t off)
-{
-    const char *force = getenv("ENGRAM_IO_DROP");
-    if (force && !strcmp(force, "fadvise"))
-        return DROP_FADVISE;
-    char b[16];
-    struct iovec iov = {b, sizeof b};
-    ssize_t r = preadv2(fd, &iov, 1, (off_t)off, RWF_DONTCACHE);
-    return r >= 0 ? DROP_DONTCACHE : DROP_FADVISE;
-}
-
-/*
- * Opens the very file the model validated, with `flags` added: through the
- * model's descriptor (/proc/self/fd/N), so a file renamed over the path in
- * the meantime is not the one read.  Where /proc is not mounted the path is
- * opened and must still name the same file (device and inode), else
- * -ESTALE.  Returns the descriptor or -errno (err filled for -ESTALE only).
- */
-static int reopen_model(engram_reader *r, int flags, engram_error *err)
-{
-    int mfd = model_fd(r->m);
-    char proc[64];
-    snprintf(proc, sizeof proc, "/proc/self/fd/%d", mfd);
-    int fd = open(proc, O_RDONLY | O_CLOEXEC | flags);
-    if (fd < 0 && (errno == ENOENT || errno == ENOTDIR))
-        fd = open(r->info.path, O_RDONLY | O_CLOEXEC | flags);
-    if (fd < 0)
-        return -errno;
-    struct stat a, b;
-    if (fstat(fd, &a) < 0 || fstat(mfd, &b) < 0) {
-        int e = -errno;
-        close(fd);
-        return err_set(err, e, ENGRAM_NO_OFFSET, "cannot stat '%s': %s", r->info.path,
-                       strerror(-e));
-    }
-    if (a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
-        close(fd);
-        return err_set(err, -ESTALE, ENGRAM_NO_OFFSET,
-                       "'%s' is no longer the file the model opened (replaced since; device/inode "
-                       "differ, and /proc is not there to reach the original): reopen the model",
-                       r->info.path);
-    }
-    return fd;
-}
-
-/* Tries O_DIRECT: 1 if the reader now reads through it, 0 if not (r->note
- * says why), <0 on an error that must end the open. */
-static int try_direct(engram_reader *r, engram_error *err)
-{
-    int fd = reopen_model(r, O_DIRECT, err);
-    if (fd == -ESTALE)
-        return fd;
-    if (fd < 0) {
-        snprintf(r->note, sizeof r->note, "O_DIRECT refused (%s); buffered fallback", strerror(-fd));
-        return 0;
-    }
-    uint32_t a = dio_alignment(fd);
-    if (a == 0) {
-        snprintf(r->note, sizeof r->note, "no direct I/O on this filesystem; buffered fallback");
-    } else if ((uint64_t)slot_bytes(a) * MIN_DIRECT_DEPTH > IO_BUFFER_BUDGET) {
-        snprintf(r->note, sizeof r->note,
-                 "DIO alignment %u B leaves fewer than %u reads in the %u KiB buffer budget; "
-                 "buffered fallback", a, MIN_DIRECT_DEPTH, IO_BUFFER_BUDGET >> 10);
-    } else {
-        /* Probe one aligned read: some filesystems accept the flag and
-         * refuse the read. */
-        void *probe = NULL;
-        if (posix_memalign(&probe, a < 4096 ? 4096 : a, a) != 0) {
-            close(fd);
-            return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
-        }
-        ssize_t got = pread(fd, probe, a, (off_t)(r->info.table[0].offset / a * a));
-        int e = errno;
-        free(probe);
-        if (got > 0) {
-            r->fd = fd;
-            r->align = a;
-            r->direct = 1;
-            return 1;
-        }
-        snprintf(r->note, sizeof r->note, "O_DIRECT read refused (%s); buffered fallback",
-                 got < 0 ? strerror(e) : "short read");
-    }
-    close(fd);
-    return 0;
-}
-
-static int open_descriptor(engram_reader *r, engram_io_engine want, engram_error *err)
-{
-    if (want != ENGRAM_IO_BUFFERED) {
-        int rc = try_direct(r, err);
-        if (rc < 0)
-            return rc;
-        if (rc == 1)
-            return 0;
-        /* A forced engine is a request for direct reads through it: say
-         * so rather than quietly reading through the page cache. */
-        if (want != ENGRAM_IO_AUTO)
-            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
-                           "the %s engine needs O_DIRECT, which this file does not allow here "
-                           "(%s); use the automatic or the buffered engine",
-                           want == ENGRAM_IO_URING ? "io_uring" : "thread-pool", r->note);
-    }
-    int fd = reopen_model(r, 0, err);
-    if (fd == -ESTALE)
-        return fd;
-    if (fd < 0)
-        return err_set(err, fd, ENGRAM_NO_OFFSET, "cannot open '%s': %s", r->info.path,
-                       strerror(-fd));
-    r->fd = fd;
-    posix_fadvise(r->fd, 0, 0, POSIX_FADV_RANDOM);
-    r->direct = 0;
-    r->align = 1;
-    r->drop = probe_dontcache(r->fd, r->info.table[0].offset);
-    return 0;
-}
-
 static void reader_free(engram_reader *r)
 {
     if (r->eng)
@@ -332,7 +131,7 @@ static void reader_free(engram_reader *r)
     free(r->free_slots);
     free(r->pending);
     free(r->cqes);
-    free(r->reqs);
+    free(r->users.batch.reqs);
     rowcache_free(r->cache);
     free(r);
 }
@@ -368,12 +167,17 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
     }
     r->m = m;
     engram_model_get_info(m, &r->info);
-    int rc = open_descriptor(r, want, err);
+    struct io_descriptor d;
+    int rc = io_descriptor_open(m, want, &d, r->note, sizeof r->note, err);
     if (rc < 0) {
         reader_free(r);
         return rc;
     }
-    r->slot_size = slot_bytes(r->align);
+    r->fd = d.fd;
+    r->direct = d.direct;
+    r->align = d.align;
+    r->drop = d.drop;
+    r->slot_size = io_slot_bytes(r->align);
     unsigned cap = IO_BUFFER_BUDGET / r->slot_size; /* >= MIN_DIRECT_DEPTH (try_direct) */
     r->depth = depth < cap ? depth : cap;
     int try_uring = r->direct && (want == ENGRAM_IO_AUTO || want == ENGRAM_IO_URING);
@@ -388,8 +192,9 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
     r->free_slots = calloc(r->depth, sizeof *r->free_slots);
     r->pending = calloc(r->depth, sizeof *r->pending);
     r->cqes = calloc(r->depth, sizeof *r->cqes);
-    r->reqs = malloc(CHUNK_REQS * sizeof *r->reqs);
-    if (!r->arena || !r->slots || !r->free_slots || !r->pending || !r->cqes || !r->reqs) {
+    r->users.batch.reqs = malloc(READER_CHUNK_REQS * sizeof *r->users.batch.reqs);
+    if (!r->arena || !r->slots || !r->free_slots || !r->pending || !r->cqes ||
+        !r->users.batch.reqs) {
         reader_free(r);
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
     }
@@ -469,10 +274,7 @@ void engram_reader_close(engram_reader *r)
         return;
     if (!r->broken && (r->inflight > 0 || r->n_pending > 0)) {
         /* a step in flight (or a pool's jobs): abandon them */
-        if (r->step_active)
-            reader_job_fail(&r->step, -ECANCELED, "the reader was closed");
         reader_drain_all(r, 1);
-        r->step_active = 0;
     }
     if (r->broken || r->inflight > 0) {
         bury(r);
@@ -484,7 +286,7 @@ void engram_reader_close(engram_reader *r)
 void engram_reader_reset_stats(engram_reader *r)
 {
     memset(&r->st, 0, sizeof r->st);
-    memset(r->hist, 0, sizeof r->hist);
+    memset(&r->hist, 0, sizeof r->hist);
 }
 
 void engram_reader_get_stats(const engram_reader *r, engram_io_stats *st)
@@ -501,22 +303,16 @@ void engram_reader_get_stats(const engram_reader *r, engram_io_stats *st)
     st->reserved_bytes = sizeof *r + (uint64_t)r->depth * (r->slot_size + sizeof *r->slots +
                                                            sizeof *r->free_slots +
                                                            sizeof *r->pending + sizeof *r->cqes) +
-                         (uint64_t)CHUNK_REQS * sizeof *r->reqs + (r->eng ? r->eng->bytes : 0);
+                         (uint64_t)READER_CHUNK_REQS * sizeof *r->users.batch.reqs + (r->eng ? r->eng->bytes : 0);
     st->host_registered = r->arena_registered ? r->arena_bytes : 0;
     st->cache_bytes = rowcache_bytes(r->cache);
     st->cache_rows = rowcache_rows(r->cache);
-    st->step_p50_ns = hist_quantile(r->hist, r->st.steps, 0.50);
-    st->step_p99_ns = hist_quantile(r->hist, r->st.steps, 0.99);
-    st->step_p999_ns = hist_quantile(r->hist, r->st.steps, 0.999);
+    st->step_p50_ns = latency_quantile(&r->hist, r->st.steps, 0.50);
+    st->step_p99_ns = latency_quantile(&r->hist, r->st.steps, 0.99);
+    st->step_p999_ns = latency_quantile(&r->hist, r->st.steps, 0.999);
 }
 
 /* ------------------------------------------------------------ slots */
-
-static size_t row_out_bytes(int d)
-{
-    return d == ENGRAM_F32 ? ENGRAM_ROW_VALUES * 4 : d == ENGRAM_BF16 ? ENGRAM_ROW_VALUES * 2
-                                                                      : ENGRAM_ROW_BYTES;
-}
 
 static uint64_t slot_row_offset(const struct slot *sl)
 {
@@ -824,15 +620,54 @@ int reader_push(engram_reader *r)
     return rc < 0 && !io_transient(rc) ? rc : 0;
 }
 
-/* Waits for progress when nothing could be queued: pending reads wait for
- * the engine to accept them (bounded). */
-static int stalled(engram_reader *r, unsigned *spins)
+int reader_stall(engram_reader *r, unsigned *spins)
 {
     if (++*spins > TRANSIENT_LIMIT)
         return -EAGAIN;
     r->st.retries++;
     pause_briefly();
     return 0;
+}
+
+/* ------------------------------------------------------------ for the owners */
+
+struct reader_users *reader_users(engram_reader *r)
+{
+    return &r->users;
+}
+
+const engram_model_info *reader_model_info(const engram_reader *r)
+{
+    return &r->info;
+}
+
+engram_io_stats *reader_stats(engram_reader *r)
+{
+    return &r->st;
+}
+
+void reader_note_step(engram_reader *r, uint64_t ns)
+{
+    r->st.steps++;
+    latency_add(&r->hist, ns);
+    if (ns > r->st.step_max_ns)
+        r->st.step_max_ns = ns;
+}
+
+unsigned reader_pending(const engram_reader *r)
+{
+    return r->n_pending;
+}
+
+void reader_drop_pending(engram_reader *r)
+{
+    while (r->n_pending > 0)
+        release(r, r->pending[--r->n_pending]);
+}
+
+void reader_cancel(engram_reader *r)
+{
+    r->eng->ops->cancel(r->eng);
 }
 
 /* ------------------------------------------------------------ jobs */
@@ -905,349 +740,4 @@ unsigned reader_job_issue(engram_reader *r, struct rjob *j, unsigned max)
         taken++;
     }
     return taken;
-}
-
-/* Runs jobs on this thread until all are finished or one fails; a failure
- * drains everything (the reader is single-user here).  0 or the first
- * job's error (in *err). */
-static int run_jobs(engram_reader *r, struct rjob **jobs, int n, engram_error *err)
-{
-    unsigned spins = 0;
-    int failed = -1;
-    for (;;) {
-        int finished = 1;
-        for (int i = 0; i < n && failed < 0; i++) {
-            reader_job_issue(r, jobs[i], UINT32_MAX);
-            if (jobs[i]->rc != 0)
-                failed = i;
-            finished &= reader_job_finished(jobs[i]);
-        }
-        if (failed >= 0 || finished)
-            break;
-        int rc = reader_push(r);
-        if (rc < 0) {
-            /* a queue failure has failed its own job, naming the row */
-            for (int i = 0; i < n && failed < 0; i++)
-                if (jobs[i]->rc != 0)
-                    failed = i;
-            if (failed < 0) {
-                failed = 0;
-                jobs[0]->rc = err_set(&jobs[0]->err, rc, ENGRAM_NO_OFFSET,
-                                      "I/O engine refused to submit: %s", strerror(-rc));
-                jobs[0]->live = 0;
-            }
-            break;
-        }
-        if (r->inflight == 0) {
-            if (r->n_pending > 0 && stalled(r, &spins) < 0) {
-                reader_job_fail(jobs[0], -EAGAIN, "I/O engine kept refusing reads");
-                failed = 0;
-                break;
-            }
-            continue;
-        }
-        /* Submit what was queued and wait, in one call; waiting for an eighth
-         * of the queue rather than one read saves wake-ups and barely lowers
-         * the depth the device sees (a single step waits for all). */
-        unsigned want = n > 1 || jobs[0]->nreq <= ENGRAM_ROWS_PER_TOKEN ? r->inflight
-                        : r->inflight / 8 ? r->inflight / 8 : 1;
-        int done = reader_pump(r, want);
-        if (done < 0) {
-            for (int i = 0; i < n && failed < 0; i++)
-                if (jobs[i]->rc != 0)
-                    failed = i;
-            if (failed < 0) {
-                failed = 0;
-                jobs[0]->rc = err_set(&jobs[0]->err, done, ENGRAM_NO_OFFSET, "I/O engine failed: %s",
-                                      strerror(-done));
-                jobs[0]->live = 0;
-            }
-            break;
-        }
-        if (done > 0)
-            spins = 0;
-        for (int i = 0; i < n && failed < 0; i++)
-            if (jobs[i]->rc != 0)
-                failed = i;
-        if (failed >= 0)
-            break;
-    }
-    if (failed < 0)
-        return 0;
-    reader_drain_all(r, n > 1 || jobs[0]->nreq <= ENGRAM_ROWS_PER_TOKEN);
-    if (err)
-        *err = jobs[failed]->err;
-    return jobs[failed]->rc;
-}
-
-/* ------------------------------------------------------------ batch */
-
-static void *batch_dst(struct rjob *j, uint32_t idx)
-{
-    engram_reader *r = j->ctx;
-    return r->b_out + (size_t)idx * row_out_bytes(j->dtype);
-}
-
-static int reader_usable(const engram_reader *r, engram_error *err)
-{
-    return reader_broken(r, err);
-}
-
-static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, engram_dtype dtype,
-                     void *out, size_t window_tokens, engram_batch_sink sink, void *ctx,
-                     engram_error *err)
-{
-    if (!r || (n > 0 && (!rows || !out)) ||
-        (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32 && dtype != ENGRAM_RAW) || window_tokens == 0)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad argument");
-    if (t < 0 || t >= ENGRAM_TABLES)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", t);
-    int rc = reader_usable(r, err);
-    if (rc < 0)
-        return rc;
-    if (r->step_active)
-        return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a decode step is in flight");
-    const uint32_t limit = (uint32_t)r->info.table[t].rows;
-    for (size_t i = 0; i < n; i++)
-        for (int c = 0; c < ENGRAM_COLUMNS; c++) {
-            uint32_t row = rows[i * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + (size_t)c];
-            if (row >= limit)
-                return err_set_row(err, -EINVAL, row,
-                                   "token %zu column %d: row %u of table %d is out of range (%u rows)",
-                                   i, c, row, t, limit);
-        }
-    r->st.batches++;
-    struct rjob *j = &r->batch;
-    memset(j, 0, sizeof *j);
-    j->table = t;
-    j->dtype = dtype;
-    j->reqs = r->reqs;
-    j->dst = batch_dst;
-    j->ctx = r;
-    size_t token_bytes = (size_t)ENGRAM_COLUMNS * row_out_bytes(dtype);
-    size_t chunk = window_tokens < ENGRAM_BATCH_TOKENS ? window_tokens : ENGRAM_BATCH_TOKENS;
-    rc = 0;
-    for (size_t at = 0; at < n && rc == 0; at += chunk) {
-        size_t k = n - at < chunk ? n - at : chunk;
-        size_t nreq = 0;
-        for (size_t i = 0; i < k; i++)
-            for (int c = 0; c < ENGRAM_COLUMNS; c++) {
-                uint64_t row = rows[(at + i) * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + (size_t)c];
-                r->reqs[nreq++] = row << 32 | (uint64_t)(i * ENGRAM_COLUMNS + (size_t)c);
-            }
-        j->nreq = nreq;
-        r->b_out = (uint8_t *)out + (sink ? 0 : at * token_bytes);
-        reader_job_start(r, j);
-        rc = run_jobs(r, &j, 1, err);
-        if (rc == 0 && sink) {
-            int s = sink(ctx, at, k, out);
-            if (s != 0)
-                rc = err_set(err, s, ENGRAM_NO_OFFSET, "stopped by the sink (%d)", s);
-        }
-    }
-    return rc;
-}
-
-int engram_reader_batch(engram_reader *r, int t, const uint32_t *rows, size_t n,
-                        engram_dtype dtype, void *out, engram_error *err)
-{
-    return batch_run(r, t, rows, n, dtype, out, n ? n : 1, NULL, NULL, err);
-}
-
-int engram_reader_batch_stream(engram_reader *r, int t, const uint32_t *rows, size_t n,
-                               engram_dtype dtype, void *window, size_t window_tokens,
-                               engram_batch_sink sink, void *ctx, engram_error *err)
-{
-    if (!sink)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no sink");
-    return batch_run(r, t, rows, n, dtype, window, window_tokens, sink, ctx, err);
-}
-
-/* ------------------------------------------------------------ decode step */
-
-/* The step's two jobs, one per table: request idx = the column (0..23). */
-static void *step_dst(struct rjob *j, uint32_t idx)
-{
-    engram_reader *r = j->ctx;
-    return (uint8_t *)r->step_out + ((size_t)j->table * ENGRAM_COLUMNS + idx) * row_out_bytes(j->dtype);
-}
-
-static struct rjob *step_jobs(engram_reader *r, int t)
-{
-    return t == 0 ? &r->step : &r->batch;
-}
-
-static int step_error(engram_reader *r, engram_error *err)
-{
-    /* the job that failed first, not one abandoned because of it */
-    for (int pass = 0; pass < 2; pass++)
-        for (int t = 0; t < ENGRAM_TABLES; t++)
-            if (step_jobs(r, t)->rc != 0 && (pass == 1 || !step_jobs(r, t)->abandoned)) {
-                if (err)
-                    *err = step_jobs(r, t)->err;
-                return step_jobs(r, t)->rc;
-            }
-    return 0;
-}
-
-static int step_finish(engram_reader *r, engram_error *err)
-{
-    r->step_active = 0;
-    int rc = step_error(r, err);
-    if (rc == 0) {
-        uint64_t dt = now_ns() - r->step_t0;
-        r->st.steps++;
-        r->hist[hist_index(dt)]++;
-        if (dt > r->st.step_max_ns)
-            r->st.step_max_ns = dt;
-    }
-    return rc;
-}
-
-/* Issues what can be issued; a hard engine error fails the step. */
-static void step_push(engram_reader *r)
-{
-    for (int t = 0; t < ENGRAM_TABLES; t++)
-        reader_job_issue(r, step_jobs(r, t), UINT32_MAX);
-    if (step_error(r, NULL) != 0)
-        return;
-    int rc = reader_push(r);
-    if (rc < 0 && step_error(r, NULL) == 0) { /* not a queue failure, which names its row */
-        r->step.rc = err_set(&r->step.err, rc, ENGRAM_NO_OFFSET, "I/O engine refused to submit: %s",
-                             strerror(-rc));
-        r->step.live = 0;
-    }
-}
-
-static int step_finished(engram_reader *r)
-{
-    return reader_job_finished(&r->step) && reader_job_finished(&r->batch);
-}
-
-int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_PER_TOKEN],
-                              engram_dtype dtype, void *out, engram_error *err)
-{
-    if (!r || !rows || !out || (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32))
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad argument");
-    int rc = reader_usable(r, err);
-    if (rc < 0)
-        return rc;
-    if (r->step_active)
-        return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a decode step is already in flight");
-    for (int k = 0; k < ENGRAM_ROWS_PER_TOKEN; k++) {
-        int t = k / ENGRAM_COLUMNS;
-        if (rows[k] >= r->info.table[t].rows)
-            return err_set_row(err, -EINVAL, rows[k], "column %d: row %u of table %d is out of range",
-                               k % ENGRAM_COLUMNS, rows[k], t);
-    }
-    r->step_active = 1;
-    r->step_cancel_sent = 0;
-    r->step_out = out;
-    r->step_t0 = now_ns();
-    /* The step's second job borrows the batch's job struct: no batch runs
-     * while a step is in flight. */
-    for (int t = 0; t < ENGRAM_TABLES; t++) {
-        struct rjob *j = step_jobs(r, t);
-        memset(j, 0, sizeof *j);
-        j->table = t;
-        j->dtype = dtype;
-        j->reqs = r->step_reqs + t * ENGRAM_COLUMNS;
-        for (int c = 0; c < ENGRAM_COLUMNS; c++)
-            j->reqs[c] = (uint64_t)rows[t * ENGRAM_COLUMNS + c] << 32 | (uint64_t)c;
-        j->nreq = ENGRAM_COLUMNS;
-        j->dst = step_dst;
-        j->ctx = r;
-        reader_job_start(r, j);
-    }
-    step_push(r);
-    if (step_error(r, NULL) != 0) { /* nothing of a failed step stays in flight */
-        reader_drain_all(r, 1);
-        return step_finish(r, err);
-    }
-    return 0;
-}
-
-int engram_reader_step_wait(engram_reader *r, engram_error *err)
-{
-    if (!r || !r->step_active)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no decode step in flight");
-    unsigned spins = 0;
-    while (step_error(r, NULL) == 0 && !step_finished(r)) {
-        step_push(r);
-        if (step_error(r, NULL) != 0 || step_finished(r))
-            break;
-        if (r->inflight == 0) {
-            if (stalled(r, &spins) < 0) {
-                reader_job_fail(&r->step, -EAGAIN, "I/O engine kept refusing reads");
-            }
-            continue;
-        }
-        /* Wait for everything in flight in one wake-up: waking per row costs
-         * a context switch each, which on a VM is a good part of a step. */
-        int n = reader_pump(r, r->inflight);
-        if (n < 0 && step_error(r, NULL) == 0) {
-            r->step.rc = err_set(&r->step.err, n, ENGRAM_NO_OFFSET, "I/O engine failed: %s", strerror(-n));
-            r->step.live = 0;
-        } else if (n > 0) {
-            spins = 0;
-        }
-    }
-    if (step_error(r, NULL) != 0)
-        reader_drain_all(r, 1);
-    return step_finish(r, err);
-}
-
-int engram_reader_step_poll(engram_reader *r, engram_error *err)
-{
-    if (!r || !r->step_active)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no decode step in flight");
-    if (step_error(r, NULL) == 0 && !step_finished(r)) {
-        step_push(r);
-        if (step_error(r, NULL) == 0 && r->inflight > 0) {
-            int n = reader_pump(r, 0);
-            if (n < 0 && step_error(r, NULL) == 0) {
-                r->step.rc = err_set(&r->step.err, n, ENGRAM_NO_OFFSET, "I/O engine failed: %s",
-                                     strerror(-n));
-                r->step.live = 0;
-            }
-            step_push(r);
-        }
-    }
-    if (step_error(r, NULL) != 0) {
-        /* Failed: collect the rest without blocking, after asking for it
-         * to be cancelled once (the other table's job is abandoned first, so
-         * its cancelled reads are not taken for its own failure). */
-        for (int t = 0; t < ENGRAM_TABLES; t++) {
-            struct rjob *j = step_jobs(r, t);
-            if (j->rc == 0) {
-                reader_job_fail(j, -ECANCELED, "abandoned after another read failed");
-                j->abandoned = 1;
-            }
-        }
-        while (r->n_pending > 0)
-            release(r, r->pending[--r->n_pending]);
-        if (r->inflight > 0 && !r->step_cancel_sent) {
-            r->step_cancel_sent = 1;
-            r->eng->ops->cancel(r->eng);
-        }
-        if (r->inflight > 0 && reader_pump(r, 0) < 0)
-            reader_drain_all(r, 0); /* the engine failed while collecting: block once */
-        if (r->inflight > 0)
-            return -EAGAIN;
-        return step_finish(r, err);
-    }
-    if (!step_finished(r))
-        return -EAGAIN;
-    return step_finish(r, err);
-}
-
-int engram_reader_step_cancel(engram_reader *r)
-{
-    if (!r || !r->step_active)
-        return -EINVAL;
-    reader_job_fail(&r->step, -ECANCELED, "step cancelled");
-    reader_drain_all(r, 1);
-    r->step_active = 0;
-    r->st.steps_cancelled++;
-    return 0;
 }

@@ -7,7 +7,8 @@
  * every request for it.  Any number of jobs may be in progress on a reader
  * at once; their reads share the reader's slots.  Everything here is
  * driven by one thread at a time (the reader's user), except
- * reader_wake().
+ * reader_wake().  The owners: the batch (reader_batch.c), the decode step
+ * (reader_step.c), the session pool (serve/); the engine is reader.c.
  */
 #ifndef ENGRAM_READER_INT_H
 #define ENGRAM_READER_INT_H
@@ -67,6 +68,45 @@ static inline int reader_job_finished(const struct rjob *j)
 /* Fails the job (if it has not failed): no more of its rows are issued or
  * delivered; reads in flight are collected by later pumps. */
 void reader_job_fail(struct rjob *j, int code, const char *what);
+
+/* The memory of the owners behind the reader's public calls, kept by the
+ * reader (allocated at open, freed at close) and used by their files only:
+ * the batch in progress (reader_batch.c) and the one decode step in flight
+ * (reader_step.c; a batch refuses to run while it is active). */
+#define READER_CHUNK_REQS (ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS)
+struct reader_batch {
+    struct rjob job;
+    uint64_t *reqs;          /* one chunk: (row << 32) | destination, READER_CHUNK_REQS */
+    uint8_t *out;            /* first token of the current chunk               */
+};
+struct reader_step {
+    int active, cancel_sent;
+    struct rjob job[ENGRAM_TABLES];
+    uint64_t reqs[ENGRAM_ROWS_PER_TOKEN];
+    void *out;
+    uint64_t t0;
+};
+struct reader_users {
+    struct reader_batch batch;
+    struct reader_step step;
+};
+struct reader_users *reader_users(engram_reader *r);
+const engram_model_info *reader_model_info(const engram_reader *r);
+/* The reader's statistics, for the owners' counts; a finished decode step
+ * of `ns` nanoseconds (count, latency histogram, maximum). */
+engram_io_stats *reader_stats(engram_reader *r);
+void reader_note_step(engram_reader *r, uint64_t ns);
+/* Waits a little when nothing could be queued (the engine wants reaping
+ * first): 0, or -EAGAIN after ~0.1 s of refusals in a row (*spins counts
+ * them; the caller zeroes it on progress). */
+int reader_stall(engram_reader *r, unsigned *spins);
+/* Reads taken but not yet queued: how many; give them all back (their
+ * jobs have failed). */
+unsigned reader_pending(const engram_reader *r);
+void reader_drop_pending(engram_reader *r);
+/* Asks the engine to cancel what is in flight (best effort; reaping
+ * collects the reads either way). */
+void reader_cancel(engram_reader *r);
 
 unsigned reader_free_slots(const engram_reader *r);
 /* Reads taken (in flight or waiting to be queued), and those in flight. */

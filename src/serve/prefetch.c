@@ -20,12 +20,6 @@
 #include "session_int.h"
 #include "common/util.h"
 
-static size_t row_bytes(int dtype)
-{
-    return dtype == ENGRAM_F32 ? ENGRAM_ROW_VALUES * 4
-         : dtype == ENGRAM_BF16 ? ENGRAM_ROW_VALUES * 2 : ENGRAM_ROW_BYTES;
-}
-
 static size_t chunk_bytes(const engram_prefill *pf)
 {
     return (size_t)pf->chunk * ENGRAM_COLUMNS * pf->row_bytes;
@@ -69,7 +63,7 @@ static size_t ring_len(const engram_prefill_opts *o, size_t n, unsigned *chunk, 
     size_t chunks = n == SIZE_MAX ? SIZE_MAX : (n + *chunk - 1) / *chunk;
     if (chunks < *ring)
         *ring = chunks ? (unsigned)chunks : 1;
-    return (size_t)ENGRAM_TABLES * *ring * *chunk * ENGRAM_COLUMNS * row_bytes(o->dtype);
+    return (size_t)ENGRAM_TABLES * *ring * *chunk * ENGRAM_COLUMNS * row_out_bytes(o->dtype);
 }
 
 size_t engram_prefill_ring_bytes(const engram_prefill_opts *opts)
@@ -133,7 +127,7 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
     pf->ring = ring;
     pf->chunks = (n + chunk - 1) / chunk;
     pf->dtype = o.dtype;
-    pf->row_bytes = row_bytes(o.dtype);
+    pf->row_bytes = row_out_bytes(o.dtype);
     pf->ring_len = len;
     pf->delay_ns = o.table1_delay_ns;
     pf->table1_go = o.table1_delay_ns == 0;
@@ -163,7 +157,7 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
         s->state = S_PREFILL;
         s->pf = pf;
         pthread_mutex_unlock(&s->mu);
-        pf->t_begin = pool_now_ns();
+        pf->t_begin = now_ns();
         pf->listed = 1;
         if (p->pf_tail)
             p->pf_tail->next_pf = pf;
@@ -455,7 +449,7 @@ static int service_one(engram_pool *p, engram_prefill *pf, uint64_t *until)
             pf->rc = j->rc;
             pf->err = j->err;
         } else if (j->rc == 0) {
-            uint64_t now = pool_now_ns();
+            uint64_t now = now_ns();
             if (!pf->first_ns[t])
                 pf->first_ns[t] = now;
             pf->last_ns[t] = now;
@@ -477,7 +471,7 @@ static int service_one(engram_pool *p, engram_prefill *pf, uint64_t *until)
         int may = t == 0 || go;
         if (!may && pf->delay_ns != ENGRAM_PREFILL_MANUAL) {
             if (!now)
-                now = pool_now_ns();
+                now = now_ns();
             may = now - pf->t_begin >= pf->delay_ns;
             uint64_t at = pf->t_begin + pf->delay_ns;
             if (!may && (*until == 0 || at < *until))

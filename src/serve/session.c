@@ -27,13 +27,6 @@
 #include "session_int.h"
 #include "common/util.h"
 
-uint64_t pool_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 struct timespec pool_deadline(uint64_t timeout_ns)
 {
     struct timespec ts;
@@ -53,12 +46,6 @@ void pool_cond_init(pthread_cond_t *cv)
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
     pthread_cond_init(cv, &a);
     pthread_condattr_destroy(&a);
-}
-
-static size_t row_bytes(int dtype)
-{
-    return dtype == ENGRAM_F32 ? ENGRAM_ROW_VALUES * 4
-         : dtype == ENGRAM_BF16 ? ENGRAM_ROW_VALUES * 2 : ENGRAM_ROW_BYTES;
 }
 
 void pool_wake_locked(engram_pool *p)
@@ -226,7 +213,7 @@ static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw
         } else if (s->rc[t] == 0) {
             uint8_t *dst = (uint8_t *)en->out +
                            ((size_t)tok * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + col) *
-                               row_bytes(en->dtype);
+                               row_out_bytes(en->dtype);
             if (en->dtype == ENGRAM_F32)
                 engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, (float *)dst, NULL);
             else if (en->dtype == ENGRAM_BF16)
@@ -235,7 +222,7 @@ static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw
                 memcpy(dst, raw, ENGRAM_ROW_BYTES);
         }
         if (--s->remaining[t] == 0 && s->rc[t] == 0)
-            s->ready_ns[t] = pool_now_ns(); /* every row in: not a failure's time */
+            s->ready_ns[t] = now_ns(); /* every row in: not a failure's time */
         if (e || s->remaining[t] == 0)
             SCHED_WAKE(&s->cv);
     }
@@ -636,7 +623,7 @@ static void *io_main(void *arg)
             pthread_mutex_lock(&p->mu);
             if (!p->work && !p->stop && !p->q_head && !rounds_active(p) && !prefetch_collectable(p)) {
                 if (delay_end) { /* until a table 1 may start */
-                    uint64_t now = pool_now_ns();
+                    uint64_t now = now_ns();
                     struct timespec ts = pool_deadline(delay_end > now ? delay_end - now : 0);
                     SCHED_TIMEDWAIT(&p->cv, &p->mu, &ts);
                 } else {
@@ -938,7 +925,7 @@ static void install_step(engram_pool *p, const engram_step_req *q, engram_dtype 
                     s->want[t][bit >> 6] |= 1ull << (bit & 63);
                 }
     }
-    s->begin_ns = pool_now_ns();
+    s->begin_ns = now_ns();
     for (int t = 0; t < ENGRAM_TABLES; t++) {
         s->remaining[t] = s->nrows[t] = live * ENGRAM_COLUMNS;
         s->rc[t] = 0;

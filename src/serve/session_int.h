@@ -155,7 +155,6 @@ struct engram_prefill {
     engram_prefill *next_pf;
 };
 
-uint64_t pool_now_ns(void);
 /* Under p->mu: the I/O thread runs another iteration (unless stopping). */
 void pool_wake_locked(engram_pool *p);
 /* Under p->mu: 0, or why the pool takes no new work (-ESHUTDOWN, -EIO

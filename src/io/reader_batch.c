@@ -1,0 +1,164 @@
+/*
+ * reader_batch.c - engram_reader_batch and _batch_stream: a batch of
+ * tokens' rows of one table, cut into chunks of up to 2048 tokens, each
+ * chunk one job (each distinct row read once) run to its end on the
+ * calling thread; the stream hands each chunk to a sink.  Owns
+ * reader_users(r)->batch; allocates nothing.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "reader_int.h"
+#include "common/util.h"
+
+/* Runs jobs on this thread until all are finished or one fails; a failure
+ * drains everything (the reader is single-user here).  0 or the first
+ * job's error (in *err). */
+static int run_jobs(engram_reader *r, struct rjob **jobs, int n, engram_error *err)
+{
+    unsigned spins = 0;
+    int failed = -1;
+    for (;;) {
+        int finished = 1;
+        for (int i = 0; i < n && failed < 0; i++) {
+            reader_job_issue(r, jobs[i], UINT32_MAX);
+            if (jobs[i]->rc != 0)
+                failed = i;
+            finished &= reader_job_finished(jobs[i]);
+        }
+        if (failed >= 0 || finished)
+            break;
+        int rc = reader_push(r);
+        if (rc < 0) {
+            /* a queue failure has failed its own job, naming the row */
+            for (int i = 0; i < n && failed < 0; i++)
+                if (jobs[i]->rc != 0)
+                    failed = i;
+            if (failed < 0) {
+                failed = 0;
+                jobs[0]->rc = err_set(&jobs[0]->err, rc, ENGRAM_NO_OFFSET,
+                                      "I/O engine refused to submit: %s", strerror(-rc));
+                jobs[0]->live = 0;
+            }
+            break;
+        }
+        if (reader_reaping(r) == 0) {
+            if (reader_pending(r) > 0 && reader_stall(r, &spins) < 0) {
+                reader_job_fail(jobs[0], -EAGAIN, "I/O engine kept refusing reads");
+                failed = 0;
+                break;
+            }
+            continue;
+        }
+        /* Submit what was queued and wait, in one call; waiting for an eighth
+         * of the queue rather than one read saves wake-ups and barely lowers
+         * the depth the device sees (a single step waits for all). */
+        unsigned inflight = reader_reaping(r);
+        unsigned want = n > 1 || jobs[0]->nreq <= ENGRAM_ROWS_PER_TOKEN ? inflight
+                        : inflight / 8 ? inflight / 8 : 1;
+        int done = reader_pump(r, want);
+        if (done < 0) {
+            for (int i = 0; i < n && failed < 0; i++)
+                if (jobs[i]->rc != 0)
+                    failed = i;
+            if (failed < 0) {
+                failed = 0;
+                jobs[0]->rc = err_set(&jobs[0]->err, done, ENGRAM_NO_OFFSET, "I/O engine failed: %s",
+                                      strerror(-done));
+                jobs[0]->live = 0;
+            }
+            break;
+        }
+        if (done > 0)
+            spins = 0;
+        for (int i = 0; i < n && failed < 0; i++)
+            if (jobs[i]->rc != 0)
+                failed = i;
+        if (failed >= 0)
+            break;
+    }
+    if (failed < 0)
+        return 0;
+    reader_drain_all(r, n > 1 || jobs[0]->nreq <= ENGRAM_ROWS_PER_TOKEN);
+    if (err)
+        *err = jobs[failed]->err;
+    return jobs[failed]->rc;
+}
+
+static void *batch_dst(struct rjob *j, uint32_t idx)
+{
+    const struct reader_batch *b = j->ctx;
+    return b->out + (size_t)idx * row_out_bytes(j->dtype);
+}
+
+static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, engram_dtype dtype,
+                     void *out, size_t window_tokens, engram_batch_sink sink, void *ctx,
+                     engram_error *err)
+{
+    if (!r || (n > 0 && (!rows || !out)) ||
+        (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32 && dtype != ENGRAM_RAW) || window_tokens == 0)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad argument");
+    if (t < 0 || t >= ENGRAM_TABLES)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", t);
+    int rc = reader_broken(r, err);
+    if (rc < 0)
+        return rc;
+    struct reader_batch *bt = &reader_users(r)->batch;
+    if (reader_users(r)->step.active)
+        return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a decode step is in flight");
+    const uint32_t limit = (uint32_t)reader_model_info(r)->table[t].rows;
+    for (size_t i = 0; i < n; i++)
+        for (int c = 0; c < ENGRAM_COLUMNS; c++) {
+            uint32_t row = rows[i * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + (size_t)c];
+            if (row >= limit)
+                return err_set_row(err, -EINVAL, row,
+                                   "token %zu column %d: row %u of table %d is out of range (%u rows)",
+                                   i, c, row, t, limit);
+        }
+    reader_stats(r)->batches++;
+    struct rjob *j = &bt->job;
+    memset(j, 0, sizeof *j);
+    j->table = t;
+    j->dtype = dtype;
+    j->reqs = bt->reqs;
+    j->dst = batch_dst;
+    j->ctx = bt;
+    size_t token_bytes = (size_t)ENGRAM_COLUMNS * row_out_bytes(dtype);
+    size_t chunk = window_tokens < ENGRAM_BATCH_TOKENS ? window_tokens : ENGRAM_BATCH_TOKENS;
+    rc = 0;
+    for (size_t at = 0; at < n && rc == 0; at += chunk) {
+        size_t k = n - at < chunk ? n - at : chunk;
+        size_t nreq = 0;
+        for (size_t i = 0; i < k; i++)
+            for (int c = 0; c < ENGRAM_COLUMNS; c++) {
+                uint64_t row = rows[(at + i) * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + (size_t)c];
+                bt->reqs[nreq++] = row << 32 | (uint64_t)(i * ENGRAM_COLUMNS + (size_t)c);
+            }
+        j->nreq = nreq;
+        bt->out = (uint8_t *)out + (sink ? 0 : at * token_bytes);
+        reader_job_start(r, j);
+        rc = run_jobs(r, &j, 1, err);
+        if (rc == 0 && sink) {
+            int s = sink(ctx, at, k, out);
+            if (s != 0)
+                rc = err_set(err, s, ENGRAM_NO_OFFSET, "stopped by the sink (%d)", s);
+        }
+    }
+    return rc;
+}
+
+int engram_reader_batch(engram_reader *r, int t, const uint32_t *rows, size_t n,
+                        engram_dtype dtype, void *out, engram_error *err)
+{
+    return batch_run(r, t, rows, n, dtype, out, n ? n : 1, NULL, NULL, err);
+}
+
+int engram_reader_batch_stream(engram_reader *r, int t, const uint32_t *rows, size_t n,
+                               engram_dtype dtype, void *window, size_t window_tokens,
+                               engram_batch_sink sink, void *ctx, engram_error *err)
+{
+    if (!sink)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no sink");
+    return batch_run(r, t, rows, n, dtype, window, window_tokens, sink, ctx, err);
+}
