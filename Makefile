@@ -109,7 +109,7 @@ $(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(SRC_H) Makef
 # The library once more with the pause points of src/serve/sched_points.h live
 # (-DENGRAM_SCHED) in the files that have them, for tests/test_interleave.c
 # only: never installed.
-SCHED_SRC = src/serve/session.c src/serve/prefetch.c
+SCHED_SRC = $(wildcard src/serve/*.c)
 SCHED_OBJ = $(filter-out $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SCHED_SRC)),$(CORE_OBJ)) \
             $(patsubst src/%.c,$(BUILD)/obj-sched/%.o,$(SCHED_SRC))
 $(BUILD)/obj-sched/%.o: src/%.c include/engram.h $(SRC_H) Makefile

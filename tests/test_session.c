@@ -25,7 +25,7 @@
 #include <time.h>
 
 #include "testutil.h"
-#include "../src/serve/session_int.h"
+#include "../src/serve/serve_int.h"
 
 #define ROWB (256 * 2) /* a BF16 row */
 #define TOKB (48 * ROWB)

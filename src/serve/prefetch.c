@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "session_int.h"
+#include "serve_int.h"
 #include "common/util.h"
 
 static size_t chunk_bytes(const engram_prefill *pf)

@@ -1,7 +1,11 @@
 /*
- * session_int.h - the pool's internals, shared by session.c (the pool, its
- * I/O thread, sessions and decode steps) and prefetch.c (prefill with
- * prefetch, driven by the same thread).
+ * serve_int.h - the pool's internals, shared by the files of serve/:
+ * pool.c (open, close, the I/O thread), rounds.c (the thread's part of
+ * decode steps), session.c (sessions and steps), prefetch.c (prefill with
+ * prefetch: its users' calls and the thread's part) and pool_shared.c
+ * (what all of them use).  The I/O thread calls into rounds.c and
+ * prefetch.c; they, session.c and pool.c call pool_shared.c; nothing calls
+ * back up.
  *
  * Locks: pool->mu guards the step queue, the prefill list, the ring cache,
  * the handle count and the pool's flags; session->mu a session's state,
@@ -16,8 +20,8 @@
  * flags, hooks) outlives engram_pool_close while sessions or prefills of it
  * are still open; the last of them frees it.
  */
-#ifndef ENGRAM_SESSION_INT_H
-#define ENGRAM_SESSION_INT_H
+#ifndef ENGRAM_SERVE_INT_H
+#define ENGRAM_SERVE_INT_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -155,6 +159,8 @@ struct engram_prefill {
     engram_prefill *next_pf;
 };
 
+/* ------------------------------------------------- pool_shared.c */
+
 /* Under p->mu: the I/O thread runs another iteration (unless stopping). */
 void pool_wake_locked(engram_pool *p);
 /* Under p->mu: 0, or why the pool takes no new work (-ESHUTDOWN, -EIO
@@ -173,6 +179,41 @@ struct timespec pool_deadline(uint64_t timeout_ns);
  * with the host hooks), or NULL; gives it back (kept or freed). */
 int pool_ring_take(engram_pool *p, size_t len, struct ring *out);
 void pool_ring_give(engram_pool *p, struct ring *rg);
+/* Frees a ring now (unregistering it). */
+void pool_ring_free(engram_pool *p, struct ring *rg);
+/* The pool's memory once it is closed and nothing refers to it. */
+void pool_free_shell(engram_pool *p);
+/* A session's memory, once neither its owner nor a round refers to it. */
+void session_free(engram_session *s);
+
+/* ------------------------------------------------- rounds.c */
+
+/* Under s->mu: a round entry lets go of its session; 1 when the session
+ * is then to be freed (closed, and nothing else refers to it). */
+int entry_release(struct round_entry *en);
+/* Under s->mu: table t's outstanding requests of the current step fail
+ * with e (the step's first error is kept). */
+void step_fail_table(engram_session *s, int t, const engram_error *e);
+/* The step queue, under p->mu: a session with a step not yet in a round;
+ * removing one that is not queued does nothing; queue_fail fails every
+ * queued step with e and empties the queue. */
+void queue_add(engram_pool *p, engram_session *s);
+void queue_remove(engram_pool *p, engram_session *s);
+void queue_fail(engram_pool *p, const engram_error *e);
+/* The I/O thread's: queued steps into free rounds (under p->mu); up to max
+ * of the rounds' reads issued; rounds whose steps all ended stop reading;
+ * finished rounds let go of their sessions; whether any round is active;
+ * every round's jobs failed with e; every entry let go, failing its step
+ * with e (a broken reader's rounds). */
+void rounds_intake(engram_pool *p);
+void rounds_issue(engram_pool *p, unsigned max);
+void rounds_drop_stale(engram_pool *p);
+void rounds_finish(engram_pool *p);
+int rounds_active(const engram_pool *p);
+void rounds_fail(engram_pool *p, const engram_error *e);
+void rounds_release(engram_pool *p, const engram_error *e);
+
+/* ------------------------------------------------- prefetch.c */
 
 /* The I/O thread's part of prefills, first: collect ended jobs, detach
  * what is done, start the next chunks; *guard = the slots the prompts are
