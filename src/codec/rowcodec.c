@@ -8,11 +8,11 @@
  * small scales produce).  Compiled without fast-math, like the whole library.
  */
 #include <errno.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "rowcodec.h"
+#include "common/cpu.h"
 #include "common/util.h"
 
 static inline uint16_t bf16_rne(uint32_t f32_bits)
@@ -138,66 +138,6 @@ static const struct row_kernels *kernels_for(engram_simd s)
     case ENGRAM_SIMD_AVX512: return row_kernels_avx512.bf16 ? &row_kernels_avx512 : NULL;
     default: return NULL;
     }
-}
-
-int engram_simd_supported(engram_simd s)
-{
-    if (s == ENGRAM_SIMD_AUTO || s == ENGRAM_SIMD_SCALAR)
-        return 1;
-    if (!kernels_for(s))
-        return 0;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (s == ENGRAM_SIMD_AVX2)
-        return __builtin_cpu_supports("avx2") != 0;
-    if (s == ENGRAM_SIMD_AVX512)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-#endif
-    return 0;
-}
-
-const char *engram_simd_name(engram_simd s)
-{
-    switch (s) {
-    case ENGRAM_SIMD_AUTO: return "auto";
-    case ENGRAM_SIMD_SCALAR: return "scalar";
-    case ENGRAM_SIMD_AVX2: return "avx2";
-    case ENGRAM_SIMD_AVX512: return "avx512";
-    }
-    return "unknown";
-}
-
-static engram_simd selected = ENGRAM_SIMD_SCALAR;
-static pthread_once_t select_once = PTHREAD_ONCE_INIT;
-
-static void select_simd(void)
-{
-    const char *env = getenv("ENGRAM_SIMD");
-    engram_simd want = ENGRAM_SIMD_AUTO;
-    if (env) {
-        if (strcmp(env, "scalar") == 0)
-            want = ENGRAM_SIMD_SCALAR;
-        else if (strcmp(env, "avx2") == 0)
-            want = ENGRAM_SIMD_AVX2;
-        else if (strcmp(env, "avx512") == 0)
-            want = ENGRAM_SIMD_AVX512;
-    }
-    if (want != ENGRAM_SIMD_AUTO && engram_simd_supported(want)) {
-        selected = want;
-        return;
-    }
-    if (engram_simd_supported(ENGRAM_SIMD_AVX512))
-        selected = ENGRAM_SIMD_AVX512;
-    else if (engram_simd_supported(ENGRAM_SIMD_AVX2))
-        selected = ENGRAM_SIMD_AVX2;
-    else
-        selected = ENGRAM_SIMD_SCALAR;
-}
-
-engram_simd engram_simd_selected(void)
-{
-    pthread_once(&select_once, select_simd);
-    return selected;
 }
 
 static const struct row_kernels *resolve(engram_simd s)

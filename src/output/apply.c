@@ -188,8 +188,6 @@ int engram_applier_new(const engram_layer *L, const engram_apply_opts *opts, eng
     if (tb > 65536)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "block of %u tokens: at most 65536", tb);
     const struct apply_kernels *k = apply_kernels_for(o.simd);
-    if (!k && o.simd == ENGRAM_SIMD_AUTO) /* a CPU with AVX2 but without F16C/FMA */
-        k = apply_kernels_for(ENGRAM_SIMD_SCALAR);
     if (!k)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "kernels '%s' are not supported here",
                        engram_simd_name(o.simd));

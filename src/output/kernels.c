@@ -6,11 +6,28 @@
  * every fused multiply-add here is an explicit fmaf.
  */
 #include <math.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 #include "kernels.h"
+#include "common/cpu.h"
+
+/* ------------------------------------------------------------ conversions */
+
+float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu;
+    union { uint32_t u; float f; } v;
+    if (e == 0) {
+        /* zero or subnormal: m * 2^-24, exact in F32 */
+        v.f = (float)m * 0x1p-24f;
+        v.u |= sign;
+        return v.f;
+    }
+    if (e == 31)
+        v.u = sign | 0x7f800000u | (m << 13);
+    else
+        v.u = sign | ((e + 112u) << 23) | (m << 13);
+    return v.f;
+}
 
 /* ------------------------------------------------------------ projection */
 
@@ -96,20 +113,13 @@ float gate_value(float D, float sxx, float skk, uint32_t W)
 
 const struct apply_kernels apply_kernels_scalar = {scalar_project, scalar_reduce, scalar_update};
 
-const struct apply_kernels *apply_kernels_for(engram_simd s)
+static const struct apply_kernels *kernels_of(engram_simd s)
 {
-    if (s == ENGRAM_SIMD_AUTO)
-        s = engram_simd_selected();
     if (!engram_simd_supported(s))
         return NULL;
     /* The AVX2 kernels also need F16C and FMA (every AVX2 CPU so far has
-     * them, but they are separate CPUID flags: leaf 1, ECX bits 29 and 12). */
-    int f16_fma = 0;
-#if defined(__x86_64__)
-    unsigned a, b, c, d;
-    if (__get_cpuid(1, &a, &b, &c, &d))
-        f16_fma = (c >> 29 & 1) && (c >> 12 & 1);
-#endif
+     * them, but they are separate CPUID flags). */
+    int f16_fma = cpu_has_f16c_fma();
     switch (s) {
     case ENGRAM_SIMD_SCALAR: return &apply_kernels_scalar;
     case ENGRAM_SIMD_AVX2: return f16_fma && apply_kernels_avx2.project ? &apply_kernels_avx2 : NULL;
@@ -117,4 +127,14 @@ const struct apply_kernels *apply_kernels_for(engram_simd s)
         return f16_fma && apply_kernels_avx512.project ? &apply_kernels_avx512 : NULL;
     default: return NULL;
     }
+}
+
+const struct apply_kernels *apply_kernels_for(engram_simd s)
+{
+    if (s != ENGRAM_SIMD_AUTO)
+        return kernels_of(s);
+    /* the library's choice, or the scalar kernels on a CPU with AVX2 but
+     * without F16C or FMA */
+    const struct apply_kernels *k = kernels_of(engram_simd_selected());
+    return k ? k : &apply_kernels_scalar;
 }

@@ -55,13 +55,16 @@ extern const struct apply_kernels apply_kernels_scalar;
 extern const struct apply_kernels apply_kernels_avx2;   /* NULL members: not built */
 extern const struct apply_kernels apply_kernels_avx512;
 
-/* The kernels for s (AUTO: the selected ones), or NULL if not supported. */
+/* The kernels for s, or NULL if this CPU (or build) cannot run them; AUTO:
+ * the library's choice (common/cpu.h), falling back to the scalar kernels
+ * where the CPU lacks F16C or FMA, so never NULL. */
 const struct apply_kernels *apply_kernels_for(engram_simd s);
 
 /* g from the reductions (scalar, shared by every kernel). */
 float gate_value(float D, float sxx, float skk, uint32_t W);
 
-/* Exact conversions and BF16 rounding (round to nearest even). */
+/* Exact conversions (f16_to_f32 in kernels.c) and BF16 rounding (round to
+ * nearest even). */
 float f16_to_f32(uint16_t h);
 static inline float bf16_to_f32(uint16_t b)
 {

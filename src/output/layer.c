@@ -21,23 +21,6 @@
 
 static const char *const part_name[3] = {"engram_kv", "engram_q_norm", "engram_k_norm"};
 
-float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu;
-    union { uint32_t u; float f; } v;
-    if (e == 0) {
-        /* zero or subnormal: m * 2^-24, exact in F32 */
-        v.f = (float)m * 0x1p-24f;
-        v.u |= sign;
-        return v.f;
-    }
-    if (e == 31)
-        v.u = sign | 0x7f800000u | (m << 13);
-    else
-        v.u = sign | ((e + 112u) << 23) | (m << 13);
-    return v.f;
-}
-
 static size_t weight_bytes(const struct engram_layer *L)
 {
     return (size_t)L->panels * ENGRAM_K * PANEL * sizeof(uint16_t);

@@ -1,0 +1,83 @@
+/* cpu.c - the CPU's features and the library's choice of kernels (see cpu.h). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+/* The x86 kernels (hash_x86.c, rowcodec_x86.c, kernels_x86.c) are built
+ * under this same condition. */
+#define X86_KERNELS 1
+#else
+#define X86_KERNELS 0
+#endif
+
+#include "cpu.h"
+
+int engram_simd_supported(engram_simd s)
+{
+    if (s == ENGRAM_SIMD_AUTO || s == ENGRAM_SIMD_SCALAR)
+        return 1;
+#if X86_KERNELS
+    __builtin_cpu_init();
+    if (s == ENGRAM_SIMD_AVX2)
+        return __builtin_cpu_supports("avx2") != 0;
+    if (s == ENGRAM_SIMD_AVX512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#endif
+    return 0;
+}
+
+int cpu_has_f16c_fma(void)
+{
+#if X86_KERNELS
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d))
+        return (c >> 29 & 1) && (c >> 12 & 1);
+#endif
+    return 0;
+}
+
+const char *engram_simd_name(engram_simd s)
+{
+    switch (s) {
+    case ENGRAM_SIMD_AUTO: return "auto";
+    case ENGRAM_SIMD_SCALAR: return "scalar";
+    case ENGRAM_SIMD_AVX2: return "avx2";
+    case ENGRAM_SIMD_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+static engram_simd selected = ENGRAM_SIMD_SCALAR;
+static pthread_once_t select_once = PTHREAD_ONCE_INIT;
+
+static void select_simd(void)
+{
+    const char *env = getenv("ENGRAM_SIMD");
+    engram_simd want = ENGRAM_SIMD_AUTO;
+    if (env) {
+        if (strcmp(env, "scalar") == 0)
+            want = ENGRAM_SIMD_SCALAR;
+        else if (strcmp(env, "avx2") == 0)
+            want = ENGRAM_SIMD_AVX2;
+        else if (strcmp(env, "avx512") == 0)
+            want = ENGRAM_SIMD_AVX512;
+    }
+    if (want != ENGRAM_SIMD_AUTO && engram_simd_supported(want)) {
+        selected = want;
+        return;
+    }
+    if (engram_simd_supported(ENGRAM_SIMD_AVX512))
+        selected = ENGRAM_SIMD_AVX512;
+    else if (engram_simd_supported(ENGRAM_SIMD_AVX2))
+        selected = ENGRAM_SIMD_AVX2;
+    else
+        selected = ENGRAM_SIMD_SCALAR;
+}
+
+engram_simd engram_simd_selected(void)
+{
+    pthread_once(&select_once, select_simd);
+    return selected;
+}
