@@ -56,17 +56,26 @@ static int u_submit(struct io_engine *e)
     return rc < 0 ? rc : 0;
 }
 
+/* A free submission entry, submitting what the ring holds if it is full:
+ * 0 with *out set, or -errno (-EBUSY: still full). */
+static int get_sqe(struct io_engine *e, struct io_uring_sqe **out)
+{
+    struct uring_engine *u = (struct uring_engine *)e;
+    if ((*out = io_uring_get_sqe(&u->ring)))
+        return 0;
+    int rc = u_submit(e);
+    if (rc < 0)
+        return rc;
+    return (*out = io_uring_get_sqe(&u->ring)) ? 0 : -EBUSY;
+}
+
 static int u_queue(struct io_engine *e, unsigned slot, void *buf, uint32_t len, uint64_t off)
 {
     struct uring_engine *u = (struct uring_engine *)e;
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
-    if (!sqe) {
-        int rc = u_submit(e);
-        if (rc < 0)
-            return rc;
-        if (!(sqe = io_uring_get_sqe(&u->ring)))
-            return -EBUSY;
-    }
+    struct io_uring_sqe *sqe;
+    int rc = get_sqe(e, &sqe);
+    if (rc < 0)
+        return rc;
     int fd = u->fixed_file ? 0 : u->fd;
     if (u->fixed_buf)
         io_uring_prep_read_fixed(sqe, fd, buf, len, off, 0);
@@ -129,15 +138,10 @@ static void u_wake(struct io_engine *e)
 
 static int u_cancel(struct io_engine *e)
 {
-    struct uring_engine *u = (struct uring_engine *)e;
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
-    if (!sqe) {
-        int rc = u_submit(e);
-        if (rc < 0)
-            return rc;
-        if (!(sqe = io_uring_get_sqe(&u->ring)))
-            return -EBUSY;
-    }
+    struct io_uring_sqe *sqe;
+    int rc = get_sqe(e, &sqe);
+    if (rc < 0)
+        return rc;
     /* Everything of this ring (ANY matches all requests).  Reads the device
      * already has finish normally; the caller reaps them either way.  A
      * kernel without CANCEL_ANY answers -EINVAL in the cancel's completion,

@@ -243,38 +243,46 @@ void rounds_drop_stale(engram_pool *p)
     }
 }
 
+/* A round ends: each entry still holding requests lets go of its session,
+ * failing the live step's outstanding requests with e, or (e NULL) with
+ * the error of the table's job (a job that failed as a whole: the engine,
+ * or the pool closing); the round's reads are counted and it is free. */
+static void retire(engram_pool *p, struct round *rd, const engram_error *e)
+{
+    for (unsigned k = 0; k < rd->n_entries; k++) {
+        struct round_entry *en = &rd->e[k];
+        if (en->left == 0)
+            continue;
+        engram_session *s = en->s;
+        pthread_mutex_lock(&s->mu);
+        if (s->gen == en->gen && !s->ended)
+            for (int t = 0; t < ENGRAM_TABLES; t++) {
+                engram_error je = rd->job[t].err;
+                if (!e && rd->job[t].rc == 0) /* cannot happen: every request is answered */
+                    err_set(&je, -EIO, ENGRAM_NO_OFFSET, "table %d: a request was not answered", t);
+                step_fail_table(s, t, e ? e : &je);
+            }
+        int gone = entry_release(en);
+        pthread_mutex_unlock(&s->mu);
+        if (gone)
+            session_free(s);
+        if (!e)
+            SCHED_POINT("io: entry released");
+    }
+    pthread_mutex_lock(&p->mu);
+    p->step_read += rd->job[0].rows_read + rd->job[1].rows_read;
+    pthread_mutex_unlock(&p->mu);
+    rd->active = 0;
+}
+
 /* Rounds whose jobs have ended let go of the sessions whose requests were
- * not all answered: a job that failed as a whole (the engine, or the pool
- * closing) fails what it had not delivered. */
+ * not all answered. */
 void rounds_finish(engram_pool *p)
 {
     for (int ri = 0; ri < ROUNDS; ri++) {
         struct round *rd = &p->rounds[ri];
-        if (!rd->active || !reader_job_finished(&rd->job[0]) || !reader_job_finished(&rd->job[1]))
-            continue;
-        for (unsigned k = 0; k < rd->n_entries; k++) {
-            struct round_entry *en = &rd->e[k];
-            if (en->left == 0)
-                continue;
-            engram_session *s = en->s;
-            pthread_mutex_lock(&s->mu);
-            if (s->gen == en->gen && !s->ended)
-                for (int t = 0; t < ENGRAM_TABLES; t++) {
-                    engram_error e = rd->job[t].err;
-                    if (rd->job[t].rc == 0) /* cannot happen: every request is answered */
-                        err_set(&e, -EIO, ENGRAM_NO_OFFSET, "table %d: a request was not answered", t);
-                    step_fail_table(s, t, &e);
-                }
-            int gone = entry_release(en);
-            pthread_mutex_unlock(&s->mu);
-            if (gone)
-                session_free(s);
-            SCHED_POINT("io: entry released");
-        }
-        pthread_mutex_lock(&p->mu);
-        p->step_read += rd->job[0].rows_read + rd->job[1].rows_read;
-        pthread_mutex_unlock(&p->mu);
-        rd->active = 0;
+        if (rd->active && reader_job_finished(&rd->job[0]) && reader_job_finished(&rd->job[1]))
+            retire(p, rd, NULL);
     }
 }
 
@@ -318,27 +326,7 @@ void queue_fail(engram_pool *p, const engram_error *e)
  * again (this thread stops calling it, its close keeps its memory). */
 void rounds_release(engram_pool *p, const engram_error *e)
 {
-    for (int ri = 0; ri < ROUNDS; ri++) {
-        struct round *rd = &p->rounds[ri];
-        if (!rd->active)
-            continue;
-        for (unsigned k = 0; k < rd->n_entries; k++) {
-            struct round_entry *en = &rd->e[k];
-            if (en->left == 0)
-                continue;
-            engram_session *s = en->s;
-            pthread_mutex_lock(&s->mu);
-            if (s->gen == en->gen && !s->ended)
-                for (int t = 0; t < ENGRAM_TABLES; t++)
-                    step_fail_table(s, t, e);
-            int gone = entry_release(en);
-            pthread_mutex_unlock(&s->mu);
-            if (gone)
-                session_free(s);
-        }
-        pthread_mutex_lock(&p->mu);
-        p->step_read += rd->job[0].rows_read + rd->job[1].rows_read;
-        pthread_mutex_unlock(&p->mu);
-        rd->active = 0;
-    }
+    for (int ri = 0; ri < ROUNDS; ri++)
+        if (p->rounds[ri].active)
+            retire(p, &p->rounds[ri], e);
 }
