@@ -87,61 +87,49 @@ __device__ __forceinline__ int cluster_any_bad(cg::cluster_group &cl, int *sbad,
 #ifndef GATE_PRE
 #define GATE_PRE 3 /* columns per thread loaded before the wait for kv */
 #endif
-__global__ void __cluster_dims__(GATE_CTAS, 1, 1) __launch_bounds__(GATE_THREADS)
-gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq, void *resid,
-            int bf16, const uint8_t *mask, int W, int S, int *status, int token_base,
-            const int *d_step, size_t resid_step, const int *kshift)
+
+/* gate_kernel's phases, one function each, inlined into it: the same
+ * sm_90a machine code as when they were the kernel's own 245 lines (checked
+ * on the cubin; its column loop stays in the kernel, unrolled by 2: inside
+ * a helper it compiled to other instructions).  A block's share of a
+ * token: the columns [lo, lo + cols) of each of the S streams of its
+ * residual xt (BF16 or F32); kvt: the token's kv, v its values. */
+
+/* The update's elements of this thread (with GATE_KEEP or fewer) and
+ * their x, loaded before the wait for kv: element e of the block is
+ * (stream e / cols, column lo + e % cols), stepped without divisions (a
+ * small kernel: fewer instructions to fetch).  sq[q]: the stream (S: none),
+ * iq[q]: the column, y[q]: x. */
+__device__ __forceinline__ void gate_keep_load(const char *xt, int bf16, int W, int S, int lo, int cols,
+                                               float *y, int *sq, int *iq)
 {
-    cg::cluster_group cl = cg::this_cluster();
-    const int t = blockIdx.x / GATE_CTAS, rank = (int)cl.block_rank();
-    int ks = kshift ? kshift[t] : 0; /* kv rows of the F16 path are kv * 2^-ks */
-    if (mask && !mask[t])
-        return; /* the whole cluster */
-    if (d_step)
-        resid = (char *)resid + (size_t)(*d_step) * resid_step;
-    __shared__ float sh[GATE_THREADS / 32][3 * GATE_GROUP];
-    __shared__ float part[3 * ENGRAM_MAX_STREAMS]; /* this block's sums  */
-    __shared__ float gs[ENGRAM_MAX_STREAMS];
-    __shared__ int sbad;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int span = (W + GATE_CTAS - 1) / GATE_CTAS, lo = min(W, rank * span),
-              cols = min(W, lo + span) - lo;
-    const float *kvt = kv + (size_t)t * ldkv, *v = kvt + (size_t)S * W;
-    size_t es = bf16 ? 2 : 4;
-    char *xt = (char *)resid + (size_t)t * S * W * es;
-    /* The update's elements of this thread (with GATE_KEEP or fewer) and
-     * their x, loaded before the wait for kv: element e of the block is
-     * (stream e / cols, column lo + e % cols), stepped without divisions (a
-     * small kernel: fewer instructions to fetch). */
-    const int total = S * cols;
-    const int keep = total <= GATE_THREADS * GATE_KEEP;
-    float y[GATE_KEEP];
-    int sq[GATE_KEEP], iq[GATE_KEEP];
-    if (keep) {
-        int s = cols > 0 ? 0 : S, i = threadIdx.x; /* no columns: no elements */
-        if (cols > 0)
-            while (i >= cols && s < S) {
-                i -= cols;
-                s++;
-            }
+    int s = cols > 0 ? 0 : S, i = threadIdx.x; /* no columns: no elements */
+    if (cols > 0)
+        while (i >= cols && s < S) {
+            i -= cols;
+            s++;
+        }
 #pragma unroll
-        for (int q = 0; q < GATE_KEEP; q++) {
-            sq[q] = s;
-            iq[q] = lo + i;
-            y[q] = s < S ? load_x(xt, bf16, s * W + lo + i) : 0.0f;
-            i += GATE_THREADS;
-            while (i >= cols && s < S) {
-                i -= cols;
-                s++;
-            }
+    for (int q = 0; q < GATE_KEEP; q++) {
+        sq[q] = s;
+        iq[q] = lo + i;
+        y[q] = s < S ? load_x(xt, bf16, s * W + lo + i) : 0.0f;
+        i += GATE_THREADS;
+        while (i >= cols && s < S) {
+            i -= cols;
+            s++;
         }
     }
-    /* Up to GATE_PRE columns per thread and S <= GATE_GROUP (W = 5120: 640
-     * columns a block): x and q, which the GEMV does not write, are loaded
-     * before the wait for kv, and x.x summed; the sums' order is the loop's
-     * below, so the bits are the same. */
-    const int pre = S <= GATE_GROUP && cols <= GATE_PRE * GATE_THREADS;
-    float px[GATE_PRE][GATE_GROUP], pq[GATE_PRE][GATE_GROUP], pxx[GATE_GROUP];
+}
+
+/* Up to GATE_PRE columns per thread and S <= GATE_GROUP (W = 5120: 640
+ * columns a block): x and q, which the GEMV does not write, are loaded
+ * before the wait for kv, and x.x summed; the sums' order is that of
+ * gate_sums_column, so the bits are the same.  Zeros unless pre. */
+__device__ __forceinline__ void gate_pre_load(int pre, const char *xt, int bf16, const float *wq, int W,
+                                              int S, int lo, int cols, float (*px)[GATE_GROUP],
+                                              float (*pq)[GATE_GROUP], float *pxx)
+{
 #pragma unroll
     for (int s = 0; s < GATE_GROUP; s++) {
         pxx[s] = 0.0f;
@@ -167,6 +155,218 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
                 if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols)
                     pxx[s] = fmaf(px[j][s], px[j][s], pxx[s]);
     }
+}
+
+/* This thread's partial sums of streams 0 .. GATE_GROUP - 1 (with pre:
+ * S <= GATE_GROUP, one group) into p[3 s + j], j = 0 x.q k, 1 x.x, 2 k.k
+ * (k: kv x 2^ks rounded to BF16), column by column, from what
+ * gate_pre_load kept (x.x already summed). */
+__device__ __forceinline__ void gate_sums_pre(float *p, const float *kvt, int ks, int W, int S, int lo,
+                                              int cols, float (*px)[GATE_GROUP], float (*pq)[GATE_GROUP],
+                                              const float *pxx)
+{
+    float kr[GATE_PRE][GATE_GROUP];
+#pragma unroll
+    for (int j = 0; j < GATE_PRE; j++) /* every load first: one latency */
+#pragma unroll
+        for (int s = 0; s < GATE_GROUP; s++) {
+            int i = lo + threadIdx.x + j * GATE_THREADS;
+            kr[j][s] = s < S && i < lo + cols ? kvt[(size_t)s * W + i] : 0.0f;
+        }
+#pragma unroll
+    for (int j = 0; j < GATE_PRE; j++)
+#pragma unroll
+        for (int s = 0; s < GATE_GROUP; s++)
+            if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols) {
+                float k = bf16r(pow2scale(kr[j][s], ks));
+                p[3 * s] = fmaf(px[j][s] * pq[j][s], k, p[3 * s]);
+                p[3 * s + 2] = fmaf(k, k, p[3 * s + 2]);
+            }
+#pragma unroll
+    for (int s = 0; s < GATE_GROUP; s++)
+        p[3 * s + 1] = pxx[s];
+}
+
+/* This thread's partial sums as gate_sums_pre's, at column i, for the ns
+ * streams from s0 on (any S), everything loaded here. */
+__device__ __forceinline__ void gate_sums_column(float *p, int i, int s0, int ns, const char *xt, int bf16,
+                                                 const float *wq, const float *kvt, int ks, int W)
+{
+    float xv[GATE_GROUP], qv[GATE_GROUP], kr[GATE_GROUP];
+#pragma unroll
+    for (int s = 0; s < GATE_GROUP; s++) /* every load first: one latency */
+        if (s < ns) {
+            size_t o = (size_t)(s0 + s) * W + i;
+            xv[s] = load_x(xt, bf16, (int)o);
+            qv[s] = wq[o];
+            kr[s] = kvt[o];
+        }
+#pragma unroll
+    for (int s = 0; s < GATE_GROUP; s++)
+        if (s < ns) {
+            float xi = xv[s], k = bf16r(pow2scale(kr[s], ks));
+            p[3 * s] = fmaf(xi * qv[s], k, p[3 * s]);
+            p[3 * s + 1] = fmaf(xi, xi, p[3 * s + 1]);
+            p[3 * s + 2] = fmaf(k, k, p[3 * s + 2]);
+        }
+}
+
+/* The block's sums of the group: p added by xor-shuffle trees within warps,
+ * the warps' sums (through sh) by one in warp 0, into part[3 s0 ..]. */
+__device__ __forceinline__ void gate_block_sums(float *p, float (*sh)[3 * GATE_GROUP], float *part, int s0,
+                                                int S, int warp, int lane)
+{
+#pragma unroll
+    for (int q = 0; q < 3 * GATE_GROUP; q++)
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1)
+            p[q] += __shfl_xor_sync(0xffffffffu, p[q], off);
+    if (lane == 0)
+#pragma unroll
+        for (int q = 0; q < 3 * GATE_GROUP; q++)
+            sh[warp][q] = p[q];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int q = 0; q < 3 * GATE_GROUP; q++) {
+            float u = lane < GATE_THREADS / 32 ? sh[lane][q] : 0.0f;
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1)
+                u += __shfl_xor_sync(0xffffffffu, u, off);
+            if (lane == q && 3 * s0 + q < 3 * S)
+                part[3 * s0 + q] = u;
+        }
+    }
+    __syncthreads();
+}
+
+/* The cluster's gates, the same in every block: each block's sums (part)
+ * and verdict (ok, this thread's: every kept x and v below 2^126) go
+ * through distributed shared memory (sok); tot: the blocks' sums added in
+ * rank order, allok: every block's verdict, gs: the S gates.  The cluster
+ * barrier is arrived at here and waited on before the block exits. */
+__device__ __forceinline__ void gate_exchange(cg::cluster_group &cl, int ok, float *part, int *sok,
+                                              int *allok, float *tot, float *gs, int W, int S)
+{
+    ok = __syncthreads_and(ok);
+    if (threadIdx.x == 0)
+        *sok = ok;
+    cl.sync(); /* every block's sums and verdict are in its shared memory */
+    if (threadIdx.x < 3 * S) {
+        float u = 0.0f;
+        for (int r = 0; r < GATE_CTAS; r++)
+            u += *cl.map_shared_rank(&part[threadIdx.x], r);
+        tot[threadIdx.x] = u;
+    } else if (threadIdx.x == 32 * ((3 * S + 31) / 32)) { /* the first warp past the sums' */
+        int a = 1;
+        for (int r = 0; r < GATE_CTAS; r++)
+            a &= *cl.map_shared_rank(sok, r);
+        *allok = a;
+    }
+    /* done with the other blocks' shared memory: none may exit before all
+     * have arrived here (waited for below, on every path) */
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x < S)
+        gs[threadIdx.x] = gate_of(tot[3 * threadIdx.x], tot[3 * threadIdx.x + 1], tot[3 * threadIdx.x + 2], W);
+    __syncthreads();
+}
+
+/* The kept elements' outputs (y: x, vs: v scaled and rounded), written to
+ * the residual: at once when safe (finite by the bounds: the other blocks
+ * are waited for only before leaving), else after the cluster's verdict
+ * (cluster_any_bad), and not at all if a block found one non-finite. */
+__device__ __forceinline__ void gate_write_kept(cg::cluster_group &cl, int safe, char *xt, int bf16, int W,
+                                                int S, float *y, const float *vs, const int *sq, int *iq,
+                                                const float *gs, int *sbad, int rank, int *status,
+                                                int token_base, int t)
+{
+    int bad = 0;
+#pragma unroll
+    for (int q = 0; q < GATE_KEEP; q++)
+        if (sq[q] < S) {
+            y[q] = bf16r(fmaf(gs[sq[q]], vs[q], y[q]));
+            bad |= !isfinite(y[q]);
+        }
+#pragma unroll
+    for (int q = 0; q < GATE_KEEP; q++)
+        iq[q] += sq[q] * W; /* the residual's index, for the writes */
+    /* safe: finite by the bounds, written without asking the other
+     * blocks (which are waited for only before leaving) */
+    if (!safe) {
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        if (cluster_any_bad(cl, sbad, bad, rank, status, token_base + t))
+            return;
+    }
+#pragma unroll
+    for (int q = 0; q < GATE_KEEP; q++)
+        if (sq[q] < S) {
+            if (bf16)
+                ((unsigned short *)xt)[iq[q]] = (unsigned short)(__float_as_uint(y[q]) >> 16);
+            else
+                ((float *)xt)[iq[q]] = y[q];
+        }
+    if (safe)
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* More elements than GATE_KEEP a thread: each output computed twice, x
+ * and v read again, to check it and then to write it. */
+__device__ __forceinline__ void gate_write_strided(cg::cluster_group &cl, char *xt, int bf16, const float *v,
+                                                   int ks, int W, int lo, int cols, int total,
+                                                   const float *gs, int *sbad, int rank, int *status,
+                                                   int token_base, int t)
+{
+    int bad = 0;
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    for (int e = threadIdx.x; e < total; e += GATE_THREADS) {
+        int se = e / cols, ie = lo + e - se * cols;
+        bad |= !isfinite(bf16r(fmaf(gs[se], bf16r(pow2scale(v[ie], ks)), load_x(xt, bf16, se * W + ie))));
+    }
+    if (cluster_any_bad(cl, sbad, bad, rank, status, token_base + t))
+        return;
+    for (int e = threadIdx.x; e < total; e += GATE_THREADS) {
+        int se = e / cols, ie = lo + e - se * cols;
+        float yy = bf16r(fmaf(gs[se], bf16r(pow2scale(v[ie], ks)), load_x(xt, bf16, se * W + ie)));
+        if (bf16)
+            ((unsigned short *)xt)[se * W + ie] = (unsigned short)(__float_as_uint(yy) >> 16);
+        else
+            ((float *)xt)[se * W + ie] = yy;
+    }
+}
+
+__global__ void __cluster_dims__(GATE_CTAS, 1, 1) __launch_bounds__(GATE_THREADS)
+gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq, void *resid,
+            int bf16, const uint8_t *mask, int W, int S, int *status, int token_base,
+            const int *d_step, size_t resid_step, const int *kshift)
+{
+    cg::cluster_group cl = cg::this_cluster();
+    const int t = blockIdx.x / GATE_CTAS, rank = (int)cl.block_rank();
+    int ks = kshift ? kshift[t] : 0; /* kv rows of the F16 path are kv * 2^-ks */
+    if (mask && !mask[t])
+        return; /* the whole cluster */
+    if (d_step)
+        resid = (char *)resid + (size_t)(*d_step) * resid_step;
+    __shared__ float sh[GATE_THREADS / 32][3 * GATE_GROUP];
+    __shared__ float part[3 * ENGRAM_MAX_STREAMS]; /* this block's sums  */
+    __shared__ float gs[ENGRAM_MAX_STREAMS];
+    __shared__ int sbad;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int span = (W + GATE_CTAS - 1) / GATE_CTAS, lo = min(W, rank * span),
+              cols = min(W, lo + span) - lo;
+    const float *kvt = kv + (size_t)t * ldkv, *v = kvt + (size_t)S * W;
+    size_t es = bf16 ? 2 : 4;
+    char *xt = (char *)resid + (size_t)t * S * W * es;
+    /* before the wait for kv: the update's elements, and x and q for the sums */
+    const int total = S * cols;
+    const int keep = total <= GATE_THREADS * GATE_KEEP;
+    float y[GATE_KEEP];
+    int sq[GATE_KEEP], iq[GATE_KEEP];
+    if (keep)
+        gate_keep_load(xt, bf16, W, S, lo, cols, y, sq, iq);
+    const int pre = S <= GATE_GROUP && cols <= GATE_PRE * GATE_THREADS;
+    float px[GATE_PRE][GATE_GROUP], pq[GATE_PRE][GATE_GROUP], pxx[GATE_GROUP];
+    gate_pre_load(pre, xt, bf16, wq, W, S, lo, cols, px, pq, pxx);
     pdl_wait(); /* kv: the GEMV's */
     /* v of the update's elements, loaded with phase 1's k: one latency; ok:
      * every x and scaled v of this thread below 2^126 in magnitude (and not
@@ -185,70 +385,13 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
             p[q] = 0.0f;
         const int ns = min(GATE_GROUP, S - s0);
         if (pre) { /* s0 = 0, the only group */
-            float kr[GATE_PRE][GATE_GROUP];
-#pragma unroll
-            for (int j = 0; j < GATE_PRE; j++) /* every load first: one latency */
-#pragma unroll
-                for (int s = 0; s < GATE_GROUP; s++) {
-                    int i = lo + threadIdx.x + j * GATE_THREADS;
-                    kr[j][s] = s < S && i < lo + cols ? kvt[(size_t)s * W + i] : 0.0f;
-                }
-#pragma unroll
-            for (int j = 0; j < GATE_PRE; j++)
-#pragma unroll
-                for (int s = 0; s < GATE_GROUP; s++)
-                    if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols) {
-                        float k = bf16r(pow2scale(kr[j][s], ks));
-                        p[3 * s] = fmaf(px[j][s] * pq[j][s], k, p[3 * s]);
-                        p[3 * s + 2] = fmaf(k, k, p[3 * s + 2]);
-                    }
-#pragma unroll
-            for (int s = 0; s < GATE_GROUP; s++)
-                p[3 * s + 1] = pxx[s];
-        } else {
+            gate_sums_pre(p, kvt, ks, W, S, lo, cols, px, pq, pxx);
+        } else { /* the loop here, not in the helper: see above */
 #pragma unroll 2
-            for (int i = lo + threadIdx.x; i < lo + cols; i += GATE_THREADS) {
-                float xv[GATE_GROUP], qv[GATE_GROUP], kr[GATE_GROUP];
-#pragma unroll
-                for (int s = 0; s < GATE_GROUP; s++) /* every load first: one latency */
-                    if (s < ns) {
-                        size_t o = (size_t)(s0 + s) * W + i;
-                        xv[s] = load_x(xt, bf16, (int)o);
-                        qv[s] = wq[o];
-                        kr[s] = kvt[o];
-                    }
-#pragma unroll
-                for (int s = 0; s < GATE_GROUP; s++)
-                    if (s < ns) {
-                        float xi = xv[s], k = bf16r(pow2scale(kr[s], ks));
-                        p[3 * s] = fmaf(xi * qv[s], k, p[3 * s]);
-                        p[3 * s + 1] = fmaf(xi, xi, p[3 * s + 1]);
-                        p[3 * s + 2] = fmaf(k, k, p[3 * s + 2]);
-                    }
-            }
+            for (int i = lo + threadIdx.x; i < lo + cols; i += GATE_THREADS)
+                gate_sums_column(p, i, s0, ns, xt, bf16, wq, kvt, ks, W);
         }
-#pragma unroll
-        for (int q = 0; q < 3 * GATE_GROUP; q++)
-#pragma unroll
-            for (int off = 16; off >= 1; off >>= 1)
-                p[q] += __shfl_xor_sync(0xffffffffu, p[q], off);
-        if (lane == 0)
-#pragma unroll
-            for (int q = 0; q < 3 * GATE_GROUP; q++)
-                sh[warp][q] = p[q];
-        __syncthreads();
-        if (warp == 0) {
-#pragma unroll
-            for (int q = 0; q < 3 * GATE_GROUP; q++) {
-                float u = lane < GATE_THREADS / 32 ? sh[lane][q] : 0.0f;
-#pragma unroll
-                for (int off = 16; off >= 1; off >>= 1)
-                    u += __shfl_xor_sync(0xffffffffu, u, off);
-                if (lane == q && 3 * s0 + q < 3 * S)
-                    part[3 * s0 + q] = u;
-            }
-        }
-        __syncthreads();
+        gate_block_sums(p, sh, part, s0, S, warp, lane);
     }
     if (keep) {
 #pragma unroll
@@ -258,79 +401,18 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
         }
     }
     __shared__ int sok, allok;
-    ok = __syncthreads_and(ok);
-    if (threadIdx.x == 0)
-        sok = ok;
-    cl.sync(); /* every block's sums and verdict are in its shared memory */
     __shared__ float tot[3 * ENGRAM_MAX_STREAMS];
-    if (threadIdx.x < 3 * S) {
-        float u = 0.0f;
-        for (int r = 0; r < GATE_CTAS; r++)
-            u += *cl.map_shared_rank(&part[threadIdx.x], r);
-        tot[threadIdx.x] = u;
-    } else if (threadIdx.x == 32 * ((3 * S + 31) / 32)) { /* the first warp past the sums' */
-        int a = 1;
-        for (int r = 0; r < GATE_CTAS; r++)
-            a &= *cl.map_shared_rank(&sok, r);
-        allok = a;
-    }
-    /* done with the other blocks' shared memory: none may exit before all
-     * have arrived here (waited for below, on every path) */
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    __syncthreads();
-    if (threadIdx.x < S)
-        gs[threadIdx.x] = gate_of(tot[3 * threadIdx.x], tot[3 * threadIdx.x + 1], tot[3 * threadIdx.x + 2], W);
-    __syncthreads();
+    gate_exchange(cl, ok, part, &sok, &allok, tot, gs, W, S);
     /* this block's outputs: all streams, its columns.  Every block of the
      * cluster takes the same branch: allok and gs are the cluster's. */
     int safe = allok;
     for (int q = 0; q < S; q++)
         safe &= isfinite(gs[q]);
-    int bad = 0;
-    if (keep) {
-#pragma unroll
-        for (int q = 0; q < GATE_KEEP; q++)
-            if (sq[q] < S) {
-                y[q] = bf16r(fmaf(gs[sq[q]], vs[q], y[q]));
-                bad |= !isfinite(y[q]);
-            }
-#pragma unroll
-        for (int q = 0; q < GATE_KEEP; q++)
-            iq[q] += sq[q] * W; /* the residual's index, for the writes */
-        /* safe: finite by the bounds, written without asking the other
-         * blocks (which are waited for only before leaving) */
-        if (!safe) {
-            asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-            if (cluster_any_bad(cl, &sbad, bad, rank, status, token_base + t))
-                return;
-        }
-#pragma unroll
-        for (int q = 0; q < GATE_KEEP; q++)
-            if (sq[q] < S) {
-                if (bf16)
-                    ((unsigned short *)xt)[iq[q]] = (unsigned short)(__float_as_uint(y[q]) >> 16);
-                else
-                    ((float *)xt)[iq[q]] = y[q];
-            }
-        if (safe)
-            asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-        return;
-    }
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-    for (int e = threadIdx.x; e < total; e += GATE_THREADS) {
-        int se = e / cols, ie = lo + e - se * cols;
-        bad |= !isfinite(bf16r(fmaf(gs[se], bf16r(pow2scale(v[ie], ks)), load_x(xt, bf16, se * W + ie))));
-    }
-    if (cluster_any_bad(cl, &sbad, bad, rank, status, token_base + t))
-        return;
-    for (int e = threadIdx.x; e < total; e += GATE_THREADS) {
-        int se = e / cols, ie = lo + e - se * cols;
-        float yy = bf16r(fmaf(gs[se], bf16r(pow2scale(v[ie], ks)), load_x(xt, bf16, se * W + ie)));
-        if (bf16)
-            ((unsigned short *)xt)[se * W + ie] = (unsigned short)(__float_as_uint(yy) >> 16);
-        else
-            ((float *)xt)[se * W + ie] = yy;
-    }
+    if (keep)
+        gate_write_kept(cl, safe, xt, bf16, W, S, y, vs, sq, iq, gs, &sbad, rank, status, token_base, t);
+    else
+        gate_write_strided(cl, xt, bf16, v, ks, W, lo, cols, total, gs, &sbad, rank, status, token_base,
+                           t);
 }
 
 /*
