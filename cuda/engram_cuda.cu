@@ -17,9 +17,10 @@
  *  - else decode16_kernel, then ws_gemm (where the layer's probe found the
  *    sm_90a code and the maps were made, and not ENGRAM_CUDA_FAST_SUMS) or
  *    cuBLAS's F16 GEMM, then gemv_list_kernel for the tokens decode16
- *    listed as too wide for F16.  For the apply the wgmma GEMM writes kv
- *    as BF16 x 2^k (the gate's operand), otherwise kv stays x 2^-k and the
- *    gate or scale_kernel puts 2^k back.
+ *    listed as too wide for F16 (their kv unscaled).  For the apply the
+ *    wgmma GEMM writes kv as BF16 x 2^k (the gate's operand); otherwise
+ *    the GEMM's kv stays x 2^-k (kshift) and the gate or scale_kernel puts
+ *    2^k back.  The GEMVs' kv is unscaled.
  * Then the gate (engram_cuda_apply): gate_kernel for n <= 8 (a
  * programmatic dependent launch of the GEMV on 9.0+, unless
  * ENGRAM_CUDA_SERIAL_GATE), gate_block_kernel<KV, V16, KEEP> otherwise.
