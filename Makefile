@@ -158,7 +158,7 @@ $(BUILD)/engram-cuda.so: programs/cuda/device_cuda.c programs/device_plugin.h $(
 	    -Wl,--no-whole-archive $(LIBS) $(LDLIBS_ALL) $(CUDA_LIBS) -lstdc++
 
 ifneq ($(NVCC),)
-$(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu cuda/ws_gemm.cuh include/engram_cuda.h include/engram.h Makefile
+$(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu $(wildcard cuda/*.cuh) include/engram_cuda.h include/engram.h Makefile
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 

@@ -196,6 +196,85 @@ static void rows_of(fx *f, size_t n, uint64_t seed, uint8_t *raw, uint16_t *bf)
     free(ids);
 }
 
+/* Every third of n tokens with its block scales 24 binades apart (too wide
+ * for F16: row 0's first scale raised), its BF16 values redone. */
+static void widen(uint8_t *raw, uint16_t *bf, unsigned n)
+{
+    for (unsigned t = 0; t < n; t += 3) {
+        uint8_t *sc = raw + (size_t)t * 24 * 264 + 256;
+        sc[0] = (uint8_t)(sc[0] + 24);
+        CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw + (size_t)t * 24 * 264, 1,
+                                         bf + (size_t)t * K, NULL), 0);
+    }
+}
+
+/* Every third of n tokens with every block scale <= 6 (values under
+ * 2^-111), its BF16 values redone. */
+static void shrink(uint8_t *raw, uint16_t *bf, unsigned n)
+{
+    for (unsigned t = 0; t < n; t += 3) {
+        uint8_t *tr = raw + (size_t)t * 24 * 264;
+        for (int r = 0; r < 24; r++)
+            for (int b = 0; b < 8; b++)
+                tr[r * 264 + 256 + b] = (uint8_t)(tr[r * 264 + 256 + b] % 7);
+        CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, tr, 24, bf + (size_t)t * K, NULL), 0);
+    }
+}
+
+/* `bytes` bytes of device memory (cudaFree), holding a copy of init's
+ * unless init is NULL. */
+static void *dev_buf(size_t bytes, const void *init)
+{
+    void *d;
+    CU(cudaMalloc(&d, bytes));
+    if (init)
+        CU(cudaMemcpy(d, init, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* A test's rows: n tokens' raw rows of table 1 (rows_of) on the host, with
+ * their BF16 values if asked, and a copy on the device. */
+struct rowset {
+    uint8_t *raw;   /* [n][24][264]        */
+    uint16_t *bf;   /* [n][K], or NULL     */
+    uint8_t *d_raw; /* raw, on the device  */
+};
+
+/* tweak (NULL: none) changes the rows (and bf) before they are copied. */
+static void rowset_new(rowset *r, fx *f, unsigned n, uint64_t seed, int want_bf,
+                       void (*tweak)(uint8_t *raw, uint16_t *bf, unsigned n))
+{
+    r->raw = (uint8_t *)malloc((size_t)n * 24 * 264);
+    r->bf = want_bf ? (uint16_t *)malloc((size_t)n * K * 2) : NULL;
+    rows_of(f, n, seed, r->raw, r->bf);
+    if (tweak)
+        tweak(r->raw, r->bf, n);
+    r->d_raw = (uint8_t *)dev_buf((size_t)n * 24 * 264, r->raw);
+}
+
+static void rowset_free(rowset *r)
+{
+    CU(cudaFree(r->d_raw));
+    free(r->raw);
+    free(r->bf);
+}
+
+/* The arguments of a call on n tokens of raw rows at d_raw (device) and,
+ * unless resid is NULL, an F32 residual there; the rest 0 (no mask, the
+ * default stream, default flags). */
+static engram_cuda_args args_of(const uint8_t *d_raw, unsigned n, void *resid)
+{
+    engram_cuda_args a;
+    memset(&a, 0, sizeof a);
+    a.raw = d_raw;
+    a.n = n;
+    if (resid) {
+        a.resid = resid;
+        a.resid_dtype = ENGRAM_F32;
+    }
+    return a;
+}
+
 static float bf2f(uint16_t b)
 {
     uint32_t u = (uint32_t)b << 16;
@@ -245,34 +324,13 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
             continue; /* the same path either way */
         if (f->W > 64 && n > 300)
             continue; /* the double reference at W = 5120 is slow on the host */
-        uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
-        uint16_t *bf = (uint16_t *)malloc((size_t)n * K * 2);
-        rows_of(f, n, 100 + n, raw, bf);
-        if (wide)
-            for (unsigned t = 0; t < n; t += 3) { /* scales 24 binades apart */
-                uint8_t *sc = raw + (size_t)t * 24 * 264 + 256;
-                sc[0] = (uint8_t)(sc[0] + 24);
-                CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw + (size_t)t * 24 * 264, 1,
-                                                 bf + (size_t)t * K, NULL), 0);
-            }
-        if (tiny)
-            for (unsigned t = 0; t < n; t += 3) { /* every block scale <= 6: values under 2^-111 */
-                uint8_t *tr = raw + (size_t)t * 24 * 264;
-                for (int r = 0; r < 24; r++)
-                    for (int b = 0; b < 8; b++)
-                        tr[r * 264 + 256 + b] = (uint8_t)(tr[r * 264 + 256 + b] % 7);
-                CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, tr, 24, bf + (size_t)t * K, NULL), 0);
-            }
-        uint8_t *d_raw;
-        float *d_kv, *kv = (float *)malloc((size_t)n * f->N * 4);
-        CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
-        CU(cudaMalloc(&d_kv, (size_t)n * f->N * 4));
-        CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
+        rowset r;
+        rowset_new(&r, f, n, 100 + n, 1, wide ? widen : tiny ? shrink : NULL);
+        const uint16_t *bf = r.bf;
+        float *d_kv = (float *)dev_buf((size_t)n * f->N * 4, NULL),
+              *kv = (float *)malloc((size_t)n * f->N * 4);
         CU(cudaMemset(d_kv, 0xff, (size_t)n * f->N * 4)); /* poison: NaN */
-        engram_cuda_args a;
-        memset(&a, 0, sizeof a);
-        a.raw = d_raw;
-        a.n = n;
+        engram_cuda_args a = args_of(r.d_raw, n, NULL);
         a.flags = flags;
         engram_error err;
         CHECK_EQ(engram_cuda_project(f->c, &a, d_kv, &err), 0);
@@ -311,10 +369,8 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
          * than the float64 sum (enough samples to tell) */
         if (!(flags & ENGRAM_CUDA_FAST_SUMS) && checked >= 5000)
             CHECK(rdiff * 1000 <= checked);
-        CU(cudaFree(d_raw));
+        rowset_free(&r);
         CU(cudaFree(d_kv));
-        free(raw);
-        free(bf);
         free(kv);
     }
 }
@@ -334,16 +390,8 @@ static void applies(fx *f)
         unsigned n = ns[q];
         int wide = q == 4;
         size_t per = (size_t)f->S * f->W;
-        uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
-        uint16_t *bf = (uint16_t *)malloc((size_t)n * K * 2);
-        rows_of(f, n, 200 + n, raw, bf);
-        if (wide)
-            for (unsigned t = 0; t < n; t += 3) {
-                uint8_t *sc = raw + (size_t)t * 24 * 264 + 256;
-                sc[0] = (uint8_t)(sc[0] + 24);
-                CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw + (size_t)t * 24 * 264, 1,
-                                                 bf + (size_t)t * K, NULL), 0);
-            }
+        rowset r;
+        rowset_new(&r, f, n, 200 + n, 1, wide ? widen : NULL);
         float *x0 = (float *)malloc(n * per * 4), *xc = (float *)malloc(n * per * 4),
               *xg = (float *)malloc(n * per * 4);
         uint64_t seed = n;
@@ -359,22 +407,11 @@ static void applies(fx *f)
             mask[i] = i % 5 != 3;
         memcpy(xc, x0, n * per * 4);
         engram_error err;
-        CHECK_EQ(engram_apply(f->a, bf, ENGRAM_BF16, xc, ENGRAM_F32, mask, n, &err), 0);
-        uint8_t *d_raw, *d_mask;
-        float *d_x;
-        CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
-        CU(cudaMalloc(&d_x, n * per * 4));
-        CU(cudaMalloc(&d_mask, n));
-        CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(d_mask, mask, n, cudaMemcpyHostToDevice));
-        engram_cuda_args a;
-        memset(&a, 0, sizeof a);
-        a.raw = d_raw;
-        a.resid = d_x;
-        a.resid_dtype = ENGRAM_F32;
+        CHECK_EQ(engram_apply(f->a, r.bf, ENGRAM_BF16, xc, ENGRAM_F32, mask, n, &err), 0);
+        float *d_x = (float *)dev_buf(n * per * 4, x0);
+        uint8_t *d_mask = (uint8_t *)dev_buf(n, mask);
+        engram_cuda_args a = args_of(r.d_raw, n, d_x);
         a.mask = d_mask;
-        a.n = n;
         /* the default path, then (n > 8) the gate on F32 kv: cuBLAS's sums
          * (FAST_SUMS) and the GEMV's (FMA_ONLY); the same tolerances */
         const unsigned fl[3] = {0, ENGRAM_CUDA_FAST_SUMS, ENGRAM_CUDA_FMA_ONLY};
@@ -429,14 +466,13 @@ static void applies(fx *f)
         CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
         CU(cudaMemcpy(xg, d_x, n * per * 4, cudaMemcpyDeviceToHost));
         /* BF16 residual: the same values as the F32 one */
-        uint16_t *xb = (uint16_t *)malloc(n * per * 2), *d_xb;
+        uint16_t *xb = (uint16_t *)malloc(n * per * 2);
         for (size_t i = 0; i < n * per; i++) {
             uint32_t b;
             memcpy(&b, &x0[i], 4);
             xb[i] = (uint16_t)(b >> 16);
         }
-        CU(cudaMalloc(&d_xb, n * per * 2));
-        CU(cudaMemcpy(d_xb, xb, n * per * 2, cudaMemcpyHostToDevice));
+        uint16_t *d_xb = (uint16_t *)dev_buf(n * per * 2, xb);
         a.resid = d_xb;
         a.resid_dtype = ENGRAM_BF16;
         CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
@@ -461,12 +497,10 @@ static void applies(fx *f)
             CHECK(memcmp(xg + 2 * per, x0 + 2 * per, per * 4) != 0);
             CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0); /* reported once */
         }
-        CU(cudaFree(d_raw));
+        rowset_free(&r);
         CU(cudaFree(d_x));
         CU(cudaFree(d_xb));
         CU(cudaFree(d_mask));
-        free(raw);
-        free(bf);
         free(x0);
         free(xc);
         free(xg);
@@ -480,20 +514,13 @@ static void applies(fx *f)
 static void unaligned_kv(fx *f)
 {
     const unsigned n = 40;
-    uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
-    rows_of(f, n, 400, raw, NULL);
+    rowset r;
+    rowset_new(&r, f, n, 400, 0, NULL);
     size_t nkv = (size_t)n * f->N;
-    uint8_t *d_raw;
-    float *d_a, *d_b, *ha = (float *)malloc(nkv * 4), *hb = (float *)malloc((nkv + 2) * 4);
-    CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
-    CU(cudaMalloc(&d_a, nkv * 4));
-    CU(cudaMalloc(&d_b, (nkv + 2) * 4));
-    CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
+    float *d_a = (float *)dev_buf(nkv * 4, NULL), *d_b = (float *)dev_buf((nkv + 2) * 4, NULL),
+          *ha = (float *)malloc(nkv * 4), *hb = (float *)malloc((nkv + 2) * 4);
     CU(cudaMemset(d_b, 0xff, (nkv + 2) * 4));
-    engram_cuda_args a;
-    memset(&a, 0, sizeof a);
-    a.raw = d_raw;
-    a.n = n;
+    engram_cuda_args a = args_of(r.d_raw, n, NULL);
     engram_error err;
     CHECK_EQ(engram_cuda_project(f->c, &a, d_a, &err), 0);
     CHECK_EQ(engram_cuda_project(f->c, &a, d_b + 1, &err), 0);
@@ -505,10 +532,9 @@ static void unaligned_kv(fx *f)
            same ? "same values" : "DIFFERENT", edges ? "yes" : "NO");
     CHECK(same);
     CHECK(edges);
-    CU(cudaFree(d_raw));
+    rowset_free(&r);
     CU(cudaFree(d_a));
     CU(cudaFree(d_b));
-    free(raw);
     free(ha);
     free(hb);
 }
@@ -522,23 +548,14 @@ static void unaligned_resid(fx *f)
 {
     const unsigned n = 40;
     size_t per = (size_t)f->S * f->W, nx = n * per;
-    uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
-    rows_of(f, n, 410, raw, NULL);
+    rowset r;
+    rowset_new(&r, f, n, 410, 0, NULL);
     float *x0 = (float *)malloc(nx * 4), *ha = (float *)malloc(nx * 4), *hb = (float *)malloc((nx + 2) * 4);
     uint64_t seed = 41;
     for (size_t i = 0; i < nx; i++)
         x0[i] = ((float)(tu_rand(&seed) & 0xffff) / 65536.0f - 0.5f) * 8.0f;
-    uint8_t *d_raw;
-    float *d_a, *d_b;
-    CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
-    CU(cudaMalloc(&d_a, nx * 4));
-    CU(cudaMalloc(&d_b, (nx + 2) * 4));
-    CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
-    engram_cuda_args a;
-    memset(&a, 0, sizeof a);
-    a.raw = d_raw;
-    a.n = n;
-    a.resid_dtype = ENGRAM_F32;
+    float *d_a = (float *)dev_buf(nx * 4, NULL), *d_b = (float *)dev_buf((nx + 2) * 4, NULL);
+    engram_cuda_args a = args_of(r.d_raw, n, d_a);
     engram_error err;
     for (int v = 0; v < 2; v++) {
         a.flags = v ? ENGRAM_CUDA_FAST_SUMS : 0;
@@ -561,10 +578,9 @@ static void unaligned_resid(fx *f)
         CHECK(changed);
         CHECK(edges);
     }
-    CU(cudaFree(d_raw));
+    rowset_free(&r);
     CU(cudaFree(d_a));
     CU(cudaFree(d_b));
-    free(raw);
     free(x0);
     free(ha);
     free(hb);
@@ -575,17 +591,12 @@ static void invariance_and_graph(fx *f)
 {
     const unsigned n = ENGRAM_CUDA_GEMV_MAX;
     size_t per = (size_t)f->S * f->W;
-    uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264);
-    rows_of(f, n, 300, raw, NULL);
-    uint8_t *d_raw;
-    float *d_kv, *kv64 = (float *)malloc(n * f->N * 4), *kv1 = (float *)malloc(f->N * 4);
-    CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
-    CU(cudaMalloc(&d_kv, n * f->N * 4));
-    CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
-    engram_cuda_args a;
-    memset(&a, 0, sizeof a);
-    a.raw = d_raw;
-    a.n = n;
+    rowset r;
+    rowset_new(&r, f, n, 300, 0, NULL);
+    uint8_t *d_raw = r.d_raw;
+    float *d_kv = (float *)dev_buf(n * f->N * 4, NULL), *kv64 = (float *)malloc(n * f->N * 4),
+          *kv1 = (float *)malloc(f->N * 4);
+    engram_cuda_args a = args_of(d_raw, n, NULL);
     engram_error err;
     CHECK_EQ(engram_cuda_project(f->c, &a, d_kv, &err), 0);
     CU(cudaMemcpy(kv64, d_kv, n * f->N * 4, cudaMemcpyDeviceToHost));
@@ -602,16 +613,12 @@ static void invariance_and_graph(fx *f)
     /* FMA_ONLY: n > 8 tokens in the decode path's bits */
     {
         const unsigned nf = 13;
-        uint8_t *rf = (uint8_t *)malloc((size_t)nf * 24 * 264), *d_rf;
-        float *kvf = (float *)malloc((size_t)nf * f->N * 4), *d_kvf;
-        rows_of(f, nf, 310, rf, NULL);
-        CU(cudaMalloc(&d_rf, (size_t)nf * 24 * 264));
-        CU(cudaMalloc(&d_kvf, (size_t)nf * f->N * 4));
-        CU(cudaMemcpy(d_rf, rf, (size_t)nf * 24 * 264, cudaMemcpyHostToDevice));
-        engram_cuda_args b;
-        memset(&b, 0, sizeof b);
-        b.raw = d_rf;
-        b.n = nf;
+        rowset rf;
+        rowset_new(&rf, f, nf, 310, 0, NULL);
+        uint8_t *d_rf = rf.d_raw;
+        float *kvf = (float *)malloc((size_t)nf * f->N * 4),
+              *d_kvf = (float *)dev_buf((size_t)nf * f->N * 4, NULL);
+        engram_cuda_args b = args_of(d_rf, nf, NULL);
         b.flags = ENGRAM_CUDA_FMA_ONLY;
         CHECK_EQ(engram_cuda_project(f->c, &b, d_kvf, &err), 0);
         CU(cudaMemcpy(kvf, d_kvf, (size_t)nf * f->N * 4, cudaMemcpyDeviceToHost));
@@ -632,9 +639,8 @@ static void invariance_and_graph(fx *f)
         b.flags = 0;
         b.raw = d_rf + 4; /* misaligned */
         CHECK_ERR(engram_cuda_project(f->c, &b, d_kvf, &err), err, -EINVAL, "multiples of 8");
-        CU(cudaFree(d_rf));
+        rowset_free(&rf);
         CU(cudaFree(d_kvf));
-        free(rf);
         free(kvf);
     }
     /* graph: 4 steps of 2 tokens each, step index on the device */
@@ -644,11 +650,8 @@ static void invariance_and_graph(fx *f)
     uint64_t seed = 5;
     for (size_t i = 0; i < steps * B * per; i++)
         x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
-    float *d_x;
-    int *d_step;
-    CU(cudaMalloc(&d_x, steps * B * per * 4));
-    CU(cudaMalloc(&d_step, sizeof(int)));
-    CU(cudaMemcpy(d_x, x0, steps * B * per * 4, cudaMemcpyHostToDevice));
+    float *d_x = (float *)dev_buf(steps * B * per * 4, x0);
+    int *d_step = (int *)dev_buf(sizeof(int), NULL);
     for (unsigned s = 0; s < steps; s++) { /* direct */
         a.raw = d_raw + (size_t)s * B * 24 * 264;
         a.resid = d_x + (size_t)s * B * per;
@@ -687,11 +690,10 @@ static void invariance_and_graph(fx *f)
     CU(cudaGraphExecDestroy(ge));
     CU(cudaGraphDestroy(g));
     CU(cudaStreamDestroy(st));
-    CU(cudaFree(d_raw));
+    rowset_free(&r);
     CU(cudaFree(d_kv));
     CU(cudaFree(d_x));
     CU(cudaFree(d_step));
-    free(raw);
     free(kv64);
     free(kv1);
     free(x0);
@@ -709,27 +711,21 @@ static void dependent_launch(fx *f)
 {
     const unsigned rounds = 48, Bs[3] = {1, 3, 8};
     size_t per = (size_t)f->S * f->W;
-    uint8_t *raw = (uint8_t *)malloc((size_t)rounds * 8 * 24 * 264), *d_raw;
-    rows_of(f, rounds * 8, 700, raw, NULL);
+    rowset rs;
+    rowset_new(&rs, f, rounds * 8, 700, 0, NULL);
     float *x0 = (float *)malloc(8 * per * 4), *xa = (float *)malloc(8 * per * 4),
-          *xb = (float *)malloc(8 * per * 4), *d_xa, *d_xb;
+          *xb = (float *)malloc(8 * per * 4);
     uint64_t seed = 9;
     for (size_t i = 0; i < 8 * per; i++)
         x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
-    CU(cudaMalloc(&d_raw, (size_t)rounds * 8 * 24 * 264));
-    CU(cudaMalloc(&d_xa, 8 * per * 4));
-    CU(cudaMalloc(&d_xb, 8 * per * 4));
-    CU(cudaMemcpy(d_raw, raw, (size_t)rounds * 8 * 24 * 264, cudaMemcpyHostToDevice));
+    float *d_xa = (float *)dev_buf(8 * per * 4, NULL), *d_xb = (float *)dev_buf(8 * per * 4, NULL);
     engram_error err;
     for (int q = 0; q < 3; q++) {
         CU(cudaMemcpy(d_xa, x0, 8 * per * 4, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(d_xb, x0, 8 * per * 4, cudaMemcpyHostToDevice));
-        engram_cuda_args a;
-        memset(&a, 0, sizeof a);
-        a.resid_dtype = ENGRAM_F32;
-        a.n = Bs[q];
+        engram_cuda_args a = args_of(rs.d_raw, Bs[q], d_xa);
         for (unsigned r = 0; r < rounds; r++) {
-            a.raw = d_raw + (size_t)r * 8 * 24 * 264;
+            a.raw = rs.d_raw + (size_t)r * 8 * 24 * 264;
             a.resid = d_xa;
             a.flags = 0;
             CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
@@ -746,10 +742,9 @@ static void dependent_launch(fx *f)
         printf("W=%u B=%u: %u applies with the gate a dependent launch %s those with it serial\n", f->W,
                Bs[q], rounds, same ? "equal" : "DIFFER FROM");
     }
-    CU(cudaFree(d_raw));
+    rowset_free(&rs);
     CU(cudaFree(d_xa));
     CU(cudaFree(d_xb));
-    free(raw);
     free(x0);
     free(xa);
     free(xb);
@@ -809,8 +804,8 @@ static void staging(engram_model *m, fx *f, int gpu)
     cudaStream_t st = NULL;
     if (gpu) {
         CU(cudaStreamCreate(&st));
-        CU(cudaMalloc(&d_raw, 256 * 24 * 264));
-        CU(cudaMalloc(&d_x, 256 * per * 4));
+        d_raw = (uint8_t *)dev_buf(256 * 24 * 264, NULL);
+        d_x = (float *)dev_buf(256 * per * 4, NULL);
         x0 = (float *)malloc(256 * per * 4);
         x1 = (float *)malloc(256 * per * 4);
         x2 = (float *)malloc(256 * per * 4);
@@ -841,12 +836,7 @@ static void staging(engram_model *m, fx *f, int gpu)
                     cudaGetLastError();
                 chunks++;
                 if (gpu && t == 1) { /* table 1 is the layer's: ring -> GPU asynchronously */
-                    engram_cuda_args a;
-                    memset(&a, 0, sizeof a);
-                    a.raw = d_raw;
-                    a.resid = d_x;
-                    a.resid_dtype = ENGRAM_F32;
-                    a.n = (unsigned)k;
+                    engram_cuda_args a = args_of(d_raw, (unsigned)k, d_x);
                     a.stream = st;
                     CU(cudaMemcpyAsync(d_raw, r, k * 24 * 264, cudaMemcpyHostToDevice, st));
                     CU(cudaMemcpyAsync(d_x, x0, k * per * 4, cudaMemcpyHostToDevice, st));
@@ -914,8 +904,7 @@ static void arguments(const engram_layer *L)
     CHECK_EQ(fail.calloc_next, 0); /* the failure was taken */
     arm();
     CHECK(c == (engram_cuda_layer *)0x1);
-    engram_cuda_args a;
-    memset(&a, 0, sizeof a);
+    engram_cuda_args a = args_of(NULL, 0, NULL);
     float kv[4];
     CHECK_ERR(engram_cuda_apply(NULL, &a, &err), err, -EINVAL, "NULL argument");
     CHECK_ERR(engram_cuda_project(NULL, &a, kv, &err), err, -EINVAL, "NULL argument");
@@ -967,20 +956,12 @@ static void faults(fx *f)
 
     const unsigned n = 9; /* past the GEMV: the GEMM path */
     size_t per = (size_t)f->S * f->W;
-    uint8_t *raw = (uint8_t *)malloc((size_t)n * 24 * 264), *d_raw;
-    rows_of(f, n, 900, raw, NULL);
-    float *d_x, *d_kv;
-    CU(cudaMalloc(&d_raw, (size_t)n * 24 * 264));
-    CU(cudaMalloc(&d_x, n * per * 4));
-    CU(cudaMalloc(&d_kv, (size_t)n * f->N * 4));
-    CU(cudaMemcpy(d_raw, raw, (size_t)n * 24 * 264, cudaMemcpyHostToDevice));
+    rowset r;
+    rowset_new(&r, f, n, 900, 0, NULL);
+    float *d_x = (float *)dev_buf(n * per * 4, NULL),
+          *d_kv = (float *)dev_buf((size_t)n * f->N * 4, NULL);
     CU(cudaMemset(d_x, 0, n * per * 4));
-    engram_cuda_args a;
-    memset(&a, 0, sizeof a);
-    a.raw = d_raw;
-    a.resid = d_x;
-    a.resid_dtype = ENGRAM_F32;
-    a.n = n;
+    engram_cuda_args a = args_of(r.d_raw, n, d_x);
     /* the argument checks, each alone on otherwise good arguments */
     {
         engram_cuda_args b = a;
@@ -1018,10 +999,9 @@ static void faults(fx *f)
     CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
     printf("W=%u host upload buffer, cublasCreate, cublasSetMathMode, cublasGemmEx refused: named, "
            "nothing returned\n", f->W);
-    CU(cudaFree(d_raw));
+    rowset_free(&r);
     CU(cudaFree(d_x));
     CU(cudaFree(d_kv));
-    free(raw);
 }
 
 int main(void)

@@ -1,7 +1,7 @@
 /*
  * ws_gemm.cuh - the projection of n > 8 tokens on the tensor cores with F32
- * promotion, warp-specialized (included by engram_cuda.cu and
- * gemm_variants.cu; wgmma, TMA and setmaxnreg: sm_90a machine code).
+ * promotion, warp-specialized (included by engram_cuda.cu, gemv.cuh and
+ * gemm_variants.cu, after K; wgmma, TMA and setmaxnreg: sm_90a machine code).
  *
  * kv[t][o] = sum_i e16[t][i] * w[o][i] for t < n, o < N, i < K = 6144, both
  * operands F16 with K contiguous.  A CTA owns 128 tokens x WS_BN outputs and
@@ -31,6 +31,9 @@
  * to nearest, as the gate rounds them.  Consecutive CTAs share a tile of
  * weights (read once from memory, then from L2).
  */
+#ifndef ENGRAM_CUDA_WS_GEMM_CUH
+#define ENGRAM_CUDA_WS_GEMM_CUH
+
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -394,3 +397,5 @@ static int ws_probe(int *d)
     cudaGetLastError();
     return ok;
 }
+
+#endif

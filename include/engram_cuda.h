@@ -4,44 +4,28 @@
  * links without a GPU or a driver: engram_cuda_available() says why it
  * cannot run.  Conventions as in engram.h (0 or a negative errno, an
  * engram_error naming what failed); CUDA errors map to -EIO with the CUDA
- * error's name and text in the message.
+ * error's name and text in the message.  This header needs no CUDA header
+ * (a stream is a void *).  How it is done, and what it measured on an
+ * H200: cuda/README.md in the source tree.
  *
  * Rows arrive raw (264 bytes each, as the pool delivers them with
- * ENGRAM_RAW, already checked to decode) and are decoded on the GPU inside
- * the projection's loads (E4M3 x 2^E8M0, rounded to BF16 as SPEC.md section
- * 7 says).  Two projection paths, by the number of tokens of a call:
- *  - n <= ENGRAM_CUDA_GEMV_MAX (decode): a memory-bound GEMV over the F16
- *    weights on the CUDA cores; every product exact in F32, each output's
- *    sum split over the 32 lanes of a warp in a fixed way, F32 FMAs rounded
- *    to nearest, added by a fixed shuffle tree: the same bits for a token
- *    whatever n <= 8 (not the CPU's bits: another order; the same accuracy).
- *  - larger n (batched decode, prefill): each token's rows times 2^-k (k
- *    from its largest block scale) are exact in F16 when its block scales
- *    span at most 21 binades (trained tables: a few); a GEMM of our own on
- *    the tensor cores (wgmma, sm_90a; warp-specialized, operands streamed
- *    by the tensor memory accelerator) then has exact products and adds
- *    each 256 products' tensor-core sum into F32 sums with ordinary F32
- *    adds (the promotion DeepGEMM does for FP8), and 2^k is put back
- *    exactly.  For the apply it writes kv as the gate takes it: BF16 of
- *    kv x 2^k, rounded once as SPEC.md section 8 says.
- *    A token whose scales span more is projected by the GEMV's arithmetic
- *    instead (slower, one at a time).  Accuracy as the GEMV's (measured on
- *    an H200: 0.02% of projections round to another BF16 value than the
- *    exact sum's).  ENGRAM_CUDA_FAST_SUMS takes one cuBLAS F16 GEMM
- *    instead, whose sums are the tensor cores' own: faster, less accurate
- *    (0.3-0.46% of projections round otherwise; end to end at W = 5120,
- *    99.75% of outputs within one BF16 step of a float64 reference against
- *    the 99.9% the CPU path meets).  On a GPU other than compute capability
- *    9.0 the cuBLAS GEMM is taken.  ENGRAM_CUDA_FMA_ONLY takes the GEMV for
- *    every n (F32 FMAs only).
- * Then the gate and update, fused: for n <= 8 one token per cluster of 8
- * blocks (reductions through distributed shared memory; on compute
- * capability 9.0+ a programmatic dependent launch of the GEMV, whose blocks
- * load the residual while the GEMV finishes), else one token per block
- * (16-byte loads where W is a multiple of 8 and the residual 16-byte
- * aligned; at W <= 5120 with S <= 4 each thread keeps its x and v in
- * registers); masked tokens not touched; the same arithmetic as engram.h's,
- * with the device's expf/sqrtf.
+ * ENGRAM_RAW, already checked to decode) and are decoded on the GPU (E4M3 x
+ * 2^E8M0, rounded to BF16 as SPEC.md section 7 says).  The projection, by
+ * the number n of tokens of a call:
+ *  - n <= ENGRAM_CUDA_GEMV_MAX (decode): F32 FMAs, every product exact,
+ *    each sum in a fixed order: the same bits for a token whatever n <= 8
+ *    (not the CPU's bits: another order; the same accuracy).
+ *  - larger n (batched decode, prefill), on compute capability 9.0: exact
+ *    products on the tensor cores, their sums promoted to F32 every 256
+ *    products: the GEMV's accuracy.  A token whose block scales span more
+ *    than 21 binades (trained tables: a few) takes the GEMV's arithmetic
+ *    instead (slower).  On other GPUs, and with ENGRAM_CUDA_FAST_SUMS,
+ *    cuBLAS's F16 GEMM: faster, less accurate (short of the CPU path's
+ *    tolerance).  ENGRAM_CUDA_FMA_ONLY takes the GEMV's arithmetic for
+ *    every n.
+ * Then the gate and update, fused, with engram.h's arithmetic (the device's
+ * expf/sqrtf): a token is written whole or not at all, masked tokens are
+ * not touched.
  * Memory on the device per layer: F16 weights (N x 6144 x 2 bytes, 315 MB
  * at W = 5120), q*k norms, and a workspace for ENGRAM_CUDA_BLOCK tokens (kv
  * F32, or BF16 in its first half, and rows F16: 235 MB).
@@ -83,16 +67,14 @@ extern "C" {
 int engram_cuda_available(engram_error *err);
 
 /*
- * Staging: rows go from the SSD into the pool's reader buffers (O_DIRECT:
- * written by the device), are checked there and moved, 264 bytes each, to
- * where the caller takes them (a step's out buffer, a prefill's ring), and
- * from there to the GPU.  These hooks (engram_pool_opts.reader.host) page-
- * lock every such buffer the library allocates, with cudaHostRegister on
- * the current device, so reads land in page-locked memory and copies to
- * the GPU on the caller's stream are asynchronous DMA.  Buffers the caller
- * owns (step outputs, prefill_opts.ring_mem: allocated and registered once,
- * reused for every prompt) are registered by the caller.  A registration
- * the driver refuses (no GPU) leaves the buffer pageable; nothing fails.
+ * Staging: fills engram_pool_opts.reader.host so that every buffer the
+ * library allocates for rows (the reader's buffers, the rings of prefills)
+ * is page-locked with cudaHostRegister on the current device: reads land
+ * in page-locked memory, and copies from it to the GPU on the caller's
+ * stream are asynchronous DMA.  Buffers the caller owns (step outputs,
+ * prefill_opts.ring_mem: allocated and registered once, reused for every
+ * prompt) are registered by the caller.  A registration the driver refuses
+ * (no GPU) leaves the buffer pageable; nothing fails.
  */
 void engram_cuda_host_hooks(engram_host_hooks *h);
 

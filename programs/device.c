@@ -18,9 +18,7 @@
 
 #include "cli.h"
 #include "device_plugin.h"
-
-#define ENGRAM_CUDA_FMA_ONLY_FLAG 1u  /* engram_cuda.h's ENGRAM_CUDA_FMA_ONLY */
-#define ENGRAM_CUDA_FAST_SUMS_FLAG 2u /* engram_cuda.h's ENGRAM_CUDA_FAST_SUMS */
+#include "engram_cuda.h" /* the flags only: no CUDA header, nothing linked */
 
 struct dev {
     engram_applier *a;               /* CPU */
@@ -114,8 +112,8 @@ int dev_open(const char *name, const engram_layer *L, unsigned threads, size_t m
     } else if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fma") || !strcmp(name, "cuda-fast")) {
         d->plugin = load_plugin(err);
         rc = !d->plugin ? -ENODEV
-                        : d->plugin->open(L, max_tokens, !strcmp(name, "cuda-fma")    ? ENGRAM_CUDA_FMA_ONLY_FLAG
-                                          : !strcmp(name, "cuda-fast") ? ENGRAM_CUDA_FAST_SUMS_FLAG
+                        : d->plugin->open(L, max_tokens, !strcmp(name, "cuda-fma")    ? ENGRAM_CUDA_FMA_ONLY
+                                          : !strcmp(name, "cuda-fast") ? ENGRAM_CUDA_FAST_SUMS
                                                                        : 0,
                                           &d->h, err);
     } else {
