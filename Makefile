@@ -148,7 +148,7 @@ $(BUILD)/gen/bundled_tokens.c: data/gpl3.tok
 	  echo 'const size_t engram_bundled_tokens_n = sizeof engram_bundled_tokens / sizeof engram_bundled_tokens[0];'; \
 	} > $@
 
-$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(BUILD)/gen/bundled_tokens.c $(LIBS)
+$(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(wildcard include/*.h) $(BUILD)/gen/bundled_tokens.c $(LIBS)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(BUILD)/gen/bundled_tokens.c \
 	    $(LIBS) $(LDLIBS_ALL) -ldl
 
