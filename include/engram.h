@@ -9,6 +9,9 @@
  * uncached table reader), which depends on liburing and libpthread only.
  * The tools that make or convert models (token map, layout generator,
  * quantizer, model builder) are in libengram-tools, engram_tools.h.
+ * include/README.md is the guide (lifecycles, threads, memory, a whole
+ * example); this header is the contract, each function's at its
+ * declaration, which is why it is one long file rather than several.
  *
  * Which API is yours:
  *  - An inference engine serving sequences (one or many, decode and
