@@ -457,8 +457,9 @@ static int parse_bench_opts(int argc, char **argv, struct bench *b, struct bench
             for (char *t = strtok_r(copy, ",", &save); t && b->n_depths < MAX_DEPTHS; t = strtok_r(NULL, ",", &save)) {
                 uint64_t d;
                 if (parse_u64(t, ENGRAM_READER_MAX_DEPTH, &d) < 0 || d == 0) {
+                    int st = fail_usage("bench io: bad depth '%s'", t); /* t lies in copy */
                     free(copy);
-                    return fail_usage("bench io: bad depth '%s'", t);
+                    return st;
                 }
                 b->depths[b->n_depths++] = (unsigned)d;
             }
