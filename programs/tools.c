@@ -320,6 +320,68 @@ static int read_map_file(const char *path, uint32_t **map, uint64_t *vocab, uint
     return 0;
 }
 
+/* The token map into l (vocab, V', map, pad id): from a tokenizer.json, a
+ * map file, or synthetic (t mod cvocab over vocab ids); *map: the map, for
+ * the caller to free; *from: where it came from.  0 or an exit code. */
+static int build_token_map(const char *tokenizer, const char *mapfile, uint64_t vocab, uint64_t cvocab,
+                           engram_layout *l, uint32_t **map, const char **from)
+{
+    *from = "synthetic (t mod V')";
+    if (tokenizer) {
+        engram_tokmap tm;
+        engram_error err = {0};
+        int rc = engram_tokmap_from_json(tokenizer, &tm, &err);
+        if (rc < 0)
+            return fail_lib(rc, &err, "build: tokenizer");
+        *map = tm.map;
+        tm.map = NULL;
+        vocab = tm.vocab;
+        cvocab = tm.compressed_vocab;
+        engram_tokmap_free(&tm);
+        *from = tokenizer;
+    } else if (mapfile) {
+        int rc = read_map_file(mapfile, map, &vocab, &cvocab);
+        if (rc)
+            return rc;
+        *from = mapfile;
+    } else {
+        *map = malloc(vocab * sizeof **map);
+        if (!*map)
+            return EXIT_SYSTEM;
+        for (uint64_t t = 0; t < vocab; t++)
+            (*map)[t] = (uint32_t)(t % cvocab);
+    }
+    l->vocab = (uint32_t)vocab;
+    l->compressed_vocab = (uint32_t)cvocab;
+    l->token_map = *map;
+    l->pad_id = (*map)[2 % vocab]; /* raw pad token 2 */
+    return 0;
+}
+
+/* l's multipliers (for its V', layers 1 and 14), primes (from base) and
+ * the rows per table they give.  0 or an exit code. */
+static int build_tables(engram_layout *l, uint64_t base)
+{
+    for (int t = 0; t < ENGRAM_TABLES; t++)
+        engram_layout_multipliers(l->compressed_vocab, t ? 14 : 1, ENGRAM_NGRAM, l->multipliers[t]);
+    uint32_t primes[ENGRAM_TABLES * ENGRAM_COLUMNS];
+    int rc = engram_layout_primes((uint32_t)base, ENGRAM_TABLES, ENGRAM_NGRAM, ENGRAM_HEADS, primes,
+                                  ENGRAM_TABLES * ENGRAM_COLUMNS);
+    if (rc < 0)
+        return fail_lib(rc, NULL, "build: primes");
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        uint64_t sum = 0;
+        for (int c = 0; c < ENGRAM_COLUMNS; c++) {
+            l->primes[t][c] = primes[t * ENGRAM_COLUMNS + c];
+            sum += l->primes[t][c];
+        }
+        if (sum > UINT32_MAX)
+            return fail_usage("build: --base too large: a table would exceed 2^32 rows");
+        l->rows[t] = (uint32_t)sum;
+    }
+    return 0;
+}
+
 int cmd_build(int argc, char **argv)
 {
     if (has_help(argc, argv)) {
@@ -384,55 +446,14 @@ int cmd_build(int argc, char **argv)
     memset(&o, 0, sizeof o);
     engram_layout *l = &o.layout;
     uint32_t *map = NULL;
-    const char *map_from = "synthetic (t mod V')";
-    if (tokenizer) {
-        engram_tokmap tm;
-        engram_error err = {0};
-        int rc = engram_tokmap_from_json(tokenizer, &tm, &err);
-        if (rc < 0)
-            return fail_lib(rc, &err, "build: tokenizer");
-        map = tm.map;
-        tm.map = NULL;
-        vocab = tm.vocab;
-        cvocab = tm.compressed_vocab;
-        engram_tokmap_free(&tm);
-        map_from = tokenizer;
-    } else if (mapfile) {
-        int rc = read_map_file(mapfile, &map, &vocab, &cvocab);
-        if (rc)
-            return rc;
-        map_from = mapfile;
-    } else {
-        map = malloc(vocab * sizeof *map);
-        if (!map)
-            return EXIT_SYSTEM;
-        for (uint64_t t = 0; t < vocab; t++)
-            map[t] = (uint32_t)(t % cvocab);
-    }
-    l->vocab = (uint32_t)vocab;
-    l->compressed_vocab = (uint32_t)cvocab;
-    l->token_map = map;
-    l->pad_id = map[2 % vocab]; /* raw pad token 2 */
-    for (int t = 0; t < ENGRAM_TABLES; t++)
-        engram_layout_multipliers(l->compressed_vocab, t ? 14 : 1, ENGRAM_NGRAM, l->multipliers[t]);
-    uint32_t primes[ENGRAM_TABLES * ENGRAM_COLUMNS];
-    int rc = engram_layout_primes((uint32_t)base, ENGRAM_TABLES, ENGRAM_NGRAM, ENGRAM_HEADS, primes,
-                                  ENGRAM_TABLES * ENGRAM_COLUMNS);
-    if (rc < 0) {
+    const char *map_from = NULL;
+    int rc = build_token_map(tokenizer, mapfile, vocab, cvocab, l, &map, &map_from);
+    if (rc)
+        return rc;
+    rc = build_tables(l, base);
+    if (rc) {
         free(map);
-        return fail_lib(rc, NULL, "build: primes");
-    }
-    for (int t = 0; t < ENGRAM_TABLES; t++) {
-        uint64_t sum = 0;
-        for (int c = 0; c < ENGRAM_COLUMNS; c++) {
-            l->primes[t][c] = primes[t * ENGRAM_COLUMNS + c];
-            sum += l->primes[t][c];
-        }
-        if (sum > UINT32_MAX) {
-            free(map);
-            return fail_usage("build: --base too large: a table would exceed 2^32 rows");
-        }
-        l->rows[t] = (uint32_t)sum;
+        return rc;
     }
     o.width = (uint32_t)width;
     o.fill = fill;
