@@ -591,6 +591,10 @@ static const char *main_help =
     "  version, --version                  print the library's version\n"
     "exit codes: 0 ok, 1 invalid data (model, row, token), 2 usage, 3 system error\n";
 
+static const char *version_help =
+    "usage: engram version   (or engram --version)\n"
+    "Prints \"engram VERSION\": the library's engram_version().\n";
+
 int main(int argc, char **argv)
 {
     /* past RLIMIT_FSIZE a write fails with EFBIG, which every command
@@ -605,7 +609,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-        printf("engram %s\n", engram_version());
+        if (has_help(argc - 1, argv + 1))
+            fputs(version_help, stdout);
+        else
+            printf("engram %s\n", engram_version());
         return 0;
     }
     static const struct {
