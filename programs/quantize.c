@@ -104,9 +104,14 @@ static size_t npy_header(uint8_t *h, uint64_t rows, int bf16)
 
 /* ---------------------------------------------------------------- quantize */
 
-static const char *quantize_help =
+/* One text for both commands, each opening with its own usage line. */
+static const char *quantize_usage =
     "usage: engram quantize IN OUT.rows [--bf16]\n"
-    "       engram dequantize IN.rows OUT [--bf16]\n"
+    "       engram dequantize IN.rows OUT [--bf16]\n";
+static const char *dequantize_usage =
+    "usage: engram dequantize IN.rows OUT [--bf16]\n"
+    "       engram quantize IN OUT.rows [--bf16]\n";
+static const char *quantize_help =
     "quantize: float rows (256 values each) into e4m3_e8m0_32_row264 rows (264 bytes\n"
     "each, SPEC.md section 7): per block of 32 the smallest E8M0 scale that brings\n"
     "max |x| to <= 448, values rounded to nearest-even E4M3.  IN is raw little-endian\n"
@@ -174,6 +179,7 @@ static void q_errors(struct qstats *s, const float *x, const float *y, size_t n)
 int cmd_quantize(int argc, char **argv)
 {
     if (has_help(argc, argv)) {
+        fputs(quantize_usage, stdout);
         fputs(quantize_help, stdout);
         return 0;
     }
@@ -260,6 +266,7 @@ int cmd_quantize(int argc, char **argv)
 int cmd_dequantize(int argc, char **argv)
 {
     if (has_help(argc, argv)) {
+        fputs(dequantize_usage, stdout);
         fputs(quantize_help, stdout);
         return 0;
     }
