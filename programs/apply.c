@@ -66,38 +66,53 @@ static void seeded_resid(uint64_t seed, uint64_t first, size_t count, float *out
     }
 }
 
-struct run {
+
+/* The command line. */
+struct apply_opts {
+    const char *path, *tok_path, *mask_path, *hist, *in, *outp, *kv_path, *device;
+    uint64_t layer, threads;
+};
+
+/* One apply's state, from its inputs to its outputs. */
+struct apply {
     engram_model *m;
     engram_reader *rd;
     engram_layer *L;
+    engram_layer_info li;
     struct dev *d;
+    int t;                 /* the layer's table: 0 (layer 1) or 1 (layer 14)   */
     uint32_t *tokens, *rows48;
+    size_t n;              /* tokens                                          */
     uint8_t *mask;
+    size_t per, nkv;       /* per token: S x W residual, (S+1) x W projection  */
+    int rdt;               /* rows as the device wants them: BF16 or raw      */
+    size_t tokb;           /* bytes of one token's 24 rows in that form       */
     void *rows;
     float *x, *kv;
     int in_fd;
     int seeded;
     uint64_t seed;
+    struct fout out, kvo;
+    int out_open, kv_open;
+    /* for the summary */
+    double t_read, t_apply;
+    uint64_t masked, fnv;
 };
 
-int cmd_apply(int argc, char **argv)
+/* The options and the starting history: 0, or the exit code of a usage
+ * error (printed). */
+static int parse_apply_opts(int argc, char **argv, struct apply_opts *o, engram_history *h)
 {
-    if (has_help(argc, argv)) {
-        fputs(apply_help, stdout);
-        return 0;
-    }
-    const char *path = NULL, *tok_path = NULL, *mask_path = NULL, *hist = NULL, *in = NULL,
-               *outp = NULL, *kv_path = NULL, *device = "cpu";
-    uint64_t layer = 0, threads = 1;
+    *o = (struct apply_opts){.device = "cpu", .threads = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char **dst = !strcmp(a, "--tokens") ? &tok_path
-                         : !strcmp(a, "--mask") ? &mask_path
-                         : !strcmp(a, "--history") ? &hist
-                         : !strcmp(a, "--residual-in") ? &in
-                         : !strcmp(a, "--residual-out") ? &outp
-                         : !strcmp(a, "--kv-out") ? &kv_path
-                         : !strcmp(a, "--device") ? &device
+        const char **dst = !strcmp(a, "--tokens") ? &o->tok_path
+                         : !strcmp(a, "--mask") ? &o->mask_path
+                         : !strcmp(a, "--history") ? &o->hist
+                         : !strcmp(a, "--residual-in") ? &o->in
+                         : !strcmp(a, "--residual-out") ? &o->outp
+                         : !strcmp(a, "--kv-out") ? &o->kv_path
+                         : !strcmp(a, "--device") ? &o->device
                          : NULL;
         if (dst || !strcmp(a, "--layer") || !strcmp(a, "--threads")) {
             if (i + 1 >= argc)
@@ -105,186 +120,275 @@ int cmd_apply(int argc, char **argv)
             const char *v = argv[++i];
             if (dst)
                 *dst = v;
-            else if (!strcmp(a, "--layer") && (parse_u64(v, 14, &layer) < 0 || (layer != 1 && layer != 14)))
+            else if (!strcmp(a, "--layer") &&
+                     (parse_u64(v, 14, &o->layer) < 0 || (o->layer != 1 && o->layer != 14)))
                 return fail_usage("apply: --layer takes 1 or 14");
             else if (!strcmp(a, "--threads") &&
-                     (parse_u64(v, ENGRAM_APPLY_MAX_THREADS, &threads) < 0 || threads == 0))
+                     (parse_u64(v, ENGRAM_APPLY_MAX_THREADS, &o->threads) < 0 || o->threads == 0))
                 return fail_usage("apply: --threads takes 1..%u", ENGRAM_APPLY_MAX_THREADS);
         } else if (a[0] == '-') {
             return fail_usage("apply: unknown option '%s'", a);
-        } else if (!path) {
-            path = a;
+        } else if (!o->path) {
+            o->path = a;
         } else {
             return fail_usage("apply: more than one MODEL");
         }
     }
-    if (!path || !layer || !tok_path || !in || !outp)
+    if (!o->path || !o->layer || !o->tok_path || !o->in || !o->outp)
         return fail_usage("apply: MODEL, --layer, --tokens, --residual-in and --residual-out are required");
-    if (!dev_name_ok(device))
-        return fail_usage("apply: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", device);
-    engram_history h;
-    engram_history_reset(&h);
-    if (hist && parse_history(hist, &h) < 0)
+    if (!dev_name_ok(o->device))
+        return fail_usage("apply: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", o->device);
+    engram_history_reset(h);
+    if (o->hist && parse_history(o->hist, h) < 0)
         return fail_usage("apply: --history takes 3 comma-separated ids (newest first, -1 = dead)");
-    int t = layer == 1 ? 0 : 1;
+    return 0;
+}
 
-    struct run r = {0};
-    r.in_fd = -1;
+/* The tokens and, with --mask, one 0/1 per token.  0 or an exit code. */
+static int read_tokens(struct apply *r, const struct apply_opts *o)
+{
     uint32_t *maskv = NULL;
-    size_t n = 0, nm = 0;
-    int st = read_numbers(tok_path, UINT32_MAX, &r.tokens, &n, "token");
-    if (!st && mask_path) {
-        st = read_numbers(mask_path, 1, &maskv, &nm, "mask");
-        if (!st && nm != n) {
+    size_t nm = 0;
+    int st = read_numbers(o->tok_path, UINT32_MAX, &r->tokens, &r->n, "token");
+    if (!st && o->mask_path) {
+        st = read_numbers(o->mask_path, 1, &maskv, &nm, "mask");
+        if (!st && nm != r->n) {
             fprintf(stderr, "%s: apply: mask file '%s' has %zu entries for %zu tokens\n", prog,
-                    mask_path, nm, n);
+                    o->mask_path, nm, r->n);
             st = EXIT_DATA;
         }
-        if (!st && !(r.mask = malloc(n ? n : 1)))
+        if (!st && !(r->mask = malloc(r->n ? r->n : 1)))
             st = EXIT_SYSTEM;
-        for (size_t i = 0; !st && i < n; i++)
-            r.mask[i] = (uint8_t)maskv[i];
+        for (size_t i = 0; !st && i < r->n; i++)
+            r->mask[i] = (uint8_t)maskv[i];
     }
     free(maskv);
-    engram_error err = {0};
+    return st;
+}
+
+/* The model and the layer's weights.  0 or an exit code. */
+static int open_layer(struct apply *r, const char *path, engram_error *err)
+{
+    int st = open_model(path, &r->m);
+    if (st)
+        return st;
+    int rc = engram_layer_open(r->m, r->t, &r->L, err);
+    if (rc < 0)
+        return rc == -ENOENT ? (fprintf(stderr, "%s: apply: %s\n", prog, err->msg), EXIT_DATA)
+                             : fail_lib(rc, err, "apply: loading the layer");
+    engram_layer_get_info(r->L, &r->li);
+    return 0;
+}
+
+/* The residual input: a file of exactly n x S x W floats, or seed:N.  0
+ * or an exit code. */
+static int open_residual(struct apply *r, const char *in)
+{
+    if (!strncmp(in, "seed:", 5)) {
+        r->seeded = 1;
+        if (parse_u64(in + 5, UINT64_MAX, &r->seed) < 0)
+            return fail_usage("apply: --residual-in seed:N takes a decimal N");
+        return 0;
+    }
+    r->in_fd = open(in, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (r->in_fd < 0 || fstat(r->in_fd, &sb) < 0) {
+        fprintf(stderr, "%s: apply: cannot read '%s': %s\n", prog, in, strerror(errno));
+        return EXIT_SYSTEM;
+    }
+    if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != (uint64_t)r->n * r->per * 4) {
+        fprintf(stderr,
+                "%s: apply: residual '%s' has %lld bytes; %zu tokens x %u streams x %u x 4 bytes "
+                "= %llu expected\n", prog, in, (long long)sb.st_size, r->n, r->li.streams, r->li.width,
+                (unsigned long long)((uint64_t)r->n * r->per * 4));
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+/* The device that applies the layer, the reader of its rows and the
+ * buffers of one chunk.  0 or an exit code. */
+static int open_device(struct apply *r, const struct apply_opts *o, engram_error *err)
+{
+    int rc = dev_open(o->device, r->L, (unsigned)o->threads, APPLY_CHUNK, &r->d, err);
+    if (rc < 0)
+        return rc == -EINVAL ? fail_usage("apply: %s", err->msg) : fail_lib(rc, err, "apply");
+    r->rdt = dev_rows_dtype(r->d);
+    size_t rowb = r->rdt == ENGRAM_RAW ? ENGRAM_ROW_BYTES : ENGRAM_ROW_VALUES * 2;
+    r->tokb = (size_t)ENGRAM_COLUMNS * rowb;
+    if ((rc = engram_reader_open(r->m, NULL, &r->rd, err)) < 0)
+        return fail_lib(rc, err, "apply: opening the reader");
+    r->rows48 = malloc((size_t)READ_CHUNK * ENGRAM_ROWS_PER_TOKEN * sizeof *r->rows48);
+    r->rows = malloc((size_t)READ_CHUNK * r->tokb);
+    r->x = malloc((size_t)APPLY_CHUNK * r->per * 4);
+    r->kv = o->kv_path ? malloc((size_t)APPLY_CHUNK * r->nkv * 4) : NULL;
+    if (!r->rows48 || !r->rows || !r->x || (o->kv_path && !r->kv))
+        return EXIT_SYSTEM;
+    return 0;
+}
+
+/* OUT and, with --kv-out, its file, each under a temporary name.  0 or an
+ * exit code. */
+static int open_outputs(struct apply *r, const struct apply_opts *o)
+{
+    int st = fout_open(&r->out, o->outp);
+    if (st)
+        return st;
+    r->out_open = 1;
+    if (o->kv_path) {
+        if ((st = fout_open(&r->kvo, o->kv_path)) != 0)
+            return st;
+        r->kv_open = 1;
+    }
+    return 0;
+}
+
+/* c tokens from stream position pos, whose rows are the read chunk's from
+ * token j: their residual read (or seeded), the layer applied, the results
+ * counted into the checksum and written.  0 or an exit code. */
+static int apply_chunk(struct apply *r, const struct apply_opts *o, size_t pos, size_t j, size_t c,
+                       engram_error *err)
+{
+    uint64_t first = (uint64_t)pos * r->per;
     int rc;
-    if (!st)
-        st = open_model(path, &r.m);
-    if (!st && (rc = engram_layer_open(r.m, t, &r.L, &err)) < 0)
-        st = rc == -ENOENT ? (fprintf(stderr, "%s: apply: %s\n", prog, err.msg), EXIT_DATA)
-                           : fail_lib(rc, &err, "apply: loading the layer");
-    engram_layer_info li = {0};
-    if (!st)
-        engram_layer_get_info(r.L, &li);
-    const size_t per = (size_t)li.streams * li.width, nkv = (size_t)(li.streams + 1) * li.width;
-
-    /* the residual input: a file of exactly n x S x W floats, or seed:N */
-    if (!st && !strncmp(in, "seed:", 5)) {
-        r.seeded = 1;
-        if (parse_u64(in + 5, UINT64_MAX, &r.seed) < 0)
-            st = fail_usage("apply: --residual-in seed:N takes a decimal N");
-    } else if (!st) {
-        r.in_fd = open(in, O_RDONLY | O_CLOEXEC);
-        struct stat sb;
-        if (r.in_fd < 0 || fstat(r.in_fd, &sb) < 0) {
-            fprintf(stderr, "%s: apply: cannot read '%s': %s\n", prog, in, strerror(errno));
-            st = EXIT_SYSTEM;
-        } else if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != (uint64_t)n * per * 4) {
-            fprintf(stderr,
-                    "%s: apply: residual '%s' has %lld bytes; %zu tokens x %u streams x %u x 4 bytes "
-                    "= %llu expected\n", prog, in, (long long)sb.st_size, n, li.streams, li.width,
-                    (unsigned long long)((uint64_t)n * per * 4));
-            st = EXIT_DATA;
-        }
+    if (r->seeded) {
+        seeded_resid(r->seed, first, c * r->per, r->x);
+    } else if ((rc = pread_all(r->in_fd, r->x, c * r->per * 4, first * 4)) < 0) {
+        fprintf(stderr, "%s: apply: reading '%s': %s\n", prog, o->in, strerror(-rc));
+        return EXIT_SYSTEM;
     }
-    if (!st && (rc = dev_open(device, r.L, (unsigned)threads, APPLY_CHUNK, &r.d, &err)) < 0)
-        st = rc == -EINVAL ? fail_usage("apply: %s", err.msg) : fail_lib(rc, &err, "apply");
-    int rdt = r.d ? dev_rows_dtype(r.d) : ENGRAM_BF16;
-    size_t rowb = rdt == ENGRAM_RAW ? ENGRAM_ROW_BYTES : ENGRAM_ROW_VALUES * 2;
-    size_t tokb = (size_t)ENGRAM_COLUMNS * rowb;
-    if (!st && (rc = engram_reader_open(r.m, NULL, &r.rd, &err)) < 0)
-        st = fail_lib(rc, &err, "apply: opening the reader");
-    if (!st) {
-        r.rows48 = malloc((size_t)READ_CHUNK * ENGRAM_ROWS_PER_TOKEN * sizeof *r.rows48);
-        r.rows = malloc((size_t)READ_CHUNK * tokb);
-        r.x = malloc((size_t)APPLY_CHUNK * per * 4);
-        r.kv = kv_path ? malloc((size_t)APPLY_CHUNK * nkv * 4) : NULL;
-        if (!r.rows48 || !r.rows || !r.x || (kv_path && !r.kv))
-            st = EXIT_SYSTEM;
+    const uint8_t *mk = r->mask ? r->mask + pos : NULL;
+    double ta = now_s();
+    rc = dev_apply(r->d, (const uint8_t *)r->rows + j * r->tokb, r->tokb, r->x, mk, c, r->kv, err);
+    r->t_apply += now_s() - ta;
+    if (rc < 0) {
+        /* messages name the token within the call: give the stream's */
+        fprintf(stderr, "%s: apply: tokens %zu..%zu: %s\n", prog, pos, pos + c - 1, err->msg);
+        return rc == -EDOM || rc == -EINVAL ? EXIT_DATA : EXIT_SYSTEM;
     }
-    struct fout out = {0}, kvo = {0};
-    int out_open = 0, kv_open = 0;
-    if (!st && (st = fout_open(&out, outp)) == 0)
-        out_open = 1;
-    if (!st && kv_path && (st = fout_open(&kvo, kv_path)) == 0)
-        kv_open = 1;
+    for (size_t i = 0; mk && i < c; i++)
+        r->masked += mk[i] == 0;
+    const unsigned char *b = (const unsigned char *)r->x;
+    for (size_t i = 0; i < c * r->per * 4; i++)
+        r->fnv = (r->fnv ^ b[i]) * 0x100000001b3ull;
+    if (fwrite(r->x, 4, c * r->per, r->out.f) != c * r->per ||
+        (o->kv_path && fwrite(r->kv, 4, c * r->nkv, r->kvo.f) != c * r->nkv)) {
+        fprintf(stderr, "%s: apply: writing '%s': %s\n", prog, o->outp, strerror(errno));
+        return EXIT_SYSTEM;
+    }
+    return 0;
+}
 
-    double t0 = now_s(), t_read = 0, t_apply = 0;
-    uint64_t masked = 0, fnv = 0xcbf29ce484222325ull;
-    for (size_t at = 0; !st && at < n; at += READ_CHUNK) {
-        size_t k = n - at < READ_CHUNK ? n - at : READ_CHUNK;
-        rc = engram_hash_tokens(engram_model_hasher(r.m), &h, r.tokens + at, r.mask ? r.mask + at : NULL,
-                                k, r.rows48, &err);
+/* The whole stream from history h: READ_CHUNK tokens hashed and their
+ * rows read at a time, applied APPLY_CHUNK tokens at a time.  0 or an
+ * exit code. */
+static int apply_stream(struct apply *r, const struct apply_opts *o, engram_history *h, engram_error *err)
+{
+    for (size_t at = 0; at < r->n; at += READ_CHUNK) {
+        size_t k = r->n - at < READ_CHUNK ? r->n - at : READ_CHUNK;
+        int rc = engram_hash_tokens(engram_model_hasher(r->m), h, r->tokens + at,
+                                    r->mask ? r->mask + at : NULL, k, r->rows48, err);
         if (rc < 0) {
             /* name the position in the whole stream */
-            fprintf(stderr, "%s: apply: tokens from %zu: %s\n", prog, at, err.msg);
-            st = EXIT_DATA;
-            break;
+            fprintf(stderr, "%s: apply: tokens from %zu: %s\n", prog, at, err->msg);
+            return EXIT_DATA;
         }
         double ta = now_s();
-        rc = engram_reader_batch(r.rd, t, r.rows48, k, (engram_dtype)rdt, r.rows, &err);
-        t_read += now_s() - ta;
-        if (rc < 0) {
-            st = fail_lib(rc, &err, "apply: reading rows");
-            break;
-        }
-        for (size_t j = 0; !st && j < k; j += APPLY_CHUNK) {
+        rc = engram_reader_batch(r->rd, r->t, r->rows48, k, (engram_dtype)r->rdt, r->rows, err);
+        r->t_read += now_s() - ta;
+        if (rc < 0)
+            return fail_lib(rc, err, "apply: reading rows");
+        for (size_t j = 0; j < k; j += APPLY_CHUNK) {
             size_t c = k - j < APPLY_CHUNK ? k - j : APPLY_CHUNK;
-            uint64_t first = (uint64_t)(at + j) * per;
-            if (r.seeded) {
-                seeded_resid(r.seed, first, c * per, r.x);
-            } else if ((rc = pread_all(r.in_fd, r.x, c * per * 4, first * 4)) < 0) {
-                fprintf(stderr, "%s: apply: reading '%s': %s\n", prog, in, strerror(-rc));
-                st = EXIT_SYSTEM;
-                break;
-            }
-            const uint8_t *mk = r.mask ? r.mask + at + j : NULL;
-            ta = now_s();
-            rc = dev_apply(r.d, (const uint8_t *)r.rows + j * tokb, tokb, r.x, mk, c, r.kv, &err);
-            t_apply += now_s() - ta;
-            if (rc < 0) {
-                /* messages name the token within the call: give the stream's */
-                fprintf(stderr, "%s: apply: tokens %zu..%zu: %s\n", prog, at + j, at + j + c - 1,
-                        err.msg);
-                st = rc == -EDOM || rc == -EINVAL ? EXIT_DATA : EXIT_SYSTEM;
-                break;
-            }
-            for (size_t i = 0; mk && i < c; i++)
-                masked += mk[i] == 0;
-            const unsigned char *b = (const unsigned char *)r.x;
-            for (size_t i = 0; i < c * per * 4; i++)
-                fnv = (fnv ^ b[i]) * 0x100000001b3ull;
-            if (fwrite(r.x, 4, c * per, out.f) != c * per ||
-                (kv_path && fwrite(r.kv, 4, c * nkv, kvo.f) != c * nkv)) {
-                fprintf(stderr, "%s: apply: writing '%s': %s\n", prog, outp, strerror(errno));
-                st = EXIT_SYSTEM;
-            }
+            int st = apply_chunk(r, o, at + j, j, c, err);
+            if (st)
+                return st;
         }
     }
-    if (out_open) {
-        int cst = fout_close(&out, st == 0);
+    return 0;
+}
+
+/* The outputs renamed into place when st is 0, removed otherwise; st, or
+ * the first exit code of closing them. */
+static int close_outputs(struct apply *r, int st)
+{
+    if (r->out_open) {
+        int cst = fout_close(&r->out, st == 0);
         if (!st)
             st = cst;
     }
-    if (kv_open) {
-        int cst = fout_close(&kvo, st == 0);
+    if (r->kv_open) {
+        int cst = fout_close(&r->kvo, st == 0);
         if (!st)
             st = cst;
     }
-    if (!st) {
-        engram_io_stats io;
-        engram_reader_get_stats(r.rd, &io);
-        double dt = now_s() - t0;
-        printf("applied layer %" PRIu64 " to %zu tokens (%" PRIu64 " masked): W %u, %u streams\n",
-               layer, n, masked, li.width, li.streams);
-        printf("  rows: %" PRIu64 " requested, %" PRIu64 " read (%s%s), %.3f s\n", io.rows_requested,
-               io.rows_read, io.engine, io.direct ? ", O_DIRECT" : ", buffered", t_read);
-        printf("  apply on the %s: %.3f s (%.1f tokens/s, %" PRIu64 " thread%s); total %.3f s\n",
-               device, t_apply, t_apply > 0 ? (double)n / t_apply : 0.0, threads,
-               threads > 1 ? "s" : "", dt);
-        printf("  wrote %s (%zu x %zu float32), FNV-1a 64 of it: %016" PRIx64 "\n", outp, n, per, fnv);
+    return st;
+}
+
+static void print_summary(const struct apply *r, const struct apply_opts *o, double dt)
+{
+    engram_io_stats io;
+    engram_reader_get_stats(r->rd, &io);
+    printf("applied layer %" PRIu64 " to %zu tokens (%" PRIu64 " masked): W %u, %u streams\n",
+           o->layer, r->n, r->masked, r->li.width, r->li.streams);
+    printf("  rows: %" PRIu64 " requested, %" PRIu64 " read (%s%s), %.3f s\n", io.rows_requested,
+           io.rows_read, io.engine, io.direct ? ", O_DIRECT" : ", buffered", r->t_read);
+    printf("  apply on the %s: %.3f s (%.1f tokens/s, %" PRIu64 " thread%s); total %.3f s\n",
+           o->device, r->t_apply, r->t_apply > 0 ? (double)r->n / r->t_apply : 0.0, o->threads,
+           o->threads > 1 ? "s" : "", dt);
+    printf("  wrote %s (%zu x %zu float32), FNV-1a 64 of it: %016" PRIx64 "\n", o->outp, r->n, r->per,
+           r->fnv);
+}
+
+static void close_apply(struct apply *r)
+{
+    if (r->in_fd >= 0)
+        close(r->in_fd);
+    engram_reader_close(r->rd);
+    dev_close(r->d);
+    engram_layer_close(r->L);
+    engram_model_close(r->m);
+    free(r->tokens);
+    free(r->mask);
+    free(r->rows48);
+    free(r->rows);
+    free(r->x);
+    free(r->kv);
+}
+
+int cmd_apply(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(apply_help, stdout);
+        return 0;
     }
-    if (r.in_fd >= 0)
-        close(r.in_fd);
-    engram_reader_close(r.rd);
-    dev_close(r.d);
-    engram_layer_close(r.L);
-    engram_model_close(r.m);
-    free(r.tokens);
-    free(r.mask);
-    free(r.rows48);
-    free(r.rows);
-    free(r.x);
-    free(r.kv);
+    struct apply_opts o;
+    engram_history h;
+    int st = parse_apply_opts(argc, argv, &o, &h);
+    if (st)
+        return st;
+    struct apply r = {0};
+    r.in_fd = -1;
+    r.t = o.layer == 1 ? 0 : 1;
+    r.fnv = 0xcbf29ce484222325ull;
+    engram_error err = {0};
+    st = read_tokens(&r, &o);
+    if (!st)
+        st = open_layer(&r, o.path, &err);
+    r.per = (size_t)r.li.streams * r.li.width;
+    r.nkv = (size_t)(r.li.streams + 1) * r.li.width;
+    if (!st)
+        st = open_residual(&r, o.in);
+    if (!st)
+        st = open_device(&r, &o, &err);
+    if (!st)
+        st = open_outputs(&r, &o);
+    double t0 = now_s();
+    if (!st)
+        st = apply_stream(&r, &o, &h, &err);
+    st = close_outputs(&r, st);
+    if (!st)
+        print_summary(&r, &o, now_s() - t0);
+    close_apply(&r);
     return st;
 }

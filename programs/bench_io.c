@@ -4,10 +4,13 @@
  * io_uring) and against a baseline that does what the reference engine does
  * on Linux (16 threads created per 2048-token batch, plain cached pread of
  * 264 bytes, per-batch de-duplication), all in one run.
+ *
+ * This file is the command (options, the machine and reader it reports,
+ * the sections it runs), fio and sections (a) and (b); section (c) and
+ * the baseline reader are in bench_prefill.c.
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,31 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-
-#define MAX_DEPTHS 16
-#define ROUNDS 4
-#define MAX_CORPORA 8
-
-struct bench {
-    const char *path;
-    engram_model *m;
-    engram_model_info in;
-    const engram_layout *l;
-    double seconds;
-    unsigned depths[MAX_DEPTHS];
-    int n_depths;
-    const char *corpora[MAX_CORPORA];
-    int n_corpora;
-    int use_fio, use_baseline;
-    size_t max_tokens;
-    uint64_t cache_bytes;     /* prefill: the +cache reader's row cache    */
-    FILE *csv;
-    uint32_t align;
-    unsigned cross_pct;       /* % of rows whose 264 bytes span two blocks */
-    uint64_t seed;
-    const char *sections;     /* letters of the sections to run */
-};
+#include "bench_io.h"
 
 static double cpu_s(void)
 {
@@ -51,7 +30,7 @@ static double cpu_s(void)
            (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec * 1e-6;
 }
 
-static uint64_t rnd(uint64_t *s)
+uint64_t bench_rnd(uint64_t *s)
 {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -71,31 +50,11 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static void csv_row(struct bench *b, const char *section, const char *what, double depth,
-                    double value, const char *unit)
+void bench_csv_row(struct bench *b, const char *section, const char *what, double depth,
+                   double value, const char *unit)
 {
     if (b->csv)
         fprintf(b->csv, "%s,%s,%g,%.6g,%s\n", section, what, depth, value, unit);
-}
-
-/* ------------------------------------------------------------ page cache */
-
-/* Resident pages of the file's tables, through the caller's descriptor,
- * or -errno. */
-static int64_t table_pages(struct bench *b, int fd)
-{
-    return resident_pages(fd, b->in.table[0].offset, b->in.file_bytes);
-}
-
-/* Drops the file's cached pages (the part of "drop caches" that matters
- * here, without needing /proc/sys/vm). */
-static void drop_file_cache(struct bench *b)
-{
-    int fd = open(b->path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        close(fd);
-    }
 }
 
 /* ------------------------------------------------------------ fio */
@@ -189,73 +148,6 @@ static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode 
     return r;
 }
 
-/* ------------------------------------------------------------ baseline */
-
-struct base_job {
-    int fd;
-    uint64_t table_off;
-    const uint32_t *rows;     /* distinct rows of the batch */
-    size_t n;
-    size_t next;              /* shared cursor */
-    pthread_mutex_t mu;
-    uint16_t *out;            /* one decoded row per distinct row */
-    int err;
-};
-
-static void *base_worker(void *arg)
-{
-    struct base_job *j = arg;
-    uint8_t raw[ENGRAM_ROW_BYTES];
-    for (;;) {
-        pthread_mutex_lock(&j->mu);
-        size_t i = j->next++;
-        pthread_mutex_unlock(&j->mu);
-        if (i >= j->n)
-            break;
-        ssize_t got = pread(j->fd, raw, sizeof raw, (off_t)(j->table_off + (uint64_t)j->rows[i] * ENGRAM_ROW_BYTES));
-        if (got != (ssize_t)sizeof raw ||
-            engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, j->out + i * ENGRAM_ROW_VALUES, NULL) < 0)
-            j->err = 1;
-    }
-    return NULL;
-}
-
-static int cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* The reference's Linux path for one table over n tokens; returns distinct
- * reads done. */
-static uint64_t baseline_batches(struct bench *b, int fd, int t, const uint32_t *rows, size_t n,
-                                 uint16_t *out, int *err)
-{
-    uint32_t *ids = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * sizeof *ids);
-    uint64_t reads = 0;
-    for (size_t at = 0; at < n && ids; at += ENGRAM_BATCH_TOKENS) {
-        size_t k = n - at < ENGRAM_BATCH_TOKENS ? n - at : ENGRAM_BATCH_TOKENS, m = 0;
-        for (size_t i = 0; i < k; i++)
-            for (int c = 0; c < ENGRAM_COLUMNS; c++)
-                ids[m++] = rows[(at + i) * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + (size_t)c];
-        qsort(ids, m, sizeof *ids, cmp_u32);
-        size_t d = 0;
-        for (size_t i = 0; i < m; i++)
-            if (i == 0 || ids[i] != ids[d - 1])
-                ids[d++] = ids[i];
-        struct base_job j = {fd, b->in.table[t].offset, ids, d, 0, PTHREAD_MUTEX_INITIALIZER, out, 0};
-        pthread_t th[16];
-        for (int i = 0; i < 16; i++)
-            pthread_create(&th[i], NULL, base_worker, &j);
-        for (int i = 0; i < 16; i++)
-            pthread_join(th[i], NULL);
-        *err |= j.err;
-        reads += d;
-    }
-    free(ids);
-    return reads;
-}
-
 /* ------------------------------------------------------------ sections */
 
 static void print_machine(struct bench *b)
@@ -289,7 +181,7 @@ static void random_rows(struct bench *b, uint32_t *rows, size_t n)
     for (size_t i = 0; i < n; i++)
         for (int k = 0; k < ENGRAM_ROWS_PER_TOKEN; k++)
             rows[i * ENGRAM_ROWS_PER_TOKEN + (size_t)k] =
-                (uint32_t)(rnd(&b->seed) % b->l->rows[k / ENGRAM_COLUMNS]);
+                (uint32_t)(bench_rnd(&b->seed) % b->l->rows[k / ENGRAM_COLUMNS]);
 }
 
 struct depth_point {
@@ -375,11 +267,11 @@ static int section_depths(struct bench *b, struct depth_point *pts)
         printf("    %5u %12.0f %10.0f %12.0f %12.0f %7.2f %6.2f %10.0f %9s\n", st.depth, iops, plain,
                mix, batched, best > 0 ? iops / best : 0, cores,
                (double)st.bytes_read / (double)st.rows_read, st.engine);
-        csv_row(b, "depth", "engram_iops", st.depth, iops, "reads/s");
-        csv_row(b, "depth", "fio_plain_iops", st.depth, plain, "reads/s");
-        csv_row(b, "depth", "fio_same_size_iops", st.depth, mix, "reads/s");
-        csv_row(b, "depth", "fio_batched_iops", st.depth, batched, "reads/s");
-        csv_row(b, "depth", "engram_cores", st.depth, cores, "cores");
+        bench_csv_row(b, "depth", "engram_iops", st.depth, iops, "reads/s");
+        bench_csv_row(b, "depth", "fio_plain_iops", st.depth, plain, "reads/s");
+        bench_csv_row(b, "depth", "fio_same_size_iops", st.depth, mix, "reads/s");
+        bench_csv_row(b, "depth", "fio_batched_iops", st.depth, batched, "reads/s");
+        bench_csv_row(b, "depth", "engram_cores", st.depth, cores, "cores");
         fflush(stdout);
     }
     free(rows);
@@ -413,9 +305,9 @@ static int section_decode(struct bench *b)
     printf("    engram (%s): %" PRIu64 " steps, p50 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us\n",
            st.engine, st.steps, (double)st.step_p50_ns / 1e3, (double)st.step_p99_ns / 1e3,
            (double)st.step_p999_ns / 1e3, (double)st.step_max_ns / 1e3);
-    csv_row(b, "decode", "engram_p50_us", 48, (double)st.step_p50_ns / 1e3, "us");
-    csv_row(b, "decode", "engram_p99_us", 48, (double)st.step_p99_ns / 1e3, "us");
-    csv_row(b, "decode", "engram_p999_us", 48, (double)st.step_p999_ns / 1e3, "us");
+    bench_csv_row(b, "decode", "engram_p50_us", 48, (double)st.step_p50_ns / 1e3, "us");
+    bench_csv_row(b, "decode", "engram_p99_us", 48, (double)st.step_p99_ns / 1e3, "us");
+    bench_csv_row(b, "decode", "engram_p999_us", 48, (double)st.step_p999_ns / 1e3, "us");
     if (b->use_fio) {
         struct fio_result f = run_fio(b, 48, FIO_STEPS, b->seconds);
         if (f.ok) {
@@ -425,255 +317,9 @@ static int section_decode(struct bench *b)
                    " (per-read clat p50 %.1f us, p99 %.1f us)\n", f.iops, per48, f.clat_p50_us, f.clat_p99_us);
             printf("    engram step p50 / fio time per 48 reads = %.2f\n",
                    (double)st.step_p50_ns / 1e3 / per48);
-            csv_row(b, "decode", "fio_us_per_48", 48, per48, "us");
+            bench_csv_row(b, "decode", "fio_us_per_48", 48, per48, "us");
         }
     }
-    return 0;
-}
-
-static int read_tokens(const char *path, uint32_t vocab, uint32_t **out, size_t *n)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -errno;
-    size_t cap = 4096, k = 0;
-    uint32_t *v = malloc(cap * sizeof *v);
-    unsigned long x;
-    while (v && fscanf(f, "%lu", &x) == 1) {
-        if (k == cap) {
-            uint32_t *nv = realloc(v, 2 * cap * sizeof *v);
-            if (!nv) { /* an error (below), not a shorter corpus */
-                free(v);
-                v = NULL;
-                break;
-            }
-            v = nv;
-            cap *= 2;
-        }
-        v[k++] = (uint32_t)(x % vocab);
-    }
-    fclose(f);
-    if (!v)
-        return -ENOMEM;
-    *out = v;
-    *n = k;
-    return 0;
-}
-
-/* One reader's run over segments of a corpus: time, and page-cache growth
- * counted per segment from 0 up (pages another reader cached may be evicted
- * meanwhile). */
-struct runner {
-    double secs;
-    int64_t growth_pages;
-    int count_err;            /* -errno: the growth could not be counted  */
-    uint64_t reads;           /* baseline: preads issued                  */
-};
-
-/* Adds a segment's growth, or keeps the first reason it was not counted. */
-static void count_growth(struct runner *ru, int64_t before, int64_t after)
-{
-    if (before < 0 || after < 0) {
-        if (!ru->count_err)
-            ru->count_err = (int)(before < 0 ? before : after);
-    } else if (after > before) {
-        ru->growth_pages += after - before;
-    }
-}
-
-static void engram_segment(struct bench *b, int fd, engram_reader *r, const uint32_t *rows, size_t s0,
-                           size_t s1, uint16_t *out, struct runner *ru)
-{
-    engram_error err;
-    int64_t before = table_pages(b, fd);
-    double t0 = now_s();
-    for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
-        size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
-        for (int t = 0; t < ENGRAM_TABLES; t++)
-            if (engram_reader_batch(r, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, ENGRAM_BF16, out, &err) < 0)
-                fprintf(stderr, "%s: %s\n", prog, err.msg);
-    }
-    ru->secs += now_s() - t0;
-    count_growth(ru, before, table_pages(b, fd));
-}
-
-static void baseline_segment(struct bench *b, int fd, const uint32_t *rows, size_t s0, size_t s1,
-                             uint16_t *out, struct runner *ru, int *berr)
-{
-    int64_t before = table_pages(b, fd);
-    double t0 = now_s();
-    for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
-        size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
-        for (int t = 0; t < ENGRAM_TABLES; t++)
-            ru->reads += baseline_batches(b, fd, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, out, berr);
-    }
-    ru->secs += now_s() - t0;
-    count_growth(ru, before, table_pages(b, fd));
-}
-
-/* A runner's growth in MB for the table (one decimal), or "n/a" where it was
- * not counted. */
-static const char *growth_mb(const struct runner *ru, double mb, char buf[16])
-{
-    if (ru->count_err)
-        return "n/a";
-    snprintf(buf, 16, "%.1f", (double)ru->growth_pages * mb);
-    return buf;
-}
-
-/* Half a second of uncached random reads of both tables, so that the first
- * reader timed after dropping the cache does not also pay for waking the
- * device up (it touches no corpus row on purpose: random rows of a large
- * table, read with O_DIRECT, leave nothing in the page cache). */
-static void warm_up(struct bench *b)
-{
-    engram_reader *r;
-    engram_error err;
-    if (engram_reader_open(b->m, NULL, &r, &err) < 0)
-        return;
-    uint32_t *rows = malloc(256 * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
-    uint16_t *out = malloc((size_t)256 * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
-    uint64_t seed = b->seed ^ 0x5eed;
-    double t0 = now_s();
-    while (rows && out && now_s() - t0 < 0.5) {
-        for (size_t i = 0; i < 256 * ENGRAM_ROWS_PER_TOKEN; i++)
-            rows[i] = (uint32_t)(rnd(&seed) % b->l->rows[i / ENGRAM_COLUMNS % ENGRAM_TABLES]);
-        for (int t = 0; t < ENGRAM_TABLES; t++)
-            engram_reader_batch(r, t, rows, 256, ENGRAM_BF16, out, NULL);
-    }
-    free(rows);
-    free(out);
-    engram_reader_close(r);
-}
-
-static int section_prefill(struct bench *b)
-{
-    int with_cache = b->cache_bytes > 0;
-    printf("\n(c) prefill: hashed real text, 2048-token batches, both tables; page cache dropped\n"
-           "    before each corpus; the readers take turns (rotating order) on 4096-token segments.\n"
-           "    engram: no row cache; +cache: engram with a %.0f MiB row cache (empty at the start);\n"
-           "    base: the reference on Linux (16 threads per batch, cached pread).  'saved': requests\n"
-           "    that needed no device read (de-duplication, and for +cache its hits too).\n",
-           (double)b->cache_bytes / 1048576.0);
-    printf("    %-16s %7s | %10s %6s %8s | %10s %6s %8s | %10s %8s %8s | %6s %6s\n", "corpus", "tokens",
-           "engram r/s", "saved", "cache+MB", "+cache r/s", "saved", "cache+MB", "base r/s", "reads/s",
-           "cache+MB", "ratio", "+cache");
-    int fd = open(b->path, O_RDONLY | O_CLOEXEC);
-    uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
-    if (fd < 0 || !out) {
-        if (fd < 0)
-            fprintf(stderr, "%s: prefill: %s: %s\n", prog, b->path, strerror(errno));
-        else
-            fprintf(stderr, "%s: prefill: %s\n", prog, strerror(ENOMEM));
-        if (fd >= 0)
-            close(fd);
-        free(out);
-        return EXIT_SYSTEM;
-    }
-    for (int c = 0; c < b->n_corpora; c++) {
-        uint32_t *tok = NULL, *rows;
-        size_t n = 0;
-        int trc = read_tokens(b->corpora[c], b->l->vocab, &tok, &n);
-        if (trc < 0 || n == 0) {
-            fprintf(stderr, "%s: cannot read tokens from %s: %s\n", prog, b->corpora[c],
-                    trc < 0 ? strerror(-trc) : "none in it");
-            free(tok);
-            continue;
-        }
-        if (b->max_tokens && n > b->max_tokens)
-            n = b->max_tokens;
-        rows = malloc(n * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
-        if (!rows) {
-            fprintf(stderr, "%s: %s: %s\n", prog, b->corpora[c], strerror(ENOMEM));
-            free(tok);
-            continue;
-        }
-        engram_history h;
-        engram_history_reset(&h);
-        engram_hash_tokens(engram_model_hasher(b->m), &h, tok, NULL, n, rows, NULL);
-        free(tok);
-        /* The readers run over the same segments in turn, so drift of a
-         * shared disk hits them alike; the page cache is dropped once, at
-         * the start, and the baseline keeps whatever it caches from then on. */
-        drop_file_cache(b);
-        warm_up(b);
-        engram_reader_opts o = {.engine = ENGRAM_IO_AUTO, .depth = 128};
-        engram_reader_opts oc = {.engine = ENGRAM_IO_AUTO, .depth = 128, .cache_bytes = b->cache_bytes};
-        engram_reader *r = NULL, *rc = NULL;
-        engram_error err;
-        if (engram_reader_open(b->m, &o, &r, &err) < 0 ||
-            (with_cache && engram_reader_open(b->m, &oc, &rc, &err) < 0)) {
-            fprintf(stderr, "%s: %s\n", prog, err.msg);
-            engram_reader_close(r);
-            free(rows);
-            continue;
-        }
-        struct runner ru[3];
-        memset(ru, 0, sizeof ru);
-        int berr = 0;
-        const size_t seg = 2 * ENGRAM_BATCH_TOKENS;
-        unsigned turn = 0;
-        for (size_t s0 = 0; s0 < n; s0 += seg, turn++) {
-            size_t s1 = n - s0 < seg ? n : s0 + seg;
-            for (unsigned k = 0; k < 3; k++) {
-                unsigned who = (turn + k) % 3;
-                if (who == 0)
-                    engram_segment(b, fd, r, rows, s0, s1, out, &ru[0]);
-                else if (who == 1 && with_cache)
-                    engram_segment(b, fd, rc, rows, s0, s1, out, &ru[1]);
-                else if (who == 2 && b->use_baseline)
-                    baseline_segment(b, fd, rows, s0, s1, out, &ru[2], &berr);
-            }
-        }
-        engram_io_stats st, stc;
-        engram_reader_get_stats(r, &st);
-        memset(&stc, 0, sizeof stc);
-        if (rc)
-            engram_reader_get_stats(rc, &stc);
-        engram_reader_close(r);
-        engram_reader_close(rc);
-        drop_file_cache(b);
-        double req = (double)st.rows_requested;
-        double ours = req / ru[0].secs;
-        double cached = with_cache ? req / ru[1].secs : 0;
-        double base = ru[2].secs > 0 ? req / ru[2].secs : 0;
-        double base_rps = ru[2].secs > 0 ? (double)ru[2].reads / ru[2].secs : 0;
-        double saved = 1.0 - (double)st.rows_read / req;
-        double saved_c = with_cache ? 1.0 - (double)stc.rows_read / req : 0;
-        if (berr)
-            fprintf(stderr, "%s: the baseline reader hit read or decode errors\n", prog);
-        const char *name = strrchr(b->corpora[c], '/') ? strrchr(b->corpora[c], '/') + 1 : b->corpora[c];
-        double mb = (double)sysconf(_SC_PAGESIZE) / 1e6;
-        char g[3][16];
-        printf("    %-16.16s %7zu | %10.0f %5.1f%% %8s | %10.0f %5.1f%% %8s | %10.0f %8.0f %8s | %6.2f %6.2f\n",
-               name, n, ours, 100 * saved, growth_mb(&ru[0], mb, g[0]), cached, 100 * saved_c,
-               growth_mb(&ru[1], mb, g[1]), base, base_rps, growth_mb(&ru[2], mb, g[2]),
-               base > 0 ? ours / base : 0, base > 0 ? cached / base : 0);
-        for (int k = 0; k < 3; k++)
-            if (ru[k].count_err) {
-                fprintf(stderr, "%s: page-cache growth not counted (mapping %s: %s)\n", prog, b->path,
-                        strerror(-ru[k].count_err));
-                break;
-            }
-        csv_row(b, name, "engram_rows_per_s", 0, ours, "rows/s");
-        if (!ru[0].count_err)
-            csv_row(b, name, "engram_cache_growth_MB", 0, (double)ru[0].growth_pages * mb, "MB");
-        csv_row(b, name, "dedup_saved", 0, saved, "fraction");
-        if (with_cache) {
-            csv_row(b, name, "engram_rowcache_rows_per_s", 0, cached, "rows/s");
-            csv_row(b, name, "engram_rowcache_saved", 0, saved_c, "fraction");
-            csv_row(b, name, "engram_rowcache_MiB", 0, (double)stc.cache_bytes / 1048576.0, "MiB");
-        }
-        if (b->use_baseline) {
-            csv_row(b, name, "baseline_rows_per_s", 0, base, "rows/s");
-            if (!ru[2].count_err)
-                csv_row(b, name, "baseline_cache_growth_MB", 0, (double)ru[2].growth_pages * mb, "MB");
-        }
-        fflush(stdout);
-        free(rows);
-    }
-    close(fd);
-    free(out);
     return 0;
 }
 
@@ -779,6 +425,138 @@ static const char *bench_io_help =
     "(medians reported: shared disks drift); --max-tokens caps each corpus.\n"
     "fio must be installed (apt-get install fio) for the device-limit columns.\n";
 
+/* What the command line asks beyond the run's settings. */
+struct bench_opts {
+    const char *csv, *svg;    /* --csv, --svg: files to write             */
+    uint64_t create;          /* --create SIZE: bytes of tables, 0: none   */
+};
+
+/* The settings of a run (b) and the rest of the command line (o): 0, or
+ * the exit code of a usage error (printed). */
+static int parse_bench_opts(int argc, char **argv, struct bench *b, struct bench_opts *o)
+{
+    memset(b, 0, sizeof *b);
+    memset(o, 0, sizeof *o);
+    b->seconds = 8;
+    b->use_fio = b->use_baseline = 1;
+    b->seed = 12345;
+    b->cache_bytes = 256ull << 20;
+    const unsigned defaults[] = {1, 2, 4, 8, 16, 32, 48, 64, 128, 256};
+    memcpy(b->depths, defaults, sizeof defaults);
+    b->n_depths = 10;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--create") && v) {
+            if (parse_size(v, &o->create) < 0)
+                return fail_usage("bench io: bad --create '%s' (e.g. 32G)", v);
+            i++;
+        } else if (!strcmp(a, "--depths") && v) {
+            b->n_depths = 0;
+            char *copy = strdup(v), *save = NULL;
+            for (char *t = strtok_r(copy, ",", &save); t && b->n_depths < MAX_DEPTHS; t = strtok_r(NULL, ",", &save)) {
+                uint64_t d;
+                if (parse_u64(t, ENGRAM_READER_MAX_DEPTH, &d) < 0 || d == 0) {
+                    int st = fail_usage("bench io: bad depth '%s'", t); /* t lies in copy */
+                    free(copy);
+                    return st;
+                }
+                b->depths[b->n_depths++] = (unsigned)d;
+            }
+            free(copy);
+            i++;
+        } else if (!strcmp(a, "--seconds") && v) {
+            b->seconds = atof(v);
+            i++;
+        } else if (!strcmp(a, "--corpus") && v) {
+            if (b->n_corpora < MAX_CORPORA)
+                b->corpora[b->n_corpora++] = v;
+            i++;
+        } else if (!strcmp(a, "--csv") && v) {
+            o->csv = v;
+            i++;
+        } else if (!strcmp(a, "--svg") && v) {
+            o->svg = v;
+            i++;
+        } else if (!strcmp(a, "--max-tokens") && v) {
+            uint64_t x;
+            if (parse_u64(v, SIZE_MAX, &x) < 0)
+                return fail_usage("bench io: bad --max-tokens");
+            b->max_tokens = (size_t)x;
+            i++;
+        } else if (!strcmp(a, "--cache") && v) {
+            if (parse_size(v, &b->cache_bytes) < 0 || b->cache_bytes > (1ull << 40) ||
+                (b->cache_bytes > 0 && b->cache_bytes < ENGRAM_READER_MIN_CACHE))
+                return fail_usage("bench io: bad --cache '%s' (0, or 64K to 1T)", v);
+            i++;
+        } else if (!strcmp(a, "--sections") && v) {
+            b->sections = v;
+            i++;
+        } else if (!strcmp(a, "--no-fio")) {
+            b->use_fio = 0;
+        } else if (!strcmp(a, "--no-baseline")) {
+            b->use_baseline = 0;
+        } else if (a[0] == '-') {
+            return fail_usage("bench io: unknown option '%s'", a);
+        } else if (!b->path) {
+            b->path = a;
+        } else {
+            return fail_usage("bench io: more than one FILE");
+        }
+    }
+    if (!b->path)
+        return fail_usage("bench io: FILE is required");
+    if (b->seconds <= 0)
+        b->seconds = 8;
+    return 0;
+}
+
+/* The reader's alignment, and the share of rows that span two aligned
+ * blocks (fio's read sizes); prints the machine and the reader.  0 or an
+ * exit code. */
+static int probe_reader(struct bench *b)
+{
+    engram_reader *r;
+    engram_error err;
+    engram_io_stats s;
+    if (engram_reader_open(b->m, NULL, &r, &err) < 0)
+        return fail_lib(-EIO, &err, "reader");
+    engram_reader_get_stats(r, &s);
+    b->align = s.align > 1 ? s.align : 512;
+    /* Rows start at multiples of 264 from the table offset: count the
+     * share whose bytes span two aligned blocks. */
+    unsigned cross = 0;
+    for (unsigned k = 0; k < 4096; k++) {
+        uint64_t o = b->in.table[0].offset + (uint64_t)k * ENGRAM_ROW_BYTES;
+        cross += o / b->align != (o + ENGRAM_ROW_BYTES - 1) / b->align;
+    }
+    b->cross_pct = (cross * 100 + 2048) / 4096;
+    print_machine(b);
+    printf("reader: %s, %s, alignment %u%s%s\n", s.engine, s.direct ? "O_DIRECT" : "buffered",
+           s.align, s.note[0] ? "; " : "", s.note);
+    engram_reader_close(r);
+    return 0;
+}
+
+/* The sections --sections names (default all), in order, each only if
+ * the one before succeeded.  0 or an exit code. */
+static int run_sections(struct bench *b, const char *svg)
+{
+    struct depth_point pts[MAX_DEPTHS];
+    const char *sec = b->sections ? b->sections : "abc";
+    int rc = 0;
+    if (strchr(sec, 'a')) {
+        rc = section_depths(b, pts);
+        if (!rc && svg)
+            write_svg(svg, pts, b->n_depths);
+    }
+    if (!rc && strchr(sec, 'b'))
+        rc = section_decode(b);
+    if (!rc && strchr(sec, 'c'))
+        rc = bench_section_prefill(b);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "io") != 0) {
@@ -795,82 +573,13 @@ int cmd_bench(int argc, char **argv)
         return 0;
     }
     struct bench b;
-    memset(&b, 0, sizeof b);
-    b.seconds = 8;
-    b.use_fio = b.use_baseline = 1;
-    b.seed = 12345;
-    b.cache_bytes = 256ull << 20;
-    const unsigned defaults[] = {1, 2, 4, 8, 16, 32, 48, 64, 128, 256};
-    memcpy(b.depths, defaults, sizeof defaults);
-    b.n_depths = 10;
-    const char *csv = NULL, *svg = NULL;
-    uint64_t create = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--create") && v) {
-            if (parse_size(v, &create) < 0)
-                return fail_usage("bench io: bad --create '%s' (e.g. 32G)", v);
-            i++;
-        } else if (!strcmp(a, "--depths") && v) {
-            b.n_depths = 0;
-            char *copy = strdup(v), *save = NULL;
-            for (char *t = strtok_r(copy, ",", &save); t && b.n_depths < MAX_DEPTHS; t = strtok_r(NULL, ",", &save)) {
-                uint64_t d;
-                if (parse_u64(t, ENGRAM_READER_MAX_DEPTH, &d) < 0 || d == 0) {
-                    free(copy);
-                    return fail_usage("bench io: bad depth '%s'", t);
-                }
-                b.depths[b.n_depths++] = (unsigned)d;
-            }
-            free(copy);
-            i++;
-        } else if (!strcmp(a, "--seconds") && v) {
-            b.seconds = atof(v);
-            i++;
-        } else if (!strcmp(a, "--corpus") && v) {
-            if (b.n_corpora < MAX_CORPORA)
-                b.corpora[b.n_corpora++] = v;
-            i++;
-        } else if (!strcmp(a, "--csv") && v) {
-            csv = v;
-            i++;
-        } else if (!strcmp(a, "--svg") && v) {
-            svg = v;
-            i++;
-        } else if (!strcmp(a, "--max-tokens") && v) {
-            uint64_t x;
-            if (parse_u64(v, SIZE_MAX, &x) < 0)
-                return fail_usage("bench io: bad --max-tokens");
-            b.max_tokens = (size_t)x;
-            i++;
-        } else if (!strcmp(a, "--cache") && v) {
-            if (parse_size(v, &b.cache_bytes) < 0 || b.cache_bytes > (1ull << 40) ||
-                (b.cache_bytes > 0 && b.cache_bytes < ENGRAM_READER_MIN_CACHE))
-                return fail_usage("bench io: bad --cache '%s' (0, or 64K to 1T)", v);
-            i++;
-        } else if (!strcmp(a, "--sections") && v) {
-            b.sections = v;
-            i++;
-        } else if (!strcmp(a, "--no-fio")) {
-            b.use_fio = 0;
-        } else if (!strcmp(a, "--no-baseline")) {
-            b.use_baseline = 0;
-        } else if (a[0] == '-') {
-            return fail_usage("bench io: unknown option '%s'", a);
-        } else if (!b.path) {
-            b.path = a;
-        } else {
-            return fail_usage("bench io: more than one FILE");
-        }
-    }
-    if (!b.path)
-        return fail_usage("bench io: FILE is required");
-    if (b.seconds <= 0)
-        b.seconds = 8;
+    struct bench_opts o;
+    int rc = parse_bench_opts(argc, argv, &b, &o);
+    if (rc)
+        return rc;
     struct stat st;
-    if (create && stat(b.path, &st) != 0) {
-        int rc = create_file(b.path, create);
+    if (o.create && stat(b.path, &st) != 0) {
+        rc = create_file(b.path, o.create);
         if (rc)
             return rc;
     }
@@ -880,50 +589,21 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "%s: fio not found (apt-get install fio); device-limit columns skipped\n", prog);
         b.use_fio = 0;
     }
-    int rc = open_model(b.path, &b.m);
+    rc = open_model(b.path, &b.m);
     if (rc)
         return rc;
     engram_model_get_info(b.m, &b.in);
     b.l = engram_model_layout(b.m);
-    {
-        engram_reader *r;
-        engram_error err;
-        engram_io_stats s;
-        if (engram_reader_open(b.m, NULL, &r, &err) < 0) {
-            engram_model_close(b.m);
-            return fail_lib(-EIO, &err, "reader");
-        }
-        engram_reader_get_stats(r, &s);
-        b.align = s.align > 1 ? s.align : 512;
-        /* Rows start at multiples of 264 from the table offset: count the
-         * share whose bytes span two aligned blocks. */
-        unsigned cross = 0;
-        for (unsigned k = 0; k < 4096; k++) {
-            uint64_t o = b.in.table[0].offset + (uint64_t)k * ENGRAM_ROW_BYTES;
-            cross += o / b.align != (o + ENGRAM_ROW_BYTES - 1) / b.align;
-        }
-        b.cross_pct = (cross * 100 + 2048) / 4096;
-        print_machine(&b);
-        printf("reader: %s, %s, alignment %u%s%s\n", s.engine, s.direct ? "O_DIRECT" : "buffered",
-               s.align, s.note[0] ? "; " : "", s.note);
-        engram_reader_close(r);
+    rc = probe_reader(&b);
+    if (rc) {
+        engram_model_close(b.m);
+        return rc;
     }
-    if (csv && !(b.csv = fopen(csv, "w")))
-        fprintf(stderr, "%s: cannot write %s\n", prog, csv);
+    if (o.csv && !(b.csv = fopen(o.csv, "w")))
+        fprintf(stderr, "%s: cannot write %s\n", prog, o.csv);
     if (b.csv)
         fprintf(b.csv, "section,what,depth,value,unit\n");
-    struct depth_point pts[MAX_DEPTHS];
-    const char *sec = b.sections ? b.sections : "abc";
-    rc = 0;
-    if (strchr(sec, 'a')) {
-        rc = section_depths(&b, pts);
-        if (!rc && svg)
-            write_svg(svg, pts, b.n_depths);
-    }
-    if (!rc && strchr(sec, 'b'))
-        rc = section_decode(&b);
-    if (!rc && strchr(sec, 'c'))
-        rc = section_prefill(&b);
+    rc = run_sections(&b, o.svg);
     if (b.csv)
         fclose(b.csv);
     engram_model_close(b.m);

@@ -109,6 +109,8 @@ extern const uint32_t engram_bundled_tokens[];
 extern const size_t engram_bundled_tokens_n;
 /* tokmap, layout, quantize, dequantize; -1 if name is none of them. */
 int cmd_tools(const char *name, int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_dequantize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
 #endif

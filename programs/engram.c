@@ -74,6 +74,101 @@ static void json_str(const char *s)
     cli_json_string(stdout, s);
 }
 
+/* The model's summary as one JSON object (io: how table reads will be
+ * done here). */
+static void info_json(const engram_model_info *in, const engram_layout *l, const engram_io_stats *io)
+{
+    int placement = in->tables_last && in->table0_page_aligned;
+    printf("{\"path\":");
+    json_str(in->path);
+    printf(",\"architecture\":");
+    json_str(in->architecture);
+    printf(",\"gguf_version\":%u,\"file_bytes\":%" PRIu64 ",\"tensors\":%" PRIu64
+           ",\"keys\":%" PRIu64 ",\"alignment\":%u",
+           in->gguf_version, in->file_bytes, in->n_tensors, in->n_kv, in->alignment);
+    printf(",\"vocab\":%u,\"compressed_vocab\":%u,\"pad_id\":%u", l->vocab,
+           l->compressed_vocab, l->pad_id);
+    printf(",\"tables\":[");
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        const engram_table_info *ti = &in->table[t];
+        uint32_t mn, mx;
+        uint64_t sum;
+        primes_summary(l->primes[t], &mn, &mx, &sum);
+        printf("%s{\"index\":%d,\"layer\":%d,\"tensor\":", t ? "," : "", t, ti->layer);
+        json_str(ti->name);
+        printf(",\"rows\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"offset\":%" PRIu64,
+               ti->rows, ti->bytes, ti->offset);
+        printf(",\"primes\":[");
+        for (int c = 0; c < ENGRAM_COLUMNS; c++)
+            printf("%s%u", c ? "," : "", l->primes[t][c]);
+        printf("],\"primes_min\":%u,\"primes_max\":%u,\"primes_sum\":%" PRIu64, mn, mx, sum);
+        printf(",\"multipliers\":[");
+        for (int j = 0; j < ENGRAM_NGRAM; j++)
+            printf("%s%" PRIu64, j ? "," : "", l->multipliers[t][j]);
+        printf("]}");
+    }
+    printf("],\"projection\":%s,\"projection_layers\":[%s%s%s],\"width\":%u,\"streams\":%u",
+           in->has_projection ? "true" : "false", in->table[0].has_projection ? "1" : "",
+           in->table[0].has_projection && in->table[1].has_projection ? "," : "",
+           in->table[1].has_projection ? "14" : "", in->width, in->streams);
+    printf(",\"placement\":{\"tables_last\":%s,\"table0_page_aligned\":%s,\"reference_ok\":%s}",
+           in->tables_last ? "true" : "false", in->table0_page_aligned ? "true" : "false",
+           placement ? "true" : "false");
+    printf(",\"simd\":");
+    json_str(engram_simd_name(engram_simd_selected()));
+    printf(",\"io\":{\"engine\":");
+    json_str(io->engine);
+    printf(",\"direct\":%s,\"align\":%u,\"depth\":%u,\"drop\":", io->direct ? "true" : "false",
+           io->align, io->depth);
+    json_str(io->drop);
+    printf(",\"note\":");
+    json_str(io->note);
+    printf("}}\n");
+}
+
+/* The model's summary for people. */
+static void info_text(const engram_model_info *in, const engram_layout *l, const engram_io_stats *io)
+{
+    int placement = in->tables_last && in->table0_page_aligned;
+    printf("file:            %s (%" PRIu64 " bytes)\n", in->path, in->file_bytes);
+    printf("gguf:            v%u, %" PRIu64 " tensors, %" PRIu64 " keys, alignment %u\n",
+           in->gguf_version, in->n_tensors, in->n_kv, in->alignment);
+    printf("architecture:    %s (encoding e4m3_e8m0_32_row264)\n", in->architecture);
+    printf("vocab:           %u raw ids -> %u compressed ids, pad_id %u\n", l->vocab,
+           l->compressed_vocab, l->pad_id);
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        const engram_table_info *ti = &in->table[t];
+        uint32_t mn, mx;
+        uint64_t sum;
+        primes_summary(l->primes[t], &mn, &mx, &sum);
+        printf("table %d:         layer %d, %s\n", t, ti->layer, ti->name);
+        printf("  rows:          %" PRIu64 " (%" PRIu64 " bytes, %.2f GiB) at offset %" PRIu64 "\n",
+               ti->rows, ti->bytes, (double)ti->bytes / (1024.0 * 1024 * 1024), ti->offset);
+        printf("  primes:        24 columns, %u .. %u, first %u %u %u, sum %" PRIu64 "\n", mn, mx,
+               l->primes[t][0], l->primes[t][1], l->primes[t][2], sum);
+        printf("  multipliers:   %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+               l->multipliers[t][0], l->multipliers[t][1], l->multipliers[t][2],
+               l->multipliers[t][3]);
+    }
+    if (in->width)
+        printf("projection:      engram_kv F16 [6144, %u], q_norm/k_norm F32 [%u, %u]: width %u, "
+               "%u streams, layers %s\n",
+               (in->streams + 1) * in->width, in->width, in->streams, in->width, in->streams,
+               in->has_projection ? "1 and 14"
+                                  : in->table[0].has_projection ? "1 only (14 has none)"
+                                                                : "14 only (1 has none)");
+    else
+        printf("projection:      absent (layout and tables only)\n");
+    printf("placement:       tables last: %s; table 0 page-aligned: %s -> %s\n",
+           in->tables_last ? "yes" : "no", in->table0_page_aligned ? "yes" : "no",
+           placement ? "meets the reference engine's rule"
+                     : "does NOT meet the reference engine's rule");
+    printf("row decoder:     %s\n", engram_simd_name(engram_simd_selected()));
+    printf("table reads:     %s, %s, alignment %u, depth %u%s%s%s%s\n", io->engine,
+           io->direct ? "O_DIRECT (no page cache)" : "buffered", io->align, io->depth,
+           io->drop[0] ? ", drop-behind " : "", io->drop, io->note[0] ? "; " : "", io->note);
+}
+
 static int cmd_info(int argc, char **argv)
 {
     if (has_help(argc, argv)) {
@@ -100,8 +195,6 @@ static int cmd_info(int argc, char **argv)
         return st;
     engram_model_info in;
     engram_model_get_info(m, &in);
-    const engram_layout *l = engram_model_layout(m);
-    int placement = in.tables_last && in.table0_page_aligned;
     engram_reader *rd = NULL;
     engram_io_stats io;
     memset(&io, 0, sizeof io);
@@ -112,91 +205,10 @@ static int cmd_info(int argc, char **argv)
         engram_reader_get_stats(rd, &io);
     else
         io.note = rerr.msg;
-    if (json) {
-        printf("{\"path\":");
-        json_str(in.path);
-        printf(",\"architecture\":");
-        json_str(in.architecture);
-        printf(",\"gguf_version\":%u,\"file_bytes\":%" PRIu64 ",\"tensors\":%" PRIu64
-               ",\"keys\":%" PRIu64 ",\"alignment\":%u",
-               in.gguf_version, in.file_bytes, in.n_tensors, in.n_kv, in.alignment);
-        printf(",\"vocab\":%u,\"compressed_vocab\":%u,\"pad_id\":%u", l->vocab,
-               l->compressed_vocab, l->pad_id);
-        printf(",\"tables\":[");
-        for (int t = 0; t < ENGRAM_TABLES; t++) {
-            const engram_table_info *ti = &in.table[t];
-            uint32_t mn, mx;
-            uint64_t sum;
-            primes_summary(l->primes[t], &mn, &mx, &sum);
-            printf("%s{\"index\":%d,\"layer\":%d,\"tensor\":", t ? "," : "", t, ti->layer);
-            json_str(ti->name);
-            printf(",\"rows\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"offset\":%" PRIu64,
-                   ti->rows, ti->bytes, ti->offset);
-            printf(",\"primes\":[");
-            for (int c = 0; c < ENGRAM_COLUMNS; c++)
-                printf("%s%u", c ? "," : "", l->primes[t][c]);
-            printf("],\"primes_min\":%u,\"primes_max\":%u,\"primes_sum\":%" PRIu64, mn, mx, sum);
-            printf(",\"multipliers\":[");
-            for (int j = 0; j < ENGRAM_NGRAM; j++)
-                printf("%s%" PRIu64, j ? "," : "", l->multipliers[t][j]);
-            printf("]}");
-        }
-        printf("],\"projection\":%s,\"projection_layers\":[%s%s%s],\"width\":%u,\"streams\":%u",
-               in.has_projection ? "true" : "false", in.table[0].has_projection ? "1" : "",
-               in.table[0].has_projection && in.table[1].has_projection ? "," : "",
-               in.table[1].has_projection ? "14" : "", in.width, in.streams);
-        printf(",\"placement\":{\"tables_last\":%s,\"table0_page_aligned\":%s,\"reference_ok\":%s}",
-               in.tables_last ? "true" : "false", in.table0_page_aligned ? "true" : "false",
-               placement ? "true" : "false");
-        printf(",\"simd\":");
-        json_str(engram_simd_name(engram_simd_selected()));
-        printf(",\"io\":{\"engine\":");
-        json_str(io.engine);
-        printf(",\"direct\":%s,\"align\":%u,\"depth\":%u,\"drop\":", io.direct ? "true" : "false",
-               io.align, io.depth);
-        json_str(io.drop);
-        printf(",\"note\":");
-        json_str(io.note);
-        printf("}}\n");
-    } else {
-        printf("file:            %s (%" PRIu64 " bytes)\n", in.path, in.file_bytes);
-        printf("gguf:            v%u, %" PRIu64 " tensors, %" PRIu64 " keys, alignment %u\n",
-               in.gguf_version, in.n_tensors, in.n_kv, in.alignment);
-        printf("architecture:    %s (encoding e4m3_e8m0_32_row264)\n", in.architecture);
-        printf("vocab:           %u raw ids -> %u compressed ids, pad_id %u\n", l->vocab,
-               l->compressed_vocab, l->pad_id);
-        for (int t = 0; t < ENGRAM_TABLES; t++) {
-            const engram_table_info *ti = &in.table[t];
-            uint32_t mn, mx;
-            uint64_t sum;
-            primes_summary(l->primes[t], &mn, &mx, &sum);
-            printf("table %d:         layer %d, %s\n", t, ti->layer, ti->name);
-            printf("  rows:          %" PRIu64 " (%" PRIu64 " bytes, %.2f GiB) at offset %" PRIu64 "\n",
-                   ti->rows, ti->bytes, (double)ti->bytes / (1024.0 * 1024 * 1024), ti->offset);
-            printf("  primes:        24 columns, %u .. %u, first %u %u %u, sum %" PRIu64 "\n", mn, mx,
-                   l->primes[t][0], l->primes[t][1], l->primes[t][2], sum);
-            printf("  multipliers:   %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
-                   l->multipliers[t][0], l->multipliers[t][1], l->multipliers[t][2],
-                   l->multipliers[t][3]);
-        }
-        if (in.width)
-            printf("projection:      engram_kv F16 [6144, %u], q_norm/k_norm F32 [%u, %u]: width %u, "
-                   "%u streams, layers %s\n",
-                   (in.streams + 1) * in.width, in.width, in.streams, in.width, in.streams,
-                   in.has_projection ? "1 and 14"
-                                     : in.table[0].has_projection ? "1 only (14 has none)"
-                                                                  : "14 only (1 has none)");
-        else
-            printf("projection:      absent (layout and tables only)\n");
-        printf("placement:       tables last: %s; table 0 page-aligned: %s -> %s\n",
-               in.tables_last ? "yes" : "no", in.table0_page_aligned ? "yes" : "no",
-               placement ? "meets the reference engine's rule"
-                         : "does NOT meet the reference engine's rule");
-        printf("row decoder:     %s\n", engram_simd_name(engram_simd_selected()));
-        printf("table reads:     %s, %s, alignment %u, depth %u%s%s%s%s\n", io.engine,
-               io.direct ? "O_DIRECT (no page cache)" : "buffered", io.align, io.depth,
-               io.drop[0] ? ", drop-behind " : "", io.drop, io.note[0] ? "; " : "", io.note);
-    }
+    if (json)
+        info_json(&in, engram_model_layout(m), &io);
+    else
+        info_text(&in, engram_model_layout(m), &io);
     engram_reader_close(rd);
     engram_model_close(m);
     return 0;
@@ -579,6 +591,10 @@ static const char *main_help =
     "  version, --version                  print the library's version\n"
     "exit codes: 0 ok, 1 invalid data (model, row, token), 2 usage, 3 system error\n";
 
+static const char *version_help =
+    "usage: engram version   (or engram --version)\n"
+    "Prints \"engram VERSION\": the library's engram_version().\n";
+
 int main(int argc, char **argv)
 {
     /* past RLIMIT_FSIZE a write fails with EFBIG, which every command
@@ -593,7 +609,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-        printf("engram %s\n", engram_version());
+        if (has_help(argc - 1, argv + 1))
+            fputs(version_help, stdout);
+        else
+            printf("engram %s\n", engram_version());
         return 0;
     }
     static const struct {

@@ -244,11 +244,10 @@ void engram_tokmap_free(engram_tokmap *tm)
     memset(tm, 0, sizeof *tm);
 }
 
-int engram_tokmap_from_json(const char *path, engram_tokmap *out, engram_error *err)
+/* The tokenizer.json at path, parsed; the size limit is checked on the
+ * descriptor that is then parsed.  0 or a negative errno (err filled). */
+static int load_json(const char *path, json_t **root, engram_error *err)
 {
-    if (!path || !out)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
-    /* The size limit is checked on the descriptor that is then parsed. */
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -268,124 +267,171 @@ int engram_tokmap_from_json(const char *path, engram_tokmap *out, engram_error *
                        (unsigned long long)st.st_size, ENGRAM_TOKENIZER_MAX_BYTES);
     }
     json_error_t je;
-    json_t *root = json_loadfd(fd, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+    *root = json_loadfd(fd, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
     close(fd);
-    if (!root)
+    if (!*root)
         return err_set(err, -EBADMSG, je.position >= 0 ? (uint64_t)je.position : ENGRAM_NO_OFFSET,
                        "%s: line %d column %d: %s", path, je.line, je.column, je.text);
+    return 0;
+}
 
-    int rc = 0;
-    const char **tok = NULL;
-    uint32_t *tok_len = NULL;
-    uint8_t *buf = NULL, *is_added = NULL;
-    struct keytab kt = {0};
-    engram_tokmap tm = {0};
-
+/* Checks that root is a byte-level BPE tokenizer whose ids are all in
+ * range; *vocab: model.vocab, *added: added_tokens (or NULL), *n: the raw
+ * vocabulary size (one past the largest id of either list).  0 or a
+ * negative errno (err filled). */
+static int check_tokenizer(const char *path, json_t *root, json_t **vocab, json_t **added, uint64_t *n,
+                           engram_error *err)
+{
     json_t *model = json_object_get(root, "model");
-    json_t *vocab = json_object_get(model, "vocab");
-    json_t *added = json_object_get(root, "added_tokens");
+    *vocab = json_object_get(model, "vocab");
+    *added = json_object_get(root, "added_tokens");
     const char *mtype = json_string_value(json_object_get(model, "type"));
-    if (!json_is_object(model)) {
-        rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: no model object", path);
-        goto out;
+    if (!json_is_object(model))
+        return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: no model object", path);
+    if (!mtype || strcmp(mtype, "BPE") != 0 || !is_byte_level(json_object_get(root, "decoder")))
+        return err_set(err, -ENOTSUP, ENGRAM_NO_OFFSET,
+                       "%s: not a byte-level BPE tokenizer (model.type %s, decoder without ByteLevel)",
+                       path, mtype ? mtype : "missing");
+    if (!json_is_object(*vocab))
+        return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: no model.vocab object", path);
+    if (*added && !json_is_array(*added))
+        return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: added_tokens is not an array", path);
+    *n = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(*vocab, k, v) {
+        json_int_t id = json_integer_value(v);
+        if (!json_is_integer(v) || id < 0 || id >= ENGRAM_MAX_VOCAB)
+            return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
+                           "%s: model.vocab entry '%.40s' has a bad id (integers 0..%u)", path, k,
+                           ENGRAM_MAX_VOCAB - 1);
+        if ((uint64_t)id + 1 > *n)
+            *n = (uint64_t)id + 1;
     }
-    if (!mtype || strcmp(mtype, "BPE") != 0 || !is_byte_level(json_object_get(root, "decoder"))) {
-        rc = err_set(err, -ENOTSUP, ENGRAM_NO_OFFSET,
-                     "%s: not a byte-level BPE tokenizer (model.type %s, decoder without ByteLevel)",
-                     path, mtype ? mtype : "missing");
-        goto out;
+    size_t ai;
+    json_array_foreach(*added, ai, v) {
+        json_t *idv = json_object_get(v, "id");
+        json_int_t id = json_integer_value(idv);
+        if (!json_is_integer(idv) || id < 0 || id >= ENGRAM_MAX_VOCAB ||
+            !json_is_string(json_object_get(v, "content")))
+            return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
+                           "%s: added_tokens[%zu] needs an integer id 0..%u and a string content", path,
+                           ai, ENGRAM_MAX_VOCAB - 1);
+        if ((uint64_t)id + 1 > *n)
+            *n = (uint64_t)id + 1;
     }
-    if (!json_is_object(vocab)) {
-        rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: no model.vocab object", path);
-        goto out;
-    }
-    if (added && !json_is_array(added)) {
-        rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: added_tokens is not an array", path);
-        goto out;
-    }
-    /* The raw vocabulary runs to the largest id of either list. */
-    uint64_t n = 0;
+    if (*n == 0)
+        return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: empty vocabulary", path);
+    return 0;
+}
+
+/* Every raw id's token string (pointing into the JSON; NULL: no token),
+ * and which ids are added tokens. */
+struct tokens {
+    const char **tok;
+    uint32_t *len;
+    uint8_t *is_added;
+    size_t longest;     /* bytes of the longest string */
+};
+
+static void tokens_free(struct tokens *tk)
+{
+    free(tk->tok);
+    free(tk->len);
+    free(tk->is_added);
+}
+
+/* The token strings of ids 0..n-1 from model.vocab, then added_tokens,
+ * which take their id whatever the vocabulary says (they decode to their
+ * content, special or not).  0 or a negative errno (err filled). */
+static int collect_tokens(const char *path, json_t *vocab, json_t *added, uint64_t n, struct tokens *tk,
+                          engram_error *err)
+{
+    tk->tok = calloc(n, sizeof *tk->tok);
+    tk->len = calloc(n, sizeof *tk->len);
+    if (!tk->tok || !tk->len)
+        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
     const char *k;
     size_t klen;
     json_t *v;
     json_object_keylen_foreach(vocab, k, klen, v) {
         json_int_t id = json_integer_value(v);
-        if (!json_is_integer(v) || id < 0 || id >= ENGRAM_MAX_VOCAB) {
-            rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
-                         "%s: model.vocab entry '%.40s' has a bad id (integers 0..%u)", path, k,
-                         ENGRAM_MAX_VOCAB - 1);
-            goto out;
-        }
-        if ((uint64_t)id + 1 > n)
-            n = (uint64_t)id + 1;
+        if (tk->tok[id])
+            return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
+                           "%s: model.vocab gives id %lld to two tokens ('%.40s' and '%.40s')", path,
+                           (long long)id, tk->tok[id], k);
+        if (klen > UINT32_MAX / 2)
+            return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: token too long", path);
+        tk->tok[id] = k;
+        tk->len[id] = (uint32_t)klen;
+        tk->longest = klen > tk->longest ? klen : tk->longest;
     }
+    tk->is_added = calloc(n, 1);
+    if (!tk->is_added)
+        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
     size_t ai;
-    json_array_foreach(added, ai, v) {
-        json_t *idv = json_object_get(v, "id");
-        json_int_t id = json_integer_value(idv);
-        if (!json_is_integer(idv) || id < 0 || id >= ENGRAM_MAX_VOCAB ||
-            !json_is_string(json_object_get(v, "content"))) {
-            rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
-                         "%s: added_tokens[%zu] needs an integer id 0..%u and a string content", path,
-                         ai, ENGRAM_MAX_VOCAB - 1);
-            goto out;
-        }
-        if ((uint64_t)id + 1 > n)
-            n = (uint64_t)id + 1;
-    }
-    if (n == 0) {
-        rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: empty vocabulary", path);
-        goto out;
-    }
-    tok = calloc(n, sizeof *tok);
-    tok_len = calloc(n, sizeof *tok_len);
-    if (!tok || !tok_len) {
-        rc = err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
-        goto out;
-    }
-    size_t longest = 0;
-    json_object_keylen_foreach(vocab, k, klen, v) {
-        json_int_t id = json_integer_value(v);
-        if (tok[id]) {
-            rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
-                         "%s: model.vocab gives id %lld to two tokens ('%.40s' and '%.40s')", path,
-                         (long long)id, tok[id], k);
-            goto out;
-        }
-        if (klen > UINT32_MAX / 2) {
-            rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: token too long", path);
-            goto out;
-        }
-        tok[id] = k;
-        tok_len[id] = (uint32_t)klen;
-        longest = klen > longest ? klen : longest;
-    }
-    /* Added tokens take their id whatever the vocabulary says (they decode
-     * to their content, special or not). */
-    is_added = calloc(n, 1);
-    if (!is_added) {
-        rc = err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
-        goto out;
-    }
     json_array_foreach(added, ai, v) {
         json_t *c = json_object_get(v, "content");
         json_int_t id = json_integer_value(json_object_get(v, "id"));
-        if (json_string_length(c) > UINT32_MAX / 2) {
-            rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: added token too long", path);
-            goto out;
-        }
-        if (is_added[id]) {
-            rc = err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
-                         "%s: added_tokens[%zu] reuses id %lld of an earlier added token", path, ai,
-                         (long long)id);
-            goto out;
-        }
-        tok[id] = json_string_value(c);
-        tok_len[id] = (uint32_t)json_string_length(c);
-        is_added[id] = 1;
-        longest = tok_len[id] > longest ? tok_len[id] : longest;
+        if (json_string_length(c) > UINT32_MAX / 2)
+            return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "%s: added token too long", path);
+        if (tk->is_added[id])
+            return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
+                           "%s: added_tokens[%zu] reuses id %lld of an earlier added token", path, ai,
+                           (long long)id);
+        tk->tok[id] = json_string_value(c);
+        tk->len[id] = (uint32_t)json_string_length(c);
+        tk->is_added[id] = 1;
+        tk->longest = tk->len[id] > tk->longest ? tk->len[id] : tk->longest;
     }
+    return 0;
+}
 
+/* A copy of s[0..len) with a NUL after it, or NULL. */
+static char *copy_key(const uint8_t *s, size_t len)
+{
+    char *key = malloc(len + 1);
+    if (key) {
+        memcpy(key, s, len);
+        key[len] = '\0';
+    }
+    return key;
+}
+
+/* The key of one token (raw: its string, raw_len bytes): the normalized
+ * text (added tokens: their content; BPE tokens: their bytes, decoded into
+ * buf), or the raw string where the text is not clean UTF-8 (*raw_key set)
+ * or normalizes to nothing.  The new key (the caller owns it), or NULL when
+ * out of memory. */
+static char *token_key(const int16_t *unbyte, const uint8_t *raw, size_t raw_len, int added, uint8_t *buf,
+                       size_t *key_len, int *raw_key)
+{
+    size_t tlen = added ? raw_len : byte_level_decode(unbyte, raw, raw_len, buf);
+    const uint8_t *text = added ? raw : buf;
+    *raw_key = !clean_utf8(text, tlen);
+    if (*raw_key) {
+        *key_len = raw_len;
+        return copy_key(raw, raw_len);
+    }
+    char *key = NULL;
+    int nrc = engram_text_normalize((const char *)text, tlen, &key, key_len);
+    if (nrc < 0)
+        return NULL;
+    if (*key_len == 0) {
+        free(key);
+        *key_len = tlen;
+        return copy_key(text, tlen);
+    }
+    return key;
+}
+
+/* tm's map (raw id -> compressed id, in first-seen order of keys), keys
+ * and groups, from the n ids' strings.  0 or a negative errno (err
+ * filled); tm's map is allocated either way (engram_tokmap_free). */
+static int build_map(const struct tokens *tk, uint64_t n, engram_tokmap *tm, engram_error *err)
+{
+    int rc = 0;
+    struct keytab kt = {0};
     kt.cap = 1;
     while (kt.cap < 2 * n)
         kt.cap <<= 1;
@@ -393,72 +439,35 @@ int engram_tokmap_from_json(const char *path, engram_tokmap *out, engram_error *
     kt.key = calloc(n, sizeof *kt.key);
     kt.len = calloc(n, sizeof *kt.len);
     kt.group = calloc(n, sizeof *kt.group);
-    tm.map = malloc(n * sizeof *tm.map);
-    buf = malloc(longest + 1);
-    if (!kt.slot || !kt.key || !kt.len || !kt.group || !tm.map || !buf) {
+    tm->map = malloc(n * sizeof *tm->map);
+    uint8_t *buf = malloc(tk->longest + 1);
+    if (!kt.slot || !kt.key || !kt.len || !kt.group || !tm->map || !buf) {
         rc = err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
         goto out;
     }
     int16_t unbyte[0x144];
     byte_level_inverse(unbyte);
     for (uint64_t id = 0; id < n; id++) {
-        const uint8_t *raw = (const uint8_t *)(tok[id] ? tok[id] : "");
-        size_t raw_len = tok[id] ? tok_len[id] : 0;
-        if (!tok[id])
-            tm.missing++;
-        /* The token's text: added tokens are their content; BPE tokens
-         * go back to bytes. */
-        size_t tlen = is_added[id] ? raw_len : byte_level_decode(unbyte, raw, raw_len, buf);
-        const uint8_t *text = is_added[id] ? raw : buf;
-        char *key = NULL;
-        size_t key_len = 0;
-        if (!clean_utf8(text, tlen)) {
-            tm.raw_keys++;
-            key_len = raw_len;
-            key = malloc(raw_len + 1);
-            if (key) {
-                memcpy(key, raw, raw_len);
-                key[raw_len] = '\0';
-            }
-        } else {
-            int nrc = engram_text_normalize((const char *)text, tlen, &key, &key_len);
-            if (nrc == 0 && key_len == 0) {
-                free(key);
-                key = malloc(tlen + 1);
-                if (key) {
-                    memcpy(key, text, tlen);
-                    key[tlen] = '\0';
-                }
-                key_len = tlen;
-            } else if (nrc < 0) {
-                key = NULL;
-            }
-        }
+        const uint8_t *raw = (const uint8_t *)(tk->tok[id] ? tk->tok[id] : "");
+        size_t raw_len = tk->tok[id] ? tk->len[id] : 0, key_len = 0;
+        int raw_key;
+        if (!tk->tok[id])
+            tm->missing++;
+        char *key = token_key(unbyte, raw, raw_len, tk->is_added[id], buf, &key_len, &raw_key);
+        tm->raw_keys += (uint32_t)raw_key;
         if (!key) {
             rc = err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
             goto out;
         }
-        tm.map[id] = (uint32_t)keytab_id(&kt, key, key_len);
+        tm->map[id] = (uint32_t)keytab_id(&kt, key, key_len);
     }
-    tm.vocab = (uint32_t)n;
-    tm.compressed_vocab = kt.n;
-    tm.key = kt.key;
-    tm.key_len = kt.len;
-    tm.group = kt.group;
+    tm->vocab = (uint32_t)n;
+    tm->compressed_vocab = kt.n;
+    tm->key = kt.key;
+    tm->key_len = kt.len;
+    tm->group = kt.group;
     kt.key = NULL;
     kt.len = kt.group = NULL;
-    {
-        struct sha256 h;
-        sha256_init(&h);
-        for (uint32_t i = 0; i < tm.vocab; i++) {
-            uint8_t le[4] = {(uint8_t)tm.map[i], (uint8_t)(tm.map[i] >> 8), (uint8_t)(tm.map[i] >> 16),
-                             (uint8_t)(tm.map[i] >> 24)};
-            sha256_update(&h, le, 4);
-        }
-        sha256_final(&h, tm.sha256);
-    }
-    *out = tm;
-    memset(&tm, 0, sizeof tm);
 out:
     if (kt.key)
         for (uint32_t i = 0; i < kt.n; i++)
@@ -468,9 +477,44 @@ out:
     free(kt.group);
     free(kt.slot);
     free(buf);
-    free(is_added);
-    free(tok);
-    free(tok_len);
+    return rc;
+}
+
+/* SHA-256 of the map as little-endian u32. */
+static void map_sha256(engram_tokmap *tm)
+{
+    struct sha256 h;
+    sha256_init(&h);
+    for (uint32_t i = 0; i < tm->vocab; i++) {
+        uint8_t le[4] = {(uint8_t)tm->map[i], (uint8_t)(tm->map[i] >> 8), (uint8_t)(tm->map[i] >> 16),
+                         (uint8_t)(tm->map[i] >> 24)};
+        sha256_update(&h, le, 4);
+    }
+    sha256_final(&h, tm->sha256);
+}
+
+int engram_tokmap_from_json(const char *path, engram_tokmap *out, engram_error *err)
+{
+    if (!path || !out)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    json_t *root = NULL, *vocab, *added;
+    int rc = load_json(path, &root, err);
+    if (rc)
+        return rc;
+    struct tokens tk = {0};
+    engram_tokmap tm = {0};
+    uint64_t n = 0;
+    rc = check_tokenizer(path, root, &vocab, &added, &n, err);
+    if (rc == 0)
+        rc = collect_tokens(path, vocab, added, n, &tk, err);
+    if (rc == 0)
+        rc = build_map(&tk, n, &tm, err);
+    if (rc == 0) {
+        map_sha256(&tm);
+        *out = tm;
+        memset(&tm, 0, sizeof tm);
+    }
+    tokens_free(&tk);
     engram_tokmap_free(&tm);
     json_decref(root);
     return rc;

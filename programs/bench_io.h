@@ -1,0 +1,49 @@
+/*
+ * bench_io.h - what the parts of `engram bench io` share: the run's
+ * settings and model (bench_io.c: the command, the machine, fio, sections
+ * (a) and (b)) and section (c), prefill against the baseline reader
+ * (bench_prefill.c).
+ */
+#ifndef ENGRAM_BENCH_IO_H
+#define ENGRAM_BENCH_IO_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cli.h"
+
+#define MAX_DEPTHS 16
+#define ROUNDS 4
+#define MAX_CORPORA 8
+
+struct bench {
+    const char *path;
+    engram_model *m;
+    engram_model_info in;
+    const engram_layout *l;
+    double seconds;
+    unsigned depths[MAX_DEPTHS];
+    int n_depths;
+    const char *corpora[MAX_CORPORA];
+    int n_corpora;
+    int use_fio, use_baseline;
+    size_t max_tokens;
+    uint64_t cache_bytes;     /* prefill: the +cache reader's row cache    */
+    FILE *csv;
+    uint32_t align;
+    unsigned cross_pct;       /* % of rows whose 264 bytes span two blocks */
+    uint64_t seed;
+    const char *sections;     /* letters of the sections to run */
+};
+
+/* The next number of the splitmix64 sequence in *s. */
+uint64_t bench_rnd(uint64_t *s);
+/* One row of the CSV (--csv), if one is written. */
+void bench_csv_row(struct bench *b, const char *section, const char *what, double depth, double value,
+                   const char *unit);
+
+/* Section (c): prefill of each corpus, engram's readers against the
+ * baseline.  0 or an exit code. */
+int bench_section_prefill(struct bench *b);
+
+#endif
