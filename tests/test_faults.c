@@ -255,39 +255,6 @@ EXPORT int posix_memalign(void **p, size_t a, size_t n)
 
 /* ------------------------------------------------ helpers */
 
-static engram_model *open_model(const char *path)
-{
-    engram_model *m = NULL;
-    engram_error err;
-    if (engram_model_open(path, &m, &err) < 0)
-        fprintf(stderr, "open %s: %s\n", path, err.msg);
-    return m;
-}
-
-static uint32_t *hashed(engram_model *m, size_t n, uint64_t seed, unsigned alphabet)
-{
-    uint32_t *tok = malloc(n * sizeof *tok), *rows = malloc(n * 48 * sizeof *rows);
-    for (size_t i = 0; i < n; i++)
-        tok[i] = (uint32_t)(tu_rand(&seed) % alphabet);
-    engram_history h;
-    engram_history_reset(&h);
-    CHECK_EQ(engram_hash_tokens(engram_model_hasher(m), &h, tok, NULL, n, rows, NULL), 0);
-    free(tok);
-    return rows;
-}
-
-/* [n][24][256] bf16 of table t through the exact single-row path. */
-static uint16_t *expected(engram_model *m, int t, const uint32_t *rows, size_t n)
-{
-    uint16_t *out = malloc(n * 24 * 256 * 2);
-    uint32_t *ids = malloc(n * 24 * sizeof *ids);
-    for (size_t i = 0; i < n; i++)
-        memcpy(ids + i * 24, rows + i * 48 + t * 24, 24 * sizeof *ids);
-    CHECK_EQ(engram_model_read_bf16(m, t, ids, n * 24, out, NULL), 0);
-    free(ids);
-    return out;
-}
-
 static engram_reader *open_reader(engram_model *m, int e, unsigned depth)
 {
     engram_reader_opts o = {.engine = engines[e], .depth = depth};
@@ -453,11 +420,11 @@ static void renamed_over(const engram_layout *l)
     CHECK_EQ(engram_build_model(a, &o, NULL), 0);
     o.seed = 8;
     CHECK_EQ(engram_build_model(b, &o, NULL), 0);
-    engram_model *m = open_model(a);
+    engram_model *m = tu_open_model(a);
     if (!m)
         return;
-    uint32_t *rows = hashed(m, 64, 5, 500);
-    uint16_t *want = expected(m, 1, rows, 64);
+    uint32_t *rows = tu_hashed(m, 64, 5, 500);
+    uint16_t *want = tu_expected(m, 1, rows, 64, ENGRAM_BF16);
     CHECK_EQ(rename(b, a), 0);
     fe_reset();
     for (int e = 0; e < 3; e++) {
@@ -1484,7 +1451,8 @@ static void session_faults(engram_model *m)
                 uint32_t ids[48];
                 engram_history hx = h0;
                 engram_hash_token(engram_model_hasher(m), &hx, tok[i % n], 0, ids);
-                uint16_t *w0 = expected(m, 0, ids, 1), *w1 = expected(m, 1, ids, 1);
+                uint16_t *w0 = tu_expected(m, 0, ids, 1, ENGRAM_BF16);
+                uint16_t *w1 = tu_expected(m, 1, ids, 1, ENGRAM_BF16);
                 fe_arm(f->op, at, f->err, 1);
                 int rc = session_step(s, tok[i % n], out, &err);
                 fe_disarm();
@@ -1645,7 +1613,7 @@ static void prefill_faults(engram_model *m)
     engram_history_reset(&h0);
     hend = h0;
     CHECK_EQ(engram_hash_tokens(engram_model_hasher(m), &hend, tok, NULL, n, ids, NULL), 0);
-    uint16_t *w0 = expected(m, 0, ids, n), *w1 = expected(m, 1, ids, n);
+    uint16_t *w0 = tu_expected(m, 0, ids, n, ENGRAM_BF16), *w1 = tu_expected(m, 1, ids, n, ENGRAM_BF16);
     static const long spots[] = {1, 2, 48, 1000, 5000};
     /* one fault of each kind (the step sweep above takes every one) */
     static const struct fault pf_faults[] = {
@@ -1720,7 +1688,7 @@ static void apply_session_setup_faults(void)
     CHECK_EQ(tu_layout(&l, map, 3000, 2000, 3000), 0);
     char path[512];
     CHECK_EQ(tu_build("faults-w16.gguf", &l, ENGRAM_FILL_NORMAL, 16, path, sizeof path), 0);
-    engram_model *m = open_model(path);
+    engram_model *m = tu_open_model(path);
     if (!m)
         return;
     engram_error err;
@@ -1841,7 +1809,7 @@ int main(void)
     char path[512];
     CHECK_EQ(tu_build("faults.gguf", &l, ENGRAM_FILL_RANDOM, 0, path, sizeof path), 0);
     static engram_model *m;
-    m = open_model(path);
+    m = tu_open_model(path);
     if (!m)
         return tu_finish("test_faults");
     /* Fixtures live in statics: the scenario children exit with them still
@@ -1849,10 +1817,10 @@ int main(void)
     const size_t n = 40;
     static uint32_t *rows, *big;
     static uint16_t *w0, *w1;
-    rows = hashed(m, n, 11, 300);
-    w0 = expected(m, 0, rows, n);
-    w1 = expected(m, 1, rows, n);
-    big = hashed(m, ENGRAM_BATCH_TOKENS, 12, 3000);
+    rows = tu_hashed(m, n, 11, 300);
+    w0 = tu_expected(m, 0, rows, n, ENGRAM_BF16);
+    w1 = tu_expected(m, 1, rows, n, ENGRAM_BF16);
+    big = tu_hashed(m, ENGRAM_BATCH_TOKENS, 12, 3000);
 
     SCENARIO("1 close in flight", close_in_flight(m, rows));
     SCENARIO("2 transient reap error", transient_reap(m, rows, w0, w1, n));
