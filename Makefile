@@ -180,6 +180,13 @@ $(BUILD)/tests/%: tests/%.c tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
+# The tests that count or fail allocations link the one allocation
+# interposer, tests/alloc_shim.c, each wrapping the calls it fails.
+ALLOC_SHIM = tests/alloc_shim.c tests/alloc_shim.h
+$(BUILD)/tests/test_apply: tests/test_apply.c tests/testutil.h $(ALLOC_SHIM) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL)
+
 # Fault injection (test builds only): the reader's engine constructors and
 # its system and library calls are routed through the wrappers in
 # tests/test_faults.c and tests/fault_engine.h.
@@ -204,14 +211,15 @@ $(BUILD)/tests/test_interleave: tests/test_interleave.c tests/testutil.h $(BUILD
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new -o $@ $< \
 	    $(BUILD)/libengram-tools.a $(BUILD)/libengram-sched.a $(LDLIBS_ALL)
 
-$(BUILD)/tests/test_tools: tests/test_tools.c tests/testutil.h $(LIBS)
+$(BUILD)/tests/test_tools: tests/test_tools.c tests/testutil.h $(ALLOC_SHIM) $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc -o $@ $< $(LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc -o $@ $< tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL)
 
-$(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/device.c programs/cli.h tests/testutil.h $(LIBS)
+$(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/device.c programs/cli.h tests/testutil.h \
+    $(ALLOC_SHIM) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=realloc,--wrap=calloc -o $@ $< programs/cli.c \
-	    programs/device.c $(LIBS) $(LDLIBS_ALL) -ldl
+	    programs/device.c tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL) -ldl
 
 $(BUILD)/tests/envfail_preload.so: tests/envfail_preload.c
 	@mkdir -p $(dir $@)
