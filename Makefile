@@ -54,8 +54,9 @@ TOOLS_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(TOOLS_SRC))
 # shares with the runtime (error filling, the GGUF type table).
 TOOLS_SO_EXTRA = $(BUILD)/obj/common/util.o $(BUILD)/obj/format/gguf.o
 LIBS = $(BUILD)/libengram-tools.a $(BUILD)/libengram.a
-TEST_SRC = $(filter-out tests/test_faults.c tests/test_interleave.c tests/test_service.c,$(wildcard tests/test_*.c))
-TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(BUILD)/tests/test_faults \
+TEST_SRC = $(filter-out tests/test_faults_%.c tests/test_interleave.c tests/test_service.c,$(wildcard tests/test_*.c))
+FAULT_TESTS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_faults_*.c))
+TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC)) $(FAULT_TESTS) \
            $(BUILD)/tests/test_interleave $(BUILD)/tests/test_service
 BENCH_SRC = $(wildcard bench/*.c)
 BENCHES  = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
@@ -180,15 +181,24 @@ $(BUILD)/tests/%: tests/%.c tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
-# Fault injection (test builds only): the reader's engine constructors and
-# its system and library calls are routed through the wrappers in
-# tests/test_faults.c and tests/fault_engine.h.
+# The tests that count or fail allocations link the one allocation
+# interposer, tests/alloc_shim.c, each wrapping the calls it fails.
+ALLOC_SHIM = tests/alloc_shim.c tests/alloc_shim.h
+$(BUILD)/tests/test_apply: tests/test_apply.c tests/testutil.h $(ALLOC_SHIM) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL)
+
+# Fault injection (test builds only): the test_faults_* programs, one area
+# each (tests/faults.h), route the reader's engine constructors and the
+# library's system and library calls through the wrappers in
+# tests/fault_engine.h, tests/fault_shim.c and tests/alloc_shim.c.
 FAULT_WRAP = -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new,--wrap=open,--wrap=statx,--wrap=pwrite \
   -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup,--wrap=posix_memalign,--wrap=pthread_create,--wrap=pthread_attr_init,--wrap=mmap,--wrap=pread,--wrap=preadv2 \
   -Wl,--wrap=io_uring_queue_init_params,--wrap=io_uring_register_files,--wrap=io_uring_register_buffers,--wrap=io_uring_submit
-$(BUILD)/tests/test_faults: tests/test_faults.c tests/fault_engine.h tests/testutil.h $(LIBS)
+FAULT_SHIM = tests/faults.h tests/fault_engine.h tests/fault_shim.c tests/fault_shim.h $(ALLOC_SHIM)
+$(FAULT_TESTS): $(BUILD)/tests/%: tests/%.c $(FAULT_SHIM) tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) $(FAULT_WRAP) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) $(FAULT_WRAP) -o $@ $< tests/fault_shim.c tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL)
 
 # The pool's service order read by read: its engines behind a gate
 # (tests/fault_engine.h).
@@ -204,14 +214,15 @@ $(BUILD)/tests/test_interleave: tests/test_interleave.c tests/testutil.h $(BUILD
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=io_uring_engine_new,--wrap=io_threads_engine_new -o $@ $< \
 	    $(BUILD)/libengram-tools.a $(BUILD)/libengram-sched.a $(LDLIBS_ALL)
 
-$(BUILD)/tests/test_tools: tests/test_tools.c tests/testutil.h $(LIBS)
+$(BUILD)/tests/test_tools: tests/test_tools.c tests/testutil.h $(ALLOC_SHIM) $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc -o $@ $< $(LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc -o $@ $< tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL)
 
-$(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/device.c programs/cli.h tests/testutil.h $(LIBS)
+$(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/device.c programs/cli.h tests/testutil.h \
+    $(ALLOC_SHIM) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=realloc,--wrap=calloc -o $@ $< programs/cli.c \
-	    programs/device.c $(LIBS) $(LDLIBS_ALL) -ldl
+	    programs/device.c tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL) -ldl
 
 $(BUILD)/tests/envfail_preload.so: tests/envfail_preload.c
 	@mkdir -p $(dir $@)

@@ -65,8 +65,8 @@ second_stream() {
         # clang: the compute kernels and parsers it compiles differently; the I/O
         # and threading tests (reader, sessions, faults, page cache) are
         # compiler-independent logic, run above under gcc, ASan and TSan
-        build "clang" CC=clang BUILD=build-clang && suite "clang: " build-clang \
-            test_reader test_session test_faults test_pagecache test_threads test_interleave
+        build "clang" CC=clang BUILD=build-clang && suite "clang: " build-clang test_reader test_session \
+            test_faults_reader test_faults_files test_faults_pools test_pagecache test_threads test_interleave
         # libFuzzer on the model reader and the tokenizer reader for a fixed
         # time; any crash fails.
         if run "build: libFuzzer targets" make fuzz; then

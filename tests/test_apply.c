@@ -17,47 +17,19 @@
  *    strides naming them;
  *  - bad input: every error path, with the residual proven unchanged (or
  *    updated exactly up to the failing token, as documented);
- *  - a call allocates nothing (counted in plain builds), and the applier's
- *    memory is within ENGRAM_APPLY_WORKSPACE.
+ *  - a call allocates nothing (counted in plain builds by tests/alloc_shim.c),
+ *    and the applier's memory is within ENGRAM_APPLY_WORKSPACE.
  * The numpy float64 reference of the whole path (hash, read, decode,
  * project, gate) is tests/apply_ref.py, run by test_cli.sh.
  */
 #include <math.h>
 #include <pthread.h>
 
+#include "alloc_shim.h"
 #include "testutil.h"
 #include "../src/format/gguf.h"
 
 #define K ENGRAM_K
-
-/* ------------------------------------------------ allocation counter (plain builds) */
-#if !SANITIZED
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void *__libc_memalign(size_t, size_t);
-extern void __libc_free(void *);
-static volatile long alloc_calls;
-static volatile int counting;
-#define EXPORT __attribute__((visibility("default")))
-#define COUNT() (counting ? (void)__atomic_add_fetch(&alloc_calls, 1, __ATOMIC_RELAXED) : (void)0)
-EXPORT void *malloc(size_t n) { COUNT(); return __libc_malloc(n); }
-EXPORT void *calloc(size_t a, size_t b) { COUNT(); return __libc_calloc(a, b); }
-EXPORT void *realloc(void *p, size_t n) { COUNT(); return __libc_realloc(p, n); }
-EXPORT void free(void *p) { __libc_free(p); }
-void *memalign(size_t a, size_t n);
-EXPORT void *memalign(size_t a, size_t n) { COUNT(); return __libc_memalign(a, n); }
-EXPORT void *aligned_alloc(size_t a, size_t n) { COUNT(); return __libc_memalign(a, n); }
-EXPORT int posix_memalign(void **p, size_t a, size_t n)
-{
-    COUNT();
-    void *q = __libc_memalign(a, n);
-    if (!q)
-        return ENOMEM;
-    *p = q;
-    return 0;
-}
-#endif
 
 /* ------------------------------------------------ fixtures */
 
@@ -690,18 +662,18 @@ static void memory(struct fixture *f)
         CHECK(bytes >= (uint64_t)ENGRAM_APPLY_BLOCK * (f->N + K) * 4);
         engram_error err;
 #if !SANITIZED
-        alloc_calls = 0;
-        counting = 1;
+        alloc_counted = 0;
+        alloc_counting = 1;
 #endif
         CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, n, &err), 0);
         CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, xb, ENGRAM_BF16, NULL, n, &err), 0);
         CHECK_EQ(engram_project(a, rows, ENGRAM_BF16, n, kv, &err), 0);
 #if !SANITIZED
-        counting = 0;
+        alloc_counting = 0;
         printf("W=%u: %u thread(s): applier holds %llu bytes (bound %llu); allocations during "
                "three calls of %zu tokens: %ld\n", f->W, threads, (unsigned long long)bytes,
-               (unsigned long long)ENGRAM_APPLY_WORKSPACE(f->W, f->S, ENGRAM_APPLY_BLOCK), n, alloc_calls);
-        CHECK_EQ(alloc_calls, 0);
+               (unsigned long long)ENGRAM_APPLY_WORKSPACE(f->W, f->S, ENGRAM_APPLY_BLOCK), n, alloc_counted);
+        CHECK_EQ(alloc_counted, 0);
 #endif
         engram_applier_free(a);
     }

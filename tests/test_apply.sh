@@ -9,26 +9,15 @@
 # the tolerances are the same).
 # Usage: tests/test_apply.sh BUILD_DIR
 set -u
+. "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 ENGRAM="$BUILD/engram"
 PY=${PY:-/usr/bin/python3}
 DEV=${ENGRAM_DEVICE:-cpu}
-T=$(mktemp -d "${TMPDIR:-/tmp}/engram-apply-XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-check() { # check DESCRIPTION COMMAND...
+tmpdir apply
+check() { # check DESCRIPTION COMMAND... (on failure its stdout too: apply_ref.py reports there)
     desc=$1; shift
     if "$@" >"$T/out" 2>"$T/err"; then ok; else bad "$desc"; sed 's/^/    /' "$T/out" "$T/err" | tail -8 >&2; fi
-}
-expect_rc() { # expect_rc RC NEEDLE DESCRIPTION COMMAND...
-    want=$1; needle=$2; desc=$3; shift 3
-    "$@" >"$T/out" 2>"$T/err"
-    rc=$?
-    if [ "$rc" -eq "$want" ] && grep -q -- "$needle" "$T/out" "$T/err"; then ok; else
-        bad "$desc (rc $rc, wanted $want and '$needle')"; head -3 "$T/err" >&2; fi
 }
 absent() { # absent DESCRIPTION PATH: neither the file nor a temporary of it
     if [ -e "$2" ] || ls "$2".tmp* >/dev/null 2>&1; then bad "$1: $2 or a temporary exists"; else ok; fi
@@ -113,5 +102,4 @@ expect_rc 3 "cannot write" "output directory missing" "$ENGRAM" apply "$M64" --l
 expect_rc 0 "usage: engram apply" "--help" "$ENGRAM" apply --help
 absent "after all errors" "$O"
 
-echo "test_apply.sh: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish test_apply.sh

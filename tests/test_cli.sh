@@ -5,26 +5,15 @@
 # and decoded values.  Exit formats and exit codes as the README documents.
 # Usage: tests/test_cli.sh BUILD_DIR
 set -u
+. "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 ENGRAM="$BUILD/engram"
 PY=${PYTHON:-/usr/bin/python3}
 [ -x "$PY" ] || PY=python3
-T=$(mktemp -d "${TMPDIR:-/tmp}/engram-cli-XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+tmpdir cli
 check() { # check DESCRIPTION COMMAND...
     d=$1; shift
     if "$@" >"$T/out" 2>"$T/err"; then ok; else bad "$d"; sed 's/^/    /' "$T/err" | head -5 >&2; fi
-}
-expect_rc() { # expect_rc RC NEEDLE DESCRIPTION COMMAND...
-    want=$1; needle=$2; d=$3; shift 3
-    "$@" >"$T/out" 2>"$T/err"
-    rc=$?
-    if [ "$rc" -eq "$want" ] && grep -q -- "$needle" "$T/out" "$T/err"; then ok; else
-        bad "$d (rc $rc, wanted $want and '$needle')"; head -3 "$T/err" >&2; fi
 }
 
 # ---------------------------------------------------------------- version
@@ -387,5 +376,4 @@ amax = np.repeat(np.abs(x).reshape(-1, 32).max(1), 32).reshape(x.shape)
 # half a step: |x|/16 in E4M3's normal range, 2^(e-10) <= amax/(448*512) below it
 assert y.shape == x.shape and np.all(np.abs(y - x) <= np.abs(x) / 16 + amax / (448 * 512))"
 
-echo "test_cli: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish test_cli

@@ -16,15 +16,11 @@
 # shim inactive.
 # Usage: tests/test_envfail.sh BUILD_DIR
 set -u
+. "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 E="$BUILD/engram"
 SO="$(cd "$BUILD/tests" && pwd)/envfail_preload.so"
-T=$(mktemp -d "${TMPDIR:-/tmp}/engram-envfail-XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+tmpdir envfail
 # shim KIND: the shim's log shows a failure of KIND was injected
 shim() { if grep -q "$1" "$T/log" 2>/dev/null; then ok; else bad "the shim injected no '$1'"; fi; rm -f "$T/log"; }
 runs() { # runs DESCRIPTION COMMAND... (stdout to $T/out, stderr to $T/err): it exits 0
@@ -111,5 +107,4 @@ done
 # a corpus that does not exist: refused with the reason, the run goes on
 "$E" bench io "$B" --sections c --corpus "$T/nonexistent" > "$T/out" 2> "$T/err"
 has "$T/err" "cannot read tokens from $T/nonexistent: No such file or directory" "bench io, missing corpus"
-echo "test_envfail: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish test_envfail

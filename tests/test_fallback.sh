@@ -15,17 +15,12 @@
 # `engram rows` prints the same rows.
 # Usage: tests/test_fallback.sh BUILD_DIR
 set -u
+. "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 E="$BUILD/engram"
 SR="$BUILD/tests/seccomp_run"
 ND="$(cd "$BUILD/tests" && pwd)/envfail_preload.so" # with ENGRAM_FAIL_ODIRECT
-T=$(mktemp -d "${TMPDIR:-/tmp}/engram-fallback-XXXXXX")
-SHM=""
-trap 'rm -rf "$T" ${SHM:+"$SHM"}' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+tmpdir fallback
 
 M="$T/m.gguf"
 "$E" build "$M" --base 3000 --width 64 --fill normal --seed 2 >/dev/null || bad "build"
@@ -102,6 +97,7 @@ done
 
 # the model on tmpfs, if there is one
 if [ -d /dev/shm ] && SHM=$(mktemp -d /dev/shm/engram-fallback-XXXXXX 2>/dev/null); then
+    ALSO_REMOVE=$SHM
     cp "$M" "$SHM/m.gguf"
     outputs tmpfs "$SHM/m.gguf"
     echo "tmpfs: $(grep '^table reads:' "$T/tmpfs.info")"
@@ -111,5 +107,4 @@ if [ -d /dev/shm ] && SHM=$(mktemp -d /dev/shm/engram-fallback-XXXXXX 2>/dev/nul
         bad "tmpfs: info names neither O_DIRECT nor its refusal"; fi
 fi
 
-echo "test_fallback.sh: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish test_fallback.sh

@@ -11,8 +11,8 @@
 set -eu
 B=${1:-build}
 cd "$(dirname "$0")/.."
-T=$(mktemp -d "${TMPDIR:-/tmp}/engram-install-XXXXXX")
-trap 'rm -rf "$T"' EXIT
+. tests/lib.sh
+tmpdir install
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # A stand-in ldconfig on PATH: install must not run it here.

@@ -13,14 +13,10 @@
 #    could be mistaken for it.  At least one kill must land mid-run.
 # Usage: tests/test_outputs.sh BUILD_DIR
 set -u
+. "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 E="$BUILD/engram"
-T=$(mktemp -d "${TMPDIR:-/tmp}/engram-outputs-XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+tmpdir outputs
 KILLS=${KILLS:-6}
 
 # inputs
@@ -115,5 +111,4 @@ for c in build quantize dequantize tokmap apply; do
     if [ $mid -ge 1 ]; then ok; else bad "$c: no kill landed before the output was complete"; fi
 done
 
-echo "test_outputs.sh: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish test_outputs.sh

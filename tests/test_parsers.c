@@ -15,29 +15,11 @@
 #include <unistd.h>
 
 #include "../programs/cli.h"
+#include "alloc_shim.h"
 #include "testutil.h"
 
-/* Allocation failures (the test is linked with --wrap=malloc,--wrap=realloc):
- * the N-th call fails while armed. */
-static long alloc_calls, alloc_fail_at;
-void *__real_malloc(size_t n);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n);
-void *__wrap_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n)
-{
-    return alloc_fail_at && ++alloc_calls == alloc_fail_at ? NULL : __real_malloc(n);
-}
-void *__wrap_realloc(void *p, size_t n)
-{
-    return alloc_fail_at && ++alloc_calls == alloc_fail_at ? NULL : __real_realloc(p, n);
-}
-void *__real_calloc(size_t a, size_t b);
-void *__wrap_calloc(size_t a, size_t b);
-void *__wrap_calloc(size_t a, size_t b)
-{
-    return alloc_fail_at && ++alloc_calls == alloc_fail_at ? NULL : __real_calloc(a, b);
-}
+/* Allocation failures: the test is linked with --wrap=malloc,--wrap=realloc,
+ * --wrap=calloc, and lib_alloc (tests/alloc_shim.h) fails the N-th call. */
 
 static int nums(const char *text, size_t len, uint64_t max, const uint32_t *want, size_t nwant)
 {
@@ -84,10 +66,9 @@ static void numbers(void)
     for (long k = 1; k <= 2; k++) {
         uint32_t *v = (uint32_t *)1;
         size_t cnt = 77, bad = 0;
-        alloc_calls = 0;
-        alloc_fail_at = k;
+        lib_alloc = (struct fail_plan){0, k, 1};
         int rc = parse_numbers(big, len, UINT32_MAX, &v, &cnt, &bad);
-        alloc_fail_at = 0;
+        lib_alloc.armed = 0;
         CHECK_EQ(rc, -ENOMEM);
         CHECK(v == (uint32_t *)1 && cnt == 77);
     }
@@ -258,10 +239,9 @@ static void devices(void)
     d = NULL;
     CHECK_ERR(dev_open("tpu", L, 1, 16, &d, &err), err, -EINVAL, "unknown device");
     CHECK(d == NULL);
-    alloc_calls = 0;
-    alloc_fail_at = 1; /* dev_open's own allocation comes first */
+    lib_alloc = (struct fail_plan){0, 1, 1}; /* dev_open's own allocation comes first */
     int rc = dev_open("cpu", L, 1, 16, &d, &err);
-    alloc_fail_at = 0;
+    lib_alloc.armed = 0;
     CHECK_ERR(rc, err, -ENOMEM, "out of memory");
     CHECK(d == NULL);
     engram_layer_close(L);

@@ -16,44 +16,6 @@
 static const engram_io_engine engines[] = {ENGRAM_IO_URING, ENGRAM_IO_THREADS, ENGRAM_IO_BUFFERED};
 static const char *const engine_names[] = {"io_uring", "threads", "buffered"};
 
-static engram_model *open_model(const char *path)
-{
-    engram_model *m = NULL;
-    engram_error err;
-    if (engram_model_open(path, &m, &err) < 0)
-        fprintf(stderr, "open %s: %s\n", path, err.msg);
-    return m;
-}
-
-/* Token stream with plenty of repeats, hashed. */
-static uint32_t *hashed_stream(engram_model *m, size_t n, uint64_t seed, unsigned alphabet)
-{
-    uint32_t *tok = malloc(n * sizeof *tok), *rows = malloc(n * 48 * sizeof *rows);
-    for (size_t i = 0; i < n; i++)
-        tok[i] = (uint32_t)(tu_rand(&seed) % alphabet);
-    engram_history h;
-    engram_history_reset(&h);
-    CHECK_EQ(engram_hash_tokens(engram_model_hasher(m), &h, tok, NULL, n, rows, NULL), 0);
-    free(tok);
-    return rows;
-}
-
-/* Expected values through the exact single-row path. */
-static void *expected(engram_model *m, int t, const uint32_t *rows, size_t n, engram_dtype d)
-{
-    size_t es = d == ENGRAM_F32 ? 4 : 2;
-    uint8_t *out = malloc(n * 24 * 256 * es);
-    uint32_t *ids = malloc(n * 24 * sizeof *ids);
-    for (size_t i = 0; i < n; i++)
-        memcpy(ids + i * 24, rows + i * 48 + t * 24, 24 * sizeof *ids);
-    engram_error err;
-    int rc = d == ENGRAM_F32 ? engram_model_read_f32(m, t, ids, n * 24, (float *)out, &err)
-                             : engram_model_read_bf16(m, t, ids, n * 24, (uint16_t *)out, &err);
-    CHECK_EQ(rc, 0);
-    free(ids);
-    return out;
-}
-
 /* Distinct rows per 2048-token chunk, counted here by sorting. */
 static int cmp32(const void *a, const void *b)
 {
@@ -81,7 +43,7 @@ static uint64_t expected_reads(const uint32_t *rows, size_t n, int t)
 static void batches(engram_model *m)
 {
     const size_t n = 2100; /* two chunks, the last one partial */
-    uint32_t *rows = hashed_stream(m, n, 1, 6);
+    uint32_t *rows = tu_hashed(m, n, 1, 6);
     for (int e = 0; e < 3; e++) {
         engram_reader_opts o = {.engine = engines[e], .depth = 32};
         engram_reader *r;
@@ -103,7 +65,7 @@ static void batches(engram_model *m)
                 size_t bytes = n * 24 * 256 * (d ? 4 : 2);
                 uint8_t *got = malloc(bytes + 64);
                 memset(got, 0xee, bytes + 64);
-                void *want = expected(m, t, rows, n, dt);
+                void *want = tu_expected(m, t, rows, n, dt);
                 engram_reader_reset_stats(r);
                 CHECK_EQ(engram_reader_batch(r, t, rows, n, dt, got, &err), 0);
                 CHECK(memcmp(got, want, bytes) == 0);
@@ -133,8 +95,8 @@ static void batches(engram_model *m)
 static void cached(engram_model *m)
 {
     const size_t n = 2100;
-    uint32_t *rows = hashed_stream(m, n, 3, 40);
-    void *want = expected(m, 1, rows, n, ENGRAM_BF16);
+    uint32_t *rows = tu_hashed(m, n, 3, 40);
+    void *want = tu_expected(m, 1, rows, n, ENGRAM_BF16);
     size_t bytes = n * 24 * 256 * 2;
     uint16_t *got = malloc(bytes);
     uint64_t distinct = expected_reads(rows, n, 1);
@@ -164,7 +126,7 @@ static void cached(engram_model *m)
             /* Decode steps: a second pass over the same tokens is all hits
              * with the big cache; outputs exact either way. */
             const size_t ns = 40;
-            void *w0 = expected(m, 0, rows, ns, ENGRAM_F32), *w1 = expected(m, 1, rows, ns, ENGRAM_F32);
+            void *w0 = tu_expected(m, 0, rows, ns, ENGRAM_F32), *w1 = tu_expected(m, 1, rows, ns, ENGRAM_F32);
             static float out[48 * 256];
             for (int pass = 0; pass < 2; pass++) {
                 engram_reader_reset_stats(r);
@@ -200,8 +162,8 @@ static void cached(engram_model *m)
 static void steps(engram_model *m)
 {
     const size_t n = 24;
-    uint32_t *rows = hashed_stream(m, n, 2, 1000);
-    void *want0 = expected(m, 0, rows, n, ENGRAM_F32), *want1 = expected(m, 1, rows, n, ENGRAM_F32);
+    uint32_t *rows = tu_hashed(m, n, 2, 1000);
+    void *want0 = tu_expected(m, 0, rows, n, ENGRAM_F32), *want1 = tu_expected(m, 1, rows, n, ENGRAM_F32);
     for (int e = 0; e < 3; e++) {
         for (unsigned depth = 8; depth <= 64; depth *= 8) { /* fewer slots than rows, and more */
             engram_reader_opts o = {.engine = engines[e], .depth = depth};
@@ -307,7 +269,7 @@ static void errors(const char *path, const engram_layout *l)
     char cmd[1300];
     snprintf(cmd, sizeof cmd, "cp '%s' '%s'", path, bad);
     CHECK_EQ(system(cmd), 0);
-    engram_model *m = open_model(bad);
+    engram_model *m = tu_open_model(bad);
     engram_model_info in;
     engram_model_get_info(m, &in);
     /* Poison row 1000 of table 1 (NaN scale). */
@@ -422,7 +384,7 @@ static void million(engram_model *m)
     /* Positions 4..7 cover the four steady phases 0..3 (pos % 4). */
     uint16_t *want = malloc(4 * 24 * 256 * 2);
     for (int p = 0; p < 4; p++) {
-        void *w = expected(m, 0, rows + (size_t)(4 + p) * 48, 1, ENGRAM_BF16);
+        void *w = tu_expected(m, 0, rows + (size_t)(4 + p) * 48, 1, ENGRAM_BF16);
         memcpy(want + p * 24 * 256, w, 24 * 256 * 2);
         free(w);
     }
@@ -488,7 +450,7 @@ static void env_and_options(engram_model *m)
 #pragma GCC diagnostic pop
     CHECK(strcmp(old.engine, st.engine) == 0 && old.depth == st.depth &&
           old.reserved_bytes == st.reserved_bytes);
-    uint32_t *rows = hashed_stream(m, 5000, 9, 30);
+    uint32_t *rows = tu_hashed(m, 5000, 9, 30);
     uint16_t *w = malloc(100 * 24 * 256 * 2);
     int rc = engram_reader_batch_stream(r, 0, rows, 5000, ENGRAM_BF16, w, 100, stop_sink, NULL, &err);
     CHECK_ERR(rc, err, -ECANCELED, "sink");
@@ -522,7 +484,7 @@ static void beyond_4g(void)
         CHECK(0);
         return;
     }
-    engram_model *m = open_model(path);
+    engram_model *m = tu_open_model(path);
     if (!m)
         return;
     engram_model_info in;
@@ -550,7 +512,7 @@ static void beyond_4g(void)
             continue;
         }
         for (int t = 0; t < 2; t++) {
-            uint16_t *want = expected(m, t, rows, n, ENGRAM_BF16);
+            uint16_t *want = tu_expected(m, t, rows, n, ENGRAM_BF16);
             static uint16_t got[2 * 24 * 256];
             memset(got, 0xee, sizeof got);
             CHECK_EQ(engram_reader_batch(r, t, rows, n, ENGRAM_BF16, got, &err), 0);
@@ -563,7 +525,8 @@ static void beyond_4g(void)
             free(want);
         }
         static float step[48 * 256];
-        float *w0 = expected(m, 0, rows + 48, 1, ENGRAM_F32), *w1 = expected(m, 1, rows + 48, 1, ENGRAM_F32);
+        float *w0 = tu_expected(m, 0, rows + 48, 1, ENGRAM_F32);
+        float *w1 = tu_expected(m, 1, rows + 48, 1, ENGRAM_F32);
         CHECK_EQ(engram_reader_step_submit(r, rows + 48, ENGRAM_F32, step, &err), 0);
         CHECK_EQ(engram_reader_step_wait(r, &err), 0);
         CHECK(memcmp(step, w0, 24 * 256 * 4) == 0);
@@ -588,7 +551,7 @@ int main(void)
     CHECK_EQ(tu_layout(&l, map, 3000, 2000, 30000), 0);
     char path[512];
     CHECK_EQ(tu_build("reader.gguf", &l, ENGRAM_FILL_RANDOM, 0, path, sizeof path), 0);
-    engram_model *m = open_model(path);
+    engram_model *m = tu_open_model(path);
     CHECK(m != NULL);
     if (!m)
         return tu_finish("test_reader");

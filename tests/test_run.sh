@@ -9,15 +9,11 @@
 # none, 1 and 3 sessions, 1 and 2 threads all give the same bits.
 # Usage: tests/test_run.sh BUILD_DIR
 set -u
+. "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 ENGRAM="$BUILD/engram"
 PY=/usr/bin/python3
-T=$(mktemp -d "${TMPDIR:-/tmp}/engram-run-XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+tmpdir run
 
 M="$T/m.gguf"
 "$ENGRAM" build "$M" --base 20000 --width 64 --fill normal --seed 3 >/dev/null || bad "build"
@@ -162,5 +158,4 @@ rc=$?
 if [ $rc -eq 0 ] || { [ $rc -eq 3 ] && grep -qiE "cuda|nvidia|gpu|device" "$T/err"; }; then ok; else
     bad "--device cuda without a usable GPU must exit 3 naming the reason (rc $rc)"; cat "$T/err" >&2; fi
 
-echo "test_run.sh: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish test_run.sh

@@ -10,6 +10,7 @@
 #include <float.h>
 #include <math.h>
 
+#include "alloc_shim.h"
 #include "testutil.h"
 
 #include "tools/sha256.h"
@@ -41,17 +42,6 @@ static void multipliers(void)
     CHECK_EQ(engram_layout_multipliers(0, 1, 4, m), -EINVAL);
     CHECK_EQ(engram_layout_multipliers((1u << 24) + 1, 1, 4, m), -EINVAL);
     CHECK_EQ(engram_layout_multipliers(99092, 1, 0, m), -EINVAL);
-}
-
-/* malloc is wrapped for this test (see the Makefile): the N-th call fails
- * while alloc_fail_at is N; utf8proc's own allocations (a shared library)
- * are not counted. */
-static long alloc_calls, alloc_fail_at;
-void *__real_malloc(size_t n);
-void *__wrap_malloc(size_t n);
-void *__wrap_malloc(size_t n)
-{
-    return alloc_fail_at && ++alloc_calls == alloc_fail_at ? NULL : __real_malloc(n);
 }
 
 /* normalize(in) must be want (both with explicit lengths). */
@@ -93,23 +83,24 @@ static void normalize(void)
     NORM("\xe2\x91\xa0", "1");            /* circled one, NFKC            */
     char *out = NULL;
     size_t n;
-    /* every allocation of a normalization failed in turn: -ENOMEM, nothing returned */
+    /* every allocation of a normalization failed in turn: -ENOMEM, nothing
+     * returned (malloc is wrapped for this test, see the Makefile: lib_alloc,
+     * tests/alloc_shim.h; utf8proc's own allocations, a shared library's,
+     * are not counted) */
     {
-        alloc_calls = 0;
-        alloc_fail_at = -1; /* counts only */
+        lib_alloc = (struct fail_plan){0, 0, 1}; /* counts only */
         char *o2 = NULL;
         size_t n2 = 0;
         CHECK_EQ(engram_text_normalize("Gr\xc3\xbc\xc3\x9f  Gott", 13, &o2, &n2), 0);
-        long total = alloc_calls;
-        alloc_fail_at = 0;
+        long total = lib_alloc.calls;
+        lib_alloc.armed = 0;
         free(o2);
         CHECK(total >= 1);
         for (long k = 1; k <= total; k++) {
-            alloc_calls = 0;
-            alloc_fail_at = k;
+            lib_alloc = (struct fail_plan){0, k, 1};
             o2 = NULL;
             int r = engram_text_normalize("Gr\xc3\xbc\xc3\x9f  Gott", 13, &o2, &n2);
-            alloc_fail_at = 0;
+            lib_alloc.armed = 0;
             CHECK_EQ(r, -ENOMEM);
             CHECK(o2 == NULL);
         }

@@ -1,6 +1,8 @@
 /* testutil.h - tiny test harness shared by the test programs: CHECK macros,
- * a private temporary directory, and small-model helpers.  Each test
- * program exits 0 on pass and 1 on failure. */
+ * a private temporary directory, and small-model helpers (a layout, a
+ * built model, opened, its rows hashed and read the exact way).  Each test
+ * program exits 0 on pass and 1 on failure.  cuda/'s programs include it
+ * as C++ (hence the casts of malloc's result). */
 #ifndef ENGRAM_TESTUTIL_H
 #define ENGRAM_TESTUTIL_H
 
@@ -160,6 +162,47 @@ static inline int tu_build(const char *name, const engram_layout *l, engram_fill
     if (rc < 0)
         fprintf(stderr, "build %s: %s\n", name, err.msg);
     return rc;
+}
+
+/* Opens a model, saying why not on stderr; NULL on failure. */
+static inline engram_model *tu_open_model(const char *path)
+{
+    engram_model *m = NULL;
+    engram_error err;
+    if (engram_model_open(path, &m, &err) < 0)
+        fprintf(stderr, "open %s: %s\n", path, err.msg);
+    return m;
+}
+
+/* The rows of n random tokens of [0, alphabet) hashed from an empty
+ * history: [n][48] (table 0's 24 ids, then table 1's); the caller frees. */
+static inline uint32_t *tu_hashed(engram_model *m, size_t n, uint64_t seed, unsigned alphabet)
+{
+    uint32_t *tok = (uint32_t *)malloc(n * sizeof *tok), *rows = (uint32_t *)malloc(n * 48 * sizeof *rows);
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (uint32_t)(tu_rand(&seed) % alphabet);
+    engram_history h;
+    engram_history_reset(&h);
+    CHECK_EQ(engram_hash_tokens(engram_model_hasher(m), &h, tok, NULL, n, rows, NULL), 0);
+    free(tok);
+    return rows;
+}
+
+/* Table t's values of those rows through the exact single-row path:
+ * [n][24][256] of d (ENGRAM_BF16 or ENGRAM_F32); the caller frees. */
+static inline void *tu_expected(engram_model *m, int t, const uint32_t *rows, size_t n, engram_dtype d)
+{
+    size_t es = d == ENGRAM_F32 ? 4 : 2;
+    uint8_t *out = (uint8_t *)malloc(n * 24 * 256 * es);
+    uint32_t *ids = (uint32_t *)malloc(n * 24 * sizeof *ids);
+    for (size_t i = 0; i < n; i++)
+        memcpy(ids + i * 24, rows + i * 48 + t * 24, 24 * sizeof *ids);
+    engram_error err;
+    int rc = d == ENGRAM_F32 ? engram_model_read_f32(m, t, ids, n * 24, (float *)out, &err)
+                             : engram_model_read_bf16(m, t, ids, n * 24, (uint16_t *)out, &err);
+    CHECK_EQ(rc, 0);
+    free(ids);
+    return out;
 }
 
 #endif

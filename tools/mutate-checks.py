@@ -20,6 +20,10 @@ A test command that runs past MUT_TIMEOUT seconds (default 60) counts as
 caught (the mutant hangs it) and is reported as such.
   e.g. tools/mutate-checks.py programs/cli.c parse_numbers,parse_history,npy_parse \\
        build/tests/test_parsers -- build/tests/test_parsers
+  or, with one area's fault scenarios (TF_ONLY: those whose names hold it):
+       tools/mutate-checks.py src/serve/prefetch.c '*' \\
+       build/tests/test_session,build/tests/test_faults_pools -- sh -c \\
+       'build/tests/test_session && TF_ONLY=prefill build/tests/test_faults_pools'
 """
 import os
 import re
