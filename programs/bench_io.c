@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench_io.h"
+#include "bench.h"
 
 static double cpu_s(void)
 {
@@ -28,14 +28,6 @@ static double cpu_s(void)
     getrusage(RUSAGE_SELF, &u);
     return (double)u.ru_utime.tv_sec + (double)u.ru_utime.tv_usec * 1e-6 +
            (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec * 1e-6;
-}
-
-uint64_t bench_rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -48,13 +40,6 @@ static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-void bench_csv_row(struct bench *b, const char *section, const char *what, double depth,
-                   double value, const char *unit)
-{
-    if (b->csv)
-        fprintf(b->csv, "%s,%s,%g,%.6g,%s\n", section, what, depth, value, unit);
 }
 
 /* ------------------------------------------------------------ fio */

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bench_io.h"
+#include "bench.h"
 
 /* ------------------------------------------------------------ page cache */
 

@@ -135,7 +135,7 @@ static void work(void *arg, unsigned w)
 }
 
 /* Runs a phase over up to `items` workers. */
-static void run(engram_applier *a, enum phase ph, unsigned items)
+static void run_phase(engram_applier *a, enum phase ph, unsigned items)
 {
     unsigned nw = a->threads < items ? a->threads : items;
     if (nw == 0)
@@ -309,7 +309,7 @@ static void block_rows(engram_applier *a)
     }
     for (unsigned j = 0; j < a->nt; j++)
         a->e[j] = a->e32 + (size_t)j * ENGRAM_K;
-    run(a, PH_CONVERT, a->nt);
+    run_phase(a, PH_CONVERT, a->nt);
 }
 
 int engram_apply_strided(engram_applier *a, const void *rows, engram_dtype rows_dtype,
@@ -349,13 +349,13 @@ int engram_apply_strided(engram_applier *a, const void *rows, engram_dtype rows_
         block_rows(a);
         a->kv_out = a->kv;
         a->kv_ld = L->N;
-        run(a, PH_PROJECT, L->panels);
-        run(a, PH_GATE, a->nt);
+        run_phase(a, PH_PROJECT, L->panels);
+        run_phase(a, PH_GATE, a->nt);
         unsigned bad = 0;
         while (bad < a->nt && a->ok[bad])
             bad++;
         a->n_write = bad;
-        run(a, PH_WRITE, bad);
+        run_phase(a, PH_WRITE, bad);
         if (bad < a->nt)
             return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
                            "token %zu: the projection or gate is not finite (F32 overflow); "
@@ -397,7 +397,7 @@ int engram_project(engram_applier *a, const void *rows, engram_dtype rows_dtype,
         block_rows(a);
         a->kv_out = kv + first * L->N;
         a->kv_ld = L->N;
-        run(a, PH_PROJECT, L->panels);
+        run_phase(a, PH_PROJECT, L->panels);
     }
     return 0;
 }

@@ -1,11 +1,11 @@
 /*
- * bench_io.h - what the parts of `engram bench io` share: the run's
+ * bench.h - what the parts of `engram bench io` share: the run's
  * settings and model (bench_io.c: the command, the machine, fio, sections
  * (a) and (b)) and section (c), prefill against the baseline reader
  * (bench_prefill.c).
  */
-#ifndef ENGRAM_BENCH_IO_H
-#define ENGRAM_BENCH_IO_H
+#ifndef ENGRAM_BENCH_H
+#define ENGRAM_BENCH_H
 
 #include <stdint.h>
 #include <stdio.h>
@@ -37,10 +37,21 @@ struct bench {
 };
 
 /* The next number of the splitmix64 sequence in *s. */
-uint64_t bench_rnd(uint64_t *s);
+static inline uint64_t bench_rnd(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 /* One row of the CSV (--csv), if one is written. */
-void bench_csv_row(struct bench *b, const char *section, const char *what, double depth, double value,
-                   const char *unit);
+static inline void bench_csv_row(struct bench *b, const char *section, const char *what,
+                                 double depth, double value, const char *unit)
+{
+    if (b->csv)
+        fprintf(b->csv, "%s,%s,%g,%.6g,%s\n", section, what, depth, value, unit);
+}
 
 /* Section (c): prefill of each corpus, engram's readers against the
  * baseline.  0 or an exit code. */
