@@ -45,27 +45,6 @@ static const char *apply_help =
 #define READ_CHUNK ENGRAM_BATCH_TOKENS
 #define APPLY_CHUNK 256u
 
-static uint64_t mix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* seed:N residual: element e of the stream is a function of (N, e) alone. */
-static void seeded_resid(uint64_t seed, uint64_t first, size_t count, float *out)
-{
-    for (size_t i = 0; i < count; i++) {
-        uint64_t s = seed * 0x2545f4914f6cdd1dull + first + i;
-        uint64_t r = mix64(&s);
-        union { float f; uint32_t u; } v;
-        v.f = ((float)(r >> 40) / (float)(1u << 24) - 0.5f) * 8.0f;
-        v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u; /* BF16, nearest even */
-        out[i] = v.f;
-    }
-}
-
 
 /* The command line. */
 struct apply_opts {
@@ -252,7 +231,7 @@ static int apply_chunk(struct apply *r, const struct apply_opts *o, size_t pos, 
     uint64_t first = (uint64_t)pos * r->per;
     int rc;
     if (r->seeded) {
-        seeded_resid(r->seed, first, c * r->per, r->x);
+        cli_seeded_resid(r->seed, first, c * r->per, r->x);
     } else if ((rc = pread_all(r->in_fd, r->x, c * r->per * 4, first * 4)) < 0) {
         fprintf(stderr, "%s: apply: reading '%s': %s\n", prog, o->in, strerror(-rc));
         return EXIT_SYSTEM;

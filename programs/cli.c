@@ -472,3 +472,17 @@ int pread_all(int fd, void *buf, size_t n, uint64_t off)
     }
     return 0;
 }
+
+void cli_seeded_resid(uint64_t seed, uint64_t first, size_t count, float *out)
+{
+    for (size_t i = 0; i < count; i++) {
+        uint64_t z = seed * 0x2545f4914f6cdd1dull + first + i + 0x9e3779b97f4a7c15ull; /* splitmix64 */
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        uint64_t r = z ^ (z >> 31);
+        union { float f; uint32_t u; } v;
+        v.f = ((float)(r >> 40) / (float)(1u << 24) - 0.5f) * 8.0f;
+        v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u; /* BF16, nearest even */
+        out[i] = v.f;
+    }
+}

@@ -100,6 +100,10 @@ void dev_host_hooks(struct dev *d, engram_host_hooks *h);
 int dev_apply(struct dev *d, const void *rows, size_t stride, float *x, const uint8_t *mask,
               size_t n, float *kv_out, engram_error *err);
 
+/* The seed:N residual of engram apply and engram run: element e of the
+ * stream is a function of (N, e) alone, a BF16-exact value in [-4, 4). */
+void cli_seeded_resid(uint64_t seed, uint64_t first, size_t count, float *out);
+
 int cmd_build(int argc, char **argv);
 int cmd_apply(int argc, char **argv);
 int cmd_run(int argc, char **argv);

@@ -78,27 +78,6 @@ static int64_t model_resident_pages(const char *path, uint64_t lo, uint64_t hi)
     return n;
 }
 
-/* engram apply's seed:N residual, element e of session stream. */
-static uint64_t mix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void seeded(uint64_t seed, uint64_t first, size_t count, float *out)
-{
-    for (size_t i = 0; i < count; i++) {
-        uint64_t s = seed * 0x2545f4914f6cdd1dull + first + i;
-        uint64_t r = mix64(&s);
-        union { float f; uint32_t u; } v;
-        v.f = ((float)(r >> 40) / (float)(1u << 24) - 0.5f) * 8.0f;
-        v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
-        out[i] = v.f;
-    }
-}
-
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -307,7 +286,7 @@ static int open_sessions(struct run *R, const uint32_t *tokens, size_t n, engram
         q->x = malloc(slice * R->per * 4);
         if (!q->x)
             return -ENOMEM;
-        seeded(1 + b, 0, slice * R->per, q->x);
+        cli_seeded_resid(1 + b, 0, slice * R->per, q->x);
         dev_pin(R->D[0], q->x, slice * R->per * 4);
         rc = engram_session_open(R->pool, &q->s, err);
     }
