@@ -24,7 +24,7 @@ static const char *apply_help =
     "decodes them, projects them with the layer's F16 weights, and applies the\n"
     "cosine gate and the update to the residual.\n"
     "IN: raw little-endian float32 [token][S][W] (S = 4 streams, W from the model),\n"
-    "or seed:N for a deterministic pseudo-random residual of BF16 values in (-4, 4).\n"
+    "or seed:N for a deterministic pseudo-random residual of BF16 values in [-4, 4].\n"
     "OUT: the updated residual, same layout, every value a BF16 value; masked\n"
     "tokens (mask 0) are copied bit for bit.  OUT is written under a temporary\n"
     "name and renamed only when everything succeeded.  --kv-out FILE also writes\n"

@@ -101,7 +101,7 @@ int dev_apply(struct dev *d, const void *rows, size_t stride, float *x, const ui
               size_t n, float *kv_out, engram_error *err);
 
 /* The seed:N residual of engram apply and engram run: element e of the
- * stream is a function of (N, e) alone, a BF16-exact value in [-4, 4). */
+ * stream is a function of (N, e) alone, a BF16 value in [-4, 4]. */
 void cli_seeded_resid(uint64_t seed, uint64_t first, size_t count, float *out);
 
 int cmd_build(int argc, char **argv);

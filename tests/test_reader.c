@@ -433,6 +433,25 @@ static int stop_sink(void *ctx, size_t first, size_t n, const void *w)
     return first > 0 ? -ECANCELED : 0;
 }
 
+/* A stream's sink that calls the reader again: a step or another batch is
+ * refused (-EBUSY), the stream goes on. */
+struct nested {
+    engram_reader *r;
+    const uint32_t *rows;
+    int calls, step_busy, batch_busy;
+};
+
+static int nested_sink(void *vctx, size_t first, size_t n, const void *w)
+{
+    (void)first; (void)n; (void)w;
+    struct nested *c = vctx;
+    static uint16_t out[ENGRAM_ROWS_PER_TOKEN * ENGRAM_ROW_VALUES];
+    c->calls++;
+    c->step_busy += engram_reader_step_submit(c->r, c->rows, ENGRAM_BF16, out, NULL) == -EBUSY;
+    c->batch_busy += engram_reader_batch(c->r, 0, c->rows, 1, ENGRAM_BF16, out, NULL) == -EBUSY;
+    return 0;
+}
+
 static void env_and_options(engram_model *m)
 {
     engram_reader *r;
@@ -454,6 +473,14 @@ static void env_and_options(engram_model *m)
     uint16_t *w = malloc(100 * 24 * 256 * 2);
     int rc = engram_reader_batch_stream(r, 0, rows, 5000, ENGRAM_BF16, w, 100, stop_sink, NULL, &err);
     CHECK_ERR(rc, err, -ECANCELED, "sink");
+    struct nested nc = {r, rows, 0, 0, 0};
+    CHECK_EQ(engram_reader_batch_stream(r, 0, rows, 300, ENGRAM_BF16, w, 100, nested_sink, &nc, &err), 0);
+    CHECK_EQ(nc.calls, 3);
+    CHECK_EQ(nc.step_busy, 3);
+    CHECK_EQ(nc.batch_busy, 3);
+    static uint16_t one[ENGRAM_ROWS_PER_TOKEN * ENGRAM_ROW_VALUES];
+    CHECK_EQ(engram_reader_step_submit(r, rows, ENGRAM_BF16, one, NULL), 0); /* after it: free */
+    CHECK_EQ(engram_reader_step_wait(r, NULL), 0);
     free(w);
     free(rows);
     engram_reader_close(r);

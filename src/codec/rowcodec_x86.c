@@ -10,8 +10,9 @@
 #include <string.h>
 
 #include "rowcodec.h"
+#include "common/cpu.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if ENGRAM_X86_KERNELS
 #include <immintrin.h>
 
 #define TGT_AVX2 __attribute__((target("avx2")))

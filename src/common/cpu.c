@@ -3,22 +3,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-/* The x86 kernels (hash_x86.c, rowcodec_x86.c, kernels_x86.c) are built
- * under this same condition. */
-#define X86_KERNELS 1
-#else
-#define X86_KERNELS 0
-#endif
-
 #include "cpu.h"
+
+#if ENGRAM_X86_KERNELS
+#include <cpuid.h>
+#endif
 
 int engram_simd_supported(engram_simd s)
 {
     if (s == ENGRAM_SIMD_AUTO || s == ENGRAM_SIMD_SCALAR)
         return 1;
-#if X86_KERNELS
+#if ENGRAM_X86_KERNELS
     __builtin_cpu_init();
     if (s == ENGRAM_SIMD_AVX2)
         return __builtin_cpu_supports("avx2") != 0;
@@ -30,7 +25,7 @@ int engram_simd_supported(engram_simd s)
 
 int cpu_has_f16c_fma(void)
 {
-#if X86_KERNELS
+#if ENGRAM_X86_KERNELS
     unsigned a, b, c, d;
     if (__get_cpuid(1, &a, &b, &c, &d))
         return (c >> 29 & 1) && (c >> 12 & 1);

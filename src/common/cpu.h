@@ -11,6 +11,15 @@
 
 #include "engram.h"
 
+/* The x86 kernels (hash_x86.c, rowcodec_x86.c, kernels_x86.c) are built,
+ * and counted as supported where the CPU has them, under this condition
+ * alone. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ENGRAM_X86_KERNELS 1
+#else
+#define ENGRAM_X86_KERNELS 0
+#endif
+
 /* 1 if the CPU has F16C and FMA (CPUID leaf 1, ECX bits 29 and 12): the
  * output stage's AVX2 and AVX-512 kernels convert F16 weights with them. */
 int cpu_has_f16c_fma(void);

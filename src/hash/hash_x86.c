@@ -6,8 +6,9 @@
  * one conditional subtraction (as an unsigned min).
  */
 #include "hash.h"
+#include "common/cpu.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if ENGRAM_X86_KERNELS
 #include <immintrin.h>
 
 #define TGT __attribute__((target("avx512f")))

@@ -107,6 +107,8 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
     struct reader_batch *bt = &reader_users(r)->batch;
     if (reader_users(r)->step.active)
         return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a decode step is in flight");
+    if (bt->active) /* called from a stream's sink */
+        return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a batch is in progress");
     const uint32_t limit = (uint32_t)reader_model_info(r)->table[t].rows;
     for (size_t i = 0; i < n; i++)
         for (int c = 0; c < ENGRAM_COLUMNS; c++) {
@@ -127,6 +129,7 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
     size_t token_bytes = (size_t)ENGRAM_COLUMNS * row_out_bytes(dtype);
     size_t chunk = window_tokens < ENGRAM_BATCH_TOKENS ? window_tokens : ENGRAM_BATCH_TOKENS;
     rc = 0;
+    bt->active = 1;
     for (size_t at = 0; at < n && rc == 0; at += chunk) {
         size_t k = n - at < chunk ? n - at : chunk;
         size_t nreq = 0;
@@ -145,6 +148,7 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
                 rc = err_set(err, s, ENGRAM_NO_OFFSET, "stopped by the sink (%d)", s);
         }
     }
+    bt->active = 0;
     return rc;
 }
 

@@ -1,5 +1,5 @@
 /*
- * reader_int.h - the reader's job interface, for the session pool.
+ * reader_int.h - the reader's job interface, for the owners of jobs.
  *
  * A job is one owner's set of row requests (a batch chunk, a decode step, a
  * round of decode steps of many sessions, a prefill chunk): requests sorted
@@ -75,6 +75,8 @@ void reader_job_fail(struct rjob *j, int code, const char *what);
  * (reader_step.c; a batch refuses to run while it is active). */
 #define READER_CHUNK_REQS (ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS)
 struct reader_batch {
+    int active;              /* a batch is running (a step submitted from a
+                                stream's sink is refused with -EBUSY)      */
     struct rjob job;
     uint64_t *reqs;          /* one chunk: (row << 32) | destination, READER_CHUNK_REQS */
     uint8_t *out;            /* first token of the current chunk               */

@@ -84,6 +84,8 @@ int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_
     int rc = reader_broken(r, err);
     if (rc < 0)
         return rc;
+    if (reader_users(r)->batch.active)
+        return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a batch is in progress");
     struct reader_step *st = step_of(r);
     if (st->active)
         return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a decode step is already in flight");

@@ -13,8 +13,9 @@
 #include <math.h>
 
 #include "kernels.h"
+#include "common/cpu.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if ENGRAM_X86_KERNELS
 #include <immintrin.h>
 
 #define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))

@@ -220,7 +220,7 @@ void rounds_issue(engram_pool *p, unsigned max)
 
 /* A round all of whose steps have ended (aborted, committed after a
  * failure, closed) stops issuing reads: its jobs fail, what is in flight is
- * collected and its entries are let go of by finish_rounds.  The I/O
+ * collected and its entries are let go of by rounds_finish.  The I/O
  * thread's, after some step ended. */
 void rounds_drop_stale(engram_pool *p)
 {

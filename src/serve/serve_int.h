@@ -3,9 +3,9 @@
  * pool.c (open, close, the I/O thread), rounds.c (the thread's part of
  * decode steps), session.c (sessions and steps), prefetch.c (prefill with
  * prefetch: its users' calls and the thread's part) and pool_shared.c
- * (what all of them use).  The I/O thread calls into rounds.c and
- * prefetch.c; they, session.c and pool.c call pool_shared.c; nothing calls
- * back up.
+ * (what all of them use).  The I/O thread (pool.c) calls into rounds.c and
+ * prefetch.c; session.c calls rounds.c (the step queue); all of them call
+ * pool_shared.c; nothing calls back up.
  *
  * Locks: pool->mu guards the step queue, the prefill list, the ring cache,
  * the handle count and the pool's flags; session->mu a session's state,

@@ -400,8 +400,8 @@ static char *copy_key(const uint8_t *s, size_t len)
 
 /* The key of one token (raw: its string, raw_len bytes): the normalized
  * text (added tokens: their content; BPE tokens: their bytes, decoded into
- * buf), or the raw string where the text is not clean UTF-8 (*raw_key set)
- * or normalizes to nothing.  The new key (the caller owns it), or NULL when
+ * buf), the raw string where the text is not clean UTF-8 (*raw_key set),
+ * or the decoded text itself where it normalizes to nothing.  The new key (the caller owns it), or NULL when
  * out of memory. */
 static char *token_key(const int16_t *unbyte, const uint8_t *raw, size_t raw_len, int added, uint8_t *buf,
                        size_t *key_len, int *raw_key)
