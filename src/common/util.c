@@ -50,7 +50,7 @@ int err_set_at(engram_error *err, int code, uint64_t offset, uint64_t row, const
     return code;
 }
 
-int pread_full(int fd, void *buf, size_t n, uint64_t off)
+int util_pread_full(int fd, void *buf, size_t n, uint64_t off)
 {
     unsigned char *p = buf;
     while (n > 0) {
@@ -69,7 +69,7 @@ int pread_full(int fd, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
-int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
+int util_pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
 {
     const unsigned char *p = buf;
     while (n > 0) {
@@ -88,7 +88,7 @@ int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
     return 0;
 }
 
-int thread_start(pthread_t *t, size_t stack, void *(*fn)(void *), void *arg)
+int util_thread_start(pthread_t *t, size_t stack, void *(*fn)(void *), void *arg)
 {
     for (size_t s = stack;; s *= 4) {
         pthread_attr_t attr;
@@ -105,7 +105,7 @@ int thread_start(pthread_t *t, size_t stack, void *(*fn)(void *), void *arg)
     }
 }
 
-uint64_t now_ns(void)
+uint64_t util_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

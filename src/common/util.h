@@ -22,9 +22,9 @@ int err_set_at(engram_error *err, int code, uint64_t offset, uint64_t row, const
 
 /* pread until n bytes arrive: retries EINTR, 0 bytes before n = -EIO.
  * Returns 0 or a negative errno. */
-int pread_full(int fd, void *buf, size_t n, uint64_t off);
+int util_pread_full(int fd, void *buf, size_t n, uint64_t off);
 /* pwrite until n bytes are written; 0 or a negative errno. */
-int pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
+int util_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
 
 /* Overflow-checked arithmetic: 0 on success, -1 on overflow. */
 static inline int mul_u64(uint64_t a, uint64_t b, uint64_t *out)
@@ -46,11 +46,11 @@ static inline uint64_t splitmix64(uint64_t *state)
 }
 
 /* CLOCK_MONOTONIC in nanoseconds. */
-uint64_t now_ns(void);
+uint64_t util_now_ns(void);
 
 /* pthread_create with a stack of `stack` bytes, or larger where the
  * process's static TLS needs more (tried x4 up to 8 MiB, then the default
  * size).  0 or -errno. */
-int thread_start(pthread_t *t, size_t stack, void *(*fn)(void *), void *arg);
+int util_thread_start(pthread_t *t, size_t stack, void *(*fn)(void *), void *arg);
 
 #endif

@@ -128,7 +128,7 @@ static int cur_read(struct cursor *c, void *dst, uint64_t n)
             }
             uint64_t left = c->size - c->pos;
             size_t len = left < WINDOW ? (size_t)left : WINDOW;
-            int rc = pread_full(c->fd, c->win, len, c->pos);
+            int rc = util_pread_full(c->fd, c->win, len, c->pos);
             if (rc < 0)
                 return err_set(c->err, rc, c->pos, "read failed at offset %llu: %s",
                                (unsigned long long)c->pos, engram_strerror(rc));
@@ -593,7 +593,7 @@ int gguf_read_array(const gguf_file *g, const gguf_kv *kv, uint32_t elem_type,
         return err_set(err, -EINVAL, kv->key_offset, "key '%s': cannot read %s arrays",
                        kv->key, gguf_vtype_name(elem_type));
     size_t bytes = (size_t)count * vtype_size[elem_type]; /* checked at parse */
-    int rc = pread_full(g->fd, out, bytes, kv->value_offset);
+    int rc = util_pread_full(g->fd, out, bytes, kv->value_offset);
     if (rc < 0)
         return err_set(err, rc, kv->value_offset, "key '%s': read at offset %llu failed: %s",
                        kv->key, (unsigned long long)kv->value_offset, engram_strerror(rc));

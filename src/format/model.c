@@ -225,7 +225,7 @@ int engram_model_read_raw(const engram_model *m, int t, const uint32_t *rows, si
         /* Through a row-sized buffer, so a failing row leaves its part of
          * raw untouched (the documented promise). */
         uint8_t one[ENGRAM_ROW_BYTES];
-        rc = pread_full(m->g->fd, one, ENGRAM_ROW_BYTES, off);
+        rc = util_pread_full(m->g->fd, one, ENGRAM_ROW_BYTES, off);
         if (rc == 0)
             memcpy(raw + i * ENGRAM_ROW_BYTES, one, ENGRAM_ROW_BYTES);
         if (rc < 0)

@@ -216,7 +216,7 @@ int io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io
     t->base.name = drop == DROP_NONE ? "threads" : "buffered";
     t->base.bytes = sizeof *t + (size_t)threads * (sizeof *t->threads + sizeof *t->jobs + sizeof *t->cqes);
     for (unsigned i = 0; i < threads; i++) {
-        int rc = thread_start(&t->threads[i], 64 * 1024, worker, t); /* workers only read */
+        int rc = util_thread_start(&t->threads[i], 64 * 1024, worker, t); /* workers only read */
         if (rc < 0) {
             t->n_threads = i;
             t_destroy(&t->base);

@@ -47,7 +47,7 @@ static int step_finish(engram_reader *r, engram_error *err)
     step_of(r)->active = 0;
     int rc = step_error(r, err);
     if (rc == 0)
-        reader_note_step(r, now_ns() - step_of(r)->t0);
+        reader_note_step(r, util_now_ns() - step_of(r)->t0);
     return rc;
 }
 
@@ -98,7 +98,7 @@ int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_
     st->active = 1;
     st->cancel_sent = 0;
     st->out = out;
-    st->t0 = now_ns();
+    st->t0 = util_now_ns();
     for (int t = 0; t < ENGRAM_TABLES; t++) {
         struct rjob *j = step_jobs(r, t);
         memset(j, 0, sizeof *j);

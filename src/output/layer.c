@@ -57,7 +57,7 @@ static int load_kv(struct engram_layer *L, int fd, const gguf_tensor *kv, engram
     for (uint32_t p = 0; p < L->panels && rc == 0; p++) {
         uint32_t o0 = p * PANEL, k = L->N - o0 < PANEL ? L->N - o0 : PANEL;
         uint64_t off = kv->offset + (uint64_t)o0 * row_bytes;
-        rc = pread_full(fd, buf, k * row_bytes, off);
+        rc = util_pread_full(fd, buf, k * row_bytes, off);
         if (rc < 0) {
             rc = err_set(err, rc, off, "tensor '%s': cannot read outputs %u..%u at offset %llu: %s",
                          kv->name, o0, o0 + k - 1, (unsigned long long)off, engram_strerror(rc));
@@ -99,7 +99,7 @@ static int load_norms(struct engram_layer *L, int fd, const gguf_tensor *q, cons
     float *dst[2] = {L->wq, kb};
     int rc = 0;
     for (int x = 0; x < 2 && rc == 0; x++) {
-        rc = pread_full(fd, dst[x], n * sizeof(float), t[x]->offset);
+        rc = util_pread_full(fd, dst[x], n * sizeof(float), t[x]->offset);
         if (rc < 0) {
             rc = err_set(err, rc, t[x]->offset, "tensor '%s': cannot read it: %s", t[x]->name,
                          engram_strerror(rc));

@@ -97,7 +97,7 @@ int team_new(unsigned workers, struct team **out)
             break;
         }
         *s = (struct start){p, i};
-        int e = thread_start(&p->threads[i], WORKER_STACK, worker, s);
+        int e = util_thread_start(&p->threads[i], WORKER_STACK, worker, s);
         if (e < 0) {
             free(s);
             rc = e;

@@ -44,7 +44,7 @@ static void pool_dead(engram_pool *p)
 {
     pthread_mutex_lock(&p->mu);
     engram_error e = p->broken_err;
-    queue_fail(p, &e);
+    rounds_queue_fail(p, &e);
     pthread_mutex_unlock(&p->mu);
     rounds_release(p, &e);
     prefetch_detach_all(p, &e);
@@ -67,7 +67,7 @@ static void shutdown_io(engram_pool *p)
     engram_error e;
     err_set(&e, -ESHUTDOWN, ENGRAM_NO_OFFSET, "the pool was closed");
     pthread_mutex_lock(&p->mu);
-    queue_fail(p, &e);
+    rounds_queue_fail(p, &e);
     int broken = p->broken;
     pthread_mutex_unlock(&p->mu);
     if (!broken) {
@@ -144,7 +144,7 @@ static void *io_main(void *arg)
             pthread_mutex_lock(&p->mu);
             if (!p->work && !p->stop && !p->q_head && !rounds_active(p) && !prefetch_collectable(p)) {
                 if (delay_end) { /* until a table 1 may start */
-                    uint64_t now = now_ns();
+                    uint64_t now = util_now_ns();
                     struct timespec ts = pool_deadline(delay_end > now ? delay_end - now : 0);
                     SCHED_TIMEDWAIT(&p->cv, &p->mu, &ts);
                 } else {
@@ -189,7 +189,7 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
     p->step_reserve = p->io0.depth / 4 < STEP_RESERVE ? p->io0.depth / 4 : STEP_RESERVE;
     pthread_mutex_init(&p->mu, NULL);
     pool_cond_init(&p->cv);
-    rc = thread_start(&p->thread, 256u << 10, io_main, p);
+    rc = util_thread_start(&p->thread, 256u << 10, io_main, p);
     if (rc < 0) {
         engram_reader_close(p->r);
         pthread_mutex_destroy(&p->mu);

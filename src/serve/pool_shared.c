@@ -142,7 +142,7 @@ void pool_ring_give(engram_pool *p, struct ring *rg)
 }
 
 
-void session_free(engram_session *s)
+void serve_session_free(engram_session *s)
 {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -157,7 +157,7 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
         s->state = S_PREFILL;
         s->pf = pf;
         pthread_mutex_unlock(&s->mu);
-        pf->t_begin = now_ns();
+        pf->t_begin = util_now_ns();
         pf->listed = 1;
         if (p->pf_tail)
             p->pf_tail->next_pf = pf;
@@ -449,7 +449,7 @@ static int service_one(engram_pool *p, engram_prefill *pf, uint64_t *until)
             pf->rc = j->rc;
             pf->err = j->err;
         } else if (j->rc == 0) {
-            uint64_t now = now_ns();
+            uint64_t now = util_now_ns();
             if (!pf->first_ns[t])
                 pf->first_ns[t] = now;
             pf->last_ns[t] = now;
@@ -471,7 +471,7 @@ static int service_one(engram_pool *p, engram_prefill *pf, uint64_t *until)
         int may = t == 0 || go;
         if (!may && pf->delay_ns != ENGRAM_PREFILL_MANUAL) {
             if (!now)
-                now = now_ns();
+                now = util_now_ns();
             may = now - pf->t_begin >= pf->delay_ns;
             uint64_t at = pf->t_begin + pf->delay_ns;
             if (!may && (*until == 0 || at < *until))

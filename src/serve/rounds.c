@@ -22,7 +22,7 @@
 
 /* A round entry lets go of its session (under s->mu); 1 when the session
  * is then to be freed (its owner closed it and nothing else refers to it). */
-int entry_release(struct round_entry *en)
+int rounds_entry_release(struct round_entry *en)
 {
     engram_session *s = en->s;
     en->left = 0;
@@ -31,7 +31,7 @@ int entry_release(struct round_entry *en)
 
 /* Under s->mu: table t's outstanding requests of the current step fail
  * with e (the first error of the step is kept). */
-void step_fail_table(engram_session *s, int t, const engram_error *e)
+void rounds_step_fail(engram_session *s, int t, const engram_error *e)
 {
     if (s->remaining[t] == 0)
         return;
@@ -75,14 +75,14 @@ static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw
                 memcpy(dst, raw, ENGRAM_ROW_BYTES);
         }
         if (--s->remaining[t] == 0 && s->rc[t] == 0)
-            s->ready_ns[t] = now_ns(); /* every row in: not a failure's time */
+            s->ready_ns[t] = util_now_ns(); /* every row in: not a failure's time */
         if (e || s->remaining[t] == 0)
             SCHED_WAKE(&s->cv);
     }
-    int gone = --en->left == 0 && entry_release(en);
+    int gone = --en->left == 0 && rounds_entry_release(en);
     pthread_mutex_unlock(&s->mu);
     if (gone)
-        session_free(s);
+        serve_session_free(s);
     SCHED_POINT("io: row answered");
 }
 
@@ -110,7 +110,7 @@ static void round_failed(struct rjob *j, size_t lo, size_t hi, const engram_erro
 }
 
 /* The step queue (under p->mu). */
-void queue_add(engram_pool *p, engram_session *s)
+void rounds_queue_add(engram_pool *p, engram_session *s)
 {
     s->qnext = NULL;
     s->qprev = p->q_tail;
@@ -122,7 +122,7 @@ void queue_add(engram_pool *p, engram_session *s)
     s->queued = 1;
 }
 
-void queue_remove(engram_pool *p, engram_session *s)
+void rounds_queue_remove(engram_pool *p, engram_session *s)
 {
     if (!s->queued)
         return;
@@ -154,7 +154,7 @@ void rounds_intake(engram_pool *p)
                 pthread_mutex_unlock(&s->mu);
                 break;
             }
-            queue_remove(p, s);
+            rounds_queue_remove(p, s);
             /* queued means "a step not yet in a round"; checked again */
             if (s->state == S_STEP && !s->ended && s->issued != s->gen + 1 &&
                 s->remaining[0] + s->remaining[1] > 0) {
@@ -260,12 +260,12 @@ static void retire(engram_pool *p, struct round *rd, const engram_error *e)
                 engram_error je = rd->job[t].err;
                 if (!e && rd->job[t].rc == 0) /* cannot happen: every request is answered */
                     err_set(&je, -EIO, ENGRAM_NO_OFFSET, "table %d: a request was not answered", t);
-                step_fail_table(s, t, e ? e : &je);
+                rounds_step_fail(s, t, e ? e : &je);
             }
-        int gone = entry_release(en);
+        int gone = rounds_entry_release(en);
         pthread_mutex_unlock(&s->mu);
         if (gone)
-            session_free(s);
+            serve_session_free(s);
         if (!e)
             SCHED_POINT("io: entry released");
     }
@@ -308,14 +308,14 @@ void rounds_fail(engram_pool *p, const engram_error *e)
 }
 
 /* Fails every queued step with e and empties the queue.  Under p->mu. */
-void queue_fail(engram_pool *p, const engram_error *e)
+void rounds_queue_fail(engram_pool *p, const engram_error *e)
 {
     while (p->q_head) {
         engram_session *s = p->q_head;
-        queue_remove(p, s);
+        rounds_queue_remove(p, s);
         pthread_mutex_lock(&s->mu);
         for (int t = 0; t < ENGRAM_TABLES; t++)
-            step_fail_table(s, t, e);
+            rounds_step_fail(s, t, e);
         pthread_mutex_unlock(&s->mu);
     }
 }

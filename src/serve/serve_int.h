@@ -184,22 +184,22 @@ void pool_ring_free(engram_pool *p, struct ring *rg);
 /* The pool's memory once it is closed and nothing refers to it. */
 void pool_free_shell(engram_pool *p);
 /* A session's memory, once neither its owner nor a round refers to it. */
-void session_free(engram_session *s);
+void serve_session_free(engram_session *s);
 
 /* ------------------------------------------------- rounds.c */
 
 /* Under s->mu: a round entry lets go of its session; 1 when the session
  * is then to be freed (closed, and nothing else refers to it). */
-int entry_release(struct round_entry *en);
+int rounds_entry_release(struct round_entry *en);
 /* Under s->mu: table t's outstanding requests of the current step fail
  * with e (the step's first error is kept). */
-void step_fail_table(engram_session *s, int t, const engram_error *e);
+void rounds_step_fail(engram_session *s, int t, const engram_error *e);
 /* The step queue, under p->mu: a session with a step not yet in a round;
- * removing one that is not queued does nothing; queue_fail fails every
+ * removing one that is not queued does nothing; rounds_queue_fail fails every
  * queued step with e and empties the queue. */
-void queue_add(engram_pool *p, engram_session *s);
-void queue_remove(engram_pool *p, engram_session *s);
-void queue_fail(engram_pool *p, const engram_error *e);
+void rounds_queue_add(engram_pool *p, engram_session *s);
+void rounds_queue_remove(engram_pool *p, engram_session *s);
+void rounds_queue_fail(engram_pool *p, const engram_error *e);
 /* The I/O thread's: queued steps into free rounds (under p->mu); up to max
  * of the rounds' reads issued; rounds whose steps all ended stop reading;
  * finished rounds let go of their sessions; whether any round is active;

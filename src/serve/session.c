@@ -31,7 +31,7 @@ int engram_session_open(engram_pool *p, engram_session **out, engram_error *err)
         p->handles++;
     pthread_mutex_unlock(&p->mu);
     if (rc < 0) {
-        session_free(s);
+        serve_session_free(s);
         return rc;
     }
     *out = s;
@@ -45,7 +45,7 @@ static int end_step(engram_session *s, int closing)
 {
     engram_pool *p = s->p;
     pthread_mutex_lock(&p->mu);
-    queue_remove(p, s);
+    rounds_queue_remove(p, s);
     pthread_mutex_lock(&s->mu);
     s->ended = 1;
     if (s->state == S_STEP)
@@ -85,7 +85,7 @@ void engram_session_close(engram_session *s)
         pool_kick(p);
     }
     if (end_step(s, 1))
-        session_free(s);
+        serve_session_free(s);
     pool_handle_gone(p);
 }
 
@@ -181,7 +181,7 @@ static void install_step(engram_pool *p, const engram_step_req *q, engram_dtype 
                     s->want[t][bit >> 6] |= 1ull << (bit & 63);
                 }
     }
-    s->begin_ns = now_ns();
+    s->begin_ns = util_now_ns();
     for (int t = 0; t < ENGRAM_TABLES; t++) {
         s->remaining[t] = s->nrows[t] = live * ENGRAM_COLUMNS;
         s->rc[t] = 0;
@@ -191,7 +191,7 @@ static void install_step(engram_pool *p, const engram_step_req *q, engram_dtype 
     s->state = S_STEP;
     p->steps++;
     if (live && !s->queued)
-        queue_add(p, s);
+        rounds_queue_add(p, s);
     pthread_mutex_unlock(&s->mu);
 }
 

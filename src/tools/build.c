@@ -95,7 +95,7 @@ static int fill_table(void *vctx, int fd, uint64_t offset, uint64_t bytes)
         uint8_t row[ENGRAM_ROW_BYTES];
         for (uint64_t r = 0; r < rows; r += SPARSE_EVERY) {
             random_row(row_seed(o, c->table, r), row);
-            int rc = pwrite_full(fd, row, sizeof row, offset + r * ENGRAM_ROW_BYTES);
+            int rc = util_pwrite_full(fd, row, sizeof row, offset + r * ENGRAM_ROW_BYTES);
             if (rc < 0)
                 return rc;
             if ((r / SPARSE_EVERY) % 1024 == 1023)
@@ -123,7 +123,7 @@ static int fill_table(void *vctx, int fd, uint64_t offset, uint64_t bytes)
                 random_row(row_seed(o, c->table, r + i), dst);
             }
         }
-        rc = pwrite_full(fd, buf, (size_t)k * ENGRAM_ROW_BYTES, offset + r * ENGRAM_ROW_BYTES);
+        rc = util_pwrite_full(fd, buf, (size_t)k * ENGRAM_ROW_BYTES, offset + r * ENGRAM_ROW_BYTES);
         progress(c, k * ENGRAM_ROW_BYTES);
     }
     free(buf);
@@ -156,7 +156,7 @@ static int fill_weights(void *vctx, int fd, uint64_t offset, uint64_t bytes)
                 memcpy(buf + i, &v, 4);
             }
         }
-        rc = pwrite_full(fd, buf, n, offset + at);
+        rc = util_pwrite_full(fd, buf, n, offset + at);
         progress(c, n);
     }
     free(buf);

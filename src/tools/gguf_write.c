@@ -230,7 +230,7 @@ int gguf_w_write_fd(gguf_writer *w, int fd, engram_error *err)
         memcpy(p, &t->type, 4); p += 4;
         memcpy(p, &t->rel, 8); p += 8;
     }
-    int rc = pwrite_full(fd, hdr, (size_t)data_start, 0);
+    int rc = util_pwrite_full(fd, hdr, (size_t)data_start, 0);
     free(hdr);
     if (rc < 0)
         return err_set(err, rc, 0, "writing the header failed: %s", engram_strerror(rc));
