@@ -98,7 +98,7 @@ endif
 .PHONY: all lib test run bench clean deps fuzz install
 all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
      $(BUILD)/tests/fuzz_tokmap_replay $(BUILD)/tests/fuzz_cli_replay \
-     $(BUILD)/tests/fuzz_residual_replay $(BUILD)/tests/seccomp_run \
+     $(BUILD)/tests/fuzz_residual_replay $(BUILD)/tests/fuzz_ple_replay $(BUILD)/tests/seccomp_run \
      $(BUILD)/tests/envfail_preload.so $(BUILD)/tests/stress_sessions $(BUILD)/tests/race_abort_begin \
      $(CUDA_TARGETS)
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
@@ -245,7 +245,7 @@ FUZZ_FLAGS = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 fuzz:
 	$(MAKE) CC=clang BUILD=build-fuzz CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" \
 	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/libengram.a build-fuzz/libengram-tools.a
-	for t in model tokmap cli residual; do \
+	for t in model tokmap cli residual ple; do \
 	    clang $(filter-out -fvisibility=hidden,$(CFLAGS_ALL)) $(FUZZ_FLAGS) -o build-fuzz/fuzz_$$t \
 	        tests/fuzz/fuzz_$$t.c $$( [ $$t = cli ] && echo programs/cli.c ) \
 	        build-fuzz/libengram-tools.a build-fuzz/libengram.a $(LDLIBS_ALL) || exit 1; \

@@ -82,6 +82,9 @@ second_stream() {
                 -print_final_stats=1 "$LOG/corpus_cli" tests/fuzz/cli_seeds
             run "libFuzzer: fuzz_residual, 8 s" build-fuzz/fuzz_residual -max_total_time=8 \
                 -max_len=4200 -print_final_stats=1 "$LOG/corpus_residual" tests/fuzz/residual_seeds
+            mkdir -p "$LOG/corpus_ple"
+            run "libFuzzer: fuzz_ple, 8 s" build-fuzz/fuzz_ple -max_total_time=8 \
+                -max_len=4096 -print_final_stats=1 "$LOG/corpus_ple" tests/fuzz/ple_seeds
         fi
     fi
     echo "$pass $fail" >"$LOG/second.count"
@@ -100,7 +103,8 @@ build "gcc -O2" && {
     run "test_outputs.sh (full disk, SIGKILL)" sh tests/test_outputs.sh build
     run "test_envfail.sh (the CLI's environment failing)" sh tests/test_envfail.sh build
     run "stress_sessions (64 threads, 5 s)" build/tests/stress_sessions --threads 64 --seconds 5
-    for t in model tokmap cli residual; do
+    run "fuzz_ple replay of its seeds" build/tests/fuzz_ple_replay tests/fuzz/ple_seeds/*
+    for t in model tokmap cli residual ple; do
         nonempty "tests/fuzz/regressions/$t" &&
             run "fuzz_$t replay of its regressions" build/tests/fuzz_${t}_replay tests/fuzz/regressions/$t/*
         nonempty "tests/fuzz/corpus/$t" &&
@@ -120,7 +124,8 @@ build "asan+ubsan" SANITIZE=address,undefined && {
     run "asan+ubsan: fuzz_tokmap replay of seeds" build-san-address,undefined/tests/fuzz_tokmap_replay tests/fuzz/tokmap_seeds/*
     run "asan+ubsan: fuzz_cli replay of seeds" build-san-address,undefined/tests/fuzz_cli_replay tests/fuzz/cli_seeds/*
     run "asan+ubsan: fuzz_residual replay of seeds" build-san-address,undefined/tests/fuzz_residual_replay tests/fuzz/residual_seeds/*
-    for t in model tokmap cli residual; do
+    run "asan+ubsan: fuzz_ple replay of seeds" build-san-address,undefined/tests/fuzz_ple_replay tests/fuzz/ple_seeds/*
+    for t in model tokmap cli residual ple; do
         nonempty "tests/fuzz/regressions/$t" &&
             run "asan+ubsan: fuzz_$t regressions" build-san-address,undefined/tests/fuzz_${t}_replay tests/fuzz/regressions/$t/*
         nonempty "tests/fuzz/corpus/$t" &&

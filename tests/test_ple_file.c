@@ -100,6 +100,19 @@ int main(void)
         CHECK_EQ(gguf_open(path, &g, &err), 0);
         if (!g)
             continue;
+        const char *seeds = getenv("TEST_PLE_SEEDS"); /* fuzz seeds: each file's header */
+        if (seeds) {
+            char sp[400];
+            snprintf(sp, sizeof sp, "%s/ple_%02d.gguf", seeds, b);
+            int in = open(path, O_RDONLY), out = open(sp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            static char buf[1 << 16];
+            ssize_t got = in >= 0 ? pread(in, buf, g->data_start < sizeof buf ? g->data_start : sizeof buf, 0) : -1;
+            CHECK(got > 0 && out >= 0 && write(out, buf, (size_t)got) == got);
+            if (in >= 0)
+                close(in);
+            if (out >= 0)
+                close(out);
+        }
         struct ple_file f;
         memset(&f, 0x5a, sizeof f);
         int rc = ple_file_read(g, &f, &err);
