@@ -111,3 +111,51 @@ uint64_t util_now_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+static uint32_t powmod_u32(uint32_t b, uint32_t e, uint32_t m)
+{
+    uint64_t r = 1, x = b % m;
+    for (; e; e >>= 1) {
+        if (e & 1)
+            r = r * x % m;
+        x = x * x % m;
+    }
+    return (uint32_t)r;
+}
+
+/* Miller-Rabin with bases 2, 7, 61 is exact below 4,759,123,141. */
+int util_is_prime_u32(uint32_t n)
+{
+    if (n < 2)
+        return 0;
+    static const uint32_t small[] = {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 61};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+        if (n == small[i])
+            return 1;
+        if (n % small[i] == 0)
+            return 0;
+    }
+    uint32_t d = n - 1;
+    int s = 0;
+    while ((d & 1) == 0) {
+        d >>= 1;
+        s++;
+    }
+    static const uint32_t bases[] = {2, 7, 61};
+    for (int i = 0; i < 3; i++) {
+        uint64_t x = powmod_u32(bases[i], d, n);
+        if (x == 1 || x == n - 1)
+            continue;
+        int composite = 1;
+        for (int r = 1; r < s; r++) {
+            x = x * x % n;
+            if (x == n - 1) {
+                composite = 0;
+                break;
+            }
+        }
+        if (composite)
+            return 0;
+    }
+    return 1;
+}

@@ -45,6 +45,9 @@ static inline uint64_t splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+/* 1 if n is prime (Miller-Rabin, exact for every 32-bit n). */
+int util_is_prime_u32(uint32_t n);
+
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t util_now_ns(void);
 

@@ -4,16 +4,6 @@
 #include "ple.h"
 #include "common/util.h"
 
-static int is_prime(uint32_t p)
-{
-    if (p < 2)
-        return 0;
-    for (uint32_t d = 2; (uint64_t)d * d <= p; d++)
-        if (p % d == 0)
-            return 0;
-    return 1;
-}
-
 int ple_layout_check(const struct ple_layout *l, engram_error *err)
 {
     if (!l)
@@ -39,7 +29,7 @@ int ple_layout_check(const struct ple_layout *l, engram_error *err)
             return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
                            "head_offsets[%d] = %u is not the running sum of the sizes (%llu)", h,
                            l->offsets[h], (unsigned long long)at);
-        if (!is_prime(l->sizes[h]))
+        if (!util_is_prime_u32(l->sizes[h]))
             return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "head_vocab_sizes[%d] = %u is not prime", h,
                            l->sizes[h]);
         at += l->sizes[h];

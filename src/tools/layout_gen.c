@@ -10,6 +10,7 @@
 
 #include "engram_tools.h"
 #include "format/layout.h"
+#include "common/util.h"
 
 
 __extension__ typedef unsigned __int128 u128;
@@ -122,54 +123,6 @@ int engram_layout_multipliers(uint32_t compressed_vocab, uint32_t layer, int n, 
 
 /* ------------------------------------------------------------ primes */
 
-static uint32_t powmod_u32(uint32_t b, uint32_t e, uint32_t m)
-{
-    uint64_t r = 1, x = b % m;
-    for (; e; e >>= 1) {
-        if (e & 1)
-            r = r * x % m;
-        x = x * x % m;
-    }
-    return (uint32_t)r;
-}
-
-/* Miller-Rabin with bases 2, 7, 61 is exact below 4,759,123,141. */
-static int is_prime_u32(uint32_t n)
-{
-    if (n < 2)
-        return 0;
-    static const uint32_t small[] = {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 61};
-    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
-        if (n == small[i])
-            return 1;
-        if (n % small[i] == 0)
-            return 0;
-    }
-    uint32_t d = n - 1;
-    int s = 0;
-    while ((d & 1) == 0) {
-        d >>= 1;
-        s++;
-    }
-    static const uint32_t bases[] = {2, 7, 61};
-    for (int i = 0; i < 3; i++) {
-        uint64_t x = powmod_u32(bases[i], d, n);
-        if (x == 1 || x == n - 1)
-            continue;
-        int composite = 1;
-        for (int r = 1; r < s; r++) {
-            x = x * x % n;
-            if (x == n - 1) {
-                composite = 0;
-                break;
-            }
-        }
-        if (composite)
-            return 0;
-    }
-    return 1;
-}
-
 int engram_layout_primes(uint32_t base, int n_layers, int ngram, int heads,
                          uint32_t *out, size_t out_len)
 {
@@ -188,7 +141,7 @@ int engram_layout_primes(uint32_t base, int n_layers, int ngram, int heads,
                     cur++;
                     if (cur > UINT32_MAX)
                         return -ERANGE;
-                    if (!is_prime_u32((uint32_t)cur))
+                    if (!util_is_prime_u32((uint32_t)cur))
                         continue;
                     int seen = 0;
                     for (size_t i = 0; i < k && !seen; i++)

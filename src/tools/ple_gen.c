@@ -7,22 +7,10 @@
 
 #define GAMMA 0x9e3779b97f4a7c15ull
 
+/* splitmix64(x) of SPEC 10: the generator's output for state x. */
 static uint64_t splitmix64_at(uint64_t x)
 {
-    uint64_t z = x + GAMMA;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static int prime(uint64_t p)
-{
-    if (p < 2)
-        return 0;
-    for (uint64_t d = 2; d * d <= p; d++)
-        if (p % d == 0)
-            return 0;
-    return 1;
+    return splitmix64(&x);
 }
 
 int ple_layout_generate(unsigned ple_index, uint32_t base, uint32_t vocab, uint32_t eos,
@@ -36,7 +24,7 @@ int ple_layout_generate(unsigned ple_index, uint32_t base, uint32_t vocab, uint3
     for (uint64_t found = 0; found < skip + PLE_HEADS;) {
         if (++p > (uint64_t)INT32_MAX)
             return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "sizes past int32");
-        if (!prime(p))
+        if (!util_is_prime_u32((uint32_t)p))
             continue;
         if (found >= skip) {
             int h = (int)(found - skip);
