@@ -123,6 +123,17 @@ typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float a
                          int ldc);
 typedef void (*set_threads_fn)(int);
 
+static FILE *out;
+static engram_output out_file;
+
+/* An exit before the end leaves no CSV and no temporary (atexit). */
+static void csv_abandon(void)
+{
+    if (out)
+        engram_output_fclose(&out_file, out, 0, NULL);
+    out = NULL;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *csv = NULL;
@@ -158,7 +169,16 @@ int main(int argc, char **argv)
         return 2;
     char path[256];
     if (!model) {
-        mkdir("/tmp/engram-bench", 0755);
+        /* a folder in /tmp that only we can write (anyone can make one by
+         * that name first: then a model there could be theirs) */
+        struct stat sb;
+        (void)mkdir("/tmp/engram-bench", 0755);
+        if (lstat("/tmp/engram-bench", &sb) < 0 || !S_ISDIR(sb.st_mode) ||
+            sb.st_uid != geteuid() || (sb.st_mode & 022)) {
+            fprintf(stderr, "bench_apply: /tmp/engram-bench is not a folder of this user that "
+                            "only it can write; remove it or give --model\n");
+            return 3;
+        }
         snprintf(path, sizeof path, "/tmp/engram-bench/apply-%u.gguf", width);
         if (access(path, R_OK) != 0 && build_model(path, width) < 0)
             return 1;
@@ -215,7 +235,11 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < n * per; i++)
         x0[i] = bf16_round(((float)(rng(&seed) & 0xffff) / 65536.0f - 0.5f) * 8.0f);
 
-    FILE *out = csv ? fopen(csv, "w") : NULL;
+    if (csv && engram_output_fopen(&out_file, csv, 0, &out, &err) < 0) {
+        fprintf(stderr, "bench_apply: %s\n", err.msg);
+        return 3;
+    }
+    atexit(csv_abandon);
     if (out)
         fprintf(out, "what,threads,value,unit,ratio\n");
 
@@ -388,8 +412,12 @@ int main(int argc, char **argv)
             fprintf(out, "prefill_apply_tokens_per_s,%u,%.2f,tokens/s,\n", threads_list[ti], (double)n / dt);
         engram_applier_free(a);
     }
-    if (out)
-        fclose(out);
+    FILE *done = out;
+    out = NULL;
+    if (done && engram_output_fclose(&out_file, done, 1, &err) < 0) {
+        fprintf(stderr, "bench_apply: %s\n", err.msg);
+        return 3;
+    }
     free(wf);
     free(cb);
     free(rows);

@@ -72,6 +72,15 @@ static void cpu_name(char *out, size_t n)
 }
 
 static FILE *csv;
+static engram_output csv_file;
+
+/* An exit before the end leaves no CSV and no temporary (atexit). */
+static void csv_abandon(void)
+{
+    if (csv)
+        engram_output_fclose(&csv_file, csv, 0, NULL);
+    csv = NULL;
+}
 
 static void row_out(const char *what, const char *impl, double value, const char *unit,
                     double ratio, const char *ratio_of)
@@ -100,10 +109,12 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (csv_path && !(csv = fopen(csv_path, "w"))) {
-        perror(csv_path);
+    engram_error err;
+    if (csv_path && engram_output_fopen(&csv_file, csv_path, 0, &csv, &err) < 0) {
+        fprintf(stderr, "bench_core: %s\n", err.msg);
         return 3;
     }
+    atexit(csv_abandon);
     if (csv)
         fprintf(csv, "what,impl,value,unit,ratio,ratio_of\n");
 
@@ -268,7 +279,11 @@ int main(int argc, char **argv)
     free(rows);
     free(a);
     free(b);
-    if (csv)
-        fclose(csv);
+    FILE *done = csv;
+    csv = NULL;
+    if (done && engram_output_fclose(&csv_file, done, 1, &err) < 0) {
+        fprintf(stderr, "bench_core: %s\n", err.msg);
+        return 3;
+    }
     return 0;
 }

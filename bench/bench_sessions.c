@@ -52,6 +52,7 @@
 #include <unistd.h>
 
 #include "engram.h"
+#include "engram_tools.h"
 
 #define LAYERS 43          /* layers of the engine modelled               */
 #define LAYERS_T0 13       /* layers 1..13: between table 0 and table 1   */
@@ -645,6 +646,15 @@ static long check_rows(const engram_model *m, const struct dec *d, unsigned nd, 
 /* ------------------------------------------------------------ report */
 
 static FILE *csv;
+static engram_output csv_file;
+
+/* An exit before the end leaves no CSV and no temporary (atexit). */
+static void csv_abandon(void)
+{
+    if (csv)
+        engram_output_fclose(&csv_file, csv, 0, NULL);
+    csv = NULL;
+}
 
 static void csv_row(const char *scope, const char *quantity, const char *stat, double v, const char *unit)
 {
@@ -771,10 +781,12 @@ int main(int argc, char **argv)
     if (parse_opts(argc, argv, &o) < 0)
         return 2;
     if (o.csv) {
-        if (!(csv = fopen(o.csv, "w"))) {
-            fprintf(stderr, "bench_sessions: %s: %s\n", o.csv, strerror(errno));
+        engram_error ce;
+        if (engram_output_fopen(&csv_file, o.csv, 0, &csv, &ce) < 0) {
+            fprintf(stderr, "bench_sessions: %s\n", ce.msg);
             return 2;
         }
+        atexit(csv_abandon);
         fprintf(csv, "scope,quantity,stat,value,unit\n");
     }
     struct shared sh = {.o = &o};
@@ -1019,8 +1031,11 @@ done:
     free(p);
     free(th);
     pthread_mutex_destroy(&sh.mu);
-    if (csv && fclose(csv) != 0) {
-        fprintf(stderr, "bench_sessions: %s: write failed\n", o.csv);
+    engram_error ce;
+    FILE *done = csv;
+    csv = NULL;
+    if (done && engram_output_fclose(&csv_file, done, exit_rc == 0, &ce) < 0 && exit_rc == 0) {
+        fprintf(stderr, "bench_sessions: %s\n", ce.msg);
         exit_rc = 1;
     }
     return exit_rc;

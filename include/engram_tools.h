@@ -9,6 +9,8 @@
 #ifndef ENGRAM_TOOLS_H
 #define ENGRAM_TOOLS_H
 
+#include <stdio.h>
+
 #include "engram.h"
 
 #ifdef __cplusplus
@@ -155,6 +157,68 @@ int engram_build_model(const char *path, const engram_build_opts *opts,
  * name either way); used by engram_build_model and every output of the
  * engram command. */
 void engram_sync_dir_of(const char *path);
+
+/*
+ * The one writer behind every file engram writes (engram_build_model, each
+ * output of the engram command, the benchmarks' CSV files).  The rule by
+ * what stands at path (lstat, the last name not followed):
+ *   - nothing, or a regular file: written to a fresh temporary in the same
+ *     folder (PATH.tmp.XXXXXXXXXXXX, 12 random letters; FOLDER/.engram.tmp.
+ *     XXXXXXXXXXXX when that name would pass NAME_MAX), created with
+ *     O_CREAT | O_EXCL | O_NOFOLLOW (a planted link or file at that name
+ *     makes it pick another, never write through it), mode 0666 less the
+ *     umask, or the replaced file's mode (and owner, where the caller may
+ *     give it); close(ok = 1) fsyncs it and renames it over path, then
+ *     fsyncs the folder; close(ok = 0) or a failure removes it, so path
+ *     holds the old file or the whole new one, never a part;
+ *   - a character device or a FIFO: opened in place (no O_CREAT, no link
+ *     followed; a FIFO blocks until a reader opens it), written through,
+ *     never replaced; ENGRAM_OUTPUT_SEEKABLE (an output written at
+ *     offsets, as a model is) refuses them with -ENOTSUP;
+ *   - a symbolic link: refused with -ELOOP (name its target); a folder:
+ *     -EISDIR; a block device or a socket: -ENOTSUP.
+ * Nothing is created or changed by a refusal.  Before close renames, the
+ * name is classified again: a link or node put there meanwhile is refused,
+ * not replaced (a window of one rename remains, in which a link planted
+ * would itself be replaced, its target untouched).
+ */
+enum { ENGRAM_OUTPUT_SEEKABLE = 1 };
+
+typedef struct engram_output {
+    int fd;            /* write here (pwrite allowed unless in_place)      */
+    int in_place;      /* 1: a character device or FIFO, written in place  */
+    char *tmp;         /* owned: the temporary's name (NULL when in place)  */
+    const char *path;  /* the caller's; must outlive the output            */
+} engram_output;
+
+/* Whether path may be written under the rule above, with nothing opened:
+ * 0 or the refusal's -errno (err names the path and why).  For checking
+ * every output of a command before it reads anything. */
+int engram_output_check(const char *path, unsigned flags, engram_error *err);
+
+/* Opens path for writing under the rule; 0 or -errno (err set), o unchanged
+ * on failure.  Each successful open needs one engram_output_close. */
+int engram_output_open(engram_output *o, const char *path, unsigned flags,
+                       engram_error *err);
+
+/* Finishes an open output: ok = 1 puts it in place (0, or -errno with the
+ * temporary removed and path untouched); ok = 0 removes the temporary (an
+ * in-place output keeps what was written).  Frees what open allocated. */
+int engram_output_close(engram_output *o, int ok, engram_error *err);
+
+/* The same as a stdio stream (text outputs, the benchmarks' CSV files):
+ * *f writes through a descriptor of its own; engram_output_fclose flushes
+ * and closes it, then finishes o as engram_output_close (ok = 0 or a
+ * failed write: the temporary removed).  0 or -errno (err set). */
+int engram_output_fopen(engram_output *o, const char *path, unsigned flags, FILE **f,
+                        engram_error *err);
+int engram_output_fclose(engram_output *o, FILE *f, int ok, engram_error *err);
+
+/* 1 when a and b name one file that is not a character device: the same
+ * inode, or, when neither exists, the same name in the same resolved
+ * folder.  For refusing two outputs (or an output and an input) that would
+ * overwrite each other. */
+int engram_output_same(const char *a, const char *b);
 
 #pragma GCC visibility pop
 

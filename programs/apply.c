@@ -120,7 +120,16 @@ static int parse_apply_opts(int argc, char **argv, struct apply_opts *o, engram_
     engram_history_reset(h);
     if (o->hist && parse_history(o->hist, h) < 0)
         return fail_usage("apply: --history takes 3 comma-separated ids (newest first, -1 = dead)");
-    return 0;
+    /* the outputs, before anything is read: each a kind of file fout
+     * writes, none the same file as another or as an input */
+    const char *paths[6] = {o->outp, o->kv_path, o->path, o->tok_path, o->mask_path,
+                            strncmp(o->in, "seed:", 5) ? o->in : NULL};
+    const char *names[6] = {"--residual-out", "--kv-out", "MODEL", "--tokens", "--mask",
+                            "--residual-in"};
+    int st = fout_check(o->outp, 0);
+    if (!st && o->kv_path)
+        st = fout_check(o->kv_path, 0);
+    return st ? st : fout_distinct(paths, names, 6, 2);
 }
 
 /* The tokens and, with --mask, one 0/1 per token.  0 or an exit code. */
@@ -137,7 +146,7 @@ static int read_tokens(struct apply *r, const struct apply_opts *o)
             st = EXIT_DATA;
         }
         if (!st && !(r->mask = malloc(r->n ? r->n : 1)))
-            st = EXIT_SYSTEM;
+            st = fail_oom("apply: the mask", r->n);
         for (size_t i = 0; !st && i < r->n; i++)
             r->mask[i] = (uint8_t)maskv[i];
     }
@@ -202,7 +211,7 @@ static int open_device(struct apply *r, const struct apply_opts *o, engram_error
     r->x = malloc((size_t)APPLY_CHUNK * r->per * 4);
     r->kv = o->kv_path ? malloc((size_t)APPLY_CHUNK * r->nkv * 4) : NULL;
     if (!r->rows48 || !r->rows || !r->x || (o->kv_path && !r->kv))
-        return EXIT_SYSTEM;
+        return fail_oom("apply: the buffers of a chunk", 0);
     return 0;
 }
 

@@ -188,7 +188,7 @@ static int section_depths(struct bench *b, struct depth_point *pts)
     if (!rows || !out) {
         free(rows);
         free(out);
-        return EXIT_SYSTEM;
+        return fail_oom("bench io: the depth sweep's buffers", 0);
     }
     for (int d = 0; d < b->n_depths; d++) {
         unsigned depth = b->depths[d];
@@ -271,7 +271,7 @@ static int section_decode(struct bench *b)
     engram_reader *r;
     engram_error err;
     if (engram_reader_open(b->m, &o, &r, &err) < 0)
-        return EXIT_SYSTEM;
+        return fail_lib(-EIO, &err, "bench io: reader");
     uint32_t rows[ENGRAM_ROWS_PER_TOKEN];
     static uint16_t out[ENGRAM_ROWS_PER_TOKEN * ENGRAM_ROW_VALUES];
     double t0 = now_s();
@@ -308,11 +308,14 @@ static int section_decode(struct bench *b)
     return 0;
 }
 
-static void write_svg(const char *path, const struct depth_point *p, int n)
+/* The depth plot as an SVG file (fout: all or nothing).  0 or an exit code. */
+static int write_svg(const char *path, const struct depth_point *p, int n)
 {
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return;
+    struct fout o;
+    int st = fout_open(&o, path);
+    if (st)
+        return st;
+    FILE *f = o.f;
     double maxv = 1;
     for (int i = 0; i < n; i++) {
         maxv = p[i].ours > maxv ? p[i].ours : maxv;
@@ -347,7 +350,7 @@ static void write_svg(const char *path, const struct depth_point *p, int n)
 #undef X
 #undef Y
     fprintf(f, "</svg>\n");
-    fclose(f);
+    return fout_close(&o, !ferror(f));
 }
 
 /* A size with an optional K, M, G or T suffix (powers of 1024), e.g. 32G
@@ -451,7 +454,10 @@ static int parse_bench_opts(int argc, char **argv, struct bench *b, struct bench
             free(copy);
             i++;
         } else if (!strcmp(a, "--seconds") && v) {
-            b->seconds = atof(v);
+            char *end;
+            b->seconds = strtod(v, &end);
+            if (end == v || *end || !(b->seconds > 0 && b->seconds <= 86400))
+                return fail_usage("bench io: --seconds takes a number of seconds in (0, 86400]");
             i++;
         } else if (!strcmp(a, "--corpus") && v) {
             if (b->n_corpora < MAX_CORPORA)
@@ -475,6 +481,9 @@ static int parse_bench_opts(int argc, char **argv, struct bench *b, struct bench
                 return fail_usage("bench io: bad --cache '%s' (0, or 64K to 1T)", v);
             i++;
         } else if (!strcmp(a, "--sections") && v) {
+            if (!*v || strspn(v, "abc") != strlen(v))
+                return fail_usage("bench io: --sections takes letters of 'abc' (a depths, b decode, "
+                                  "c prefill)");
             b->sections = v;
             i++;
         } else if (!strcmp(a, "--no-fio")) {
@@ -491,9 +500,18 @@ static int parse_bench_opts(int argc, char **argv, struct bench *b, struct bench
     }
     if (!b->path)
         return fail_usage("bench io: FILE is required");
-    if (b->seconds <= 0)
-        b->seconds = 8;
-    return 0;
+    /* the outputs, before anything is read or created: kinds fout writes,
+     * neither the same file as the other or as an input */
+    const char *paths[3 + MAX_CORPORA] = {o->csv, o->svg, b->path};
+    const char *names[3 + MAX_CORPORA] = {"--csv", "--svg", "FILE"};
+    for (int k = 0; k < b->n_corpora; k++) {
+        paths[3 + k] = b->corpora[k];
+        names[3 + k] = "--corpus";
+    }
+    int st = o->csv ? fout_check(o->csv, 0) : 0;
+    if (!st && o->svg)
+        st = fout_check(o->svg, 0);
+    return st ? st : fout_distinct(paths, names, 3 + b->n_corpora, 2);
 }
 
 /* The reader's alignment, and the share of rows that span two aligned
@@ -533,7 +551,7 @@ static int run_sections(struct bench *b, const char *svg)
     if (strchr(sec, 'a')) {
         rc = section_depths(b, pts);
         if (!rc && svg)
-            write_svg(svg, pts, b->n_depths);
+            rc = write_svg(svg, pts, b->n_depths);
     }
     if (!rc && strchr(sec, 'b'))
         rc = section_decode(b);
@@ -584,13 +602,20 @@ int cmd_bench(int argc, char **argv)
         engram_model_close(b.m);
         return rc;
     }
-    if (o.csv && !(b.csv = fopen(o.csv, "w")))
-        fprintf(stderr, "%s: cannot write %s\n", prog, o.csv);
-    if (b.csv)
+    struct fout csv;
+    if (o.csv && (rc = fout_open(&csv, o.csv)) != 0) {
+        engram_model_close(b.m);
+        return rc;
+    }
+    if (o.csv) {
+        b.csv = csv.f;
         fprintf(b.csv, "section,what,depth,value,unit\n");
+    }
     rc = run_sections(&b, o.svg);
-    if (b.csv)
-        fclose(b.csv);
+    if (o.csv) {
+        int c = fout_close(&csv, rc == 0 && !ferror(csv.f));
+        rc = rc ? rc : c;
+    }
     engram_model_close(b.m);
     return rc;
 }

@@ -29,6 +29,15 @@ int fail_usage(const char *fmt, ...)
     return EXIT_USAGE;
 }
 
+int fail_oom(const char *what, size_t bytes)
+{
+    if (bytes)
+        fprintf(stderr, "%s: %s: out of memory (%zu bytes)\n", prog, what, bytes);
+    else
+        fprintf(stderr, "%s: %s: out of memory\n", prog, what);
+    return EXIT_SYSTEM;
+}
+
 /* Maps a library error to an exit code after printing it. */
 int fail_lib(int rc, const engram_error *err, const char *what)
 {
@@ -385,45 +394,83 @@ int parse_history(const char *s, engram_history *h)
 }
 
 
-int fout_open(struct fout *o, const char *path)
+int fout_check(const char *path, unsigned flags)
 {
-    size_t n = strlen(path) + 32;
-    o->path = path;
-    o->tmp = malloc(n);
-    if (!o->tmp)
-        return EXIT_SYSTEM;
-    snprintf(o->tmp, n, "%s.tmp%ld", path, (long)getpid());
-    o->f = fopen(o->tmp, "wb");
-    if (!o->f) {
-        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->tmp, strerror(errno));
-        free(o->tmp);
-        return EXIT_SYSTEM;
+    if (!strcmp(path, "-")) {
+        if (flags & ENGRAM_OUTPUT_SEEKABLE)
+            return fail_usage("'-' (standard output) cannot take this output: it is written at "
+                              "offsets, so it must be a regular file or a new name");
+        return 0;
+    }
+    engram_error err = {0};
+    if (engram_output_check(path, flags, &err) < 0) {
+        fprintf(stderr, "%s: %s\n", prog, err.msg);
+        return EXIT_USAGE;
     }
     return 0;
 }
 
-/* Closes; renames into place if ok (fsync before, the directory's after),
- * else removes.  0 or an exit code. */
+int fout_distinct(const char *const *paths, const char *const *names, int n, int n_outputs)
+{
+    for (int i = 0; i < n_outputs; i++)
+        for (int j = 0; j < n; j++) {
+            if (j == i || !paths[i] || !paths[j] || (j < n_outputs && j < i))
+                continue;
+            int out_j = j < n_outputs;
+            int same = !strcmp(paths[i], "-")
+                           ? out_j && !strcmp(paths[j], "-")
+                           : strcmp(paths[j], "-") && engram_output_same(paths[i], paths[j]);
+            if (same)
+                return fail_usage("%s '%s' and %s '%s' are the same file", names[i], paths[i],
+                                  names[j], paths[j]);
+        }
+    return 0;
+}
+
+int fout_open(struct fout *o, const char *path)
+{
+    *o = (struct fout){.path = path};
+    if (!strcmp(path, "-")) {
+        /* the output takes the standard output; the report moves to the
+         * standard error */
+        fflush(stdout);
+        int fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0 || !(o->f = fdopen(fd, "wb"))) {
+            fprintf(stderr, "%s: cannot write to the standard output: %s\n", prog,
+                    strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            return EXIT_SYSTEM;
+        }
+        o->out.fd = -1;
+        return 0;
+    }
+    engram_error err = {0};
+    int rc = engram_output_fopen(&o->out, path, 0, &o->f, &err);
+    if (rc < 0) {
+        fprintf(stderr, "%s: %s\n", prog, err.msg);
+        return rc == -ELOOP || rc == -EISDIR || rc == -ENOTSUP ? EXIT_USAGE : EXIT_SYSTEM;
+    }
+    return 0;
+}
+
 int fout_close(struct fout *o, int ok)
 {
-    /* on disk before it is renamed into place: a crash leaves the old file
-     * or the new one, never a truncated new one */
-    if (ok && (fflush(o->f) != 0 || fsync(fileno(o->f)) != 0)) {
-        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->tmp, strerror(errno));
-        ok = 0;
+    engram_error err = {0};
+    int rc;
+    if (o->out.fd < 0) { /* "-" */
+        rc = fflush(o->f) != 0 || ferror(o->f) ? -(errno ? errno : EIO) : 0;
+        if (fclose(o->f) != 0 && rc == 0)
+            rc = -errno;
+        if (rc < 0)
+            snprintf(err.msg, sizeof err.msg, "cannot write to the standard output: %s",
+                     strerror(-rc));
+    } else {
+        rc = engram_output_fclose(&o->out, o->f, ok, &err);
     }
-    if (fclose(o->f) != 0)
-        ok = 0;
-    if (ok && rename(o->tmp, o->path) != 0) {
-        fprintf(stderr, "%s: cannot write '%s': %s\n", prog, o->path, strerror(errno));
-        ok = 0;
-    }
-    if (ok)
-        engram_sync_dir_of(o->path);
-    else
-        unlink(o->tmp);
-    free(o->tmp);
-    return ok ? 0 : EXIT_SYSTEM;
+    if (rc < 0 && ok)
+        fprintf(stderr, "%s: %s\n", prog, err.msg);
+    return ok && rc == 0 ? 0 : EXIT_SYSTEM;
 }
 
 int64_t resident_pages(int fd, uint64_t lo, uint64_t hi)

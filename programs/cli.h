@@ -16,6 +16,9 @@ extern const char *prog;
 
 int fail_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int fail_lib(int rc, const engram_error *err, const char *what);
+/* "engram: WHAT: out of memory (BYTES bytes)" (bytes 0: unsaid); EXIT_SYSTEM.
+ * Every exit 3 names what failed. */
+int fail_oom(const char *what, size_t bytes);
 /* The reason of a row codec's -EDOM (engram.h: the text after the first
  * ": " of "row <i>, value <j>: <reason>"); the whole message otherwise. */
 const char *row_reason(const engram_error *err);
@@ -68,15 +71,30 @@ int64_t resident_pages(int fd, uint64_t lo, uint64_t hi);
 /* "A,B,C": the 3 compressed history ids, newest first, -1 = dead. 0 or -1. */
 int parse_history(const char *s, engram_history *h);
 
-/* An output file written under a temporary name (PATH.tmpPID) and renamed
- * into place by fout_close(ok = 1); removed when not ok.  0 or an exit code. */
+/* An output of the engram command, written by the one writer of
+ * engram_tools.h (engram_output: a regular file or new name through a
+ * fresh temporary renamed into place by fout_close(ok = 1) and removed when
+ * not ok; a character device or FIFO in place; links, folders, block
+ * devices and sockets refused).  "-" is the standard output: the data takes
+ * it and the command's report moves to the standard error.  0 or an exit
+ * code after printing why (EXIT_USAGE for a refused kind of file). */
 struct fout {
     FILE *f;
-    char *tmp;
+    engram_output out; /* out.fd -1 for "-" */
     const char *path;
 };
 int fout_open(struct fout *o, const char *path);
 int fout_close(struct fout *o, int ok);
+/* Before a command reads anything: whether path may take an output (flags:
+ * ENGRAM_OUTPUT_SEEKABLE for one written at offsets, which refuses "-",
+ * devices and FIFOs).  0, or EXIT_USAGE after printing why. */
+int fout_check(const char *path, unsigned flags);
+/* paths[0, n_outputs) are outputs, the rest inputs (NULL entries skipped),
+ * names[] what each is called in the message ("--kv-out").  EXIT_USAGE
+ * after printing the pair when an output names the same file as another
+ * output or an input (engram_output_same; "-" twice among outputs); 0
+ * otherwise. */
+int fout_distinct(const char *const *paths, const char *const *names, int n, int n_outputs);
 
 /* Where a layer is applied (device.c): "cpu" or "cuda". */
 struct dev;

@@ -143,7 +143,10 @@ static int parse_in_out(int argc, char **argv, const char *cmd, const char **in,
     }
     if (!*in || !*out)
         return fail_usage("%s: IN and OUT are required", cmd);
-    return 0;
+    /* OUT may be anything fout takes; it must not be IN (before reading) */
+    const char *paths[2] = {*out, *in}, *names[2] = {"OUT", "IN"};
+    int st = fout_check(*out, 0);
+    return st ? st : fout_distinct(paths, names, 2, 1);
 }
 
 struct qstats {
@@ -202,7 +205,8 @@ int cmd_quantize(int argc, char **argv)
     uint8_t *raw = malloc(chunk_vals * 4), *q = malloc((size_t)Q_CHUNK_ROWS * ENGRAM_ROW_BYTES);
     float *x = malloc(chunk_vals * sizeof *x), *y = malloc(chunk_vals * sizeof *y);
     struct fout out = {0};
-    int status = !raw || !q || !x || !y ? EXIT_SYSTEM : fout_open(&out, outp);
+    int status = !raw || !q || !x || !y ? fail_oom("quantize: the chunk buffers", 0)
+                                        : fout_open(&out, outp);
     struct qstats st = {0};
     for (uint64_t r0 = 0; r0 < rows && status == 0; r0 += Q_CHUNK_ROWS) {
         size_t k = rows - r0 < Q_CHUNK_ROWS ? (size_t)(rows - r0) : Q_CHUNK_ROWS;
@@ -295,7 +299,8 @@ int cmd_dequantize(int argc, char **argv)
     uint8_t *raw = malloc((size_t)Q_CHUNK_ROWS * ENGRAM_ROW_BYTES);
     uint8_t *vals = malloc((size_t)Q_CHUNK_ROWS * ENGRAM_ROW_VALUES * es);
     struct fout out = {0};
-    int status = !raw || !vals ? EXIT_SYSTEM : fout_open(&out, outp);
+    int status = !raw || !vals ? fail_oom("dequantize: the chunk buffers", 0)
+                                : fout_open(&out, outp);
     if (status == 0 && ends_with(outp, ".npy")) {
         uint8_t h[128];
         size_t hn = npy_header(h, rows, bf16);

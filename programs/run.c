@@ -207,7 +207,7 @@ static int load_stream(const struct run_opts *o, uint32_t **tokens, size_t *n)
         *n = engram_bundled_tokens_n;
         *tokens = malloc(*n * sizeof **tokens);
         if (!*tokens)
-            return EXIT_SYSTEM;
+            return fail_oom("run: the bundled tokens", *n * sizeof **tokens);
         memcpy(*tokens, engram_bundled_tokens, *n * sizeof **tokens);
     }
     if (*n / o->B < o->N + 1) {

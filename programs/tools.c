@@ -81,6 +81,12 @@ static int cmd_tokmap(int argc, char **argv)
     }
     if (!in)
         return fail_usage("tokmap: TOKENIZER.json is required");
+    if (out) {
+        const char *paths[2] = {out, in}, *names[2] = {"--out", "TOKENIZER.json"};
+        int cst = fout_check(out, 0);
+        if (cst || (cst = fout_distinct(paths, names, 2, 1)) != 0)
+            return cst;
+    }
     engram_tokmap tm;
     engram_error err = {0};
     int rc = engram_tokmap_from_json(in, &tm, &err);
@@ -98,7 +104,7 @@ static int cmd_tokmap(int argc, char **argv)
         uint8_t *le = malloc((size_t)tm.vocab * 4);
         if (!le) {
             engram_tokmap_free(&tm);
-            return EXIT_SYSTEM;
+            return fail_oom("tokmap", (size_t)tm.vocab * 4);
         }
         for (uint32_t i = 0; i < tm.vocab; i++)
             for (int b = 0; b < 4; b++)
@@ -204,7 +210,7 @@ static int cmd_layout(int argc, char **argv)
     int cols = (int)((ngram - 1) * heads);
     uint32_t *primes = malloc((size_t)n_layers * (size_t)cols * sizeof *primes);
     if (!primes)
-        return EXIT_SYSTEM;
+        return fail_oom("layout", (size_t)n_layers * (size_t)cols * sizeof *primes);
     int rc = engram_layout_primes((uint32_t)base, n_layers, (int)ngram, (int)heads, primes,
                                   (size_t)n_layers * (size_t)cols);
     if (rc < 0) {
@@ -339,7 +345,7 @@ static int build_token_map(const char *tokenizer, const char *mapfile, uint64_t 
     } else {
         *map = malloc(vocab * sizeof **map);
         if (!*map)
-            return EXIT_SYSTEM;
+            return fail_oom("build: the token map", vocab * sizeof **map);
         for (uint64_t t = 0; t < vocab; t++)
             (*map)[t] = (uint32_t)(t % cvocab);
     }
@@ -419,7 +425,7 @@ int cmd_build(int argc, char **argv)
             tokenizer = argv[++i];
         } else if (!strcmp(a, "--tokmap") && i + 1 < argc) {
             mapfile = argv[++i];
-        } else if (a[0] == '-') {
+        } else if (a[0] == '-' && a[1]) {
             return fail_usage("build: unknown option '%s'", a);
         } else if (!out) {
             out = a;
@@ -431,6 +437,13 @@ int cmd_build(int argc, char **argv)
         return fail_usage("build: OUT.gguf is required");
     if (tokenizer && mapfile)
         return fail_usage("build: --tokenizer and --tokmap exclude each other");
+    /* a model is written at offsets: OUT is a regular file or a new name,
+     * not an input */
+    const char *paths[3] = {out, tokenizer, mapfile};
+    const char *names[3] = {"OUT", "--tokenizer", "--tokmap"};
+    int cst = fout_check(out, ENGRAM_OUTPUT_SEEKABLE);
+    if (cst || (cst = fout_distinct(paths, names, 3, 1)) != 0)
+        return cst;
     if (ver < 2 || cvocab == 0 || vocab == 0 || base < 2)
         return fail_usage("build: bad --gguf-version, --vocab, --compressed-vocab or --base");
 

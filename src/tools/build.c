@@ -254,33 +254,13 @@ int engram_build_model(const char *path, const engram_build_opts *o, engram_erro
                        engram_strerror(rc));
     }
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    if (!tmp) {
-        gguf_writer_free(w);
-        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+    engram_output out;
+    rc = engram_output_open(&out, path, ENGRAM_OUTPUT_SEEKABLE, err);
+    if (rc == 0) {
+        rc = gguf_w_write_fd(w, out.fd, err);
+        int c = engram_output_close(&out, rc == 0, rc == 0 ? err : NULL);
+        rc = rc < 0 ? rc : c;
     }
-    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-        rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot create '%s': %s", tmp,
-                     engram_strerror(-errno));
-    } else {
-        rc = fchmod(fd, 0644) < 0 ? err_set(err, -errno, ENGRAM_NO_OFFSET, "fchmod failed") : 0;
-        if (rc == 0)
-            rc = gguf_w_write_fd(w, fd, err);
-        if (rc == 0 && fsync(fd) < 0)
-            rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "fsync failed");
-        if (close(fd) < 0 && rc == 0)
-            rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "close failed");
-        if (rc == 0 && rename(tmp, path) < 0)
-            rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot rename to '%s'", path);
-        if (rc < 0)
-            unlink(tmp);
-        else
-            engram_sync_dir_of(path);
-    }
-    free(tmp);
     gguf_writer_free(w);
     return rc;
 }
