@@ -589,7 +589,10 @@ static const char *main_help =
     "  quantize IN OUT / dequantize IN OUT float rows <-> 264-byte rows\n"
     "  bench io FILE [...]                 reader vs fio vs the reference's baseline\n"
     "  version, --version                  print the library's version\n"
-    "exit codes: 0 ok, 1 invalid data (model, row, token), 2 usage, 3 system error\n";
+    "exit codes: 0 ok, 1 invalid data (model, row, token), 2 usage, 3 system error\n"
+    "outputs: a new name or regular file is replaced whole on success; a character\n"
+    "device or FIFO (or - for stdout) is written in place; links, folders and block\n"
+    "devices are refused (docs/cli.md)\n";
 
 static const char *version_help =
     "usage: engram version   (or engram --version)\n"

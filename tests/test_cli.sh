@@ -197,7 +197,7 @@ fi
 # bench io's refusals: a missing file, a bad --create size, a file it cannot create
 expect_rc 3 "No such file" "bench io of a missing file" "$ENGRAM" bench io "$T/nope.gguf" --seconds 1
 expect_rc 2 "bad --create" "bench io --create with a bad size" "$ENGRAM" bench io "$T/c.gguf" --create 12X
-expect_rc 3 "cannot create" "bench io --create where it cannot" "$ENGRAM" bench io "$T/nodir/c.gguf" --create 2G
+expect_rc 3 "cannot write" "bench io --create where it cannot" "$ENGRAM" bench io "$T/nodir/c.gguf" --create 2G
 if ! grep -q "cannot open" "$T/err"; then ok; else bad "bench io went on after a failed --create"; fi
 # bench io with a fio whose JSON lacks the latency fields: no fio figures
 # (rather than made-up ones), and the run completes

@@ -49,13 +49,17 @@ wargs() {
     apply) echo apply "$M" --layer 14 --tokens "$T/tok" --residual-in seed:3 --residual-out "$2" ;;
     kv) echo apply "$M" --layer 1 --tokens "$T/tok" --residual-in seed:3 --residual-out "$T/kvres" --kv-out "$2" ;;
     csv) echo bench io "$M" --sections b --seconds 0.2 --no-fio --no-baseline --csv "$2" ;;
-    svg) echo bench io "$M" --sections a --depths 1,2 --seconds 0.1 --no-fio --no-baseline --svg "$2" ;;
+    svg) echo bench io "$M" --sections a --depths 1 --seconds 0.1 --no-fio --no-baseline --svg "$2" ;;
+    tokmap) echo tokmap "$TOK" --out "$2" ;;
     esac
 }
 # shellcheck disable=SC2046
 wcmd() { "$E" $(wargs "$1" "$2") >"$T/o" 2>"$T/e"; }
 # seekable writers refuse devices and FIFOs; the others write through them
-WRITERS="build quantize dequantize apply kv csv svg"
+WRITERS="build quantize dequantize apply kv csv svg tokmap"
+TOK=$(sh tools/fetch-tokenizer.sh 2>/dev/null) || { TOK=""; bad "tokmap: no tokenizer.json (tools/fetch-tokenizer.sh)"; }
+case $TOK in ''|/*) ;; *) TOK="$(pwd)/$TOK" ;; esac
+[ -n "$TOK" ] || WRITERS=${WRITERS% tokmap}
 seekable() { [ "$1" = build ]; }
 
 for w in $WRITERS; do
@@ -97,7 +101,7 @@ for w in $WRITERS; do
         wcmd $w "$D/fifo"; rc=$?
         if [ $rc = 2 ] && grep -q "FIFO" "$T/e" && [ -p "$D/fifo" ]; then ok; else bad "$w: a FIFO (rc $rc)"; fi
     else
-        cat "$D/fifo" > "$D/fromfifo" &
+        timeout 60 cat "$D/fifo" > "$D/fromfifo" &
         reader=$!
         wcmd $w "$D/fifo"; rc=$?
         wait $reader
@@ -147,6 +151,7 @@ same "dequantize IN IN" "$T/in.rows" "$E" dequantize "$T/in.rows" "$T/in.rows"
 same "build OUT --tokmap OUT" "$S/kk" "$E" build "$S/kk" --tokmap "$S/kk"
 same "bench io --csv FILE" "$M" "$E" bench io "$M" --csv "$M"
 same "bench io --csv X --svg X" "$S/kk" "$E" bench io "$M" --csv "$S/kk" --svg "$S/kk"
+[ -z "$TOK" ] || same "tokmap --out TOKENIZER" "$TOK" "$E" tokmap "$TOK" --out "$TOK"
 # two outputs to one character device are allowed (nothing to keep whole)
 expect_rc 0 "applied" "two outputs to /dev/null" $A --residual-out /dev/null --kv-out /dev/null
 

@@ -30,5 +30,7 @@ if ! check "$SRC"; then
     exit 1
 fi
 mkdir -p tools/cache
-cp "$SRC" "$CACHE.tmp" && mv "$CACHE.tmp" "$CACHE"
+# a fresh temporary (mktemp: exclusive, random), renamed into place
+TMP=$(mktemp "$CACHE.tmp.XXXXXX") && cp "$SRC" "$TMP" && mv -f "$TMP" "$CACHE" ||
+    { rm -f "${TMP:-}"; echo "fetch-tokenizer: cannot write $CACHE" >&2; exit 1; }
 echo "$CACHE"
