@@ -177,6 +177,9 @@ static int open_residual(struct apply *r, const char *in)
         fprintf(stderr, "%s: apply: cannot read '%s': %s\n", prog, in, strerror(errno));
         return EXIT_SYSTEM;
     }
+    int st = input_regular(in, &sb);
+    if (st)
+        return st;
     if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != (uint64_t)r->n * r->per * 4) {
         fprintf(stderr,
                 "%s: apply: residual '%s' has %lld bytes; %zu tokens x %u streams x %u x 4 bytes "

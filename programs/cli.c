@@ -203,6 +203,20 @@ int slurp(const char *path, size_t max, char **buf, size_t *len)
     return 0;
 }
 
+int input_regular(const char *path, const struct stat *st)
+{
+    if (S_ISDIR(st->st_mode)) {
+        fprintf(stderr, "%s: cannot read '%s': %s\n", prog, path, strerror(EISDIR));
+        return EXIT_SYSTEM;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        fprintf(stderr, "%s: '%s' is not a regular file: this input is read by its size\n", prog,
+                path);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
 static int is_space(char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,6 +38,13 @@ void progress_bar(int t, uint64_t done, uint64_t total, double t0);
  * than max + 1 of them; the caller frees *buf (NUL-terminated).  0 or
  * -errno: -EISDIR for a directory, -EFBIG when it holds more than max. */
 int slurp(const char *path, size_t max, char **buf, size_t *len);
+
+/* Whether an input read by its size (apply's residual, quantize's and
+ * dequantize's IN), whose fstat is *st, can be: 0 for a regular file; else
+ * an exit code after printing why: EXIT_SYSTEM for a directory ("Is a
+ * directory", as for any input that cannot be read), EXIT_DATA for a
+ * device, FIFO or socket (its size does not give its length). */
+int input_regular(const char *path, const struct stat *st);
 
 /* A file of whitespace-separated decimal numbers read a buffer at a time:
  * whatever its length, memory is this struct (64 KiB).  An item is invalid

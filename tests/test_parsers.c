@@ -414,6 +414,16 @@ static void streams(void)
     CHECK(buf == NULL);
     free(text);
 
+    /* inputs read by their size */
+    struct stat st;
+    CHECK_EQ(stat(path, &st), 0);
+    CHECK_EQ(input_regular(path, &st), 0);
+    saved = quiet();
+    CHECK_EQ(stat("/dev/zero", &st), 0);
+    CHECK_EQ(input_regular("/dev/zero", &st), EXIT_DATA);
+    CHECK_EQ(stat(tu_tmpdir(), &st), 0);
+    CHECK_EQ(input_regular(tu_tmpdir(), &st), EXIT_SYSTEM);
+    loud(saved);
     unlink(path);
 }
 
