@@ -70,10 +70,10 @@ int numfile_open(struct numfile *nf, const char *path, uint64_t max, const char 
 int numfile_read(struct numfile *nf, uint32_t *out, size_t cap, size_t *got);
 void numfile_close(struct numfile *nf);
 
-/* The most numbers read_numbers returns: 2^24 (64 MiB of u32), 16 times the
- * longest context of the V4 models.  A longer file is refused as it is
- * read (EXIT_DATA naming the file and the limit), after at most this many
- * items and one more. */
+/* The most numbers read_numbers returns: 2^24 (64 MiB of u32; 2^24 also
+ * bounds a vocabulary and a token map), far past any prompt an engine
+ * prefills at once.  A longer file is refused as it is read (EXIT_DATA
+ * naming the file and the limit), after this many items and one more. */
 #define CLI_MAX_ITEMS (1u << 24)
 /* A whole file of numbers (numfile) into a new u32 array (the caller frees
  * *out), for a command that needs them all at once; 0, or an exit code
