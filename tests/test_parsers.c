@@ -374,6 +374,11 @@ static void streams(void)
     /* a directory: "Is a directory" when opened, not a read error later */
     saved = quiet();
     CHECK_EQ(numfile_open(nf, tu_tmpdir(), UINT32_MAX, "test"), EXIT_SYSTEM);
+    CHECK_EQ(nf->fd, -EISDIR);
+    tu_path(path, sizeof path, "missing");
+    CHECK_EQ(numfile_open(nf, path, UINT32_MAX, "test"), EXIT_SYSTEM);
+    CHECK_EQ(nf->fd, -ENOENT);
+    tu_path(path, sizeof path, "nums.txt");
     loud(saved);
     free(nf);
 
@@ -411,6 +416,9 @@ static void streams(void)
     CHECK(buf == NULL);
     CHECK_EQ(slurp("/dev/zero", 100000, &buf, &len), -EFBIG);
     CHECK_EQ(slurp(tu_tmpdir(), 100, &buf, &len), -EISDIR);
+    char missing[512];
+    tu_path(missing, sizeof missing, "missing");
+    CHECK_EQ(slurp(missing, 100, &buf, &len), -ENOENT);
     CHECK(buf == NULL);
     free(text);
 
