@@ -408,6 +408,8 @@ static int cmd_hash(int argc, char **argv)
     }
     if (!path || !tok_path)
         return fail_usage("hash: MODEL and --tokens FILE are required");
+    if (mask_path && !strcmp(tok_path, "-") && !strcmp(mask_path, "-"))
+        return fail_usage("hash: --tokens and --mask cannot both be '-' (they are read in step)");
     engram_history h;
     engram_history_reset(&h);
     if (hist && parse_history(hist, &h) < 0)

@@ -106,6 +106,8 @@ grep -q "^tokens: *12345 (1763 masked)" "$T/sum.txt" && ok || bad "--summary: to
 sh -c "cat '$T/tk' | '$E' hash '$M' --tokens - --mask '$T/mk' --history 5,-1,7" | cmp -s - "$T/rows.txt" &&
     ok || bad "hash from a pipe differs"
 
+expect_rc 2 "cannot both be '-'" "hash --tokens - --mask -" sh -c "'$E' hash '$M' --tokens - --mask - < '$T/tk'"
+
 # errors past the first chunk name their place in the whole stream
 head -n 5000 "$T/tk" > "$T/bad1"; echo 4000000 >> "$T/bad1"; echo 5 >> "$T/bad1"
 expect_rc 1 "token 4000000 at position 5000 is not < vocab" "a token >= vocab in the second chunk" \
