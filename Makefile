@@ -99,6 +99,7 @@ endif
 all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
      $(BUILD)/tests/fuzz_tokmap_replay $(BUILD)/tests/fuzz_cli_replay \
      $(BUILD)/tests/fuzz_residual_replay $(BUILD)/tests/fuzz_ple_replay $(BUILD)/tests/seccomp_run \
+     $(BUILD)/tests/rusage_run \
      $(BUILD)/tests/envfail_preload.so $(BUILD)/tests/stress_sessions $(BUILD)/tests/race_abort_begin \
      $(CUDA_TARGETS)
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
@@ -229,6 +230,10 @@ $(BUILD)/tests/envfail_preload.so: tests/envfail_preload.c
 	$(CC) -std=c11 -O2 -fPIC -shared -Wall -Wextra -o $@ $< -ldl
 
 $(BUILD)/tests/seccomp_run: tests/seccomp_run.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $<
+
+$(BUILD)/tests/rusage_run: tests/rusage_run.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $<
 

@@ -38,7 +38,9 @@ static const char *apply_help =
     "--device cuda-fast: more than 8 tokens through cuBLAS, the tensor cores' own\n"
     "sums (faster, less accurate than the CPU's).\n"
     "Memory: about 50 MB at W = 5120 whatever the\n"
-    "stream's length (2048 tokens of rows at a time, 256 of residual).\n"
+    "stream's length (2048 tokens of rows at a time, 256 of residual), plus 5 bytes\n"
+    "a token for the token and mask files, which hold at most 2^24 items each (a\n"
+    "longer one is refused as it is read: exit 1).\n"
     "Exit codes: 0 ok; 1 invalid data (IN's size, a bad token or mask, a layer\n"
     "without projection weights, NaN/Inf in IN, non-finite results); 2 usage;\n"
     "3 system error.\n";
@@ -185,6 +187,9 @@ static int open_residual(struct apply *r, const char *in)
         fprintf(stderr, "%s: apply: cannot read '%s': %s\n", prog, in, strerror(errno));
         return EXIT_SYSTEM;
     }
+    int st = input_regular(in, &sb);
+    if (st)
+        return st;
     if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != (uint64_t)r->n * r->per * 4) {
         fprintf(stderr,
                 "%s: apply: residual '%s' has %lld bytes; %zu tokens x %u streams x %u x 4 bytes "

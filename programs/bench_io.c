@@ -410,7 +410,8 @@ static const char *bench_io_help =
     "     engram with a row cache of --cache SIZE (default 256M; 0 leaves it out).\n"
     "Default depths 1,2,4,8,16,32,48,64,128,256; --seconds per measurement (8), split\n"
     "into 4 rounds in which engram and the fio runs take turns in rotating order\n"
-    "(medians reported: shared disks drift); --max-tokens caps each corpus.\n"
+    "(medians reported: shared disks drift); --max-tokens N (up to 2^24) reads the\n"
+    "first N tokens of each corpus; else a corpus of more than 2^24 is refused.\n"
     "fio must be installed (apt-get install fio) for the device-limit columns.\n";
 
 /* What the command line asks beyond the run's settings. */

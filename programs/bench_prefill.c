@@ -103,33 +103,34 @@ static uint64_t baseline_batches(struct bench *b, int fd, int t, const uint32_t 
     return reads;
 }
 
-static int read_tokens(const char *path, uint32_t vocab, uint32_t **out, size_t *n)
+/* A corpus's tokens, reduced mod vocab: with limit (--max-tokens) at most
+ * 2^24, the first limit of them, the rest not read; else all of them
+ * (read_numbers: a file of more than 2^24 is refused).  0, or an exit code
+ * after saying why not. */
+static int read_tokens(const char *path, uint32_t vocab, size_t limit, uint32_t **out, size_t *n)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -errno;
-    size_t cap = 4096, k = 0;
-    uint32_t *v = malloc(cap * sizeof *v);
-    unsigned long x;
-    while (v && fscanf(f, "%lu", &x) == 1) {
-        if (k == cap) {
-            uint32_t *nv = realloc(v, 2 * cap * sizeof *v);
-            if (!nv) { /* an error (below), not a shorter corpus */
-                free(v);
-                v = NULL;
-                break;
-            }
-            v = nv;
-            cap *= 2;
+    int st;
+    if (!limit || limit > CLI_MAX_ITEMS) {
+        st = read_numbers(path, UINT32_MAX, out, n, "corpus");
+    } else {
+        struct numfile *nf = malloc(sizeof *nf);
+        uint32_t *v = malloc(limit * sizeof *v);
+        if (!nf || !v) {
+            fprintf(stderr, "%s: corpus file '%s': out of memory\n", prog, path);
+            st = EXIT_SYSTEM;
+        } else if ((st = numfile_open(nf, path, UINT32_MAX, "corpus")) == 0) {
+            st = numfile_read(nf, v, limit, n);
+            numfile_close(nf);
         }
-        v[k++] = (uint32_t)(x % vocab);
+        free(nf);
+        if (st)
+            free(v);
+        else
+            *out = v;
     }
-    fclose(f);
-    if (!v)
-        return -ENOMEM;
-    *out = v;
-    *n = k;
-    return 0;
+    for (size_t i = 0; !st && i < *n; i++)
+        (*out)[i] %= vocab;
+    return st;
 }
 
 /* One reader's run over segments of a corpus: time, and page-cache growth
@@ -224,15 +225,13 @@ static uint32_t *hashed_corpus(struct bench *b, const char *corpus, size_t *coun
 {
     uint32_t *tok = NULL, *rows;
     size_t n = 0;
-    int trc = read_tokens(corpus, b->l->vocab, &tok, &n);
-    if (trc < 0 || n == 0) {
-        fprintf(stderr, "%s: cannot read tokens from %s: %s\n", prog, corpus,
-                trc < 0 ? strerror(-trc) : "none in it");
+    if (read_tokens(corpus, b->l->vocab, b->max_tokens, &tok, &n) != 0)
+        return NULL;
+    if (n == 0) {
+        fprintf(stderr, "%s: cannot read tokens from %s: none in it\n", prog, corpus);
         free(tok);
         return NULL;
     }
-    if (b->max_tokens && n > b->max_tokens)
-        n = b->max_tokens;
     rows = malloc(n * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
     if (!rows) {
         fprintf(stderr, "%s: %s: %s\n", prog, corpus, strerror(ENOMEM));

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -141,31 +142,66 @@ int has_help(int argc, char **argv)
     return 0;
 }
 
-/* Reads a whole file (or "-" for stdin); the caller frees *buf. */
-int slurp(const char *path, char **buf, size_t *len)
+/* Opens path for reading ("-": the standard input, not to be closed): fd,
+ * or -errno.  A directory is -EISDIR at once: it opens for reading on
+ * Linux and fails only at its first read (through stdio, as a bare
+ * "Input/output error"). */
+static int open_input(const char *path)
 {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f)
+    int fd = strcmp(path, "-") ? open(path, O_RDONLY | O_CLOEXEC) : STDIN_FILENO;
+    if (fd < 0)
         return -errno;
-    size_t cap = 1 << 16, n = 0;
+    struct stat st;
+    int rc = fstat(fd, &st) < 0 ? -errno : S_ISDIR(st.st_mode) ? -EISDIR : 0;
+    if (rc < 0 && fd != STDIN_FILENO)
+        close(fd);
+    return rc < 0 ? rc : fd;
+}
+
+/* read(2) retried on EINTR: bytes read (0 at the end) or -errno. */
+static ssize_t read_some(int fd, void *buf, size_t n)
+{
+    ssize_t r;
+    do
+        r = read(fd, buf, n);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : r;
+}
+
+int slurp(const char *path, size_t max, char **buf, size_t *len)
+{
+    int fd = open_input(path);
+    if (fd < 0)
+        return fd;
+    size_t cap = max < (1u << 16) ? max + 1 : 1u << 16, n = 0;
     char *b = malloc(cap + 1);
-    while (b) {
-        size_t got = fread(b + n, 1, cap - n, f);
-        n += got;
-        if (n < cap)
-            break;
-        char *nb = realloc(b, 2 * cap + 1);
-        if (!nb) {
-            free(b);
-            b = NULL;
+    int rc = b ? 0 : -ENOMEM;
+    while (rc == 0) {
+        if (n == cap) {
+            if (cap > max) { /* max + 1 bytes are in: too many */
+                rc = -EFBIG;
+                break;
+            }
+            size_t ncap = cap > max / 2 ? max + 1 : 2 * cap;
+            char *nb = realloc(b, ncap + 1);
+            if (!nb) {
+                rc = -ENOMEM;
+                break;
+            }
+            b = nb;
+            cap = ncap;
+        }
+        ssize_t got = read_some(fd, b + n, cap - n);
+        if (got <= 0) {
+            rc = got < 0 ? (int)got : 0;
             break;
         }
-        b = nb;
-        cap *= 2;
+        n += (size_t)got;
     }
-    int rc = b ? (ferror(f) ? -EIO : 0) : -ENOMEM;
-    if (f != stdin)
-        fclose(f);
+    if (rc == 0 && n > max)
+        rc = -EFBIG;
+    if (fd != STDIN_FILENO)
+        close(fd);
     if (rc < 0) {
         free(b);
         return rc;
@@ -176,74 +212,214 @@ int slurp(const char *path, char **buf, size_t *len)
     return 0;
 }
 
-/* Whitespace-separated decimal numbers <= max in text[0, len) into a new
- * u32 array.  Every byte counts (a NUL is not an end: it makes its item
- * invalid).  0; -EINVAL with *bad = the index of the first invalid item;
- * -ENOMEM. */
-int parse_numbers(const char *text, size_t len, uint64_t max, uint32_t **out, size_t *count,
-                  size_t *bad)
+int input_regular(const char *path, const struct stat *st)
 {
-    size_t cap = 1024, n = 0, i = 0;
-    uint32_t *v = malloc(cap * sizeof *v);
-    if (!v)
-        return -ENOMEM;
-    while (i < len) {
-        char c = text[i];
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+    if (S_ISDIR(st->st_mode)) {
+        fprintf(stderr, "%s: cannot read '%s': %s\n", prog, path, strerror(EISDIR));
+        return EXIT_SYSTEM;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        fprintf(stderr, "%s: '%s' is not a regular file: this input is read by its size\n", prog,
+                path);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* An item's characters: a longer one is invalid whatever follows. */
+#define ITEM_MAX 31
+
+/* The items of p[0, len) into out[0, cap): stops when cap numbers are
+ * written, at len, or (unless final: more bytes may follow) before an
+ * item that reaches len and could still be a number.  *used: the bytes
+ * consumed; *got: the numbers written.  0, or -EINVAL: the item after
+ * them is invalid.  Every byte counts: a NUL makes its item invalid. */
+static int scan_numbers(const char *p, size_t len, int final, uint64_t max, uint32_t *out,
+                        size_t cap, size_t *used, size_t *got)
+{
+    size_t i = 0, n = 0;
+    int rc = 0;
+    while (n < cap) {
+        while (i < len && is_space(p[i]))
             i++;
-            continue;
-        }
+        if (i == len)
+            break;
         size_t start = i;
-        while (i < len && text[i] != ' ' && text[i] != '\t' && text[i] != '\n' && text[i] != '\r')
+        while (i < len && !is_space(p[i]))
             i++;
-        char item[32];
-        uint64_t x;
         size_t k = i - start;
-        int ok = k < sizeof item && !memchr(text + start, '\0', k);
+        if (i == len && !final && k <= ITEM_MAX) {
+            i = start; /* its end is in the bytes to come */
+            break;
+        }
+        char item[ITEM_MAX + 1];
+        uint64_t x;
+        int ok = k <= ITEM_MAX && !memchr(p + start, '\0', k);
         if (ok) {
-            memcpy(item, text + start, k);
+            memcpy(item, p + start, k);
             item[k] = '\0';
             ok = parse_u64(item, max, &x) == 0;
         }
         if (!ok) {
+            i = start;
+            rc = -EINVAL;
+            break;
+        }
+        out[n++] = (uint32_t)x;
+    }
+    *used = i;
+    *got = n;
+    return rc;
+}
+
+/* Whitespace-separated decimal numbers <= max in text[0, len) into a new
+ * u32 array.  0; -EINVAL with *bad = the index of the first invalid item;
+ * -ENOMEM. */
+int parse_numbers(const char *text, size_t len, uint64_t max, uint32_t **out, size_t *count,
+                  size_t *bad)
+{
+    size_t cap = 1024, n = 0, at = 0;
+    uint32_t *v = malloc(cap * sizeof *v);
+    if (!v)
+        return -ENOMEM;
+    for (;;) {
+        size_t used, got;
+        int rc = scan_numbers(text + at, len - at, 1, max, v + n, cap - n, &used, &got);
+        at += used;
+        n += got;
+        if (rc < 0) {
             free(v);
             *bad = n;
-            return -EINVAL;
+            return rc;
         }
-        if (n == cap) {
-            uint32_t *nv = realloc(v, 2 * cap * sizeof *v);
-            if (!nv) {
-                free(v);
-                return -ENOMEM;
-            }
-            v = nv;
-            cap *= 2;
+        if (n < cap) /* stopped at the end */
+            break;
+        uint32_t *nv = realloc(v, 2 * cap * sizeof *v);
+        if (!nv) {
+            free(v);
+            return -ENOMEM;
         }
-        v[n++] = (uint32_t)x;
+        v = nv;
+        cap *= 2;
     }
     *out = v;
     *count = n;
     return 0;
 }
 
-int read_numbers(const char *path, uint64_t max, uint32_t **out, size_t *count,
-                        const char *what)
+int numfile_open(struct numfile *nf, const char *path, uint64_t max, const char *what)
 {
-    char *text = NULL;
-    size_t len, bad = 0;
-    int rc = slurp(path, &text, &len);
-    if (rc < 0) {
-        fprintf(stderr, "%s: cannot read %s file '%s': %s\n", prog, what, path, strerror(-rc));
+    nf->path = path;
+    nf->what = what;
+    nf->max = max;
+    nf->items = nf->at = nf->len = 0;
+    nf->eof = 0;
+    nf->fd = open_input(path);
+    nf->own = nf->fd != STDIN_FILENO;
+    if (nf->fd < 0) {
+        fprintf(stderr, "%s: cannot read %s file '%s': %s\n", prog, what, path, strerror(-nf->fd));
         return EXIT_SYSTEM;
     }
-    rc = parse_numbers(text, len, max, out, count, &bad);
-    free(text);
-    if (rc == -EINVAL) {
-        fprintf(stderr, "%s: %s file '%s': item %zu is not a decimal number <= %" PRIu64 "\n", prog,
-                what, path, bad, max);
-        return EXIT_DATA;
+    return 0;
+}
+
+int numfile_read(struct numfile *nf, uint32_t *out, size_t cap, size_t *got)
+{
+    size_t n = 0;
+    *got = 0;
+    while (n < cap) {
+        size_t used, k;
+        int rc = scan_numbers(nf->buf + nf->at, nf->len - nf->at, nf->eof, nf->max, out + n,
+                              cap - n, &used, &k);
+        nf->at += used;
+        n += k;
+        nf->items += k;
+        if (rc < 0) {
+            fprintf(stderr, "%s: %s file '%s': item %zu is not a decimal number <= %" PRIu64 "\n",
+                    prog, nf->what, nf->path, nf->items, nf->max);
+            return EXIT_DATA;
+        }
+        if (n == cap || nf->eof)
+            break;
+        /* what is left is part of an item, at most ITEM_MAX bytes: keep it
+         * and read on */
+        memmove(nf->buf, nf->buf + nf->at, nf->len - nf->at);
+        nf->len -= nf->at;
+        nf->at = 0;
+        ssize_t r = read_some(nf->fd, nf->buf + nf->len, sizeof nf->buf - nf->len);
+        if (r < 0) {
+            fprintf(stderr, "%s: cannot read %s file '%s': %s\n", prog, nf->what, nf->path,
+                    strerror((int)-r));
+            return EXIT_SYSTEM;
+        }
+        nf->len += (size_t)r;
+        nf->eof = r == 0;
     }
-    return rc < 0 ? EXIT_SYSTEM : 0;
+    *got = n;
+    return 0;
+}
+
+void numfile_close(struct numfile *nf)
+{
+    if (nf->fd >= 0 && nf->own)
+        close(nf->fd);
+    nf->fd = -1;
+}
+
+int read_numbers(const char *path, uint64_t max, uint32_t **out, size_t *count, const char *what)
+{
+    struct numfile *nf = malloc(sizeof *nf);
+    size_t cap = 1024, n = 0;
+    uint32_t *v = malloc(cap * sizeof *v);
+    if (nf)
+        nf->fd = -1;
+    int st = nf && v ? numfile_open(nf, path, max, what) : -ENOMEM;
+    while (st == 0) {
+        size_t got;
+        if (n == cap && cap == CLI_MAX_ITEMS) {
+            uint32_t one;
+            st = numfile_read(nf, &one, 1, &got);
+            if (st == 0 && got) {
+                fprintf(stderr, "%s: %s file '%s': more than %u items (the limit)\n", prog, what,
+                        path, CLI_MAX_ITEMS);
+                st = EXIT_DATA;
+            }
+            break;
+        }
+        if (n == cap) {
+            size_t ncap = 2 * cap < CLI_MAX_ITEMS ? 2 * cap : CLI_MAX_ITEMS;
+            uint32_t *nv = realloc(v, ncap * sizeof *v);
+            if (!nv) {
+                st = -ENOMEM;
+                break;
+            }
+            v = nv;
+            cap = ncap;
+        }
+        st = numfile_read(nf, v + n, cap - n, &got);
+        n += got;
+        if (n < cap) /* the end */
+            break;
+    }
+    if (nf)
+        numfile_close(nf);
+    if (st == -ENOMEM) {
+        fprintf(stderr, "%s: %s file '%s': out of memory\n", prog, what, path);
+        st = EXIT_SYSTEM;
+    }
+    free(nf);
+    if (st) {
+        free(v);
+        return st;
+    }
+    *out = v;
+    *count = n;
+    return 0;
 }
 
 /* One field of a .npy header dict: the quoted string, the (tuple) or the

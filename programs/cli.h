@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,14 +37,54 @@ int has_help(int argc, char **argv);
 int open_model(const char *path, engram_model **m);
 void progress_bar(int t, uint64_t done, uint64_t total, double t0);
 
-/* Reads a whole file (or "-" for stdin); the caller frees *buf.  0 or -errno. */
-int slurp(const char *path, char **buf, size_t *len);
-/* Whitespace-separated decimal numbers <= max into a new u32 array (the
- * caller frees *out); 0, or an exit code after printing what is wrong. */
+/* Reads a whole file (or "-" for stdin) of at most max bytes, never more
+ * than max + 1 of them; the caller frees *buf (NUL-terminated).  0 or
+ * -errno: -EISDIR for a directory, -EFBIG when it holds more than max. */
+int slurp(const char *path, size_t max, char **buf, size_t *len);
+
+/* Whether an input read by its size (apply's residual, quantize's and
+ * dequantize's IN), whose fstat is *st, can be: 0 for a regular file; else
+ * an exit code after printing why: EXIT_SYSTEM for a directory ("Is a
+ * directory", as for any input that cannot be read), EXIT_DATA for a
+ * device, FIFO or socket (its size does not give its length). */
+int input_regular(const char *path, const struct stat *st);
+
+/* A file of whitespace-separated decimal numbers read a buffer at a time:
+ * whatever its length, memory is this struct (64 KiB).  An item is invalid
+ * when it is not a decimal number <= max (a NUL byte makes its item
+ * invalid: it is not an end); the reader stops at the first invalid item,
+ * having read at most 64 KiB past its start (/dev/zero fails at once). */
+struct numfile {
+    int fd, own;           /* own: not the standard input                */
+    const char *path, *what;
+    uint64_t max;
+    size_t items;          /* numbers returned so far: the next one's index */
+    size_t at, len;        /* bytes read and not yet parsed: buf[at, len) */
+    int eof;
+    char buf[1 << 16];
+};
+/* Opens path ("-": the standard input) for numbers <= max; what names the
+ * file in messages ("token", "mask", "row").  0, or EXIT_SYSTEM after
+ * printing why not ("Is a directory" for a directory). */
+int numfile_open(struct numfile *nf, const char *path, uint64_t max, const char *what);
+/* The next numbers, up to cap, into out: *got < cap only at the end of the
+ * file.  0, or an exit code after printing what is wrong: EXIT_DATA for an
+ * invalid item (its index in the whole file), EXIT_SYSTEM for a failed read. */
+int numfile_read(struct numfile *nf, uint32_t *out, size_t cap, size_t *got);
+void numfile_close(struct numfile *nf);
+
+/* The most numbers read_numbers returns: 2^24 (64 MiB of u32; 2^24 also
+ * bounds a vocabulary and a token map), far past any prompt an engine
+ * prefills at once.  A longer file is refused as it is read (EXIT_DATA
+ * naming the file and the limit), after this many items and one more. */
+#define CLI_MAX_ITEMS (1u << 24)
+/* A whole file of numbers (numfile) into a new u32 array (the caller frees
+ * *out), for a command that needs them all at once; 0, or an exit code
+ * after printing what is wrong. */
 int read_numbers(const char *path, uint64_t max, uint32_t **out, size_t *count, const char *what);
 
-/* The parsing behind read_numbers, on memory: 0, -EINVAL (*bad = index of
- * the first invalid item; a NUL byte is invalid, not an end), -ENOMEM. */
+/* The parsing of numfile and read_numbers, on memory, without a limit: 0,
+ * -EINVAL (*bad = index of the first invalid item), -ENOMEM. */
 int parse_numbers(const char *text, size_t len, uint64_t max, uint32_t **out, size_t *count,
                   size_t *bad);
 

@@ -216,6 +216,8 @@ static int cmd_info(int argc, char **argv)
 
 /* ---------------------------------------------------------------- hash */
 
+#define HASH_CHUNK 4096u /* tokens read, hashed and printed at a time */
+
 static const char *hash_help =
     "usage: engram hash MODEL --tokens FILE [--mask FILE] [--history A,B,C] [--summary]\n"
     "FILE holds whitespace-separated decimal token ids ('-' = stdin).  The mask file\n"
@@ -223,49 +225,160 @@ static const char *hash_help =
     "sets the starting hash state: 3 compressed ids, newest first, -1 for dead\n"
     "(default -1,-1,-1).  Prints one line per token: 48 row ids (table 0's 24\n"
     "columns, then table 1's; table-local, as `engram rows` takes them).\n"
-    "--summary prints statistics instead: tokens, hashing speed, distinct rows.\n";
+    "--summary prints statistics instead: tokens, hashing speed, distinct rows.\n"
+    "The files are read, hashed and printed 4096 tokens at a time, the mask in step\n"
+    "with the tokens, so memory does not grow with their length (about 1 MiB;\n"
+    "--summary adds a bit per row of each table to count distinct rows: 96 MiB for\n"
+    "V4.1's tables) and time is linear in it.  An invalid item, a token >= vocab or\n"
+    "a mask of another length ends the command with exit 1 where it is found: the\n"
+    "lines printed before it (whole chunks of 4096 tokens) are valid.\n";
 
+/* The streams, one chunk's buffers and, for --summary, the counts. */
+struct hash_run {
+    struct numfile tok, mask;
+    int with_mask;
+    size_t done;                                /* tokens hashed so far          */
+    uint32_t tokens[HASH_CHUNK], maskv[HASH_CHUNK];
+    uint8_t mask8[HASH_CHUNK];
+    uint32_t rows[HASH_CHUNK * ENGRAM_ROWS_PER_TOKEN];
+    struct outbuf out;
+    /* --summary */
+    uint64_t *seen[ENGRAM_TABLES];              /* a bit per row of each table   */
+    size_t distinct[ENGRAM_TABLES], masked;
+    double hash_s;                              /* sum of each chunk's best time */
+};
 
-static int cmp_u32(const void *a, const void *b)
+/* The rest of nf's numbers checked and counted into *n, not kept (buf:
+ * cap numbers of scratch).  0 or an exit code. */
+static int count_rest(struct numfile *nf, uint32_t *buf, size_t cap, size_t *n)
 {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return x < y ? -1 : x > y;
+    size_t got;
+    do {
+        int st = numfile_read(nf, buf, cap, &got);
+        if (st)
+            return st;
+        *n += got;
+    } while (got == cap);
+    return 0;
 }
 
-static void hash_summary(const engram_hasher *h, const uint32_t *tokens, const uint8_t *mask,
-                         size_t n, const engram_history *start, const uint32_t *rows)
+/* The next chunk of tokens (*k, 0 at the end) and as many mask entries,
+ * one more when the tokens end, to see that the mask ends with them.  0,
+ * or an exit code after printing what is wrong (for a mask of another
+ * length, the two files' lengths: what is left of them is read to count). */
+static int next_chunk(struct hash_run *H, size_t *k)
 {
-    /* Speed: re-hash the stream a few times and keep the best pass. */
-    double best = 1e30;
-    uint32_t *scratch = malloc((n ? n : 1) * ENGRAM_ROWS_PER_TOKEN * sizeof *scratch);
-    for (int rep = 0; rep < 5 && scratch && n; rep++) {
-        engram_history hh = *start;
-        double t0 = now_s();
-        engram_hash_tokens(h, &hh, tokens, mask, n, scratch, NULL);
-        double dt = now_s() - t0;
-        best = dt < best ? dt : best;
+    int st = numfile_read(&H->tok, H->tokens, HASH_CHUNK, k);
+    if (st || !H->with_mask)
+        return st;
+    size_t want = *k < HASH_CHUNK ? *k + 1 : *k, km;
+    st = numfile_read(&H->mask, H->maskv, want, &km);
+    if (st)
+        return st;
+    if (km != *k) {
+        size_t nt = H->done + *k, nm = H->done + km;
+        if (km == want && (st = count_rest(&H->mask, H->maskv, HASH_CHUNK, &nm)) != 0)
+            return st;
+        if (*k == HASH_CHUNK && (st = count_rest(&H->tok, H->tokens, HASH_CHUNK, &nt)) != 0)
+            return st;
+        fprintf(stderr, "%s: mask file has %zu entries for %zu tokens\n", prog, nm, nt);
+        return EXIT_DATA;
     }
-    size_t masked = 0;
-    for (size_t i = 0; mask && i < n; i++)
-        masked += !mask[i];
-    printf("tokens:          %zu (%zu masked)\n", n, masked);
+    for (size_t i = 0; i < *k; i++)
+        H->mask8[i] = (uint8_t)H->maskv[i];
+    return 0;
+}
+
+/* A failed hash of the chunk: a token >= vocab named by its position in
+ * the stream (the library names it in the chunk), or the library's error. */
+static int hash_error(const struct hash_run *H, const engram_hasher *hs, size_t k, int rc,
+                      const engram_error *err)
+{
+    uint32_t vocab = engram_hasher_layout(hs)->vocab;
+    for (size_t i = 0; i < k; i++)
+        if (H->tokens[i] >= vocab) {
+            fprintf(stderr, "%s: hash: token %u at position %zu is not < vocab %u\n", prog,
+                    H->tokens[i], H->done + i, vocab);
+            return EXIT_DATA;
+        }
+    return fail_lib(rc, err, "hash");
+}
+
+/* One chunk's rows into the summary's counts. */
+static void count_chunk(struct hash_run *H, size_t k)
+{
+    for (size_t i = 0; H->with_mask && i < k; i++)
+        H->masked += !H->mask8[i];
+    for (size_t i = 0; i < k; i++)
+        for (int t = 0; t < ENGRAM_TABLES; t++) {
+            const uint32_t *r = H->rows + i * ENGRAM_ROWS_PER_TOKEN + t * ENGRAM_COLUMNS;
+            uint64_t *seen = H->seen[t];
+            size_t fresh = 0;
+            for (int c = 0; c < ENGRAM_COLUMNS; c++) {
+                uint64_t bit = 1ull << (r[c] & 63);
+                fresh += !(seen[r[c] >> 6] & bit);
+                seen[r[c] >> 6] |= bit;
+            }
+            H->distinct[t] += fresh;
+        }
+}
+
+static void print_chunk(struct hash_run *H, size_t k)
+{
+    for (size_t i = 0; i < k; i++)
+        for (int c = 0; c < ENGRAM_ROWS_PER_TOKEN; c++)
+            out_u32(&H->out, H->rows[i * ENGRAM_ROWS_PER_TOKEN + c],
+                    c + 1 < ENGRAM_ROWS_PER_TOKEN ? ' ' : '\n');
+}
+
+static void hash_summary(const struct hash_run *H)
+{
+    size_t n = H->done, req = n * ENGRAM_COLUMNS;
+    printf("tokens:          %zu (%zu masked)\n", n, H->masked);
     printf("row requests:    %zu (48 per token)\n", n * ENGRAM_ROWS_PER_TOKEN);
-    for (int t = 0; t < ENGRAM_TABLES && scratch; t++) {
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++)
-            for (int c = 0; c < ENGRAM_COLUMNS; c++)
-                scratch[k++] = rows[i * ENGRAM_ROWS_PER_TOKEN + t * ENGRAM_COLUMNS + c];
-        qsort(scratch, k, sizeof *scratch, cmp_u32);
-        size_t distinct = k ? 1 : 0;
-        for (size_t i = 1; i < k; i++)
-            distinct += scratch[i] != scratch[i - 1];
+    for (int t = 0; t < ENGRAM_TABLES; t++)
         printf("table %d:         %zu distinct rows of %zu requests (%.1f%% repeated)\n", t,
-               distinct, k, k ? 100.0 * (double)(k - distinct) / (double)k : 0.0);
+               H->distinct[t], req, req ? 100.0 * (double)(req - H->distinct[t]) / (double)req : 0.0);
+    if (n && H->hash_s > 0)
+        printf("hash speed:      %.2f M tokens/s on one core (%.1f ns/token, best of 5 a chunk)\n",
+               (double)n / H->hash_s / 1e6, H->hash_s / (double)n * 1e9);
+}
+
+/* The streams hashed from history h, chunk by chunk: each printed, or
+ * counted for the summary (then hashed 4 times more from the same history,
+ * for its best time).  0 or an exit code. */
+static int hash_stream(struct hash_run *H, const engram_hasher *hs, engram_history *h, int summary)
+{
+    for (;;) {
+        size_t k;
+        int st = next_chunk(H, &k);
+        if (st || k == 0)
+            return st;
+        engram_error err = {0};
+        const uint8_t *mask = H->with_mask ? H->mask8 : NULL;
+        engram_history start = *h;
+        double t0 = now_s();
+        int rc = engram_hash_tokens(hs, h, H->tokens, mask, k, H->rows, &err);
+        double best = now_s() - t0;
+        if (rc < 0)
+            return hash_error(H, hs, k, rc, &err);
+        if (summary) {
+            for (int rep = 1; rep < 5; rep++) {
+                engram_history hh = start;
+                t0 = now_s();
+                engram_hash_tokens(hs, &hh, H->tokens, mask, k, H->rows, NULL);
+                double dt = now_s() - t0;
+                best = dt < best ? dt : best;
+            }
+            H->hash_s += best;
+            count_chunk(H, k);
+        } else {
+            print_chunk(H, k);
+        }
+        H->done += k;
+        if (k < HASH_CHUNK)
+            return 0;
     }
-    if (n && best < 1e30)
-        printf("hash speed:      %.2f M tokens/s on one core (%.1f ns/token, best of 5)\n",
-               (double)n / best / 1e6, best / (double)n * 1e9);
-    free(scratch);
 }
 
 static int cmd_hash(int argc, char **argv)
@@ -295,59 +408,44 @@ static int cmd_hash(int argc, char **argv)
     }
     if (!path || !tok_path)
         return fail_usage("hash: MODEL and --tokens FILE are required");
+    if (mask_path && !strcmp(tok_path, "-") && !strcmp(mask_path, "-"))
+        return fail_usage("hash: --tokens and --mask cannot both be '-' (they are read in step)");
     engram_history h;
     engram_history_reset(&h);
     if (hist && parse_history(hist, &h) < 0)
         return fail_usage("hash: --history takes 3 comma-separated ids (newest first, -1 = dead)");
 
-    uint32_t *tokens = NULL, *maskv = NULL, *rows = NULL;
-    uint8_t *mask = NULL;
-    size_t n = 0, nm = 0;
-    engram_model *m = NULL;
-    int st = read_numbers(tok_path, UINT32_MAX, &tokens, &n, "token");
-    if (!st && mask_path) {
-        st = read_numbers(mask_path, 1, &maskv, &nm, "mask");
-        if (!st && nm != n) {
-            fprintf(stderr, "%s: mask file has %zu entries for %zu tokens\n", prog, nm, n);
-            st = EXIT_DATA;
-        }
-        if (!st && !(mask = malloc(n ? n : 1)))
-            st = EXIT_SYSTEM;
-        for (size_t i = 0; !st && i < n; i++)
-            mask[i] = (uint8_t)maskv[i];
+    struct hash_run *H = calloc(1, sizeof *H);
+    if (!H) {
+        fprintf(stderr, "%s: hash: out of memory\n", prog);
+        return EXIT_SYSTEM;
     }
+    H->tok.fd = H->mask.fd = -1;
+    H->with_mask = mask_path != NULL;
+    engram_model *m = NULL;
+    int st = numfile_open(&H->tok, tok_path, UINT32_MAX, "token");
+    if (!st && mask_path)
+        st = numfile_open(&H->mask, mask_path, 1, "mask");
     if (!st)
         st = open_model(path, &m);
-    if (!st && !(rows = malloc((n ? n : 1) * ENGRAM_ROWS_PER_TOKEN * sizeof *rows)))
-        st = EXIT_SYSTEM;
-    if (!st) {
-        engram_error err = {0};
-        engram_history start = h;
-        int rc = engram_hash_tokens(engram_model_hasher(m), &h, tokens, mask, n, rows, &err);
-        if (rc < 0) {
-            st = fail_lib(rc, &err, "hash");
-        } else if (summary) {
-            hash_summary(engram_model_hasher(m), tokens, mask, n, &start, rows);
-        } else {
-            struct outbuf *o = malloc(sizeof *o);
-            if (!o) {
-                st = EXIT_SYSTEM;
-            } else {
-                o->n = 0;
-                for (size_t i = 0; i < n; i++)
-                    for (int c = 0; c < ENGRAM_ROWS_PER_TOKEN; c++)
-                        out_u32(o, rows[i * ENGRAM_ROWS_PER_TOKEN + c],
-                                c + 1 < ENGRAM_ROWS_PER_TOKEN ? ' ' : '\n');
-                out_flush(o);
-                free(o);
-            }
+    for (int t = 0; !st && summary && t < ENGRAM_TABLES; t++) {
+        uint32_t rows = engram_model_layout(m)->rows[t];
+        if (!(H->seen[t] = calloc(rows / 64 + 1, sizeof *H->seen[t]))) {
+            fprintf(stderr, "%s: hash: out of memory for the summary's %u-row bitmap\n", prog, rows);
+            st = EXIT_SYSTEM;
         }
     }
+    if (!st)
+        st = hash_stream(H, engram_model_hasher(m), &h, summary);
+    out_flush(&H->out);
+    if (!st && summary)
+        hash_summary(H);
     engram_model_close(m);
-    free(tokens);
-    free(maskv);
-    free(mask);
-    free(rows);
+    numfile_close(&H->tok);
+    numfile_close(&H->mask);
+    for (int t = 0; t < ENGRAM_TABLES; t++)
+        free(H->seen[t]);
+    free(H);
     return st;
 }
 
@@ -359,7 +457,45 @@ static const char *rows_help =
     "as `engram hash` prints them; FILE holds whitespace-separated ids.  Prints one\n"
     "line per row: the 256 decoded values (%.9g, single spaces).  If any requested\n"
     "row is out of range or does not decode, nothing is printed and the command\n"
-    "exits 1 naming the row and the reason.\n";
+    "exits 1 naming the row and the reason.  FILE may hold up to 2^24 ids (more:\n"
+    "exit 1 as it is read); rows are decoded 4096 at a time, twice when there are\n"
+    "more (once to check them all, once to print): memory is the ids (4 bytes each)\n"
+    "and 5 MiB.\n";
+
+#define ROWS_CHUNK 4096u /* rows decoded at a time: 4 MiB of values */
+
+/* The n rows of table t decoded and printed, ROWS_CHUNK at a time: as one
+ * engram_model_read_f32 of them all would, the first row out of range, or
+ * else the first that does not decode, is the error, and nothing is
+ * printed then (more than a chunk: all are decoded once to check them
+ * before the pass that prints).  0 or an exit code. */
+static int print_rows(const engram_model *m, int t, const uint32_t *ids, size_t n)
+{
+    float *vals = malloc((n < ROWS_CHUNK ? (n ? n : 1) : ROWS_CHUNK) * ENGRAM_ROW_VALUES * sizeof *vals);
+    if (!vals) {
+        fprintf(stderr, "%s: rows: out of memory\n", prog);
+        return EXIT_SYSTEM;
+    }
+    engram_error err = {0};
+    int st = 0;
+    uint32_t rows = engram_model_layout(m)->rows[t];
+    for (size_t i = 0; i < n && !st; i++)
+        if (ids[i] >= rows) /* the library's message for it */
+            st = fail_lib(engram_model_read_f32(m, t, ids + i, 1, vals, &err), &err, "rows");
+    for (int pass = n > ROWS_CHUNK ? 0 : 1; pass < 2 && !st; pass++)
+        for (size_t at = 0; at < n && !st; at += ROWS_CHUNK) {
+            size_t k = n - at < ROWS_CHUNK ? n - at : ROWS_CHUNK;
+            int rc = engram_model_read_f32(m, t, ids + at, k, vals, &err);
+            if (rc < 0)
+                st = fail_lib(rc, &err, "rows");
+            for (size_t r = 0; pass == 1 && !st && r < k; r++)
+                for (int i = 0; i < ENGRAM_ROW_VALUES; i++)
+                    printf("%.9g%c", (double)vals[r * ENGRAM_ROW_VALUES + i],
+                           i + 1 < ENGRAM_ROW_VALUES ? ' ' : '\n');
+        }
+    free(vals);
+    return st;
+}
 
 static int cmd_rows(int argc, char **argv)
 {
@@ -409,26 +545,12 @@ static int cmd_rows(int argc, char **argv)
     if (!st && rows_path)
         st = read_numbers(rows_path, UINT32_MAX, &ids, &n, "row");
     engram_model *m = NULL;
-    float *vals = NULL;
     if (!st)
         st = open_model(path, &m);
-    if (!st && !(vals = malloc((n ? n : 1) * ENGRAM_ROW_VALUES * sizeof *vals)))
-        st = EXIT_SYSTEM;
-    if (!st) {
-        engram_error err = {0};
-        int rc = engram_model_read_f32(m, (int)table, ids, n, vals, &err);
-        if (rc < 0) {
-            st = fail_lib(rc, &err, "rows");
-        } else {
-            for (size_t r = 0; r < n; r++)
-                for (int i = 0; i < ENGRAM_ROW_VALUES; i++)
-                    printf("%.9g%c", (double)vals[r * ENGRAM_ROW_VALUES + i],
-                           i + 1 < ENGRAM_ROW_VALUES ? ' ' : '\n');
-        }
-    }
+    if (!st)
+        st = print_rows(m, (int)table, ids, n);
     engram_model_close(m);
     free(ids);
-    free(vals);
     return st;
 }
 

@@ -45,6 +45,11 @@ static int open_floats(const char *path, int want_bf16, struct fin *in)
             fclose(in->f);
         return EXIT_SYSTEM;
     }
+    int kst = input_regular(path, &st);
+    if (kst) {
+        fclose(in->f);
+        return kst;
+    }
     uint64_t size = (uint64_t)st.st_size;
     in->bf16 = want_bf16;
     static uint8_t p[12 + NPY_MAX_HEADER];
@@ -286,6 +291,10 @@ int cmd_dequantize(int argc, char **argv)
         if (f)
             fclose(f);
         return EXIT_SYSTEM;
+    }
+    if ((rc = input_regular(inp, &sb)) != 0) {
+        fclose(f);
+        return rc;
     }
     uint64_t size = (uint64_t)sb.st_size;
     if (size % ENGRAM_ROW_BYTES) {

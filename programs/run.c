@@ -62,7 +62,10 @@ static const char *run_help =
     "hidden_in_begin_ns, wait_outside_span_ns, with a \"definitions\" object.\n"
     "Defaults: the demo model next to the engram binary (demo.gguf, written there\n"
     "by engram build the first time) and the bundled GPL-3 token stream; N 64,\n"
-    "B 4, L 43, X 100, 1 thread.  Exit codes as for every command.\n";
+    "B 4, L 43, X 100, 1 thread.  FILE holds at most 2^24 tokens (a longer one is\n"
+    "refused as it is read: exit 1); each token's residual is kept, S x W x 4\n"
+    "bytes (1 KiB on the demo model, 80 KiB at W = 5120).  Exit codes as for every\n"
+    "command.\n";
 
 /* ------------------------------------------------------------ helpers */
 

@@ -264,7 +264,8 @@ static const char *build_help =
     "projection weights when --width W > 0 (engram_kv F16 [6144, 5W], q_norm and\n"
     "k_norm F32 [W, 4]; V4.1 has W = 5120), and the two tables last, table 0 page\n"
     "aligned.  Token map: from a tokenizer.json (SPEC.md section 4), from a map\n"
-    "file (little-endian u32, as engram tokmap --out writes), or synthetic (raw id\n"
+    "file (little-endian u32, as engram tokmap --out writes; 1..2^24 of them, a\n"
+    "longer file refused after reading 64 MiB and 1 byte), or synthetic (raw id\n"
     "t -> t mod V', with --vocab 129280 and --compressed-vocab 99092 by default).\n"
     "Multipliers: SPEC.md section 5 for V' and layers 1 and 14 (V' = 99092 gives\n"
     "V4.1's published ones).  Primes: shared-seen allocation from --base (default\n"
@@ -284,12 +285,12 @@ static int read_map_file(const char *path, uint32_t **map, uint64_t *vocab, uint
 {
     char *buf = NULL;
     size_t len = 0;
-    int rc = slurp(path, &buf, &len);
-    if (rc < 0) {
+    int rc = slurp(path, (size_t)4 << 24, &buf, &len); /* 2^24 entries at most */
+    if (rc < 0 && rc != -EFBIG) {
         fprintf(stderr, "%s: cannot read '%s': %s\n", prog, path, strerror(-rc));
         return EXIT_SYSTEM;
     }
-    if (len == 0 || len % 4 || len / 4 > (1u << 24)) {
+    if (rc == -EFBIG || len == 0 || len % 4) {
         free(buf);
         fprintf(stderr, "%s: '%s': a map is 1..2^24 little-endian u32 values\n", prog, path);
         return EXIT_DATA;

@@ -103,6 +103,7 @@ build "gcc -O2" && {
     run "test_outputs.sh (full disk, SIGKILL)" sh tests/test_outputs.sh build
     run "test_files.sh (devices, FIFOs, links, same file, memory limits)" sh tests/test_files.sh build
     run "test_envfail.sh (the CLI's environment failing)" sh tests/test_envfail.sh build
+    run "test_inputs.sh (unbounded inputs, directories)" sh tests/test_inputs.sh build
     run "stress_sessions (64 threads, 5 s)" build/tests/stress_sessions --threads 64 --seconds 5
     run "fuzz_ple replay of its seeds" build/tests/fuzz_ple_replay tests/fuzz/ple_seeds/*
     for t in model tokmap cli residual ple; do
@@ -122,6 +123,7 @@ build "asan+ubsan" SANITIZE=address,undefined && {
     run "asan+ubsan: test_apply.sh" sh tests/test_apply.sh build-san-address,undefined
     run "asan+ubsan: test_run.sh" sh tests/test_run.sh build-san-address,undefined
     run "asan+ubsan: test_files.sh" sh tests/test_files.sh build-san-address,undefined
+    run "asan+ubsan: test_inputs.sh" sh tests/test_inputs.sh build-san-address,undefined
     run "asan+ubsan: fuzz_model replay of seeds" build-san-address,undefined/tests/fuzz_model_replay "$SEEDS"/*
     run "asan+ubsan: fuzz_tokmap replay of seeds" build-san-address,undefined/tests/fuzz_tokmap_replay tests/fuzz/tokmap_seeds/*
     run "asan+ubsan: fuzz_cli replay of seeds" build-san-address,undefined/tests/fuzz_cli_replay tests/fuzz/cli_seeds/*

@@ -9,7 +9,7 @@
 #  - `engram apply`: its residual input fails to read (EIO);
 #  - `engram bench io`: the model cannot be mapped to count resident pages
 #    (n/a in the table, no growth rows in the CSV, the reason on stderr);
-#    the token corpus's first buffer or its growth cannot be allocated (the
+#    the token corpus's buffer cannot grow, at two sizes (the
 #    corpus is refused with the reason, not benchmarked shorter), and a
 #    corpus that does not exist.
 # Each check also sees the shim's log line, so a check cannot pass with the
@@ -93,18 +93,18 @@ if grep -q "tok .* n/a .* n/a .* n/a" "$T/out"; then ok; else bad "bench io, mma
 if grep -q "engram_rows_per_s" "$T/b.csv" && ! grep -q "growth" "$T/b.csv"; then ok; else
     bad "bench io, mmap refused: CSV rows"; cat "$T/b.csv" >&2; fi
 shim "mmap refused"
-# the corpus buffer (4096 tokens, 16384 bytes) and its growth (32768 bytes)
+# the corpus buffer's growth to 4096 tokens (16384 bytes) and to 8192 (32768 bytes)
 head -c 40000 data/gpl3.tok > "$T/tok5k"
 if [ "$(wc -w < "$T/tok5k")" -gt 4096 ]; then ok; else bad "the corpus for the growth has no more than 4096 tokens"; fi
 for size in 16384 32768; do
     # shellcheck disable=SC2086
     ENGRAM_ENVFAIL_LOG="$T/log" ENGRAM_FAIL_ALLOC=$size LD_PRELOAD="$SO" \
         "$E" bench io "$B" --sections c --corpus "$T/tok5k" > "$T/out" 2> "$T/err"
-    has "$T/err" "cannot read tokens from $T/tok5k: Cannot allocate memory" "bench io, corpus allocation of $size bytes"
+    has "$T/err" "corpus file '$T/tok5k': out of memory" "bench io, corpus allocation of $size bytes"
     if grep -q "tok5k .*[0-9]" "$T/out"; then bad "bench io benchmarked a corpus it could not hold"; else ok; fi
     shim "allocation refused"
 done
 # a corpus that does not exist: refused with the reason, the run goes on
 "$E" bench io "$B" --sections c --corpus "$T/nonexistent" > "$T/out" 2> "$T/err"
-has "$T/err" "cannot read tokens from $T/nonexistent: No such file or directory" "bench io, missing corpus"
+has "$T/err" "cannot read corpus file '$T/nonexistent': No such file or directory" "bench io, missing corpus"
 finish test_envfail

@@ -1,7 +1,8 @@
 /*
  * test_parsers.c - the engram command's input parsers (programs/cli.c) on
  * hand-written inputs with known answers, every error branch included:
- * token and mask files (parse_numbers), --history (parse_history: nothing
+ * token and mask files (parse_numbers; numfile and read_numbers, which
+ * stream a file through the same parser, against it), --history (parse_history: nothing
  * written on error) and .npy headers (npy_parse: each field, each version,
  * the size checks), and the device choice (programs/device.c).  The fuzz target tests/fuzz/fuzz_cli.c covers the same
  * functions on arbitrary bytes.
@@ -53,6 +54,9 @@ static void numbers(void)
     CHECK_EQ(nums("5,7", 3, UINT32_MAX, NULL, 0), -1);     /* commas are not separators */
     CHECK_EQ(nums("5 7\0 9", 6, UINT32_MAX, NULL, 0), -2); /* a NUL is not an end */
     CHECK_EQ(nums("1 2 3 0000000000000000000000000000000001", 40, UINT32_MAX, NULL, 0), -4); /* too long */
+    const uint32_t seven[] = {7};
+    CHECK_EQ(nums("0000000000000000000000000000007", 31, UINT32_MAX, seven, 1), 0); /* 31 characters */
+    CHECK_EQ(nums("00000000000000000000000000000007", 32, UINT32_MAX, NULL, 0), -1); /* 32: too long */
     /* 3000 items: the array grows */
     char *big = malloc(3000 * 6);
     uint32_t *want = malloc(3000 * 4);
@@ -249,11 +253,194 @@ static void devices(void)
     tu_cleanup();
 }
 
+/* ------------------------------------------------------------ files */
+
+/* stderr to /dev/null around calls that print their errors (restore with
+ * the returned descriptor). */
+static int quiet(void)
+{
+    fflush(stderr);
+    int saved = dup(2), nul = open("/dev/null", O_WRONLY);
+    if (nul >= 0) {
+        dup2(nul, 2);
+        close(nul);
+    }
+    return saved;
+}
+
+static void loud(int saved)
+{
+    fflush(stderr);
+    if (saved >= 0) {
+        dup2(saved, 2);
+        close(saved);
+    }
+}
+
+static void write_file(const char *path, const char *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f) {
+        CHECK_EQ(fwrite(p, 1, n, f), n);
+        fclose(f);
+    }
+}
+
+/* path through numfile, cap numbers a call: the same numbers as
+ * parse_numbers on text, or an error at the same item. */
+static void stream_matches(const char *path, const char *text, size_t len, uint64_t max, size_t cap)
+{
+    uint32_t *want = NULL;
+    size_t nwant = 0, bad = 0;
+    int rc = parse_numbers(text, len, max, &want, &nwant, &bad);
+    struct numfile *nf = malloc(sizeof *nf);
+    uint32_t *got = malloc((len / 2 + cap + 1) * sizeof *got); /* room for every item */
+    size_t n = 0, k = 0;
+    int st = numfile_open(nf, path, max, "test");
+    CHECK_EQ(st, 0);
+    int saved = quiet();
+    while (st == 0) {
+        st = numfile_read(nf, got + n, cap, &k);
+        n += st ? 0 : k;
+        if (st || k < cap)
+            break;
+    }
+    loud(saved);
+    numfile_close(nf);
+    if (rc == 0) {
+        CHECK_EQ(st, 0);
+        CHECK_EQ(n, nwant);
+        CHECK(n == nwant && (n == 0 || memcmp(got, want, n * sizeof *got) == 0));
+    } else {
+        CHECK_EQ(rc, -EINVAL);
+        CHECK_EQ(st, EXIT_DATA);
+        CHECK_EQ(nf->items, bad); /* the invalid item's index */
+        CHECK(n <= bad);
+    }
+    free(want);
+    free(got);
+    free(nf);
+}
+
+/* numfile reads 64 KiB at a time: items that straddle those reads (its
+ * carry of a partial item), long and NUL-holding items among them, against
+ * parse_numbers on the whole text. */
+static void streams(void)
+{
+    char path[512];
+    tu_path(path, sizeof path, "nums.txt");
+    size_t size = 3 * 65536 + 100;
+    char *text = malloc(size);
+    uint64_t seed = 5;
+    for (int c = 0; c < 120; c++) {
+        size_t len = 0;
+        /* a run of whitespace so that the next items sit about a read's end */
+        size_t pad = 65536 - 40 + (size_t)c % 80 + (c >= 80 ? 65536 : 0);
+        while (len < pad)
+            text[len++] = " \t\n\r"[tu_rand(&seed) % 4];
+        int invalid_at = c % 3 == 0 ? (int)(tu_rand(&seed) % 12) : -1;
+        for (int i = 0; i < 12 && len + 80 < size; i++) {
+            int kind = i == invalid_at ? 1 + (int)(tu_rand(&seed) % 4) : 0;
+            size_t digits = kind == 1 ? 32 + tu_rand(&seed) % 40 : 1 + tu_rand(&seed) % (c % 2 ? 31 : 10);
+            for (size_t d = 0; d < digits; d++) /* leading zeros: long and valid */
+                text[len++] = (char)('0' + (kind == 0 && d + 6 < digits ? 0 : tu_rand(&seed) % 10));
+            if (kind == 2)
+                text[len - 1] = '\0';
+            if (kind == 3)
+                text[len++] = 'x';
+            if (kind == 4)
+                len += (size_t)sprintf(text + len, "4294967296");
+            size_t sp = 1 + tu_rand(&seed) % 3;
+            while (sp--)
+                text[len++] = " \n"[tu_rand(&seed) % 2];
+        }
+        if (c % 5 == 0) /* ends inside an item */
+            len -= len > 0 && (text[len - 1] == ' ' || text[len - 1] == '\n');
+        write_file(path, text, len);
+        uint64_t max = c % 4 == 3 ? 99999 : UINT32_MAX;
+        stream_matches(path, text, len, max, c % 2 ? 1 : 4096);
+    }
+    /* the whole of /dev/zero is never read: item 0 is invalid at once */
+    struct numfile *nf = malloc(sizeof *nf);
+    uint32_t v[4];
+    size_t k = 99;
+    CHECK_EQ(numfile_open(nf, "/dev/zero", UINT32_MAX, "test"), 0);
+    int saved = quiet();
+    CHECK_EQ(numfile_read(nf, v, 4, &k), EXIT_DATA);
+    loud(saved);
+    CHECK_EQ(nf->items, 0);
+    numfile_close(nf);
+    /* a directory: "Is a directory" when opened, not a read error later */
+    saved = quiet();
+    CHECK_EQ(numfile_open(nf, tu_tmpdir(), UINT32_MAX, "test"), EXIT_SYSTEM);
+    CHECK_EQ(nf->fd, -EISDIR);
+    tu_path(path, sizeof path, "missing");
+    CHECK_EQ(numfile_open(nf, path, UINT32_MAX, "test"), EXIT_SYSTEM);
+    CHECK_EQ(nf->fd, -ENOENT);
+    tu_path(path, sizeof path, "nums.txt");
+    loud(saved);
+    free(nf);
+
+    /* read_numbers: 2^24 numbers pass, one more is refused */
+    size_t n = CLI_MAX_ITEMS;
+    char *big = malloc(2 * (size_t)n + 2);
+    for (size_t i = 0; i < n + 1; i++) {
+        big[2 * i] = (char)('0' + i % 10);
+        big[2 * i + 1] = '\n';
+    }
+    uint32_t *out = NULL;
+    size_t count = 0;
+    write_file(path, big, 2 * (size_t)n);
+    CHECK_EQ(read_numbers(path, UINT32_MAX, &out, &count, "test"), 0);
+    CHECK_EQ(count, n);
+    CHECK(out && out[n - 1] == (n - 1) % 10);
+    free(out);
+    write_file(path, big, 2 * (size_t)n + 2);
+    out = NULL;
+    saved = quiet();
+    CHECK_EQ(read_numbers(path, UINT32_MAX, &out, &count, "test"), EXIT_DATA);
+    loud(saved);
+    CHECK(out == NULL);
+    free(big);
+
+    /* slurp: at most max bytes */
+    char *buf = NULL;
+    size_t len = 0;
+    write_file(path, "0123456789", 10);
+    CHECK_EQ(slurp(path, 10, &buf, &len), 0);
+    CHECK(len == 10 && buf && !memcmp(buf, "0123456789", 11));
+    free(buf);
+    buf = NULL;
+    CHECK_EQ(slurp(path, 9, &buf, &len), -EFBIG);
+    CHECK(buf == NULL);
+    CHECK_EQ(slurp("/dev/zero", 100000, &buf, &len), -EFBIG);
+    CHECK_EQ(slurp(tu_tmpdir(), 100, &buf, &len), -EISDIR);
+    char missing[512];
+    tu_path(missing, sizeof missing, "missing");
+    CHECK_EQ(slurp(missing, 100, &buf, &len), -ENOENT);
+    CHECK(buf == NULL);
+    free(text);
+
+    /* inputs read by their size */
+    struct stat st;
+    CHECK_EQ(stat(path, &st), 0);
+    CHECK_EQ(input_regular(path, &st), 0);
+    saved = quiet();
+    CHECK_EQ(stat("/dev/zero", &st), 0);
+    CHECK_EQ(input_regular("/dev/zero", &st), EXIT_DATA);
+    CHECK_EQ(stat(tu_tmpdir(), &st), 0);
+    CHECK_EQ(input_regular(tu_tmpdir(), &st), EXIT_SYSTEM);
+    loud(saved);
+    unlink(path);
+}
+
 int main(void)
 {
     numbers();
     history();
     npy_headers();
+    streams();
     devices();
     return tu_finish("test_parsers");
 }
