@@ -265,9 +265,11 @@ static int apply_chunk(struct apply *r, const struct apply_opts *o, size_t pos, 
     const unsigned char *b = (const unsigned char *)r->x;
     for (size_t i = 0; i < c * r->per * 4; i++)
         r->fnv = (r->fnv ^ b[i]) * 0x100000001b3ull;
-    if (fwrite(r->x, 4, c * r->per, r->out.f) != c * r->per ||
-        (o->kv_path && fwrite(r->kv, 4, c * r->nkv, r->kvo.f) != c * r->nkv)) {
-        fprintf(stderr, "%s: apply: writing '%s': %s\n", prog, o->outp, strerror(errno));
+    const char *failed = fwrite(r->x, 4, c * r->per, r->out.f) != c * r->per ? o->outp
+                         : o->kv_path && fwrite(r->kv, 4, c * r->nkv, r->kvo.f) != c * r->nkv
+                             ? o->kv_path : NULL;
+    if (failed) {
+        fprintf(stderr, "%s: apply: writing '%s': %s\n", prog, failed, strerror(errno));
         return EXIT_SYSTEM;
     }
     return 0;

@@ -530,7 +530,7 @@ static int cmd_rows(int argc, char **argv)
                 cap = cap ? 2 * cap : 64;
                 uint32_t *nv = realloc(ids, cap * sizeof *ids);
                 if (!nv) {
-                    st = EXIT_SYSTEM;
+                    st = fail_oom("rows: the row list", cap * sizeof *ids);
                     break;
                 }
                 ids = nv;

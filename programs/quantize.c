@@ -313,8 +313,10 @@ int cmd_dequantize(int argc, char **argv)
     if (status == 0 && ends_with(outp, ".npy")) {
         uint8_t h[128];
         size_t hn = npy_header(h, rows, bf16);
-        if (fwrite(h, 1, hn, out.f) != hn)
+        if (fwrite(h, 1, hn, out.f) != hn) {
+            fprintf(stderr, "%s: cannot write '%s': %s\n", prog, outp, strerror(errno));
             status = EXIT_SYSTEM;
+        }
     }
     for (uint64_t r0 = 0; r0 < rows && status == 0; r0 += Q_CHUNK_ROWS) {
         size_t k = rows - r0 < Q_CHUNK_ROWS ? (size_t)(rows - r0) : Q_CHUNK_ROWS;

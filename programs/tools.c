@@ -299,7 +299,7 @@ static int read_map_file(const char *path, uint32_t **map, uint64_t *vocab, uint
     uint64_t mx = 0;
     if (!m) {
         free(buf);
-        return EXIT_SYSTEM;
+        return fail_oom("build: the token map", len);
     }
     const uint8_t *p = (const uint8_t *)buf;
     for (size_t i = 0; i < len / 4; i++) {
