@@ -178,18 +178,20 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
 
 size_t engram_prefill_chunks(const engram_prefill *pf)
 {
-    return pf->chunks;
+    return pf ? pf->chunks : 0;
 }
 
 size_t engram_prefill_ready(const engram_prefill *pf, int table)
 {
-    if (table < 0 || table >= ENGRAM_TABLES)
+    if (!pf || table < 0 || table >= ENGRAM_TABLES)
         return 0;
     return atomic_load_explicit(&((engram_prefill *)(uintptr_t)pf)->ready[table], memory_order_acquire);
 }
 
 void engram_prefill_get_info(const engram_prefill *pf, engram_prefill_info *info)
 {
+    if (!pf || !info)
+        return;
     engram_prefill *m = (engram_prefill *)(uintptr_t)pf; /* the lock, not the state */
     memset(info, 0, sizeof *info);
     pthread_mutex_lock(&m->mu);

@@ -91,6 +91,8 @@ void engram_session_close(engram_session *s)
 
 void engram_session_history(const engram_session *s, engram_history *h)
 {
+    if (!s || !h)
+        return;
     engram_session *m = (engram_session *)(uintptr_t)s; /* the lock, not the state */
     pthread_mutex_lock(&m->mu);
     *h = s->hist;
@@ -391,6 +393,8 @@ void engram_step_abort(engram_session *s)
 
 void engram_step_get_info(const engram_session *s, engram_step_info *info)
 {
+    if (!s || !info)
+        return;
     engram_session *m = (engram_session *)(uintptr_t)s; /* the lock, not the state */
     pthread_mutex_lock(&m->mu);
     info->k = s->k;
