@@ -130,6 +130,8 @@ static void host_unreg(void *ctx, void *p, size_t len)
 
 extern "C" void engram_cuda_host_hooks(engram_host_hooks *h)
 {
+    if (!h)
+        return;
     h->reg = host_reg;
     h->unreg = host_unreg;
     h->ctx = NULL;
@@ -156,7 +158,7 @@ extern "C" void engram_cuda_layer_close(engram_cuda_layer *c)
 
 extern "C" uint64_t engram_cuda_layer_bytes(const engram_cuda_layer *c)
 {
-    return c->bytes;
+    return c ? c->bytes : 0;
 }
 
 static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_error *err)

@@ -38,6 +38,15 @@
  *    one exception is data that only reading can validate: a call that fails
  *    on a row read from disk (engram_model_read_raw, a reader batch or step)
  *    may have written other rows of its output (said again at each).
+ *  - NULL, one rule: a pointer argument the call needs (an object, an
+ *    input, an output) that is NULL is refused before anything is read or
+ *    written: -EINVAL, err filled when given.  A function that cannot fail
+ *    does nothing instead (_close, _free, abort, cancel, release, reset,
+ *    the getters: their output is left as it was), and an accessor
+ *    returns NULL or 0.  Free to be NULL: err; an array whose count is 0;
+ *    opts (the defaults); and what a declaration calls optional (mask:
+ *    nothing masked; an optional output: not written; a callback's ctx:
+ *    passed on as it is).  tests/test_null.c calls every function so.
  *  - The library never exits, aborts or prints.
  *  - Every buffer is owned by the caller unless a comment says otherwise.
  *  - Opaque handles come from engram_*_open / _new and are released by the
@@ -902,7 +911,8 @@ size_t engram_prefill_chunks(const engram_prefill *pf);
 size_t engram_prefill_ready(const engram_prefill *pf, int table);
 /* Blocks until chunk c of table t is read: *rows -> [n_tokens][24][row]
  * (row: 256 values of dtype, or 264 bytes), tokens first .. first+n-1 of
- * the prompt; valid until engram_prefill_release(pf, t, c).  Errors: a
+ * the prompt; valid until engram_prefill_release(pf, t, c).  rows, first
+ * and n_tokens are optional outputs (each may be NULL).  Errors: a
  * read's (err names the row), -ECANCELED (cancelled, or its session was
  * closed), -ESHUTDOWN (the pool closed), and for waits that could only
  * return a wrong buffer or never return: -EINVAL for a chunk already

@@ -233,22 +233,22 @@ static void arguments(engram_model *m)
     uint32_t rows[48] = {0};
     static uint16_t out[48 * 256], window[2 * 24 * 256];
     rc = engram_reader_batch(r, 0, rows, 1, ENGRAM_BF16, NULL, &err);
-    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    CHECK_ERR(rc, err, -EINVAL, "NULL argument");
     rc = engram_reader_batch(r, 0, rows, 1, (engram_dtype)77, out, &err);
-    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    CHECK_ERR(rc, err, -EINVAL, "dtype 77 is not");
     rc = engram_reader_batch(r, 2, rows, 1, ENGRAM_BF16, out, &err);
     CHECK_ERR(rc, err, -EINVAL, "table 2 is not 0 or 1");
     rc = engram_reader_batch_stream(r, 0, rows, 1, ENGRAM_BF16, window, 2, NULL, NULL, &err);
     CHECK_ERR(rc, err, -EINVAL, "no sink");
     rc = engram_reader_batch_stream(r, 0, rows, 1, ENGRAM_BF16, window, 0, no_sink_called, NULL,
                                     &err);
-    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    CHECK_ERR(rc, err, -EINVAL, "window of 0 tokens");
     rc = engram_reader_step_submit(r, rows, ENGRAM_BF16, NULL, &err);
-    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    CHECK_ERR(rc, err, -EINVAL, "NULL argument");
     rc = engram_reader_step_submit(r, NULL, ENGRAM_BF16, out, &err);
-    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    CHECK_ERR(rc, err, -EINVAL, "NULL argument");
     rc = engram_reader_step_submit(r, rows, ENGRAM_RAW, out, &err);
-    CHECK_ERR(rc, err, -EINVAL, "bad argument");
+    CHECK_ERR(rc, err, -EINVAL, "dtype 2: a step decodes to BF16 or F32");
     rc = engram_reader_step_poll(r, &err);
     CHECK_ERR(rc, err, -EINVAL, "no decode step in flight");
     rc = engram_reader_step_wait(r, &err);

@@ -98,6 +98,8 @@ __attribute__((cold, noinline)) static int row_error(engram_error *err, const ui
 
 int engram_row_check(const uint8_t raw[ENGRAM_ROW_BYTES], engram_error *err)
 {
+    if (!raw)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "row to check: NULL");
     if (row_check_reason(raw, NULL) < 0)
         return row_error(err, raw, 0);
     return 0;

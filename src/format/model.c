@@ -178,12 +178,13 @@ void engram_model_close(engram_model *m)
     free(m);
 }
 
-const engram_layout *engram_model_layout(const engram_model *m) { return &m->layout; }
-const engram_hasher *engram_model_hasher(const engram_model *m) { return m->hasher; }
+const engram_layout *engram_model_layout(const engram_model *m) { return m ? &m->layout : NULL; }
+const engram_hasher *engram_model_hasher(const engram_model *m) { return m ? m->hasher : NULL; }
 
 void engram_model_get_info(const engram_model *m, engram_model_info *info)
 {
-    *info = m->info;
+    if (m && info)
+        *info = m->info;
 }
 
 int model_fd(const engram_model *m) { return m->g->fd; }
@@ -195,17 +196,21 @@ const gguf_tensor *model_weight(const engram_model *m, int table, int part)
 
 int engram_model_dup_fd(const engram_model *m)
 {
+    if (!m)
+        return -EINVAL;
     int fd = fcntl(m->g->fd, F_DUPFD_CLOEXEC, 0);
     return fd < 0 ? -errno : fd;
 }
 
+/* The arguments of a row read: the model, the table, the row ids and the
+ * output (out: raw rows or decoded values). */
 static int check_rows(const engram_model *m, int t, const uint32_t *rows, size_t n,
-                      engram_error *err)
+                      const void *out, engram_error *err)
 {
+    if (!m || (n > 0 && (!rows || !out)))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
     if (t < 0 || t >= ENGRAM_TABLES)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", t);
-    if (n > 0 && !rows)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
     for (size_t i = 0; i < n; i++)
         if (rows[i] >= m->layout.rows[t])
             return err_set_row(err, -EINVAL, rows[i], "row %u of table %d: out of range (table has %u rows)",
@@ -216,7 +221,7 @@ static int check_rows(const engram_model *m, int t, const uint32_t *rows, size_t
 int engram_model_read_raw(const engram_model *m, int t, const uint32_t *rows, size_t n,
                           uint8_t *raw, engram_error *err)
 {
-    int rc = check_rows(m, t, rows, n, err);
+    int rc = check_rows(m, t, rows, n, raw, err);
     if (rc < 0)
         return rc;
     uint64_t base = m->info.table[t].offset;
@@ -239,7 +244,7 @@ int engram_model_read_raw(const engram_model *m, int t, const uint32_t *rows, si
 static int read_decoded(const engram_model *m, int t, const uint32_t *rows, size_t n, void *out,
                         int f32, engram_error *err)
 {
-    int rc = check_rows(m, t, rows, n, err);
+    int rc = check_rows(m, t, rows, n, out, err);
     if (rc < 0 || n == 0)
         return rc;
     uint8_t *raw = malloc(n * ENGRAM_ROW_BYTES);

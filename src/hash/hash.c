@@ -11,6 +11,8 @@ static hash_ngram_fn impl_for(engram_simd s);
 
 int engram_hasher_new(const engram_layout *layout, engram_hasher **out, engram_error *err)
 {
+    if (!layout || !out)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
     int rc = engram_layout_validate(layout, err);
     if (rc < 0)
         return rc;
@@ -48,11 +50,13 @@ void engram_hasher_free(engram_hasher *h)
 
 const engram_layout *engram_hasher_layout(const engram_hasher *h)
 {
-    return &h->layout;
+    return h ? &h->layout : NULL;
 }
 
 void engram_history_reset(engram_history *hist)
 {
+    if (!hist)
+        return;
     for (int i = 0; i < ENGRAM_HISTORY; i++)
         hist->id[i] = ENGRAM_DEAD;
 }

@@ -285,12 +285,16 @@ void engram_reader_close(engram_reader *r)
 
 void engram_reader_reset_stats(engram_reader *r)
 {
+    if (!r)
+        return;
     memset(&r->st, 0, sizeof r->st);
     memset(&r->hist, 0, sizeof r->hist);
 }
 
 void engram_reader_get_stats(const engram_reader *r, engram_io_stats *st)
 {
+    if (!r || !st)
+        return;
     *st = r->st;
     st->engine = r->eng ? r->eng->name : "none";
     st->note = r->note;

@@ -96,9 +96,12 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
                      void *out, size_t window_tokens, engram_batch_sink sink, void *ctx,
                      engram_error *err)
 {
-    if (!r || (n > 0 && (!rows || !out)) ||
-        (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32 && dtype != ENGRAM_RAW) || window_tokens == 0)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad argument");
+    if (!r || (n > 0 && (!rows || !out)))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32 && dtype != ENGRAM_RAW)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "dtype %d is not BF16, F32 or RAW", (int)dtype);
+    if (window_tokens == 0)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "a window of 0 tokens");
     if (t < 0 || t >= ENGRAM_TABLES)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", t);
     int rc = reader_broken(r, err);

@@ -79,8 +79,11 @@ static int step_finished(engram_reader *r)
 int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_PER_TOKEN],
                               engram_dtype dtype, void *out, engram_error *err)
 {
-    if (!r || !rows || !out || (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32))
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad argument");
+    if (!r || !rows || !out)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "dtype %d: a step decodes to BF16 or F32",
+                       (int)dtype);
     int rc = reader_broken(r, err);
     if (rc < 0)
         return rc;

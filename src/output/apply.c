@@ -227,7 +227,7 @@ int engram_applier_new(const engram_layer *L, const engram_apply_opts *opts, eng
 
 uint64_t engram_applier_bytes(const engram_applier *a)
 {
-    return a->bytes;
+    return a ? a->bytes : 0;
 }
 
 /* ------------------------------------------------------------ the calls */

@@ -38,6 +38,8 @@ void engram_layer_close(engram_layer *L)
 
 void engram_layer_get_info(const engram_layer *L, engram_layer_info *info)
 {
+    if (!L || !info)
+        return;
     info->table = L->table;
     info->layer = L->layer;
     info->width = L->W;
@@ -185,6 +187,8 @@ int engram_layer_open(const engram_model *m, int table, engram_layer **out, engr
 
 void engram_layer_export(const engram_layer *L, uint16_t *w, float *wq)
 {
+    if (!L)
+        return;
     if (w)
         for (uint32_t o = 0; o < L->N; o++) {
             const uint16_t *src = L->w + (size_t)(o / PANEL) * ENGRAM_K * PANEL + o % PANEL;

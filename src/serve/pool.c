@@ -240,6 +240,8 @@ void engram_pool_close(engram_pool *p)
 
 void engram_pool_get_stats(engram_pool *p, engram_pool_stats *st)
 {
+    if (!p || !st)
+        return;
     memset(st, 0, sizeof *st);
     pthread_mutex_lock(&p->mu);
     st->steps = p->steps;

@@ -80,20 +80,32 @@ size_t engram_prefill_ring_bytes_for(const engram_prefill_opts *opts, size_t n_t
     return ring_len(&o, n_tokens, &chunk, &ring);
 }
 
+/* Which option ring_len refused. */
+static int bad_opts(const engram_prefill_opts *o, engram_error *err)
+{
+    if (o->chunk_tokens > ENGRAM_BATCH_TOKENS)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "prefill option chunk_tokens %u is above %u",
+                       o->chunk_tokens, ENGRAM_BATCH_TOKENS);
+    if (o->ring_chunks > 64)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "prefill option ring_chunks %u is above 64",
+                       o->ring_chunks);
+    return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "prefill option dtype %d is not BF16, F32 or RAW",
+                   (int)o->dtype);
+}
+
 int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_t *mask, size_t n,
                          const engram_prefill_opts *opts, engram_prefill **out, engram_error *err)
 {
     if (!s || !out || (n > 0 && !tokens))
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s",
+                       !s ? "session" : !out ? "out" : "tokens");
     engram_prefill_opts o = {0};
     if (opts)
         o = *opts;
     unsigned chunk, ring;
     size_t len = ring_len(&o, n, &chunk, &ring);
     if (len == 0)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
-                       "prefill options: chunk 1..%u tokens, ring 1..64 chunks, dtype BF16/F32/RAW",
-                       ENGRAM_BATCH_TOKENS);
+        return bad_opts(&o, err);
     if (o.ring_mem && (o.ring_bytes < len || (uintptr_t)o.ring_mem % 64))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
                        "prefill ring memory: %zu bytes at %p; these options need %zu, 64-byte aligned",
@@ -178,18 +190,20 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
 
 size_t engram_prefill_chunks(const engram_prefill *pf)
 {
-    return pf->chunks;
+    return pf ? pf->chunks : 0;
 }
 
 size_t engram_prefill_ready(const engram_prefill *pf, int table)
 {
-    if (table < 0 || table >= ENGRAM_TABLES)
+    if (!pf || table < 0 || table >= ENGRAM_TABLES)
         return 0;
     return atomic_load_explicit(&((engram_prefill *)(uintptr_t)pf)->ready[table], memory_order_acquire);
 }
 
 void engram_prefill_get_info(const engram_prefill *pf, engram_prefill_info *info)
 {
+    if (!pf || !info)
+        return;
     engram_prefill *m = (engram_prefill *)(uintptr_t)pf; /* the lock, not the state */
     memset(info, 0, sizeof *info);
     pthread_mutex_lock(&m->mu);

@@ -7,6 +7,7 @@
  * close return (rounds.c writes only for the live step generation).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -91,6 +92,8 @@ void engram_session_close(engram_session *s)
 
 void engram_session_history(const engram_session *s, engram_history *h)
 {
+    if (!s || !h)
+        return;
     engram_session *m = (engram_session *)(uintptr_t)s; /* the lock, not the state */
     pthread_mutex_lock(&m->mu);
     *h = s->hist;
@@ -198,30 +201,48 @@ static void install_step(engram_pool *p, const engram_step_req *q, engram_dtype 
 /* The i-th request of a begin call, however the caller laid them out. */
 typedef void (*req_at_fn)(const void *ctx, size_t i, engram_step_req *q);
 
+/* Why request q, the i-th of n, cannot begin, as far as its own arguments
+ * tell (0: they are fine); p is the pool of the first request.  A single
+ * step's messages name no index. */
+static int bad_request(const engram_step_req *q, const engram_pool *p, size_t i, size_t n,
+                       engram_error *err)
+{
+    char at[32] = "";
+    if (n > 1)
+        snprintf(at, sizeof at, "session %zu: ", i);
+    if (!q->s || !q->tokens || !q->out)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "%sNULL %s", at,
+                       !q->s ? "session" : !q->tokens ? "tokens" : "out");
+    if (q->s->p != p)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "%sthe session is of another pool", at);
+    if (q->k == 0 || q->k > ENGRAM_MAX_DRAFT)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "%sk = %u (k must be 1..%u)", at, q->k,
+                       ENGRAM_MAX_DRAFT);
+    return 0;
+}
+
 /* Validates every request, then installs and queues all of them at once
  * (one intake takes them together) or none. */
 static int begin_steps(req_at_fn at, const void *ctx, size_t n, engram_dtype dtype, engram_error *err)
 {
     if (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32 && dtype != ENGRAM_RAW)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad dtype %d", (int)dtype);
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "dtype %d is not BF16, F32 or RAW", (int)dtype);
     engram_step_req q, o;
     at(ctx, 0, &q);
     engram_pool *p = q.s ? q.s->p : NULL;
     size_t first = 0;
     for (size_t i = 0; i < n; i++) {
         at(ctx, i, &q);
-        if (!q.s || q.s->p != p || !q.out || !q.tokens)
-            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "session %zu: NULL or of another pool", i);
-        if (q.k == 0 || q.k > ENGRAM_MAX_DRAFT)
-            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "session %zu: k = %u (k must be 1..%u)", i,
-                           q.k, ENGRAM_MAX_DRAFT);
+        int rc = bad_request(&q, p, i, n, err);
+        if (rc < 0)
+            return rc;
         for (size_t j = 0; j < i; j++) {
             at(ctx, j, &o);
             if (o.s == q.s)
                 return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "session %zu appears twice (also at %zu)",
                                i, j);
         }
-        int rc = check_tokens(p, q.tokens, q.k, first, err);
+        rc = check_tokens(p, q.tokens, q.k, first, err);
         if (rc < 0)
             return rc;
         first += q.k;
@@ -267,9 +288,6 @@ int engram_step_begin_many(const engram_step_req *reqs, size_t n, engram_dtype d
 int engram_step_begin(engram_session *s, const uint32_t *tokens, const uint8_t *mask, unsigned k,
                       engram_dtype dtype, void *out, engram_error *err)
 {
-    if (!s || !tokens || !out || k == 0 || k > ENGRAM_MAX_DRAFT)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad argument (k must be 1..%u)",
-                       ENGRAM_MAX_DRAFT);
     engram_step_req q = {s, tokens, mask, k, out};
     return begin_steps(req_of_array, &q, 1, dtype, err);
 }
@@ -293,7 +311,8 @@ int engram_step_begin_batch(engram_session *const *ss, const uint32_t *tokens, c
     if (n == 0)
         return 0;
     if (!ss || !tokens || !outs)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "bad argument");
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s",
+                       !ss ? "sessions" : !tokens ? "tokens" : "outs");
     struct batch_args b = {ss, tokens, mask, outs};
     return begin_steps(req_of_batch, &b, n, dtype, err);
 }
@@ -303,8 +322,10 @@ int engram_step_begin_batch(engram_session *const *ss, const uint32_t *tokens, c
  * a poll, else -ETIMEDOUT. */
 static int step_table_rc(engram_session *s, int t, uint64_t timeout_ns, int poll, engram_error *err)
 {
-    if (!s || t < 0 || t >= ENGRAM_TABLES)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL session or bad table %d", t);
+    if (!s)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL session");
+    if (t < 0 || t >= ENGRAM_TABLES)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", t);
     pthread_mutex_lock(&s->mu);
     if (s->state != S_STEP) {
         pthread_mutex_unlock(&s->mu);
@@ -356,7 +377,7 @@ int engram_step_poll(engram_session *s, int t, engram_error *err)
 int engram_step_commit(engram_session *s, unsigned j, engram_error *err)
 {
     if (!s)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no step in progress");
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL session");
     pthread_mutex_lock(&s->mu);
     int rc = s->state != S_STEP ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no step in progress")
            : j > s->k ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "commit of %u tokens of a %u-token step", j, s->k)
@@ -391,6 +412,8 @@ void engram_step_abort(engram_session *s)
 
 void engram_step_get_info(const engram_session *s, engram_step_info *info)
 {
+    if (!s || !info)
+        return;
     engram_session *m = (engram_session *)(uintptr_t)s; /* the lock, not the state */
     pthread_mutex_lock(&m->mu);
     info->k = s->k;

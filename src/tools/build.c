@@ -183,6 +183,8 @@ static int add_metadata(gguf_writer *w, const engram_layout *l)
 /* After a rename: the directory entry on disk too (engram_tools.h). */
 void engram_sync_dir_of(const char *path)
 {
+    if (!path)
+        return;
     const char *slash = strrchr(path, '/');
     char dir[4096];
     size_t n = slash ? (size_t)(slash - path) : 0;

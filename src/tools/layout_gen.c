@@ -126,8 +126,8 @@ int engram_layout_multipliers(uint32_t compressed_vocab, uint32_t layer, int n, 
 int engram_layout_primes(uint32_t base, int n_layers, int ngram, int heads,
                          uint32_t *out, size_t out_len)
 {
-    if (n_layers < 1 || ngram < 2 || heads < 1 || n_layers > 64 || ngram > 64 || heads > 64 ||
-        base < 1)
+    if (!out || n_layers < 1 || ngram < 2 || heads < 1 || n_layers > 64 || ngram > 64 ||
+        heads > 64 || base < 1)
         return -EINVAL;
     size_t total = (size_t)n_layers * (size_t)(ngram - 1) * (size_t)heads;
     if (out_len < total)
