@@ -613,6 +613,31 @@ static void tools_calls(void)
     REFUSED(engram_build_model(path, &o, ep));
     CHECK(access(path, F_OK) != 0); /* nothing written */
     NOTHING(engram_sync_dir_of(NULL));
+
+    /* the one writer: refused before anything is created */
+    char out_path[600];
+    tu_path(out_path, sizeof out_path, "out.bin");
+    REFUSED(engram_output_check(NULL, 0, ep));
+    REFUSED(engram_output_open(NULL, out_path, 0, ep));
+    REFUSED(engram_output_open((engram_output *)sent, NULL, 0, ep));
+    REFUSED(engram_output_close(NULL, 1, ep));
+    REFUSED(engram_output_fopen(NULL, out_path, 0, (FILE **)(sent + 64), ep));
+    REFUSED(engram_output_fopen((engram_output *)sent, NULL, 0, (FILE **)(sent + 64), ep));
+    REFUSED(engram_output_fopen((engram_output *)sent, out_path, 0, NULL, ep));
+    CHECK(access(out_path, F_OK) != 0);
+    GIVES(engram_output_same(NULL, out_path) == 0);
+    GIVES(engram_output_same(out_path, NULL) == 0);
+    /* fclose with a NULL stream: refused, and the output it names is
+     * still whole (closed by the next call) */
+    engram_output w;
+    FILE *fw;
+    CHECK_EQ(engram_output_fopen(&w, out_path, 0, &fw, NULL), 0);
+    engram_output before = w;
+    REFUSED(engram_output_fclose(NULL, fw, 1, ep));
+    REFUSED(engram_output_fclose(&w, NULL, 1, ep));
+    CHECK(memcmp(&before, &w, sizeof w) == 0);
+    CHECK_EQ(engram_output_fclose(&w, fw, 0, NULL), 0);
+    CHECK(access(out_path, F_OK) != 0); /* ok = 0: nothing put in place */
 }
 
 int main(void)
