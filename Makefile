@@ -100,7 +100,7 @@ all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
      $(BUILD)/tests/fuzz_tokmap_replay $(BUILD)/tests/fuzz_cli_replay \
      $(BUILD)/tests/fuzz_residual_replay $(BUILD)/tests/fuzz_ple_replay $(BUILD)/tests/seccomp_run \
      $(BUILD)/tests/rusage_run \
-     $(BUILD)/tests/envfail_preload.so $(BUILD)/tests/stress_sessions $(BUILD)/tests/race_abort_begin \
+     $(BUILD)/tests/envfail_preload.so $(BUILD)/tests/fixed_random_preload.so $(BUILD)/tests/stress_sessions $(BUILD)/tests/race_abort_begin \
      $(CUDA_TARGETS)
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
 
@@ -226,6 +226,10 @@ $(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/device
 	    programs/device.c tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL) -ldl
 
 $(BUILD)/tests/envfail_preload.so: tests/envfail_preload.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -fPIC -shared -Wall -Wextra -o $@ $< -ldl
+
+$(BUILD)/tests/fixed_random_preload.so: tests/fixed_random_preload.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -fPIC -shared -Wall -Wextra -o $@ $< -ldl
 

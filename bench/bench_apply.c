@@ -123,6 +123,23 @@ typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float a
                          int ldc);
 typedef void (*set_threads_fn)(int);
 
+/* --csv before anything runs: a kind of path the writer takes, and not the
+ * input (engram_tools.h); 0, or 2 after saying why. */
+static int csv_refused(const char *prog_name, const char *csv_path, const char *input)
+{
+    engram_error ce;
+    if (engram_output_check(csv_path, 0, &ce) < 0) {
+        fprintf(stderr, "%s: %s\n", prog_name, ce.msg);
+        return 2;
+    }
+    if (input && engram_output_same(csv_path, input)) {
+        fprintf(stderr, "%s: --csv '%s' and the input '%s' are the same file\n", prog_name,
+                csv_path, input);
+        return 2;
+    }
+    return 0;
+}
+
 static FILE *out;
 static engram_output out_file;
 
@@ -166,6 +183,8 @@ int main(int argc, char **argv)
         }
     }
     if (reps < 1 || reps > 99 || n == 0)
+        return 2;
+    if (csv && csv_refused("bench_apply", csv, model))
         return 2;
     char path[256];
     if (!model) {

@@ -93,6 +93,23 @@ static void row_out(const char *what, const char *impl, double value, const char
         fprintf(csv, "%s,%s,%.4f,%s,%.4f,%s\n", what, impl, value, unit, ratio, ratio_of);
 }
 
+/* --csv before anything runs: a kind of path the writer takes, and not the
+ * input (engram_tools.h); 0, or 2 after saying why. */
+static int csv_refused(const char *prog_name, const char *csv_path, const char *input)
+{
+    engram_error ce;
+    if (engram_output_check(csv_path, 0, &ce) < 0) {
+        fprintf(stderr, "%s: %s\n", prog_name, ce.msg);
+        return 2;
+    }
+    if (input && engram_output_same(csv_path, input)) {
+        fprintf(stderr, "%s: --csv '%s' and the input '%s' are the same file\n", prog_name,
+                csv_path, input);
+        return 2;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *tok_path = "data/gpl3.tok", *csv_path = NULL;
@@ -109,6 +126,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (csv_path && csv_refused("bench_core", csv_path, tok_path))
+        return 2;
     engram_error err;
     if (csv_path && engram_output_fopen(&csv_file, csv_path, 0, &csv, &err) < 0) {
         fprintf(stderr, "bench_core: %s\n", err.msg);

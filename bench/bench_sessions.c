@@ -775,10 +775,29 @@ static void print_machine(const struct opts *o, const engram_model_info *mi)
 
 /* ------------------------------------------------------------ main */
 
+/* --csv before anything runs: a kind of path the writer takes, and not the
+ * input (engram_tools.h); 0, or 2 after saying why. */
+static int csv_refused(const char *prog_name, const char *csv_path, const char *input)
+{
+    engram_error ce;
+    if (engram_output_check(csv_path, 0, &ce) < 0) {
+        fprintf(stderr, "%s: %s\n", prog_name, ce.msg);
+        return 2;
+    }
+    if (input && engram_output_same(csv_path, input)) {
+        fprintf(stderr, "%s: --csv '%s' and the input '%s' are the same file\n", prog_name,
+                csv_path, input);
+        return 2;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o;
     if (parse_opts(argc, argv, &o) < 0)
+        return 2;
+    if (o.csv && csv_refused("bench_sessions", o.csv, o.model))
         return 2;
     if (o.csv) {
         engram_error ce;

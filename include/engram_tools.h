@@ -160,23 +160,33 @@ void engram_sync_dir_of(const char *path);
 
 /*
  * The one writer behind every file engram writes (engram_build_model, each
- * output of the engram command, the benchmarks' CSV files).  The rule by
- * what stands at path (lstat, the last name not followed):
+ * output of the engram command, the benchmarks' CSV files).  The folder of
+ * path is opened once (links among its folders are followed, as by every
+ * tool: the kernel's protected_symlinks guards shared sticky folders) and
+ * every later step is relative to it.  The rule by what stands at the last
+ * name (not followed):
  *   - nothing, or a regular file: written to a fresh temporary in the same
- *     folder (PATH.tmp.XXXXXXXXXXXX, 12 random letters; FOLDER/.engram.tmp.
- *     XXXXXXXXXXXX when that name would pass NAME_MAX), created with
- *     O_CREAT | O_EXCL | O_NOFOLLOW (a planted link or file at that name
- *     makes it pick another, never write through it), mode 0666 less the
- *     umask, or the replaced file's mode (and owner, where the caller may
- *     give it); close(ok = 1) fsyncs it and renames it over path, then
- *     fsyncs the folder; close(ok = 0) or a failure removes it, so path
- *     holds the old file or the whole new one, never a part;
+ *     folder (NAME.tmp.XXXXXXXXXXXX, 12 random letters; .engram.tmp.
+ *     XXXXXXXXXXXX when that name is too long), created O_CREAT | O_EXCL |
+ *     O_NOFOLLOW (a planted link or file at that name makes it pick
+ *     another, never write through it).  A new name, or a file of another
+ *     user's (one planted where we write), gives a new file of the
+ *     caller's, 0666 less the umask; a file of the caller's keeps its mode
+ *     and group (the group's and others' rights dropped where the group
+ *     cannot be kept), and its temporary is 0600 until then.  Hard links
+ *     of a replaced file keep the old contents.  close(ok = 1) fsyncs it,
+ *     renames it over the name and fsyncs the folder; close(ok = 0), a
+ *     failure, or engram_output_abandon_all removes it, so the name holds
+ *     the old file or the whole new one, never a part;
  *   - a character device or a FIFO: opened in place (no O_CREAT, no link
  *     followed; a FIFO blocks until a reader opens it), written through,
- *     never replaced; ENGRAM_OUTPUT_SEEKABLE (an output written at
- *     offsets, as a model is) refuses them with -ENOTSUP;
- *   - a symbolic link: refused with -ELOOP (name its target); a folder:
- *     -EISDIR; a block device or a socket: -ENOTSUP.
+ *     never replaced; one of another user's in a shared sticky folder
+ *     (/tmp) is refused with -EACCES (the kernel's protected_fifos rule);
+ *     ENGRAM_OUTPUT_SEEKABLE (an output written at offsets, as a model is)
+ *     refuses them with -ENOTSUP;
+ *   - a symbolic link: refused with -ELOOP (name its target); a folder, or
+ *     a name ending in '/', '.' or '..': -EISDIR; a block device or a
+ *     socket: -ENOTSUP.  A missing folder: -ENOENT.
  * Nothing is created or changed by a refusal.  Before close renames, the
  * name is classified again: a link or node put there meanwhile is refused,
  * not replaced (a window of one rename remains, in which a link planted
@@ -189,6 +199,8 @@ typedef struct engram_output {
     int in_place;      /* 1: a character device or FIFO, written in place  */
     char *tmp;         /* owned: the temporary's name (NULL when in place)  */
     const char *path;  /* the caller's; must outlive the output            */
+    int dir;           /* owned: the folder (-1 when in place)             */
+    int mode, gid;     /* given at close (-1: as created)                  */
 } engram_output;
 
 /* Whether path may be written under the rule above, with nothing opened:
@@ -213,6 +225,12 @@ int engram_output_close(engram_output *o, int ok, engram_error *err);
 int engram_output_fopen(engram_output *o, const char *path, unsigned flags, FILE **f,
                         engram_error *err);
 int engram_output_fclose(engram_output *o, FILE *f, int ok, engram_error *err);
+
+/* Removes the temporary of every output open now in this process (at most
+ * 16 at once are known), leaving their names as they were; async-signal-
+ * safe, for a SIGINT or SIGTERM handler that then re-raises the signal.
+ * Those outputs' later close(ok = 1) fails. */
+void engram_output_abandon_all(void);
 
 /* 1 when a and b name one file that is not a character device: the same
  * inode, or, when neither exists, the same name in the same resolved

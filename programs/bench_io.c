@@ -501,6 +501,16 @@ static int parse_bench_opts(int argc, char **argv, struct bench *b, struct bench
     }
     if (!b->path)
         return fail_usage("bench io: FILE is required");
+    if (b->n_corpora == 0)
+        b->corpora[b->n_corpora++] = "data/gpl3.tok";
+    /* --create writes FILE at offsets when it does not exist: a node or
+     * link there is refused, not opened as a model */
+    struct stat fs;
+    if (o->create && stat(b->path, &fs) == 0 && !S_ISREG(fs.st_mode)) {
+        int cst = fout_check(b->path, ENGRAM_OUTPUT_SEEKABLE);
+        if (cst)
+            return cst;
+    }
     /* the outputs, before anything is read or created: kinds fout writes,
      * neither the same file as the other or as an input */
     const char *paths[3 + MAX_CORPORA] = {o->csv, o->svg, b->path};
@@ -587,8 +597,6 @@ int cmd_bench(int argc, char **argv)
         if (rc)
             return rc;
     }
-    if (b.n_corpora == 0)
-        b.corpora[b.n_corpora++] = "data/gpl3.tok";
     if (b.use_fio && system("fio --version >/dev/null 2>&1") != 0) {
         fprintf(stderr, "%s: fio not found (apt-get install fio); device-limit columns skipped\n", prog);
         b.use_fio = 0;

@@ -570,18 +570,43 @@ int parse_history(const char *s, engram_history *h)
 }
 
 
+/* The standard output's descriptor once an output named "-" has claimed it
+ * (fd 1 then goes to the standard error, for the report); -1 before. */
+static int stdout_data = -1;
+
+/* -ELOOP, -EISDIR, -ENOTSUP, -EACCES: a kind of path refused (usage). */
+static int refused_kind(int rc)
+{
+    return rc == -ELOOP || rc == -EISDIR || rc == -ENOTSUP || rc == -EACCES;
+}
+
 int fout_check(const char *path, unsigned flags)
 {
     if (!strcmp(path, "-")) {
         if (flags & ENGRAM_OUTPUT_SEEKABLE)
             return fail_usage("'-' (standard output) cannot take this output: it is written at "
                               "offsets, so it must be a regular file or a new name");
+        if (stdout_data >= 0)
+            return 0;
+        /* claimed now, before the command prints anything: the data takes
+         * the standard output, the report moves to the standard error */
+        fflush(stdout);
+        int fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+            fprintf(stderr, "%s: cannot write to the standard output: %s\n", prog,
+                    strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            return EXIT_SYSTEM;
+        }
+        stdout_data = fd;
         return 0;
     }
     engram_error err = {0};
-    if (engram_output_check(path, flags, &err) < 0) {
+    int rc = engram_output_check(path, flags, &err);
+    if (rc < 0) {
         fprintf(stderr, "%s: %s\n", prog, err.msg);
-        return EXIT_USAGE;
+        return refused_kind(rc) ? EXIT_USAGE : EXIT_SYSTEM;
     }
     return 0;
 }
@@ -607,17 +632,15 @@ int fout_open(struct fout *o, const char *path)
 {
     *o = (struct fout){.path = path};
     if (!strcmp(path, "-")) {
-        /* the output takes the standard output; the report moves to the
-         * standard error */
-        fflush(stdout);
-        int fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
-        if (fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0 || !(o->f = fdopen(fd, "wb"))) {
+        int st = fout_check(path, 0); /* claims it if the command did not */
+        if (st)
+            return st;
+        if (!(o->f = fdopen(stdout_data, "wb"))) {
             fprintf(stderr, "%s: cannot write to the standard output: %s\n", prog,
                     strerror(errno));
-            if (fd >= 0)
-                close(fd);
             return EXIT_SYSTEM;
         }
+        stdout_data = -1; /* the stream owns it now */
         o->out.fd = -1;
         return 0;
     }
@@ -625,7 +648,7 @@ int fout_open(struct fout *o, const char *path)
     int rc = engram_output_fopen(&o->out, path, 0, &o->f, &err);
     if (rc < 0) {
         fprintf(stderr, "%s: %s\n", prog, err.msg);
-        return rc == -ELOOP || rc == -EISDIR || rc == -ENOTSUP ? EXIT_USAGE : EXIT_SYSTEM;
+        return refused_kind(rc) ? EXIT_USAGE : EXIT_SYSTEM;
     }
     return 0;
 }
@@ -635,7 +658,8 @@ int fout_close(struct fout *o, int ok)
     engram_error err = {0};
     int rc;
     if (o->out.fd < 0) { /* "-" */
-        rc = fflush(o->f) != 0 || ferror(o->f) ? -(errno ? errno : EIO) : 0;
+        /* a failed flush says why; an earlier failed write only that it failed */
+        rc = fflush(o->f) != 0 ? -errno : ferror(o->f) ? -EIO : 0;
         if (fclose(o->f) != 0 && rc == 0)
             rc = -errno;
         if (rc < 0)

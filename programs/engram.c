@@ -720,12 +720,39 @@ static const char *version_help =
     "usage: engram version   (or engram --version)\n"
     "Prints \"engram VERSION\": the library's engram_version().\n";
 
+/* SIGINT, SIGTERM, SIGHUP: the outputs' temporaries removed, then the
+ * signal's default action (SA_RESETHAND), so the caller sees the signal. */
+static void on_fatal_signal(int sig)
+{
+    engram_output_abandon_all();
+    raise(sig);
+}
+
 int main(int argc, char **argv)
 {
     /* past RLIMIT_FSIZE a write fails with EFBIG, which every command
      * handles (its output removed), instead of the process being killed
      * with its temporary file left behind */
     signal(SIGXFSZ, SIG_IGN);
+    /* descriptors 0-2 open (on /dev/null if the caller closed them), so no
+     * output file becomes one and receives the report or an error */
+    int nullfd;
+    while ((nullfd = open("/dev/null", O_RDWR | O_CLOEXEC)) >= 0 && nullfd <= 2)
+        fcntl(nullfd, F_SETFD, 0); /* one of 0-2: kept across exec like any */
+    if (nullfd > 2)
+        close(nullfd);
+    /* an interrupted command leaves no temporary behind */
+    /* (a signal the caller ignores, as a shell does SIGINT for a
+     * background job, stays ignored) */
+    static const int fatal[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++) {
+        struct sigaction old, sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_fatal_signal;
+        sa.sa_flags = SA_RESETHAND;
+        if (sigaction(fatal[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            sigaction(fatal[i], &sa, NULL);
+    }
     if (argc < 2)
         return fail_usage("a COMMAND is required");
     const char *cmd = argv[1];

@@ -141,8 +141,11 @@ same "--residual-out and --kv-out" "$S/kk" $A --residual-out "$S/kk" --kv-out "$
 same "the same file spelled twice" "$S/kk" $A --residual-out "$S/kk" --kv-out "$S/../same/./kk"
 same "the same file through a hard link" "$S/kk" $A --residual-out "$S/kk" --kv-out "$S/kkhard"
 same "an input through a symbolic link" "$S/tok" "$E" apply "$M" --layer 1 --tokens "$S/toklink" --residual-in seed:3 --residual-out "$S/tok"
-same "a new name twice" "$S" $A --residual-out "$S/new" --kv-out "$S/new"
+expect_rc 2 "same file" "a new name twice" $A --residual-out "$S/new" --kv-out "$S/new"
 [ ! -e "$S/new" ] && ok || bad "a new name twice: created"
+# refused before anything is read: the model named does not even exist
+expect_rc 2 "same file" "same file before reading" "$E" apply "$T/no/such.gguf" --layer 1 \
+    --tokens "$T/tok" --residual-in seed:3 --residual-out "$S/kk" --kv-out "$S/kk"
 same "--residual-out over MODEL" "$M" $A --residual-out "$M"
 same "--residual-out over --tokens" "$T/tok" $A --residual-out "$T/tok"
 same "--kv-out over --residual-in" "$S/in" "$E" apply "$M" --layer 1 --tokens "$T/tok" --residual-in "$S/in" --residual-out "$S/o1" --kv-out "$S/in"
@@ -161,6 +164,91 @@ if [ $? = 0 ] && cmp -s "$T/stdout" "$T/apply/ref" && grep -q "applied layer" "$
 expect_rc 2 "regular file" "build -" "$E" build -
 expect_rc 2 "same file" "two outputs to -" $A --residual-out - --kv-out -
 
+# "-" for every writer that streams: exactly the regular file's bytes (the
+# CSV and SVG: their first line; the report went to stderr)
+for w in quantize dequantize apply tokmap; do
+    [ $w = tokmap ] && [ -z "$TOK" ] && continue
+    # shellcheck disable=SC2046
+    "$E" $(wargs $w -) >"$T/stdout" 2>"$T/e"; rc=$?
+    if [ $rc = 0 ] && cmp -s "$T/stdout" "$T/$w/ref"; then ok; else bad "$w to - (rc $rc)"; fi
+done
+# shellcheck disable=SC2046
+"$E" $(wargs csv -) >"$T/stdout" 2>"$T/e"
+[ "$(head -1 "$T/stdout")" = "section,what,depth,value,unit" ] && ok || bad "bench io --csv -: $(head -1 "$T/stdout")"
+# shellcheck disable=SC2046
+"$E" $(wargs svg -) >"$T/stdout" 2>"$T/e"
+case $(head -c 4 "$T/stdout") in "<svg") ok ;; *) bad "bench io --svg -: $(head -c 60 "$T/stdout")" ;; esac
+
+# a socket at the output: refused
+/usr/bin/python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$T/sock" &&
+    expect_rc 2 "socket" "a socket" "$E" quantize "$T/in.f32" "$T/sock"
+[ -S "$T/sock" ] && ok || bad "the socket replaced"
+
+# the temporary's name, made known by a getrandom that gives 0, 1, 2, ...
+# (tests/fixed_random_preload.so): a link planted at the first name is
+# never written through (O_EXCL | O_NOFOLLOW: the next name is taken); 64
+# names all taken: exit 3, nothing written
+P="$T/pre"; mkdir "$P"; echo victim > "$P/victim"
+PRE="$(cd "$BUILD" && pwd)/tests/fixed_random_preload.so"
+ln -s victim "$P/out.tmp.aaaaaaaaaaaa"
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:verify_asan_link_order=0" LD_PRELOAD="$PRE" "$E" quantize "$T/in.f32" "$P/out" >"$T/o" 2>"$T/e"; rc=$?
+if [ $rc = 0 ] && cmp -s "$P/out" "$T/quantize/ref" && [ "$(cat "$P/victim")" = victim ]; then ok; else
+    bad "a link at the writer's own first temporary name (rc $rc)"; cat "$T/e" >&2; fi
+rm -f "$P/out"
+/usr/bin/python3 -c '
+import os, sys
+abc = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+for k in range(1, 64):
+    os.symlink("victim", sys.argv[1] + "/out.tmp." + abc[k % 62] * 12)
+' "$P" 2>/dev/null
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:verify_asan_link_order=0" LD_PRELOAD="$PRE" "$E" quantize "$T/in.f32" "$P/out" >"$T/o" 2>"$T/e"; rc=$?
+if [ $rc = 3 ] && grep -q "File exists" "$T/e" && [ ! -e "$P/out" ] && [ "$(cat "$P/victim")" = victim ]; then ok; else
+    bad "64 names taken (rc $rc)"; cat "$T/e" >&2; fi
+
+# descriptors 0-2 closed by the caller: no output becomes one of them
+( exec >&- 2>&-; "$E" quantize "$T/in.f32" "$T/closed.rows" ); rc=$?
+if [ $rc = 0 ] && cmp -s "$T/closed.rows" "$T/quantize/ref"; then ok; else bad "stdout and stderr closed: the output (rc $rc)"; fi
+
+# an interrupted command leaves no temporary (SIGINT, SIGTERM)
+for sig in INT TERM; do
+    I="$T/int$sig"; mkdir "$I"
+    # (python resets SIGINT, which a shell's background job inherits ignored)
+    /usr/bin/python3 -c 'import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.execv(sys.argv[1], sys.argv[1:])' "$E" build "$I/big.gguf" --base 400000 --width 512 --fill normal >/dev/null 2>&1 &
+    pid=$!
+    k=0; while [ -z "$(ls -A "$I")" ] && [ $k -lt 200 ]; do sleep 0.01; k=$((k + 1)); done
+    kill -$sig $pid; wait $pid 2>/dev/null; rc=$?
+    if [ $rc -gt 128 ] && [ -z "$(ls -A "$I")" ]; then ok; else bad "SIG$sig: rc $rc, left: $(ls -A "$I" | tr '\n' ' ')"; fi
+done
+
+# bench io --create over a node: refused, never opened as a model
+mkfifo "$T/cfifo"
+expect_rc 2 "FIFO" "bench io --create over a FIFO" "$E" bench io "$T/cfifo" --create 1G
+[ -p "$T/cfifo" ] && ok || bad "--create replaced the FIFO"
+
+if [ $root = 1 ]; then
+    # in a shared sticky folder (/tmp's rules): a file planted by another
+    # user gives nothing (the output is root's, by root's umask), a FIFO or
+    # device of another user's is not written; root's own file keeps its
+    # mode and group
+    K="$T/sticky"; mkdir "$K"; chmod 1777 "$K"
+    touch "$K/planted"; chmod 666 "$K/planted"; chown nobody "$K/planted"
+    ( umask 077; exec "$E" quantize "$T/in.f32" "$K/planted" >/dev/null 2>&1 ); rc=$?
+    if [ $rc = 0 ] && [ "$(stat -c '%U %a' "$K/planted")" = "root 600" ]; then ok; else
+        bad "a planted file's owner and mode passed on: $(stat -c '%U %a' "$K/planted")"; fi
+    ( umask 077; exec "$E" quantize "$T/in.f32" "$K/new" >/dev/null 2>&1 )
+    [ "$(stat -c %a "$K/new")" = 600 ] && ok || bad "a new name under umask 077: $(stat -c %a "$K/new")"
+    echo old > "$K/mine"; chgrp daemon "$K/mine"; chmod 640 "$K/mine"
+    "$E" quantize "$T/in.f32" "$K/mine" >/dev/null 2>&1
+    [ "$(stat -c '%U %G %a' "$K/mine")" = "root daemon 640" ] && ok || bad "root's file: $(stat -c '%U %G %a' "$K/mine")"
+    mkfifo "$K/fifo"; chown nobody "$K/fifo"
+    expect_rc 2 "sticky folder" "another user's FIFO in a sticky folder" "$E" quantize "$T/in.f32" "$K/fifo"
+    mknod "$K/null" c 1 3; chown nobody "$K/null"
+    expect_rc 2 "sticky folder" "another user's device in a sticky folder" "$E" quantize "$T/in.f32" "$K/null"
+    [ -p "$K/fifo" ] && [ -c "$K/null" ] && ok || bad "the sticky folder's nodes replaced"
+fi
+
 # the benchmarks' CSV files follow the rule too (refused before they run)
 for b in "bench_core --seconds 0.1 --csv" "bench_sessions $M --seconds 1 --csv" "bench_apply --model $M --tokens 1 --reps 1 --csv"; do
     [ -x "$BUILD/bench/${b%% *}" ] || { bad "${b%% *} not built"; continue; }
@@ -169,6 +257,16 @@ for b in "bench_core --seconds 0.1 --csv" "bench_sessions $M --seconds 1 --csv" 
     if [ $rc != 0 ] && grep -q "symbolic link" "$T/e" && [ "$(cat "$T/bvictim")" = victim ]; then ok; else
         bad "${b%% *} --csv at a symlink (rc $rc)"; fi
 done
+
+# the benchmarks' CSV never over their input; bench io's default corpus
+# (data/gpl3.tok, relative: a copy in a scratch folder) neither
+cp "$T/tok" "$T/btok"
+expect_rc 2 "same file" "bench_core --csv over --tokens" "$BUILD/bench/bench_core" --tokens "$T/btok" --csv "$T/btok"
+expect_rc 2 "same file" "bench_sessions --csv over MODEL" "$BUILD/bench/bench_sessions" "$M" --csv "$M"
+expect_rc 2 "same file" "bench_apply --csv over --model" "$BUILD/bench/bench_apply" --model "$M" --csv "$M"
+mkdir -p "$T/cwd/data" && cp "$T/tok" "$T/cwd/data/gpl3.tok"
+( cd "$T/cwd" && exec "$E" bench io "$M" --sections c --csv data/gpl3.tok ) >"$T/o" 2>"$T/e"; rc=$?
+if [ $rc = 2 ] && grep -q "same file" "$T/e" && cmp -s "$T/cwd/data/gpl3.tok" "$T/tok"; then ok; else bad "bench io --csv over the default corpus (rc $rc)"; fi
 
 # bench io: a bad --depths item is named whole (it was printed from freed
 # memory), --seconds and --sections are checked

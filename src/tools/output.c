@@ -1,15 +1,18 @@
 /*
  * output.c - the one writer behind every file engram writes (engram_tools.h,
- * RELIABILITY.md "Files").  A regular file or a new name is written under a
+ * RELIABILITY.md §8).  A regular file or a new name is written under a
  * fresh temporary in the same folder, created exclusively and never
  * through a link, and renamed over the name only when all of it is on
  * disk; a character device or a FIFO is written in place; a symbolic link,
  * a folder, a block device or a socket is refused before anything is
- * written.
+ * written.  Every step after the folder is opened is relative to its
+ * descriptor (fstatat, openat, renameat, unlinkat), so the temporary and
+ * the name are in one folder whatever is done to the path meanwhile.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,30 +26,90 @@
 #include "engram_tools.h"
 
 #define TMP_TRIES 64
+#define LIVE_SLOTS 16
 
-/* What may be written at path, from its lstat; 0 or -errno with err set.
- * *exists: 0 (a new name), 1 (a regular file), 2 (written in place). */
-static int classify(const char *path, unsigned flags, struct stat *st, int *exists,
-                    engram_error *err)
+/* The outputs open now with a temporary, for engram_output_abandon_all
+ * (a signal handler): a slot holds the output while its temporary exists. */
+static _Atomic(engram_output *) live[LIVE_SLOTS];
+
+static void live_add(engram_output *o)
+{
+    for (int i = 0; i < LIVE_SLOTS; i++) {
+        engram_output *none = NULL;
+        if (atomic_compare_exchange_strong(&live[i], &none, o))
+            return;
+    }
+    /* more than 16 at once: this one is not removed by a signal */
+}
+
+static void live_remove(engram_output *o)
+{
+    for (int i = 0; i < LIVE_SLOTS; i++) {
+        engram_output *mine = o;
+        if (atomic_compare_exchange_strong(&live[i], &mine, NULL))
+            return;
+    }
+}
+
+void engram_output_abandon_all(void)
+{
+    for (int i = 0; i < LIVE_SLOTS; i++) {
+        engram_output *o = atomic_exchange(&live[i], NULL);
+        if (o && o->tmp && o->dir >= 0) {
+            const char *slash = strrchr(o->tmp, '/');
+            (void)unlinkat(o->dir, slash ? slash + 1 : o->tmp, 0);
+        }
+    }
+}
+
+/* The folder of path (opened; links in it followed, as by every tool) and
+ * its last name; 0 or -errno with err set. */
+static int open_folder(const char *path, int *dir, const char **base, engram_error *err)
 {
     if (!path || !*path)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "an output needs a name");
-    if (lstat(path, st) < 0) {
+    const char *slash = strrchr(path, '/');
+    const char *name = slash ? slash + 1 : path;
+    if (!*name || !strcmp(name, ".") || !strcmp(name, ".."))
+        return err_set(err, -EISDIR, ENGRAM_NO_OFFSET, "'%s' names a folder, not a file", path);
+    char *folder = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    if (!folder)
+        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+    int fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int e = errno;
+    free(folder);
+    if (fd < 0)
+        return err_set(err, -e, ENGRAM_NO_OFFSET, "cannot write '%s': %s", path,
+                       engram_strerror(-e));
+    *dir = fd;
+    *base = name;
+    return 0;
+}
+
+/* What may be written at path, from fstatat in its folder (the last name
+ * not followed); 0 or -errno with err set.  *exists: 0 (a new name), 1 (a
+ * regular file), 2 (written in place). */
+static int classify(int dir, const char *base, const char *path, unsigned flags, struct stat *st,
+                    int *exists, engram_error *err)
+{
+    if (fstatat(dir, base, st, AT_SYMLINK_NOFOLLOW) < 0) {
         if (errno != ENOENT)
             return err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot write '%s': %s", path,
                            engram_strerror(-errno));
         *exists = 0;
         return 0;
     }
-    const char *kind = S_ISLNK(st->st_mode)    ? "a symbolic link"
-                       : S_ISDIR(st->st_mode)  ? "a directory"
+    if (S_ISLNK(st->st_mode)) {
+        int std = !strncmp(path, "/dev/std", 8) || !strncmp(path, "/proc/self/fd/", 14) ||
+                  !strncmp(path, "/dev/fd/", 8);
+        return err_set(err, -ELOOP, ENGRAM_NO_OFFSET,
+                       "'%s' is a symbolic link: outputs are never written through a link (%s)",
+                       path, std ? "'-' is the standard output" : "name its target");
+    }
+    const char *kind = S_ISDIR(st->st_mode)    ? "a directory"
                        : S_ISBLK(st->st_mode)  ? "a block device"
                        : S_ISSOCK(st->st_mode) ? "a socket"
                                                : NULL;
-    if (S_ISLNK(st->st_mode))
-        return err_set(err, -ELOOP, ENGRAM_NO_OFFSET,
-                       "'%s' is a symbolic link: outputs are never written through a "
-                       "link (name its target)", path);
     if (kind)
         return err_set(err, S_ISDIR(st->st_mode) ? -EISDIR : -ENOTSUP, ENGRAM_NO_OFFSET,
                        "'%s' is %s: not an output engram writes", path, kind);
@@ -54,22 +117,37 @@ static int classify(const char *path, unsigned flags, struct stat *st, int *exis
         *exists = 1;
         return 0;
     }
-    if ((S_ISCHR(st->st_mode) || S_ISFIFO(st->st_mode)) && !(flags & ENGRAM_OUTPUT_SEEKABLE)) {
-        *exists = 2;
-        return 0;
-    }
-    return err_set(err, -ENOTSUP, ENGRAM_NO_OFFSET,
-                   "'%s' is %s: this output is written at offsets, so it must be a regular "
-                   "file or a new name", path,
-                   S_ISCHR(st->st_mode) ? "a character device" : S_ISFIFO(st->st_mode)
-                                                                   ? "a FIFO" : "not a file");
+    if (!S_ISCHR(st->st_mode) && !S_ISFIFO(st->st_mode))
+        return err_set(err, -ENOTSUP, ENGRAM_NO_OFFSET, "'%s' is not a file engram writes", path);
+    const char *what = S_ISCHR(st->st_mode) ? "a character device" : "a FIFO";
+    if (flags & ENGRAM_OUTPUT_SEEKABLE)
+        return err_set(err, -ENOTSUP, ENGRAM_NO_OFFSET,
+                       "'%s' is %s: this output is written at offsets, so it must be a "
+                       "regular file or a new name", path, what);
+    /* a node someone else put in a shared sticky folder (/tmp) is not
+     * written: the kernel's protected_fifos rule, for devices too */
+    struct stat ds;
+    if (fstat(dir, &ds) == 0 && (ds.st_mode & S_ISVTX) && (ds.st_mode & S_IWOTH) &&
+        st->st_uid != geteuid() && st->st_uid != ds.st_uid)
+        return err_set(err, -EACCES, ENGRAM_NO_OFFSET,
+                       "'%s' is %s of user %u in a shared sticky folder: not written",
+                       path, what, (unsigned)st->st_uid);
+    *exists = 2;
+    return 0;
 }
 
 int engram_output_check(const char *path, unsigned flags, engram_error *err)
 {
+    int dir;
+    const char *base;
+    int rc = open_folder(path, &dir, &base, err);
+    if (rc < 0)
+        return rc;
     struct stat st;
     int exists;
-    return classify(path, flags, &st, &exists, err);
+    rc = classify(dir, base, path, flags, &st, &exists, err);
+    close(dir);
+    return rc;
 }
 
 /* 12 letters that no one can guess: getrandom, or (where the kernel has
@@ -93,18 +171,18 @@ static void random_name(char *out)
     out[sizeof b] = '\0';
 }
 
-/* A new file under a fresh name in path's folder: PATH.tmp.XXXXXXXXXXXX,
- * or FOLDER/.engram.tmp.XXXXXXXXXXXX when the name would be too long. */
-static int create_temp(engram_output *o, engram_error *err)
+/* A new file under a fresh name in the folder: BASE.tmp.XXXXXXXXXXXX, or
+ * .engram.tmp.XXXXXXXXXXXX when that name is too long.  mode: as open(2)'s
+ * (the umask applies). */
+static int create_temp(engram_output *o, const char *base, mode_t mode, engram_error *err)
 {
-    size_t plen = strlen(o->path);
-    const char *slash = strrchr(o->path, '/');
-    size_t dlen = slash ? (size_t)(slash - o->path) + 1 : 0;
-    int short_form = plen - dlen + 17 > NAME_MAX;
+    size_t plen = strlen(o->path), blen = strlen(base), dlen = plen - blen;
+    int short_form = blen + 17 > NAME_MAX;
     size_t cap = plen + 32;
     o->tmp = malloc(cap);
     if (!o->tmp)
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+    int e = EEXIST;
     for (int i = 0; i < TMP_TRIES; i++) {
         char r[13];
         random_name(r);
@@ -112,69 +190,89 @@ static int create_temp(engram_output *o, engram_error *err)
             snprintf(o->tmp, cap, "%.*s.engram.tmp.%s", (int)dlen, o->path, r);
         else
             snprintf(o->tmp, cap, "%s.tmp.%s", o->path, r);
-        /* 0666 less the umask, as for any new file; a replaced file keeps
-         * its mode (engram_output_open) */
-        o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        o->fd = openat(o->dir, o->tmp + dlen, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                       mode);
         if (o->fd >= 0)
             return 0;
-        if (errno != EEXIST)
+        e = errno;
+        if (e == ENAMETOOLONG && !short_form) {
+            short_form = 1; /* a filesystem with shorter names */
+            continue;
+        }
+        if (e != EEXIST)
             break;
     }
-    int rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot write '%s': %s (creating a temporary "
-                     "beside it)", o->path, engram_strerror(-errno));
+    int rc = err_set(err, -e, ENGRAM_NO_OFFSET, "cannot write '%s': %s (creating a temporary "
+                     "beside it)", o->path, engram_strerror(-e));
     free(o->tmp);
     o->tmp = NULL;
     return rc;
 }
 
-int engram_output_open(engram_output *o, const char *path, unsigned flags, engram_error *err)
+/* engram_output_open into *o, not yet known to engram_output_abandon_all. */
+static int open_output(engram_output *o, const char *path, unsigned flags, engram_error *err)
 {
-    if (!o)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
-    struct stat st;
-    int exists;
-    int rc = classify(path, flags, &st, &exists, err);
+    engram_output n = {.fd = -1, .dir = -1, .path = path, .mode = -1, .gid = -1};
+    const char *base;
+    int rc = open_folder(path, &n.dir, &base, err);
     if (rc < 0)
         return rc;
-    engram_output n = {.fd = -1, .path = path};
+    struct stat st;
+    int exists;
+    rc = classify(n.dir, base, path, flags, &st, &exists, err);
+    if (rc < 0) {
+        close(n.dir);
+        return rc;
+    }
     if (exists == 2) {
         /* in place: no O_CREAT (a node that vanished is not made a file),
          * no link followed; a FIFO waits here for its reader */
         do
-            n.fd = open(path, O_WRONLY | O_NOCTTY | O_NOFOLLOW | O_CLOEXEC);
+            n.fd = openat(n.dir, base, O_WRONLY | O_NOCTTY | O_NOFOLLOW | O_CLOEXEC);
         while (n.fd < 0 && errno == EINTR);
+        int e = errno;
+        close(n.dir);
         if (n.fd < 0)
-            return err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot write '%s': %s", path,
-                           engram_strerror(-errno));
+            return err_set(err, -e, ENGRAM_NO_OFFSET, "cannot write '%s': %s", path,
+                           engram_strerror(-e));
         struct stat now;
         if (fstat(n.fd, &now) < 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
             close(n.fd);
             return err_set(err, -EAGAIN, ENGRAM_NO_OFFSET, "'%s' changed while it was opened",
                            path);
         }
+        n.dir = -1;
         n.in_place = 1;
         *o = n;
         return 0;
     }
-    rc = create_temp(&n, err);
-    if (rc < 0)
+    /* A file of ours that is replaced keeps its mode and group: the
+     * temporary is 0600 until close gives them, so no one can open it
+     * meanwhile under wider rights than the old file had.  A file of
+     * someone else's (one planted where we write) gives nothing: the
+     * output is a new file of ours, 0666 less the umask. */
+    int keep = exists == 1 && st.st_uid == geteuid();
+    rc = create_temp(&n, base, keep ? 0600 : 0666, err);
+    if (rc < 0) {
+        close(n.dir);
         return rc;
-    if (exists == 1) {
-        /* a replaced file keeps its permissions and, where we may, its owner */
-        if (fchown(n.fd, st.st_uid, st.st_gid) < 0) {
-            /* not ours to give away: the file becomes ours, as with cp */
-        }
-        if (fchmod(n.fd, st.st_mode & 0777) < 0) {
-            rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot set the mode of '%s': %s", n.tmp,
-                         engram_strerror(-errno));
-            close(n.fd);
-            unlink(n.tmp);
-            free(n.tmp);
-            return rc;
-        }
+    }
+    if (keep) {
+        n.mode = (int)(st.st_mode & 0777);
+        n.gid = (int)st.st_gid;
     }
     *o = n;
     return 0;
+}
+
+int engram_output_open(engram_output *o, const char *path, unsigned flags, engram_error *err)
+{
+    if (!o)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    int rc = open_output(o, path, flags, err);
+    if (rc == 0 && !o->in_place)
+        live_add(o);
+    return rc;
 }
 
 int engram_output_close(engram_output *o, int ok, engram_error *err)
@@ -189,9 +287,22 @@ int engram_output_close(engram_output *o, int ok, engram_error *err)
         o->fd = -1;
         return rc;
     }
+    live_remove(o);
+    const char *tbase = strrchr(o->tmp, '/') ? strrchr(o->tmp, '/') + 1 : o->tmp;
+    const char *base = strrchr(o->path, '/') ? strrchr(o->path, '/') + 1 : o->path;
+    if (ok) {
+        int mode = o->mode;
+        /* the old group where we may give it; else no rights for group and
+         * others (they were the old group's) */
+        if (o->gid >= 0 && fchown(o->fd, (uid_t)-1, (gid_t)o->gid) < 0)
+            mode &= 0700;
+        if (mode >= 0 && fchmod(o->fd, (mode_t)mode) < 0)
+            rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot set the mode of '%s': %s",
+                         o->tmp, engram_strerror(-errno));
+    }
     /* on disk before it is renamed into place: a crash leaves the old file
      * or the new one, never a truncated new one */
-    if (ok && fsync(o->fd) < 0)
+    if (ok && rc == 0 && fsync(o->fd) < 0)
         rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot write '%s': %s", o->tmp,
                      engram_strerror(-errno));
     if (close(o->fd) < 0 && ok && rc == 0)
@@ -199,22 +310,24 @@ int engram_output_close(engram_output *o, int ok, engram_error *err)
                      engram_strerror(-errno));
     o->fd = -1;
     if (ok && rc == 0) {
-        /* what stands at the name now must still be what open saw a kind
-         * of: a link or a node put there since is not replaced */
+        /* what stands at the name now must still be a kind open accepted:
+         * a link or node put there since is not replaced */
         struct stat st;
         int exists;
         engram_error e2 = {0};
-        rc = classify(o->path, ENGRAM_OUTPUT_SEEKABLE, &st, &exists, &e2);
+        rc = classify(o->dir, base, o->path, ENGRAM_OUTPUT_SEEKABLE, &st, &exists, &e2);
         if (rc < 0)
             err_set(err, rc, ENGRAM_NO_OFFSET, "%s (it changed while it was written)", e2.msg);
-        else if (rename(o->tmp, o->path) < 0)
+        else if (renameat(o->dir, tbase, o->dir, base) < 0)
             rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot rename '%s' to '%s': %s", o->tmp,
                          o->path, engram_strerror(-errno));
     }
     if (ok && rc == 0)
-        engram_sync_dir_of(o->path);
+        (void)fsync(o->dir); /* the new name survives a power cut too (best effort) */
     else
-        unlink(o->tmp);
+        (void)unlinkat(o->dir, tbase, 0);
+    close(o->dir);
+    o->dir = -1;
     free(o->tmp);
     o->tmp = NULL;
     return rc;
@@ -263,7 +376,7 @@ int engram_output_fopen(engram_output *o, const char *path, unsigned flags, FILE
     if (!o || !f)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
     engram_output n;
-    int rc = engram_output_open(&n, path, flags, err);
+    int rc = open_output(&n, path, flags, err);
     if (rc < 0)
         return rc;
     /* the stream has a descriptor of its own, so that fclose and
@@ -280,6 +393,8 @@ int engram_output_fopen(engram_output *o, const char *path, unsigned flags, FILE
     }
     *o = n;
     *f = s;
+    if (!o->in_place)
+        live_add(o);
     return 0;
 }
 
