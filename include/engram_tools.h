@@ -181,7 +181,7 @@ void engram_sync_dir_of(const char *path);
  *   - a character device or a FIFO: opened in place (no O_CREAT, no link
  *     followed; a FIFO blocks until a reader opens it), written through,
  *     never replaced; one of another user's in a shared sticky folder
- *     (/tmp) is refused with -EACCES (the kernel's protected_fifos rule);
+ *     (/tmp) is refused with -EPERM (the kernel's protected_fifos rule);
  *     ENGRAM_OUTPUT_SEEKABLE (an output written at offsets, as a model is)
  *     refuses them with -ENOTSUP;
  *   - a symbolic link: refused with -ELOOP (name its target); a folder, or
@@ -201,6 +201,7 @@ typedef struct engram_output {
     const char *path;  /* the caller's; must outlive the output            */
     int dir;           /* owned: the folder (-1 when in place)             */
     int mode, gid;     /* given at close (-1: as created)                  */
+    int slot;          /* engram_output_abandon_all's record (-1: none)    */
 } engram_output;
 
 /* Whether path may be written under the rule above, with nothing opened:

@@ -574,10 +574,11 @@ int parse_history(const char *s, engram_history *h)
  * (fd 1 then goes to the standard error, for the report); -1 before. */
 static int stdout_data = -1;
 
-/* -ELOOP, -EISDIR, -ENOTSUP, -EACCES: a kind of path refused (usage). */
+/* -ELOOP, -EISDIR, -ENOTSUP, -EPERM (another user's node in a sticky
+ * folder): a kind of path refused (usage); the rest are system errors. */
 static int refused_kind(int rc)
 {
-    return rc == -ELOOP || rc == -EISDIR || rc == -ENOTSUP || rc == -EACCES;
+    return rc == -ELOOP || rc == -EISDIR || rc == -ENOTSUP || rc == -EPERM;
 }
 
 int fout_check(const char *path, unsigned flags)

@@ -720,7 +720,7 @@ static const char *version_help =
     "usage: engram version   (or engram --version)\n"
     "Prints \"engram VERSION\": the library's engram_version().\n";
 
-/* SIGINT, SIGTERM, SIGHUP: the outputs' temporaries removed, then the
+/* SIGINT, SIGTERM, SIGHUP, SIGPIPE: the outputs' temporaries removed, then the
  * signal's default action (SA_RESETHAND), so the caller sees the signal. */
 static void on_fatal_signal(int sig)
 {
@@ -744,7 +744,7 @@ int main(int argc, char **argv)
     /* an interrupted command leaves no temporary behind */
     /* (a signal the caller ignores, as a shell does SIGINT for a
      * background job, stays ignored) */
-    static const int fatal[] = {SIGINT, SIGTERM, SIGHUP};
+    static const int fatal[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
     for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++) {
         struct sigaction old, sa;
         memset(&sa, 0, sizeof sa);

@@ -222,6 +222,22 @@ os.execv(sys.argv[1], sys.argv[1:])' "$E" build "$I/big.gguf" --base 400000 --wi
     if [ $rc -gt 128 ] && [ -z "$(ls -A "$I")" ]; then ok; else bad "SIG$sig: rc $rc, left: $(ls -A "$I" | tr '\n' ' ')"; fi
 done
 
+# ... and while the output is being finished (fsync made slow by the
+# preload), and on SIGPIPE (an output to a closed pipe beside a file)
+F="$T/intfsync"; mkdir "$F"
+PRELOAD_FSYNC_SLEEP_MS=3000 /usr/bin/python3 -c 'import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.environ["LD_PRELOAD"] = sys.argv[1]
+os.environ["ASAN_OPTIONS"] = os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0"
+os.execv(sys.argv[2], sys.argv[2:])' "$PRE" "$E" quantize "$T/in.f32" "$F/out" >/dev/null 2>&1 &
+pid=$!
+k=0; while [ -z "$(ls -A "$F")" ] && [ $k -lt 300 ]; do sleep 0.01; k=$((k + 1)); done
+sleep 0.3; kill -INT $pid; wait $pid 2>/dev/null; rc=$?
+if [ $rc -gt 128 ] && [ -z "$(ls -A "$F")" ]; then ok; else bad "SIGINT in fsync: rc $rc, left: $(ls -A "$F" | tr '\n' ' ')"; fi
+G="$T/pipe"; mkdir "$G"
+"$E" apply "$M" --layer 1 --tokens "$T/tok" --residual-in seed:3 --residual-out - --kv-out "$G/kv" 2>/dev/null | head -c 10 >/dev/null
+[ -z "$(ls -A "$G")" ] && ok || bad "SIGPIPE: left $(ls -A "$G" | tr '\n' ' ')"
+
 # bench io --create over a node: refused, never opened as a model
 mkfifo "$T/cfifo"
 expect_rc 2 "FIFO" "bench io --create over a FIFO" "$E" bench io "$T/cfifo" --create 1G

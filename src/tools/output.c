@@ -28,37 +28,50 @@
 #define TMP_TRIES 64
 #define LIVE_SLOTS 16
 
-/* The outputs open now with a temporary, for engram_output_abandon_all
- * (a signal handler): a slot holds the output while its temporary exists. */
-static _Atomic(engram_output *) live[LIVE_SLOTS];
+/* The temporaries that exist now, for engram_output_abandon_all (a signal
+ * handler): copies (the folder's descriptor, the temporary's name), not
+ * pointers, so a close in another thread frees nothing the handler reads.
+ * A slot is free (0), being filled (1), live (2) or taken by the handler
+ * (3). */
+static _Atomic int slot_state[LIVE_SLOTS];
+static int slot_dir[LIVE_SLOTS];
+static char slot_name[LIVE_SLOTS][NAME_MAX + 1];
 
 static void live_add(engram_output *o)
 {
+    const char *slash = strrchr(o->tmp, '/');
+    const char *name = slash ? slash + 1 : o->tmp;
+    o->slot = -1;
+    if (strlen(name) > NAME_MAX)
+        return;
     for (int i = 0; i < LIVE_SLOTS; i++) {
-        engram_output *none = NULL;
-        if (atomic_compare_exchange_strong(&live[i], &none, o))
+        int free_ = 0;
+        if (atomic_compare_exchange_strong(&slot_state[i], &free_, 1)) {
+            slot_dir[i] = o->dir;
+            strcpy(slot_name[i], name);
+            atomic_store(&slot_state[i], 2);
+            o->slot = i;
             return;
+        }
     }
     /* more than 16 at once: this one is not removed by a signal */
 }
 
 static void live_remove(engram_output *o)
 {
-    for (int i = 0; i < LIVE_SLOTS; i++) {
-        engram_output *mine = o;
-        if (atomic_compare_exchange_strong(&live[i], &mine, NULL))
-            return;
+    if (o->slot >= 0) {
+        int live = 2;
+        atomic_compare_exchange_strong(&slot_state[o->slot], &live, 0);
+        o->slot = -1;
     }
 }
 
 void engram_output_abandon_all(void)
 {
     for (int i = 0; i < LIVE_SLOTS; i++) {
-        engram_output *o = atomic_exchange(&live[i], NULL);
-        if (o && o->tmp && o->dir >= 0) {
-            const char *slash = strrchr(o->tmp, '/');
-            (void)unlinkat(o->dir, slash ? slash + 1 : o->tmp, 0);
-        }
+        int live = 2;
+        if (atomic_compare_exchange_strong(&slot_state[i], &live, 3))
+            (void)unlinkat(slot_dir[i], slot_name[i], 0);
     }
 }
 
@@ -75,7 +88,9 @@ static int open_folder(const char *path, int *dir, const char **base, engram_err
     char *folder = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
     if (!folder)
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
-    int fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    /* O_PATH: a folder we may write but not read is still one we can
+     * create, rename and remove names in */
+    int fd = open(folder, O_PATH | O_DIRECTORY | O_CLOEXEC);
     int e = errno;
     free(folder);
     if (fd < 0)
@@ -129,7 +144,7 @@ static int classify(int dir, const char *base, const char *path, unsigned flags,
     struct stat ds;
     if (fstat(dir, &ds) == 0 && (ds.st_mode & S_ISVTX) && (ds.st_mode & S_IWOTH) &&
         st->st_uid != geteuid() && st->st_uid != ds.st_uid)
-        return err_set(err, -EACCES, ENGRAM_NO_OFFSET,
+        return err_set(err, -EPERM, ENGRAM_NO_OFFSET,
                        "'%s' is %s of user %u in a shared sticky folder: not written",
                        path, what, (unsigned)st->st_uid);
     *exists = 2;
@@ -212,7 +227,7 @@ static int create_temp(engram_output *o, const char *base, mode_t mode, engram_e
 /* engram_output_open into *o, not yet known to engram_output_abandon_all. */
 static int open_output(engram_output *o, const char *path, unsigned flags, engram_error *err)
 {
-    engram_output n = {.fd = -1, .dir = -1, .path = path, .mode = -1, .gid = -1};
+    engram_output n = {.fd = -1, .dir = -1, .path = path, .mode = -1, .gid = -1, .slot = -1};
     const char *base;
     int rc = open_folder(path, &n.dir, &base, err);
     if (rc < 0)
@@ -287,7 +302,6 @@ int engram_output_close(engram_output *o, int ok, engram_error *err)
         o->fd = -1;
         return rc;
     }
-    live_remove(o);
     const char *tbase = strrchr(o->tmp, '/') ? strrchr(o->tmp, '/') + 1 : o->tmp;
     const char *base = strrchr(o->path, '/') ? strrchr(o->path, '/') + 1 : o->path;
     if (ok) {
@@ -315,17 +329,29 @@ int engram_output_close(engram_output *o, int ok, engram_error *err)
         struct stat st;
         int exists;
         engram_error e2 = {0};
-        rc = classify(o->dir, base, o->path, ENGRAM_OUTPUT_SEEKABLE, &st, &exists, &e2);
+        rc = classify(o->dir, base, o->path, 0, &st, &exists, &e2);
         if (rc < 0)
             err_set(err, rc, ENGRAM_NO_OFFSET, "%s (it changed while it was written)", e2.msg);
+        else if (exists == 2)
+            rc = err_set(err, -EEXIST, ENGRAM_NO_OFFSET, "a %s now stands at '%s': not replaced",
+                         S_ISFIFO(st.st_mode) ? "FIFO" : "device", o->path);
         else if (renameat(o->dir, tbase, o->dir, base) < 0)
             rc = err_set(err, -errno, ENGRAM_NO_OFFSET, "cannot rename '%s' to '%s': %s", o->tmp,
                          o->path, engram_strerror(-errno));
     }
-    if (ok && rc == 0)
-        (void)fsync(o->dir); /* the new name survives a power cut too (best effort) */
-    else
+    if (ok && rc == 0) {
+        /* the new name survives a power cut too (best effort: a folder we
+         * cannot read is not synced) */
+        int sd = openat(o->dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (sd >= 0) {
+            (void)fsync(sd);
+            close(sd);
+        }
+    } else {
         (void)unlinkat(o->dir, tbase, 0);
+    }
+    /* only now: a signal until here still finds the temporary to remove */
+    live_remove(o);
     close(o->dir);
     o->dir = -1;
     free(o->tmp);
