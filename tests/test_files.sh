@@ -263,6 +263,16 @@ if [ $root = 1 ]; then
     mknod "$K/null" c 1 3; chown nobody "$K/null"
     expect_rc 2 "sticky folder" "another user's device in a sticky folder" "$E" quantize "$T/in.f32" "$K/null"
     [ -p "$K/fifo" ] && [ -c "$K/null" ] && ok || bad "the sticky folder's nodes replaced"
+    # a folder its user may write but not read (0300) takes an output
+    if command -v su >/dev/null && su -s /bin/sh nobody -c "test -x '$E'" 2>/dev/null; then
+        chmod 711 "$T"; chmod 644 "$T/in.f32"
+        Wo="$T/wonly"; mkdir "$Wo"; chown nobody "$Wo"; chmod 300 "$Wo"
+        su -s /bin/sh nobody -c "'$E' quantize '$T/in.f32' '$Wo/out'" >/dev/null 2>"$T/e"; rc=$?
+        if [ $rc = 0 ] && cmp -s "$Wo/out" "$T/quantize/ref"; then ok; else bad "a write-only folder (rc $rc)"; cat "$T/e" >&2; fi
+        chmod 700 "$T"
+    else
+        echo "test_files.sh: nobody cannot run $E: the write-only folder case is skipped" >&2
+    fi
 fi
 
 # the benchmarks' CSV files follow the rule too (refused before they run)
