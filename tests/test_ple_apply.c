@@ -5,7 +5,9 @@
  * U(-0.5, 0.5), residuals BF16 values of N(0, 2)):
  *  - every kernel (scalar reference, AVX2, AVX-512) gives the same bits of
  *    residual and state, for every weight type, at widths that fill whole
- *    panels (64) and that leave partial ones, with F32 and BF16 residuals;
+ *    panels (64) and that leave partial ones, and at the real W = 2560,
+ *    with F32 and BF16 residuals, in blocks of one tile of tokens and of
+ *    more (the SIMD projections widen 16-bit weights once per block then);
  *  - batch invariance: one call, one call per position, random cuts with
  *    the state carried, any block size and any number of threads give the
  *    same bits of residual and state;
@@ -220,11 +222,13 @@ static const engram_simd all_simd[3] = {ENGRAM_SIMD_SCALAR, ENGRAM_SIMD_AVX2, EN
  * and at widths with whole and partial panels. */
 static void test_kernels(void)
 {
-    static const uint32_t widths[] = {64, 20, 37, 3};
+    static const uint32_t widths[] = {64, 20, 37, 3, 2560};
     static const uint32_t types[3][2] = {{GGML_BF16, GGML_BF16}, {GGML_F16, GGML_BF16}, {GGML_F32, GGML_F16}};
     int ran = 0;
     for (unsigned wi = 0; wi < sizeof widths / sizeof *widths; wi++)
         for (unsigned ti = 0; ti < 3; ti++) {
+            if (widths[wi] == 2560 && ti > 0)
+                continue; /* the real shape: BF16 weights, as the checkpoint holds them */
             struct model m;
             model_make(&m, widths[wi], types[ti][0], types[ti][1], 100 + wi * 3 + ti);
             struct ple_layer *L = layer_of(&m);
@@ -233,22 +237,24 @@ static void test_kernels(void)
                 continue;
             }
             struct seq q;
-            seq_make(&q, L, 23, 7 + wi, 0);
+            seq_make(&q, L, widths[wi] == 2560 ? 11 : 23, 7 + wi, 0);
             size_t xb = q.n * q.C * sizeof(float), sb = q.F * q.C * sizeof(float);
             float *x0 = malloc(xb), *s0 = malloc(sb), *x1 = malloc(xb), *s1 = malloc(sb);
             struct ple_apply_opts o = {1, ENGRAM_SIMD_SCALAR, 8};
             CHECK_EQ(run_once(L, &o, &q, x0, s0), 0);
-            for (int k = 1; k < 3; k++) {
-                if (!ple_kernels_for(all_simd[k]))
-                    continue;
-                o.simd = all_simd[k];
-                CHECK_EQ(run_once(L, &o, &q, x1, s1), 0);
-                CHECK(same(x0, x1, xb) && same(s0, s1, sb));
-                if (!same(x0, x1, xb) || !same(s0, s1, sb))
-                    fprintf(stderr, "  kernels %s differ from scalar at W %u, types %u/%u\n",
-                            engram_simd_name(all_simd[k]), widths[wi], types[ti][0], types[ti][1]);
-                ran++;
-            }
+            for (int k = 1; k < 3; k++)
+                for (unsigned block = 4; block <= 64; block *= 16) { /* 1 tile; 4 */
+                    if (!ple_kernels_for(all_simd[k]))
+                        continue;
+                    o.simd = all_simd[k];
+                    o.block_tokens = block;
+                    CHECK_EQ(run_once(L, &o, &q, x1, s1), 0);
+                    CHECK(same(x0, x1, xb) && same(s0, s1, sb));
+                    if (!same(x0, x1, xb) || !same(s0, s1, sb))
+                        fprintf(stderr, "  kernels %s differ from scalar at W %u, types %u/%u, block %u\n",
+                                engram_simd_name(all_simd[k]), widths[wi], types[ti][0], types[ti][1], block);
+                    ran++;
+                }
             free(x0), free(s0), free(x1), free(s1);
             seq_free(&q);
             ple_layer_free(L);

@@ -42,6 +42,7 @@ struct ple_applier {
     float *out;            /* [tb][C] outputs by position                   */
     float *win;            /* [F + tb][C] frames                            */
     float *scratch;        /* [threads][2C] per worker                      */
+    float *wbuf;           /* [threads][PLE_WBUF] per worker                */
     float *alpha;          /* [tb][4] by position                           */
     const float **e;       /* [tb] the unmasked tokens' rows                */
     int *slot;             /* [tb] position -> its row in kv, or -1 (masked) */
@@ -172,7 +173,7 @@ static void work(void *arg, unsigned w)
     case PH_PROJECT:
         share(L->panels, w, a->workers, &lo, &hi);
         if (lo < hi)
-            a->k->project(L, a->e, a->nt, a->kv, L->N, lo, hi);
+            a->k->project(L, a->e, a->nt, a->kv, L->N, lo, hi, a->wbuf + (size_t)w * PLE_WBUF);
         break;
     case PH_GATE:
         share(a->np, w, a->workers, &lo, &hi);
@@ -218,6 +219,7 @@ void ple_applier_free(struct ple_applier *a)
     free(a->out);
     free(a->win);
     free(a->scratch);
+    free(a->wbuf);
     free(a->alpha);
     free(a->e);
     free(a->slot);
@@ -260,19 +262,20 @@ int ple_applier_new(const struct ple_layer *L, const struct ple_apply_opts *opts
     a->tb = tb;
     const size_t C = L->C;
     size_t floats = (size_t)tb * (PLE_K + L->N + C + PLE_STREAMS) + (L->frames + (size_t)tb) * C +
-                    (size_t)threads * 2 * C;
+                    (size_t)threads * (2 * C + PLE_WBUF);
     a->e32 = alloc64((size_t)tb * PLE_K * sizeof(float));
     a->kv = alloc64((size_t)tb * L->N * sizeof(float));
     a->out = alloc64((size_t)tb * C * sizeof(float));
     a->win = alloc64((L->frames + (size_t)tb) * C * sizeof(float));
     a->scratch = alloc64((size_t)threads * 2 * C * sizeof(float));
+    a->wbuf = alloc64((size_t)threads * PLE_WBUF * sizeof(float));
     a->alpha = malloc((size_t)tb * PLE_STREAMS * sizeof(float));
     a->e = malloc(tb * sizeof *a->e);
     a->slot = malloc(tb * sizeof *a->slot);
     a->tok = malloc(tb * sizeof *a->tok);
     a->ok = malloc(tb);
-    if (!a->e32 || !a->kv || !a->out || !a->win || !a->scratch || !a->alpha || !a->e || !a->slot ||
-        !a->tok || !a->ok) {
+    if (!a->e32 || !a->kv || !a->out || !a->win || !a->scratch || !a->wbuf || !a->alpha || !a->e ||
+        !a->slot || !a->tok || !a->ok) {
         ple_applier_free(a);
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for the workspace");
     }

@@ -25,8 +25,9 @@ static float weight_at(const struct ple_mat *m, size_t idx)
 /* p_o = fma(e[K-1], w[o][K-1], ... fma(e[0], w[o][0], +0)): one chain per
  * output, in input order. */
 static void scalar_project(const struct ple_layer *L, const float *const *e, unsigned nt, float *kv,
-                           size_t ld, unsigned p0, unsigned p1)
+                           size_t ld, unsigned p0, unsigned p1, float *wbuf)
 {
+    (void)wbuf;
     for (unsigned p = p0; p < p1; p++) {
         int val = p >= L->m[0].panels;
         const struct ple_mat *m = &L->m[val];

@@ -46,9 +46,13 @@ struct ple_layer {
 };
 
 /* Projection of nt tokens (nt >= 1; e[t] -> K F32 values) onto the outputs
- * of global panels [p0, p1): kv[t * ld + o]. */
+ * of global panels [p0, p1): kv[t * ld + o].  wbuf: PLE_WBUF floats of the
+ * calling worker's own, 64-byte aligned, where a kernel may widen a block
+ * of 16-bit weights to F32 once for many tokens (the same values: the bits
+ * do not change). */
+#define PLE_WBUF (PLE_KC * PLE_PANEL)
 typedef void (*ple_project_fn)(const struct ple_layer *L, const float *const *e, unsigned nt,
-                               float *kv, size_t ld, unsigned p0, unsigned p1);
+                               float *kv, size_t ld, unsigned p0, unsigned p1, float *wbuf);
 
 /* Step 2's reductions of one stream: out = {Skk, Sxx, D} (D from kh, qh
  * built with rk, rq computed inside from Skk and Sxx). */
