@@ -28,6 +28,7 @@
 #include <fcntl.h>
 #include <math.h>
 
+#include "alloc_shim.h"
 #include "testutil.h"
 #include "../src/format/gguf.h"
 #include "../src/format/ple_file.h"
@@ -312,6 +313,49 @@ static void test_invariance(void)
     seq_free(&q);
     ple_layer_free(L);
     model_free(&m);
+}
+
+/* Other numbers of taps (the file's conv_kernel): T = 2 keeps 3 frames,
+ * T = 1 none (the state may be NULL); invariance and kernels as for 4. */
+static void test_taps(void)
+{
+    for (uint32_t taps = 1; taps <= 2; taps++) {
+        struct model m;
+        model_make(&m, 20, GGML_BF16, GGML_BF16, 30 + taps);
+        m.w.kernel = taps;
+        struct ple_layer *L = layer_of(&m);
+        if (!L) {
+            model_free(&m);
+            continue;
+        }
+        CHECK_EQ(ple_state_floats(L), 3 * (taps - 1) * 80);
+        struct seq q;
+        seq_make(&q, L, 17, 40 + taps, 0);
+        size_t xb = q.n * q.C * 4, sb = q.F * q.C * 4 + 4;
+        float *x0 = malloc(xb), *s0 = malloc(sb), *x1 = malloc(xb), *s1 = malloc(sb);
+        struct ple_apply_opts o = {1, ENGRAM_SIMD_SCALAR, 0};
+        CHECK_EQ(run_once(L, &o, &q, x0, s0), 0);
+        size_t cuts[3] = {1, 5, 12};
+        for (int k = 0; k < 3; k++) {
+            o.simd = all_simd[k];
+            if (!ple_kernels_for(o.simd))
+                continue;
+            CHECK_EQ(run_cuts(L, &o, &q, cuts, 3, x1, s1), 0);
+            CHECK(same(x0, x1, xb) && same(s0, s1, sb - 4));
+        }
+        if (taps == 1) {
+            struct ple_applier *a = NULL;
+            CHECK_EQ(ple_applier_new(L, NULL, &a, NULL), 0);
+            memcpy(x1, q.x, xb);
+            CHECK_EQ(ple_apply(a, q.rows, x1, ENGRAM_F32, q.mask, q.n, NULL, NULL), 0);
+            CHECK(same(x0, x1, xb));
+            ple_applier_free(a);
+        }
+        free(x0), free(s0), free(x1), free(s1);
+        seq_free(&q);
+        ple_layer_free(L);
+        model_free(&m);
+    }
 }
 
 /* Masked positions: nothing of theirs is read or written; a zero frame
@@ -685,6 +729,39 @@ static void test_errors(void)
     model_free(&m);
 }
 
+/* The workspace is what the header says, whatever n; a call allocates
+ * nothing (counted in plain builds). */
+static void test_memory(void)
+{
+    struct model m;
+    const uint32_t W = 256;
+    model_make(&m, W, GGML_BF16, GGML_BF16, 19);
+    struct ple_layer *L = layer_of(&m);
+    if (!L)
+        return;
+    CHECK_EQ(ple_layer_bytes(L), sizeof *L + (size_t)(4 * W / 64 + W / 64) * 64 * K * 2 + 7 * 4 * (size_t)W * 4);
+    struct ple_apply_opts o = {2, ENGRAM_SIMD_AUTO, 16};
+    struct ple_applier *a = NULL;
+    CHECK_EQ(ple_applier_new(L, &o, &a, NULL), 0);
+    const uint64_t C = 4 * W, floats = 16 * (K + 5 * W + C + 4) + (9 + 16) * C + 2 * (2 * C + 16384);
+    uint64_t got = ple_applier_bytes(a);
+    CHECK(got >= floats * 4 && got <= floats * 4 + 16 * 32 + 4096);
+    struct seq q;
+    seq_make(&q, L, 40, 20, 0);
+    alloc_counted = 0;
+    alloc_counting = 1;
+    CHECK_EQ(ple_apply(a, q.rows, q.x, ENGRAM_F32, q.mask, q.n, q.state, NULL), 0);
+    alloc_counting = 0;
+    CHECK_EQ(alloc_counted, 0);
+    printf("memory: applier %llu bytes (W %u, 16 positions a block, 2 threads); %ld allocations in a call "
+           "of %zu positions%s\n", (unsigned long long)got, W, (long)alloc_counted, q.n,
+           SANITIZED ? " (not counted under a sanitizer)" : "");
+    seq_free(&q);
+    ple_applier_free(a);
+    ple_layer_free(L);
+    model_free(&m);
+}
+
 /* ------------------------------------------------ the reference case */
 
 static int write_file(const char *dir, const char *name, const void *p, size_t bytes)
@@ -755,11 +832,13 @@ int main(int argc, char **argv)
     printf("kernels: %s (auto)\n", ple_kernels_for(ENGRAM_SIMD_AUTO)->name);
     test_kernels();
     test_invariance();
+    test_taps();
     test_masked();
     test_sign_zero();
     test_bf16_residual();
     test_file();
     test_errors();
+    test_memory();
     tu_cleanup();
     return tu_finish("test_ple_apply");
 }

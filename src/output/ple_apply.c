@@ -349,7 +349,8 @@ int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engra
     a->rows = rows;
     a->res = residual;
     a->res_dtype = resid_dtype;
-    memcpy(a->win, state, F * C * sizeof(float));
+    if (F > 0)
+        memcpy(a->win, state, F * C * sizeof(float));
     for (size_t t0 = 0; t0 < n; t0 += a->np) {
         a->first = t0;
         a->np = n - t0 < a->tb ? (unsigned)(n - t0) : a->tb;
@@ -374,7 +375,8 @@ int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engra
         run_phase(a, PH_WRITE, bad);
         if (bad < a->np) {
             /* the state after the last token written: the F frames before it */
-            memcpy(state, a->win + (size_t)bad * C, F * C * sizeof(float));
+            if (F > 0)
+                memcpy(state, a->win + (size_t)bad * C, F * C * sizeof(float));
             return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
                            "token %zu: the projection, gate, frame or output is not finite (F32 "
                            "overflow); tokens before it were updated, it and later ones were not",
@@ -382,6 +384,7 @@ int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engra
         }
         memmove(a->win, a->win + (size_t)a->np * C, F * C * sizeof(float));
     }
-    memcpy(state, a->win, F * C * sizeof(float));
+    if (F > 0)
+        memcpy(state, a->win, F * C * sizeof(float));
     return 0;
 }

@@ -135,12 +135,12 @@ struct ple_apply_opts {
 };
 
 /* An applier: a layer, kernels, threads - 1 worker threads (256 KiB stacks)
- * and a workspace allocated once; one call at a time.  Workspace with B =
- * block_tokens: B x (K + 5W + 4W) floats of rows, projections and
- * convolution outputs, (B + F) x 4W floats of frames, threads x 4W x 2
- * floats of scratch (about 12 MB at W = 2560, B = 64, 2 threads), whatever
- * n a call is given.  -EINVAL (options, kernels this CPU lacks), -ENOMEM,
- * -EAGAIN. */
+ * and a workspace allocated once; one call at a time (a call allocates
+ * nothing).  Workspace with B = block_tokens: B x (K + 5W + 4W + 4) floats
+ * of rows, projections, outputs and gates, (B + F) x 4W floats of frames,
+ * threads x (2 x 4W + 16384) floats of scratch (9.8 MB at W = 2560, B = 64,
+ * 2 threads; ple_applier_bytes), whatever n a call is given.  -EINVAL
+ * (options, kernels this CPU lacks), -ENOMEM, -EAGAIN. */
 struct ple_applier;
 int ple_applier_new(const struct ple_layer *L, const struct ple_apply_opts *opts,
                     struct ple_applier **out, engram_error *err);
