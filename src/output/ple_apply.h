@@ -28,7 +28,8 @@
  *     v_i = p_i of W_v.  Nothing is rounded to BF16.  (A BF16 row value times
  *     a BF16 or F16 weight is exact in F32, so with 16-bit weights this is an
  *     F32 sum of exact products.)
- *  2. Gate, per stream j, c = jW + i:
+ *  2. Gate, per stream j, c = jW + i (both RMSNorms over one stream's W
+ *     values, gamma's piece j for stream j):
  *     Skk_j = Sum16 fma(k_c, k_c, .), Sxx_j = Sum16 fma(x_c, x_c, .);
  *     rk_j = r(Skk_j / W + eps), rq_j = r(Sxx_j / W + eps)   (W as F32);
  *     kh_i = (k_c * rk_j) * gamma_k[c], qh_i = (x_c * rq_j) * gamma_q[c];
@@ -42,8 +43,10 @@
  *  4. Convolution (causal, depthwise, dilation 3, no bias), frame t:
  *     a_c = fma(w[c][T-1], n_t,c, ... fma(w[c][1], n_t-3(T-2),c,
  *           fma(w[c][0], n_t-3(T-1),c, +0)))  (oldest tap first; the file's
- *     tap k multiplies the frame 3 (T - 1 - k) back, SPEC's c_t =
- *     sum_k w_k n_t-(3-k)3); frames before the call come from the state;
+ *     tap k multiplies the frame 3 (T - 1 - k) back: SPEC's c_t =
+ *     sum_k w_k n_t-(3-k)3, which is PyTorch's Conv1d weight [C][1][T] with
+ *     left padding 3 (T - 1), squeezed to [C][T] and so GGUF shape [T, C]);
+ *     frames before the call come from the state;
  *     y_c = a_c / (1 + expf(-a_c))  (SiLU).
  *  5. out_c = (x_c + g_c) + y_c.  An F32 residual keeps the F32 value (no
  *     rounding to BF16, unlike V4.1: llama.cpp keeps this layer in F32, and
@@ -83,7 +86,7 @@
 #define PLE_K (PLE_HEADS * PLE_ROW_VALUES)  /* 2560 inputs per token            */
 #define PLE_DILATION 3u                     /* frames between convolution taps  */
 #define PLE_MAX_KERNEL 16u                  /* as ple_file accepts              */
-#define PLE_APPLY_BLOCK 64u                 /* positions per block (default)    */
+#define PLE_APPLY_BLOCK 128u                /* positions per block (default)    */
 #define PLE_APPLY_MAX_THREADS 256u
 
 /* The weights as a file stores them, for ple_layer_new: key [4W][K] and
@@ -138,7 +141,7 @@ struct ple_apply_opts {
  * and a workspace allocated once; one call at a time (a call allocates
  * nothing).  Workspace with B = block_tokens: B x (K + 5W + 4W + 4) floats
  * of rows, projections, outputs and gates, (B + F) x 4W floats of frames,
- * threads x (2 x 4W + 16384) floats of scratch (9.8 MB at W = 2560, B = 64,
+ * threads x (2 x 4W + 16384) floats of scratch (19 MB at W = 2560, B = 128,
  * 2 threads; ple_applier_bytes), whatever n a call is given.  -EINVAL
  * (options, kernels this CPU lacks), -ENOMEM, -EAGAIN. */
 struct ple_applier;
