@@ -188,6 +188,9 @@ ALLOC_SHIM = tests/alloc_shim.c tests/alloc_shim.h
 $(BUILD)/tests/test_apply: tests/test_apply.c tests/testutil.h $(ALLOC_SHIM) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL)
+$(BUILD)/tests/test_ple_apply: tests/test_ple_apply.c tests/testutil.h $(ALLOC_SHIM) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL)
 
 # Fault injection (test builds only): the test_faults_* programs, one area
 # each (tests/faults.h), route the reader's engine constructors and the
