@@ -269,6 +269,53 @@ typedef struct engram_table_info {
     int has_projection;   /* this layer's engram_kv / q_norm / k_norm exist */
 } engram_table_info;
 
+/*
+ * The family.  engram serves the hashed n-gram memories of a family of
+ * models from one machinery; a model file says which member it is:
+ *   - ENGRAM_MEMBER_V41: DeepSeek V4.1 Engram (ds4 dialect, SPEC.md 3-9):
+ *     two tables of 264-byte E4M3 + E8M0 rows, 4-grams through a
+ *     compressed vocabulary, 24 rows per table and token, layers 1 and 14.
+ *     Every function of this header serves it; the ENGRAM_* constants
+ *     above are its numbers.
+ *   - ENGRAM_MEMBER_PLE: Qwen3.8's per-layer embedding (GGUF arch
+ *     qwen4exp, SPEC.md 10): one table of 320-byte BF16 rows, 3-grams of
+ *     raw ids, 16 rows per token, one layer.  Served so far (issue #22 in
+ *     progress): engram_model_open, _get_info, _read_raw/_f32/_bf16,
+ *     _dup_fd and engram_ple_hash; the reader, pools and layers refuse it
+ *     with -ENOTSUP naming the member.
+ * What differs between members is in engram_family (engram_model_info).
+ */
+typedef enum engram_member {
+    ENGRAM_MEMBER_V41 = 0,
+    ENGRAM_MEMBER_PLE = 1
+} engram_member;
+
+typedef enum engram_row_encoding {
+    ENGRAM_ROWS_E4M3_E8M0 = 0, /* 256 E4M3 values + 8 E8M0 block scales */
+    ENGRAM_ROWS_BF16 = 1       /* the values as BF16, nothing to decode  */
+} engram_row_encoding;
+
+typedef struct engram_family {
+    engram_member member;
+    const char *name;          /* "deepseek-v4.1-engram", "qwen3.8-ple"     */
+    uint32_t ngram;            /* order: 4 (V4.1), 3 (PLE)                  */
+    uint32_t heads;            /* heads per order: 8, 8                     */
+    uint32_t tables;           /* 2, 1                                      */
+    uint32_t rows_per_token;   /* per table: 24, 16                         */
+    uint32_t row_bytes;        /* 264, 320                                  */
+    uint32_t row_values;       /* 256, 160                                  */
+    engram_row_encoding encoding;
+    int raw_ids;               /* 0: hashed through the compressed vocabulary
+                                  (V4.1), 1: raw token ids (PLE)           */
+    uint32_t history;          /* ids carried between calls: 3, 2           */
+    uint32_t vocab;            /* raw vocabulary                            */
+    uint32_t eos;              /* PLE: the EOS id (lags behind it read it)  */
+    uint32_t layers[2];        /* 0-based layers fed by table 0, 1: {1, 14},
+                                  PLE {its layer, 0}                       */
+    uint32_t state_floats;     /* per-sequence state beyond the ids: 0;
+                                  PLE 3 (kernel - 1) frames x 4 W floats   */
+} engram_family;
+
 typedef struct engram_model_info {
     const char *path;
     const char *architecture;   /* general.architecture, "" if absent       */
@@ -283,12 +330,16 @@ typedef struct engram_model_info {
     /* Placement rule of the reference engine: the two tables are the last
      * tensors of the file, table 0 first, table 0 at a page-aligned offset. */
     int tables_last, table0_page_aligned;
+    engram_family family;       /* which member, and its numbers            */
 } engram_model_info;
 
 /*
- * Opens a ds4-dialect DeepSeek V4.1 Engram GGUF: parses the header through
- * a bounds-checked cursor, validates the layout against SPEC.md section 3,
- * and keeps a read-only descriptor for row reads.  The tables are never
+ * Opens a model of the family: a ds4-dialect DeepSeek V4.1 Engram GGUF
+ * (validated against SPEC.md section 3) or a qwen4exp PLE file (SPEC.md
+ * section 10: every key and tensor checked, a quantized table refused
+ * naming its type), chosen by general.architecture.  Parses the header
+ * through a bounds-checked cursor and keeps a read-only descriptor for row
+ * reads.  The tables are never
  * mapped or read whole.  Memory: the token map (vocab * 4 bytes) plus
  * metadata bookkeeping, independent of table size.  -EBADMSG / -ENOTSUP /
  * -EIO / errno with err naming the key or tensor and the byte offset.
@@ -296,13 +347,15 @@ typedef struct engram_model_info {
 int engram_model_open(const char *path, engram_model **out, engram_error *err);
 void engram_model_close(engram_model *m);
 
+/* V4.1's layout and hasher; NULL for another member (and for NULL). */
 const engram_layout *engram_model_layout(const engram_model *m);
 const engram_hasher *engram_model_hasher(const engram_model *m);
 void engram_model_get_info(const engram_model *m, engram_model_info *info);
 
 /*
- * Reads n raw rows of table t (table-local ids) into raw (n * 264 bytes) with
- * plain positional reads.  Row ids are validated first (-EINVAL naming the
+ * Reads n raw rows of table t (table-local ids) into raw (n * row_bytes:
+ * 264, or 320 for PLE, whose one table is t = 0) with plain positional
+ * reads.  Row ids are validated first (-EINVAL naming the
  * row, nothing read).  -EIO on a short read.  A read that fails leaves the
  * rows before it written and the rest of raw untouched (err names the row
  * and its file offset).  This is the exact single-row path; the batched
@@ -311,9 +364,11 @@ void engram_model_get_info(const engram_model *m, engram_model_info *info);
 int engram_model_read_raw(const engram_model *m, int t, const uint32_t *rows,
                           size_t n, uint8_t *raw, engram_error *err);
 
-/* Reads and decodes n rows (n * 256 outputs).  As read_raw, plus -EDOM
- * naming the first invalid row (out unchanged).  Temporary memory: n * 264
- * bytes (the raw rows, so that out is written only once all are valid). */
+/* Reads and decodes n rows (n * row_values outputs: 256, or 160 for PLE,
+ * whose BF16 rows are copied or widened).  As read_raw, plus -EDOM naming
+ * the first invalid row (out unchanged; PLE rows have no invalid values).
+ * Temporary memory: n * row_bytes (the raw rows, so that out is written
+ * only once all are valid). */
 int engram_model_read_f32(const engram_model *m, int t, const uint32_t *rows,
                           size_t n, float *out, engram_error *err);
 int engram_model_read_bf16(const engram_model *m, int t, const uint32_t *rows,
@@ -322,6 +377,26 @@ int engram_model_read_bf16(const engram_model *m, int t, const uint32_t *rows,
 /* Duplicates the model's table descriptor (O_CLOEXEC, read-only) for callers
  * that scan the table themselves (engram verify).  Caller closes it. */
 int engram_model_dup_fd(const engram_model *m);
+
+/*
+ * The PLE member's hash (SPEC.md section 10), on a model whose member is
+ * ENGRAM_MEMBER_PLE (-ENOTSUP otherwise).  tokens[n] raw ids (< vocab, or
+ * -EINVAL naming the first, nothing written); kinds NULL (all text) or [n]
+ * of ENGRAM_PLE_TEXT, _PAD (hashed as EOS: padding) or _IMAGE (hashed as
+ * the image token, or EOS where the file has none); rows[n * 16]: each
+ * token's 16 global row ids, head 0 first.  h carries the last 2 ids
+ * between calls (engram_ple_history_reset: a sequence start), so a stream
+ * cut anywhere hashes as one call.  Lags before the start, at or behind an
+ * EOS read EOS.
+ */
+typedef struct engram_ple_history {
+    uint32_t lag[2];           /* the previous id, the one before          */
+} engram_ple_history;
+enum { ENGRAM_PLE_TEXT = 0, ENGRAM_PLE_PAD = 1, ENGRAM_PLE_IMAGE = 2 };
+#define ENGRAM_PLE_ROWS_PER_TOKEN 16
+void engram_ple_history_reset(const engram_model *m, engram_ple_history *h);
+int engram_ple_hash(const engram_model *m, engram_ple_history *h, const uint32_t *tokens,
+                    const uint8_t *kinds, size_t n, uint32_t *rows, engram_error *err);
 
 /* ------------------------------------------------------------------ apply */
 

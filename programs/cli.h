@@ -34,6 +34,10 @@ double now_s(void);
 void cli_json_string(FILE *f, const char *s);
 int parse_u64(const char *s, uint64_t max, uint64_t *out);
 int has_help(int argc, char **argv);
+/* Opens MODEL, printing why not: open_model_any any member of the family,
+ * open_model a V4.1 model only (the commands that serve no other yet).
+ * 0 or an exit code. */
+int open_model_any(const char *path, engram_model **m);
 int open_model(const char *path, engram_model **m);
 void progress_bar(int t, uint64_t done, uint64_t total, double t0);
 

@@ -126,6 +126,45 @@ static void info_json(const engram_model_info *in, const engram_layout *l, const
     printf("}}\n");
 }
 
+/* A PLE model's summary (text or one JSON object): the family's numbers,
+ * the table and its placement.  Reads are not served for it yet. */
+static void info_ple(const engram_model_info *in, int json)
+{
+    const engram_family *f = &in->family;
+    const engram_table_info *ti = &in->table[0];
+    if (json) {
+        printf("{\"path\": ");
+        cli_json_string(stdout, in->path);
+        printf(", \"architecture\": ");
+        cli_json_string(stdout, in->architecture);
+        printf(", \"member\": \"%s\", \"file_bytes\": %" PRIu64 ", \"vocab\": %u, \"eos\": %u, "
+               "\"ngram\": %u, \"heads\": %u, \"rows_per_token\": %u, \"row_bytes\": %u, "
+               "\"row_values\": %u, \"encoding\": \"bf16\", \"layer\": %u, \"rows\": %" PRIu64
+               ", \"table_offset\": %" PRIu64 ", \"width\": %u, \"streams\": %u, "
+               "\"state_floats\": %u, \"tables_last\": %s}\n",
+               f->name, in->file_bytes, f->vocab, f->eos, f->ngram, f->heads, f->rows_per_token,
+               f->row_bytes, f->row_values, f->layers[0], ti->rows, ti->offset, in->width,
+               in->streams, f->state_floats, in->tables_last ? "true" : "false");
+        return;
+    }
+    printf("file:            %s (%" PRIu64 " bytes)\n", in->path, in->file_bytes);
+    printf("gguf:            v%u, %" PRIu64 " tensors, %" PRIu64 " keys, alignment %u\n",
+           in->gguf_version, in->n_tensors, in->n_kv, in->alignment);
+    printf("architecture:    %s: the %s member (SPEC.md section 10)\n", in->architecture, f->name);
+    printf("vocab:           %u raw ids (no compression), eos %u\n", f->vocab, f->eos);
+    printf("hash:            %u-grams, %u heads per order, %u rows per token\n", f->ngram,
+           f->heads, f->rows_per_token);
+    printf("table:           layer %u, %s\n", f->layers[0], ti->name);
+    printf("  rows:          %" PRIu64 " of %u BF16 values (%" PRIu64 " bytes, %.2f GiB) at offset %"
+           PRIu64 "\n", ti->rows, f->row_values, ti->bytes,
+           (double)ti->bytes / (1024.0 * 1024 * 1024), ti->offset);
+    printf("layer:           width %u, %u streams; state %u floats per sequence\n", in->width,
+           in->streams, f->state_floats);
+    printf("placement:       table last: %s; page-aligned: %s\n", in->tables_last ? "yes" : "no",
+           in->table0_page_aligned ? "yes" : "no");
+    printf("table reads:     not served for this member yet (issue #22)\n");
+}
+
 /* The model's summary for people. */
 static void info_text(const engram_model_info *in, const engram_layout *l, const engram_io_stats *io)
 {
@@ -190,11 +229,16 @@ static int cmd_info(int argc, char **argv)
     if (!path)
         return fail_usage("info: MODEL is required");
     engram_model *m;
-    int st = open_model(path, &m);
+    int st = open_model_any(path, &m);
     if (st)
         return st;
     engram_model_info in;
     engram_model_get_info(m, &in);
+    if (in.family.member == ENGRAM_MEMBER_PLE) {
+        info_ple(&in, json);
+        engram_model_close(m);
+        return 0;
+    }
     engram_reader *rd = NULL;
     engram_io_stats io;
     memset(&io, 0, sizeof io);
@@ -381,6 +425,35 @@ static int hash_stream(struct hash_run *H, const engram_hasher *hs, engram_histo
     }
 }
 
+/* hash on a PLE model: 16 global row ids per line (head 0 first), a mask
+ * entry 0 hashing its token as padding (EOS).  0 or an exit code. */
+static int hash_stream_ple(struct hash_run *H, const engram_model *m, engram_ple_history *h)
+{
+    for (;;) {
+        size_t k;
+        int st = next_chunk(H, &k);
+        if (st || k == 0)
+            return st;
+        if (H->with_mask)
+            for (size_t i = 0; i < k; i++)
+                H->mask8[i] = H->mask8[i] ? ENGRAM_PLE_TEXT : ENGRAM_PLE_PAD;
+        engram_error err = {0};
+        int rc = engram_ple_hash(m, h, H->tokens, H->with_mask ? H->mask8 : NULL, k, H->rows, &err);
+        if (rc < 0) {
+            out_flush(&H->out);
+            fprintf(stderr, "%s: hash: in the tokens from %zu on: %s\n", prog, H->done, err.msg);
+            return rc == -EINVAL ? EXIT_DATA : EXIT_SYSTEM;
+        }
+        for (size_t i = 0; i < k; i++)
+            for (int c = 0; c < ENGRAM_PLE_ROWS_PER_TOKEN; c++)
+                out_u32(&H->out, H->rows[i * ENGRAM_PLE_ROWS_PER_TOKEN + (size_t)c],
+                        c == ENGRAM_PLE_ROWS_PER_TOKEN - 1 ? '\n' : ' ');
+        H->done += k;
+        if (k < HASH_CHUNK)
+            return 0;
+    }
+}
+
 static int cmd_hash(int argc, char **argv)
 {
     if (has_help(argc, argv)) {
@@ -427,7 +500,22 @@ static int cmd_hash(int argc, char **argv)
     if (!st && mask_path)
         st = numfile_open(&H->mask, mask_path, 1, "mask");
     if (!st)
-        st = open_model(path, &m);
+        st = open_model_any(path, &m);
+    engram_model_info mi;
+    if (!st)
+        engram_model_get_info(m, &mi);
+    if (!st && mi.family.member == ENGRAM_MEMBER_PLE) {
+        if (summary || hist)
+            st = fail_usage("hash: --summary and --history serve V4.1 models only so far; '%s' "
+                            "is a %s model", path, mi.family.name);
+        engram_ple_history ph;
+        engram_ple_history_reset(m, &ph);
+        if (!st)
+            st = hash_stream_ple(H, m, &ph);
+        out_flush(&H->out);
+        summary = 0;
+        goto done;
+    }
     for (int t = 0; !st && summary && t < ENGRAM_TABLES; t++) {
         uint32_t rows = engram_model_layout(m)->rows[t];
         if (!(H->seen[t] = calloc(rows / 64 + 1, sizeof *H->seen[t]))) {
@@ -440,6 +528,7 @@ static int cmd_hash(int argc, char **argv)
     out_flush(&H->out);
     if (!st && summary)
         hash_summary(H);
+done:
     engram_model_close(m);
     numfile_close(&H->tok);
     numfile_close(&H->mask);
@@ -471,14 +560,19 @@ static const char *rows_help =
  * before the pass that prints).  0 or an exit code. */
 static int print_rows(const engram_model *m, int t, const uint32_t *ids, size_t n)
 {
-    float *vals = malloc((n < ROWS_CHUNK ? (n ? n : 1) : ROWS_CHUNK) * ENGRAM_ROW_VALUES * sizeof *vals);
+    engram_model_info in;
+    engram_model_get_info(m, &in);
+    const int nv = (int)in.family.row_values; /* 256, or 160 for PLE */
+    if ((uint32_t)t >= in.family.tables)
+        return fail_usage("rows: '%s' has one table: --table 0", in.path);
+    float *vals = malloc((n < ROWS_CHUNK ? (n ? n : 1) : ROWS_CHUNK) * (size_t)nv * sizeof *vals);
     if (!vals) {
         fprintf(stderr, "%s: rows: out of memory\n", prog);
         return EXIT_SYSTEM;
     }
     engram_error err = {0};
     int st = 0;
-    uint32_t rows = engram_model_layout(m)->rows[t];
+    uint64_t rows = in.table[t].rows;
     for (size_t i = 0; i < n && !st; i++)
         if (ids[i] >= rows) /* the library's message for it */
             st = fail_lib(engram_model_read_f32(m, t, ids + i, 1, vals, &err), &err, "rows");
@@ -489,9 +583,9 @@ static int print_rows(const engram_model *m, int t, const uint32_t *ids, size_t 
             if (rc < 0)
                 st = fail_lib(rc, &err, "rows");
             for (size_t r = 0; pass == 1 && !st && r < k; r++)
-                for (int i = 0; i < ENGRAM_ROW_VALUES; i++)
-                    printf("%.9g%c", (double)vals[r * ENGRAM_ROW_VALUES + i],
-                           i + 1 < ENGRAM_ROW_VALUES ? ' ' : '\n');
+                for (int i = 0; i < nv; i++)
+                    printf("%.9g%c", (double)vals[r * (size_t)nv + (size_t)i],
+                           i + 1 < nv ? ' ' : '\n');
         }
     free(vals);
     return st;
@@ -546,7 +640,7 @@ static int cmd_rows(int argc, char **argv)
         st = read_numbers(rows_path, UINT32_MAX, &ids, &n, "row");
     engram_model *m = NULL;
     if (!st)
-        st = open_model(path, &m);
+        st = open_model_any(path, &m);
     if (!st)
         st = print_rows(m, (int)table, ids, n);
     engram_model_close(m);

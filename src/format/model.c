@@ -1,5 +1,6 @@
-/* model.c - an open Engram model: GGUF header, validated layout, table
- * placement and the exact single-row read path. */
+/* model.c - an open model of the family: GGUF header, validated layout
+ * (V4.1's, or the PLE member's through ple_file.c), table placement and the
+ * exact single-row read path. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include "hash/hash.h"
 #include "layout.h"
 #include "model.h"
+#include "ple_file.h"
 #include "codec/rowcodec.h"
 #include "common/util.h"
 
@@ -25,7 +27,69 @@ struct engram_model {
     char *path;
     char table_name[ENGRAM_TABLES][48];
     const gguf_tensor *weights[ENGRAM_TABLES][3]; /* engram_kv, q_norm, k_norm */
+    engram_member member;
+    struct ple_file ple;       /* the PLE member's keys and tensors       */
 };
+
+int model_member(const engram_model *m) { return (int)m->member; }
+
+const struct ple_file *model_ple(const engram_model *m)
+{
+    return m->member == ENGRAM_MEMBER_PLE ? &m->ple : NULL;
+}
+
+int model_v41_only(const engram_model *m, const char *what, engram_error *err)
+{
+    if (m->member == ENGRAM_MEMBER_V41)
+        return 0;
+    return err_set(err, -ENOTSUP, ENGRAM_NO_OFFSET,
+                   "%s: '%s' is a %s model, which it does not serve yet (issue #22)", what,
+                   m->path, m->info.family.name);
+}
+
+static const engram_family v41_family = {
+    .member = ENGRAM_MEMBER_V41, .name = "deepseek-v4.1-engram", .ngram = ENGRAM_NGRAM,
+    .heads = ENGRAM_HEADS, .tables = ENGRAM_TABLES, .rows_per_token = ENGRAM_COLUMNS,
+    .row_bytes = ENGRAM_ROW_BYTES, .row_values = ENGRAM_ROW_VALUES,
+    .encoding = ENGRAM_ROWS_E4M3_E8M0, .raw_ids = 0, .history = ENGRAM_HISTORY,
+    .layers = {1, 14}, .state_floats = 0,
+};
+
+/* The PLE member's half of engram_model_open: the qwen4exp keys and
+ * tensors (ple_file.c), the one table's placement. */
+static int open_ple(struct engram_model *m, engram_error *err)
+{
+    int rc = ple_file_read(m->g, &m->ple, err);
+    if (rc < 0)
+        return rc;
+    m->member = ENGRAM_MEMBER_PLE;
+    engram_model_info *i = &m->info;
+    const gguf_tensor *t = m->ple.table;
+    snprintf(m->table_name[0], sizeof m->table_name[0], "%s", t->name);
+    i->table[0].name = m->table_name[0];
+    i->table[0].layer = m->ple.layer;
+    i->table[0].rows = m->ple.layout.rows;
+    i->table[0].offset = t->offset;
+    i->table[0].bytes = t->bytes;
+    i->has_projection = 1;
+    i->width = m->ple.width;
+    i->streams = PLE_STREAMS;
+    int last = 1;
+    for (uint64_t k = 0; k < m->g->n_tensors; k++)
+        if (&m->g->tensors[k] != t && m->g->tensors[k].offset >= t->offset)
+            last = 0;
+    i->tables_last = last;
+    i->table0_page_aligned = t->offset % PAGE_ALIGN == 0;
+    i->family = (engram_family){
+        .member = ENGRAM_MEMBER_PLE, .name = "qwen3.8-ple", .ngram = PLE_NGRAM,
+        .heads = PLE_HEADS / 2, .tables = 1, .rows_per_token = PLE_HEADS,
+        .row_bytes = PLE_ROW_BYTES, .row_values = PLE_ROW_VALUES, .encoding = ENGRAM_ROWS_BF16,
+        .raw_ids = 1, .history = PLE_NGRAM - 1, .vocab = m->ple.layout.vocab,
+        .eos = m->ple.layout.eos, .layers = {m->ple.layer, 0},
+        .state_floats = 3u * (m->ple.conv_kernel - 1) * PLE_STREAMS * m->ple.width,
+    };
+    return 0;
+}
 
 static int check_tensor(const gguf_tensor *t, uint32_t type, uint64_t d0, uint64_t d1,
                         engram_error *err)
@@ -137,6 +201,15 @@ int engram_model_open(const char *path, engram_model **out, engram_error *err)
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
     }
     int rc = gguf_open(path, &m->g, err);
+    const gguf_kv *ak = rc == 0 ? gguf_find_kv(m->g, "general.architecture") : NULL;
+    if (ak && ak->type == GGUF_STRING && !strcmp(ak->str, PLE_ARCH)) {
+        rc = open_ple(m, err);
+        if (rc < 0) {
+            engram_model_close(m);
+            return rc;
+        }
+        goto info; /* the V4.1 layout, tables and hasher are not this file's */
+    }
     if (rc == 0)
         rc = layout_from_gguf(m->g, &m->layout, &m->map, err);
     if (rc == 0)
@@ -154,6 +227,9 @@ int engram_model_open(const char *path, engram_model **out, engram_error *err)
     free(m->map);
     m->map = NULL;
     m->layout.token_map = engram_hasher_layout(m->hasher)->token_map;
+    m->info.family = v41_family;
+    m->info.family.vocab = m->layout.vocab;
+info:;
     engram_model_info *i = &m->info;
     const gguf_kv *arch = gguf_find_kv(m->g, "general.architecture");
     i->path = m->path;
@@ -178,8 +254,37 @@ void engram_model_close(engram_model *m)
     free(m);
 }
 
-const engram_layout *engram_model_layout(const engram_model *m) { return m ? &m->layout : NULL; }
+const engram_layout *engram_model_layout(const engram_model *m)
+{
+    return m && m->member == ENGRAM_MEMBER_V41 ? &m->layout : NULL;
+}
+
 const engram_hasher *engram_model_hasher(const engram_model *m) { return m ? m->hasher : NULL; }
+
+void engram_ple_history_reset(const engram_model *m, engram_ple_history *h)
+{
+    if (!m || !h || m->member != ENGRAM_MEMBER_PLE)
+        return;
+    struct ple_history s;
+    ple_history_start(&m->ple.layout, &s);
+    memcpy(h->lag, s.lag, sizeof h->lag);
+}
+
+int engram_ple_hash(const engram_model *m, engram_ple_history *h, const uint32_t *tokens,
+                    const uint8_t *kinds, size_t n, uint32_t *rows, engram_error *err)
+{
+    if (!m || !h || (n > 0 && (!tokens || !rows)))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if (m->member != ENGRAM_MEMBER_PLE)
+        return err_set(err, -ENOTSUP, ENGRAM_NO_OFFSET,
+                       "engram_ple_hash: '%s' is not a PLE (qwen4exp) model", m->path);
+    struct ple_history s;
+    memcpy(s.lag, h->lag, sizeof s.lag);
+    int rc = ple_hash(&m->ple.layout, tokens, kinds, n, &s, rows, err);
+    if (rc == 0)
+        memcpy(h->lag, s.lag, sizeof h->lag);
+    return rc;
+}
 
 void engram_model_get_info(const engram_model *m, engram_model_info *info)
 {
@@ -209,12 +314,14 @@ static int check_rows(const engram_model *m, int t, const uint32_t *rows, size_t
 {
     if (!m || (n > 0 && (!rows || !out)))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
-    if (t < 0 || t >= ENGRAM_TABLES)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", t);
+    if (t < 0 || (uint32_t)t >= m->info.family.tables)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not %s", t,
+                       m->info.family.tables == 1 ? "0 (the only table)" : "0 or 1");
+    uint32_t have = (uint32_t)m->info.table[t].rows;
     for (size_t i = 0; i < n; i++)
-        if (rows[i] >= m->layout.rows[t])
+        if (rows[i] >= have)
             return err_set_row(err, -EINVAL, rows[i], "row %u of table %d: out of range (table has %u rows)",
-                               rows[i], t, m->layout.rows[t]);
+                               rows[i], t, have);
     return 0;
 }
 
@@ -225,14 +332,15 @@ int engram_model_read_raw(const engram_model *m, int t, const uint32_t *rows, si
     if (rc < 0)
         return rc;
     uint64_t base = m->info.table[t].offset;
+    size_t rb = m->info.family.row_bytes;
     for (size_t i = 0; i < n; i++) {
-        uint64_t off = base + (uint64_t)rows[i] * ENGRAM_ROW_BYTES;
+        uint64_t off = base + (uint64_t)rows[i] * rb;
         /* Through a row-sized buffer, so a failing row leaves its part of
          * raw untouched (the documented promise). */
-        uint8_t one[ENGRAM_ROW_BYTES];
-        rc = util_pread_full(m->g->fd, one, ENGRAM_ROW_BYTES, off);
+        uint8_t one[PLE_ROW_BYTES > ENGRAM_ROW_BYTES ? PLE_ROW_BYTES : ENGRAM_ROW_BYTES];
+        rc = util_pread_full(m->g->fd, one, rb, off);
         if (rc == 0)
-            memcpy(raw + i * ENGRAM_ROW_BYTES, one, ENGRAM_ROW_BYTES);
+            memcpy(raw + i * rb, one, rb);
         if (rc < 0)
             return err_set_at(err, rc, off, rows[i], "row %u of table %d (file offset %llu): %s",
                               rows[i], t, (unsigned long long)off, engram_strerror(rc));
@@ -247,11 +355,23 @@ static int read_decoded(const engram_model *m, int t, const uint32_t *rows, size
     int rc = check_rows(m, t, rows, n, out, err);
     if (rc < 0 || n == 0)
         return rc;
-    uint8_t *raw = malloc(n * ENGRAM_ROW_BYTES);
+    uint8_t *raw = malloc(n * m->info.family.row_bytes);
     if (!raw)
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for %zu rows", n);
     rc = engram_model_read_raw(m, t, rows, n, raw, err);
-    if (rc == 0) {
+    if (rc == 0 && m->member == ENGRAM_MEMBER_PLE) {
+        /* BF16 rows: the values as they are, or widened exactly */
+        size_t k = n * PLE_ROW_VALUES;
+        for (size_t i = 0; i < k; i++) {
+            uint16_t b = (uint16_t)(raw[2 * i] | raw[2 * i + 1] << 8);
+            if (f32) {
+                uint32_t u = (uint32_t)b << 16;
+                memcpy((float *)out + i, &u, 4);
+            } else {
+                ((uint16_t *)out)[i] = b;
+            }
+        }
+    } else if (rc == 0) {
         engram_error e; /* e.row: the first invalid row's index in rows */
         rc = f32 ? engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, n, out, &e)
                  : engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, n, out, &e);

@@ -13,4 +13,14 @@ int model_fd(const engram_model *m);
  * engram_q_norm, 2 engram_k_norm), or NULL if the layer has none. */
 const gguf_tensor *model_weight(const engram_model *m, int table, int part);
 
+/* The member (engram_member) the file is, and the PLE member's keys and
+ * tensors (NULL for V4.1). */
+int model_member(const engram_model *m);
+struct ple_file;
+const struct ple_file *model_ple(const engram_model *m);
+
+/* -ENOTSUP with err naming the member and what refuses it, unless m is
+ * V4.1's (0); for the functions that serve only V4.1 so far. */
+int model_v41_only(const engram_model *m, const char *what, engram_error *err);
+
 #endif

@@ -141,6 +141,9 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
 {
     if (!m || !out)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    int rc0 = model_v41_only(m, "engram_reader_open", err);
+    if (rc0 < 0)
+        return rc0;
     engram_io_engine want = opts ? opts->engine : ENGRAM_IO_AUTO;
     if (want == ENGRAM_IO_AUTO)
         want = env_engine();

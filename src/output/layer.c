@@ -130,6 +130,9 @@ int engram_layer_open(const engram_model *m, int table, engram_layer **out, engr
 {
     if (!m || !out)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    int rc0 = model_v41_only(m, "engram_layer_open", err);
+    if (rc0 < 0)
+        return rc0;
     if (table < 0 || table >= ENGRAM_TABLES)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", table);
     const gguf_tensor *t[3];

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "format/model.h"
 #include "serve_int.h"
 #include "common/util.h"
 
@@ -164,6 +165,9 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
 {
     if (!m || !out)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    int rc0 = model_v41_only(m, "engram_pool_open", err);
+    if (rc0 < 0)
+        return rc0;
     engram_pool *p = calloc(1, sizeof *p);
     if (!p || !(p->rounds = calloc(ROUNDS, sizeof *p->rounds))) {
         free(p);
