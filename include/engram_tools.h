@@ -151,6 +151,53 @@ typedef struct engram_build_opts {
 int engram_build_model(const char *path, const engram_build_opts *opts,
                        engram_error *err);
 
+/* Qwen3.8's PLE (the family's second member, SPEC.md section 10). */
+#define ENGRAM_PLE_BASE 19999999u   /* the real sizes: 320,001,536 rows (95.37 GiB) */
+#define ENGRAM_PLE_DEMO_BASE 20011u /* a demo: 321,408 rows (103 MB)                */
+#define ENGRAM_PLE_WIDTH 2560u      /* W, one of the 4 residual streams             */
+
+typedef struct engram_ple_build_opts {
+    uint32_t base;         /* head h's size: the (h + 1)-th prime after base;
+                              0 = ENGRAM_PLE_BASE                             */
+    uint32_t width;        /* W, 1..ENGRAM_MAX_WIDTH; 0 = ENGRAM_PLE_WIDTH      */
+    engram_fill fill;      /* ENGRAM_FILL_ZERO (the table a hole) or
+                              ENGRAM_FILL_NORMAL; others are refused          */
+    uint64_t seed;
+    /* Progress callback for long writes (may be NULL): done/total bytes. */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
+} engram_ple_build_opts;
+
+/*
+ * Writes a complete qwen4exp model (llama.cpp's dialect, which ds4 reads
+ * too): general.architecture "qwen4exp", qwen4exp.vocab_size 248,320 (u32),
+ * embedding_length_per_layer_input 160, attention.layer_norm_rms_epsilon
+ * 1e-6 (F32), ple.layers [1] (u32 array), ple.ngram_size 3,
+ * ple.heads_per_ngram 8, ple.conv_kernel 4, ple.eos_token_id 248,044 (u32;
+ * no image_token_id), ple.layer_multipliers [3], ple.head_offsets [16] and
+ * ple.head_vocab_sizes [16] (u64 arrays).  The multipliers are Qwen3.8's
+ * (generated for the vocabulary, SPEC section 10); the 16 sizes are the
+ * primes after base, offsets their running sum, rows padded to a multiple
+ * of 128.  Tensors, in this order: per_layer_token_embd.weight [160, rows]
+ * BF16, page aligned; blk.1.ple_key.weight [2560, 4W] and
+ * blk.1.ple_value.weight [2560, W] BF16; blk.1.ple_norm_{key,query,conv}.
+ * weight [4W] F32; blk.1.ple_conv1d.weight [4, 4W] F32.  Values are
+ * normal-like (a bell of sigma 1 on [-3.46, 3.46]) times a scale: table
+ * rows 0.05 (BF16, round to nearest even; as a trained table's rows look),
+ * W_k and W_v 0.02 (about 1 / sqrt(2560)), norms 1 + 0.05 x, taps 0.1 x;
+ * with ENGRAM_FILL_ZERO the table is a hole (all zeros: the full-size file,
+ * 95.37 GiB apparent, costs the weights' 65 MB at W = 2560).  Deterministic
+ * for a seed: each value depends on the seed, its tensor and its index
+ * only.  Written through engram_output (ENGRAM_OUTPUT_SEEKABLE): a
+ * temporary renamed into place on success, so path holds the whole file or
+ * what it held before.  0; -EINVAL (NULL, a fill other than zero or normal,
+ * width above ENGRAM_MAX_WIDTH, a base whose heads pass int32: nothing
+ * opened or written); -ENOMEM; an output's or a write's -errno (err names
+ * the path or the tensor).  Memory: 4 MiB of buffer plus the header.
+ */
+int engram_build_ple_model(const char *path, const engram_ple_build_opts *opts,
+                           engram_error *err);
+
 /* After renaming a finished file into place: fsyncs the directory that
  * holds path, so the new name survives a power cut too.  Best effort (some
  * filesystems refuse fsync on a directory; the file is complete under its

@@ -1,6 +1,7 @@
 /*
  * tools.c - the model tools: tokmap (tokenizer compression), layout
- * (multipliers and primes), build (a complete model); quantize and
+ * (multipliers and primes), build (a complete model: V4.1, or qwen4exp
+ * through engram_build_ple_model); quantize and
  * dequantize (float rows <-> e4m3_e8m0_32_row264 rows) are in quantize.c.
  */
 #include <errno.h>
@@ -257,9 +258,12 @@ static int cmd_layout(int argc, char **argv)
 /* ---------------------------------------------------------------- build */
 
 static const char *build_help =
-    "usage: engram build OUT.gguf [--tokenizer TOKENIZER.json | --tokmap MAP.u32]\n"
+    "usage: engram build OUT.gguf [--arch deepseek41]\n"
+    "                    [--tokenizer TOKENIZER.json | --tokmap MAP.u32]\n"
     "                    [--base B] [--width W] [--fill zero|random|sparse|pool|normal]\n"
     "                    [--seed S] [--vocab N] [--compressed-vocab N] [--gguf-version 2|3]\n"
+    "       engram build OUT.gguf --arch qwen4exp [--base B] [--width W] [--fill zero|normal]\n"
+    "                    [--seed S]\n"
     "Writes a complete ds4-dialect V4.1-layout model: layout keys, token map, the\n"
     "projection weights when --width W > 0 (engram_kv F16 [6144, 5W], q_norm and\n"
     "k_norm F32 [W, 4]; V4.1 has W = 5120), and the two tables last, table 0 page\n"
@@ -272,7 +276,18 @@ static const char *build_help =
     "16000000, the full 2 x ~101 GB, written sparse with --fill zero or sparse;\n"
     "--fill pool writes valid rows at disk speed; random draws every row, over\n"
     "every scale; normal quantizes normal-like values, as a trained table holds).\n"
-    "Deterministic for a seed.\n";
+    "--arch qwen4exp writes a Qwen3.8 PLE model instead (SPEC.md section 10):\n"
+    "its keys (vocabulary 248320, EOS 248044, Qwen3.8's multipliers), the 16 head\n"
+    "sizes the primes after --base (default 19999999: the real 320,001,536 rows,\n"
+    "95.37 GiB, a hole with --fill zero; 20011 gives a 103 MB demo), the BF16\n"
+    "table [160, rows] first, then layer 1's ple_key and ple_value (BF16), the\n"
+    "three norms and ple_conv1d (F32) for --width W (default 2560, the real one).\n"
+    "--fill normal draws the table's rows as a trained table holds them\n"
+    "(normal-like, sigma 0.05, BF16); the weights are always drawn.  The\n"
+    "token-map, --vocab, --compressed-vocab, --gguf-version options and the\n"
+    "random, sparse and pool fills are V4.1's only.  Deterministic for a seed.\n"
+    "\n"
+    "  engram build demo-ple.gguf --arch qwen4exp --base 20011 --fill normal\n";
 
 static void build_progress(void *ctx, uint64_t done, uint64_t total)
 {
@@ -381,6 +396,42 @@ static int build_tables(engram_layout *l, uint64_t base)
     return 0;
 }
 
+/* The qwen4exp build of cmd_build: options already parsed and checked
+ * against the architecture.  0 or an exit code. */
+static int build_ple(const char *out, uint64_t base, uint64_t width, engram_fill fill, uint64_t seed)
+{
+    engram_ple_build_opts o;
+    memset(&o, 0, sizeof o);
+    o.base = (uint32_t)base;
+    o.width = (uint32_t)width;
+    o.fill = fill;
+    o.seed = seed;
+    double t0 = now_s();
+    if (isatty(2)) {
+        o.progress = build_progress;
+        o.progress_ctx = &t0;
+    }
+    engram_error err = {0};
+    int rc = engram_build_ple_model(out, &o, &err);
+    if (o.progress)
+        fputc('\n', stderr);
+    if (rc == -EINVAL) /* the options (a base whose heads pass int32) */
+        return fail_usage("build: %s", err.msg);
+    if (rc < 0)
+        return fail_lib(rc, &err, out);
+    double dt = now_s() - t0;
+    struct stat st;
+    uint64_t bytes = 0, used = 0;
+    if (stat(out, &st) == 0 && S_ISREG(st.st_mode)) {
+        bytes = (uint64_t)st.st_size;
+        used = (uint64_t)st.st_blocks * 512;
+    }
+    printf("wrote %s: qwen4exp, vocab 248320, 16 heads from base %" PRIu64 ", width %" PRIu64
+           ", fill %s, seed %" PRIu64 ", %" PRIu64 " bytes (%" PRIu64 " on disk) (%.2f s)\n",
+           out, base, width, fill == ENGRAM_FILL_ZERO ? "zero" : "normal", seed, bytes, used, dt);
+    return 0;
+}
+
 int cmd_build(int argc, char **argv)
 {
     if (has_help(argc, argv)) {
@@ -389,13 +440,15 @@ int cmd_build(int argc, char **argv)
     }
     const char *out = NULL, *tokenizer = NULL, *mapfile = NULL;
     uint64_t base = 16000000, width = 0, seed = 1, vocab = 129280, cvocab = 99092, ver = 3;
+    int ple = 0, base_set = 0, width_set = 0;
+    const char *v41_only = NULL; /* the first option given that only V4.1 has */
     engram_fill fill = ENGRAM_FILL_ZERO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        struct { const char *name; uint64_t *dst; uint64_t max; } num[] = {
-            {"--base", &base, UINT32_MAX}, {"--width", &width, 1u << 20},
-            {"--seed", &seed, UINT64_MAX}, {"--vocab", &vocab, 1u << 24},
-            {"--compressed-vocab", &cvocab, 1u << 24}, {"--gguf-version", &ver, 3},
+        struct { const char *name; uint64_t *dst; uint64_t max; int v41; int *set; } num[] = {
+            {"--base", &base, UINT32_MAX, 0, &base_set}, {"--width", &width, 1u << 20, 0, &width_set},
+            {"--seed", &seed, UINT64_MAX, 0, NULL}, {"--vocab", &vocab, 1u << 24, 1, NULL},
+            {"--compressed-vocab", &cvocab, 1u << 24, 1, NULL}, {"--gguf-version", &ver, 3, 1, NULL},
         };
         int matched = 0;
         for (size_t k = 0; k < sizeof num / sizeof num[0] && !matched; k++) {
@@ -405,6 +458,10 @@ int cmd_build(int argc, char **argv)
             if (i + 1 >= argc || parse_u64(argv[i + 1], num[k].max, num[k].dst) < 0)
                 return fail_usage("build: %s needs a number <= %" PRIu64, a, num[k].max);
             i++;
+            if (num[k].v41 && !v41_only)
+                v41_only = a;
+            if (num[k].set)
+                *num[k].set = 1;
         }
         if (matched)
             continue;
@@ -422,10 +479,20 @@ int cmd_build(int argc, char **argv)
                 fill = ENGRAM_FILL_NORMAL;
             else
                 return fail_usage("build: --fill takes zero, random, sparse, pool or normal");
+        } else if (!strcmp(a, "--arch")) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(v, "qwen4exp"))
+                ple = 1;
+            else if (!strcmp(v, "deepseek41"))
+                ple = 0;
+            else
+                return fail_usage("build: --arch takes deepseek41 (V4.1, the default) or qwen4exp");
         } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
             tokenizer = argv[++i];
+            v41_only = v41_only ? v41_only : "--tokenizer";
         } else if (!strcmp(a, "--tokmap") && i + 1 < argc) {
             mapfile = argv[++i];
+            v41_only = v41_only ? v41_only : "--tokmap";
         } else if (a[0] == '-' && a[1]) {
             return fail_usage("build: unknown option '%s'", a);
         } else if (!out) {
@@ -436,6 +503,21 @@ int cmd_build(int argc, char **argv)
     }
     if (!out)
         return fail_usage("build: OUT.gguf is required");
+    if (!v41_only && fill != ENGRAM_FILL_ZERO && fill != ENGRAM_FILL_NORMAL)
+        v41_only = fill == ENGRAM_FILL_RANDOM ? "--fill random"
+                   : fill == ENGRAM_FILL_SPARSE ? "--fill sparse" : "--fill pool";
+    if (ple && v41_only)
+        return fail_usage("build: %s is an option of --arch deepseek41 (V4.1), not of qwen4exp", v41_only);
+    if (ple) {
+        base = base_set ? base : 19999999;
+        width = width_set ? width : 2560;
+        if (base < 2 || base > UINT32_MAX)
+            return fail_usage("build: bad --base");
+        if (width == 0 || width > ENGRAM_MAX_WIDTH)
+            return fail_usage("build: --width of a qwen4exp model takes 1..%u", ENGRAM_MAX_WIDTH);
+        int cst = fout_check(out, ENGRAM_OUTPUT_SEEKABLE);
+        return cst ? cst : build_ple(out, base, width, fill, seed);
+    }
     if (tokenizer && mapfile)
         return fail_usage("build: --tokenizer and --tokmap exclude each other");
     /* a model is written at offsets: OUT is a regular file or a new name,

@@ -1,6 +1,8 @@
 // Independent view of a GGUF file through the npm package @huggingface/gguf
 // (not this project's parser): prints JSON with the metadata, every tensor's
-// name/type/shape and absolute data offset, for the tests to check.
+// name/type/shape and absolute data offset, and each key's GGUF value type
+// ("types": key -> [type] or, for an array, [9, element type]), for the
+// tests to check.
 // Usage: node tests/gguf_dump.mjs FILE.gguf
 import { createRequire } from "node:module";
 import { resolve } from "node:path";
@@ -8,11 +10,16 @@ const require = createRequire(new URL("../tools/node/package.json", import.meta.
 const { gguf } = require("@huggingface/gguf");
 
 const path = process.argv[2];
-const { metadata, tensorInfos, tensorDataOffset } = await gguf(resolve(path), { allowLocalFile: true });
+const { metadata, typedMetadata, tensorInfos, tensorDataOffset } = await gguf(resolve(path), {
+  allowLocalFile: true,
+  typedMetadata: true,
+});
 const plain = (v) =>
   typeof v === "bigint" ? v.toString() : Array.isArray(v) ? v.map(plain) : v;
-const out = { metadata: {}, tensor_data_offset: tensorDataOffset.toString(), tensors: [] };
+const out = { metadata: {}, types: {}, tensor_data_offset: tensorDataOffset.toString(), tensors: [] };
 for (const [k, v] of Object.entries(metadata)) out.metadata[k] = plain(v);
+for (const [k, t] of Object.entries(typedMetadata))
+  out.types[k] = t.subType === undefined ? [t.type] : [t.type, t.subType];
 for (const t of tensorInfos)
   out.tensors.push({
     name: t.name,

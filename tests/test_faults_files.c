@@ -179,6 +179,42 @@ static void build_faults(void)
     }
 }
 
+/* engram_build_ple_model the same way, its table drawn and a hole. */
+struct ple_build_ctx {
+    const char *path;
+    engram_ple_build_opts o;
+};
+
+static int ple_build_run(void *vc, engram_error *err)
+{
+    struct ple_build_ctx *c = vc;
+    int rc = engram_build_ple_model(c->path, &c->o, err);
+    if (rc < 0)
+        CHECK_EQ(files_named("bfault"), 0);
+    return rc;
+}
+
+static void ple_build_faults(void)
+{
+    char path[512];
+    tu_path(path, sizeof path, "bfault_ple.gguf");
+    static const engram_fill fills[] = {ENGRAM_FILL_NORMAL, ENGRAM_FILL_ZERO};
+    for (size_t i = 0; i < 2; i++) {
+        /* 16 heads of ~3000 rows, W = 16: ~16 MB of table, 0.4 MB of weights */
+        struct ple_build_ctx c = {.path = path, .o = {.base = 3000, .width = 16, .fill = fills[i], .seed = 3}};
+        struct op op = {ple_build_run, build_done, &c};
+        long allocs = fails_in_turn(&op, &lib_alloc, -ENOMEM, "out of memory", NULL);
+        long writes = fails_in_turn(&op, &pwrites, -EIO, "I/O error", NULL);
+        pwrite_zero = 1;
+        CHECK_EQ(fails_in_turn(&op, &pwrites, -EIO, "I/O error", NULL), writes);
+        pwrite_zero = 0;
+        CHECK(allocs > 3 && writes > 3);
+        printf("qwen4exp build (%s table): each of %ld allocations failed in turn: -ENOMEM; "
+               "each of %ld writes failed, or wrote nothing: -EIO; no file left\n",
+               i ? "a hole" : "normal", allocs, writes);
+    }
+}
+
 /* A hasher, a row cache: no fallback, every failed allocation -ENOMEM. */
 struct small_ctx {
     const engram_layout *l;
@@ -294,6 +330,7 @@ int main(void)
     SCENARIO("model open: a long string", long_string_faults());
     SCENARIO("hasher, cache, writer", small_faults(&l));
     SCENARIO("model build: every alloc/write", build_faults());
+    SCENARIO("qwen4exp build: every alloc/write", ple_build_faults());
 
     tu_cleanup();
     return tu_finish("test_faults_files");

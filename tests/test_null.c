@@ -611,6 +611,12 @@ static void tools_calls(void)
     REFUSED(engram_build_model(path, NULL, ep));
     o.layout.token_map = NULL;
     REFUSED(engram_build_model(path, &o, ep));
+    engram_ple_build_opts po;
+    memset(&po, 0, sizeof po);
+    po.base = 100;
+    po.width = 4;
+    REFUSED(engram_build_ple_model(NULL, &po, ep));
+    REFUSED(engram_build_ple_model(path, NULL, ep));
     CHECK(access(path, F_OK) != 0); /* nothing written */
     NOTHING(engram_sync_dir_of(NULL));
 
