@@ -282,6 +282,14 @@ static void model_calls(void)
     REFUSED(engram_model_read_bf16(model, 0, ids, 2, NULL, ep));
     ACCEPTED(engram_model_read_raw(model, 0, NULL, 0, NULL, ep));
     ACCEPTED(engram_model_read_f32(model, 0, NULL, 0, NULL, ep));
+    /* the PLE hash: NULLs refused before the member is asked about */
+    engram_ple_history ph = {{1, 2}};
+    REFUSED(engram_ple_hash(NULL, &ph, tok, NULL, 1, (uint32_t *)sent, ep));
+    REFUSED(engram_ple_hash(model, NULL, tok, NULL, 1, (uint32_t *)sent, ep));
+    REFUSED(engram_ple_hash(model, &ph, NULL, NULL, 1, (uint32_t *)sent, ep));
+    REFUSED(engram_ple_hash(model, &ph, tok, NULL, 1, NULL, ep));
+    NOTHING(engram_ple_history_reset(NULL, (engram_ple_history *)sent));
+    NOTHING(engram_ple_history_reset(model, NULL));
 }
 
 /* ------------------------------------------------ apply */

@@ -73,11 +73,14 @@ for t in range(2):
 # table's, at most both together
 if not max(pt["read_span_ns"]) <= dec["read_span_ns"] <= sum(pt["read_span_ns"]): errs.append("per-table spans")
 if d["inconsistent"] != 0: errs.append("%d steps or prompts contradict the definitions" % d["inconsistent"])
+notes = []
 if not d["overlap"] and dec["hidden_ns"] - dec["hidden_in_begin_ns"] > dec["read_span_ns"] * 0.10:
     # every read waited for before layer 0: between the begin call's return
-    # and the last row the engine does nothing but call the waits back to back
-    errs.append("no overlap: %.1f%% of the read span hidden outside the begin call" %
-                (100.0 * (dec["hidden_ns"] - dec["hidden_in_begin_ns"]) / dec["read_span_ns"]))
+    # and the last row the engine does nothing but call the waits back to
+    # back.  A timing figure, so a note, not a failure (a busy machine can
+    # deschedule the engine there)
+    notes.append("note: no overlap, yet %.1f%% of the read span hidden outside the begin call" %
+                 (100.0 * (dec["hidden_ns"] - dec["hidden_in_begin_ns"]) / dec["read_span_ns"]))
 if dec["steps"] != d.get("steps_wanted", dec["steps"]): errs.append("steps")
 if dec["rows_requested"] != dec["tokens"] * 48: errs.append("decode rows requested != 48 per token")
 if d["page_cache_growth_pages"] is None: errs.append("page cache not counted: %s" % d.get("page_cache_error"))
@@ -87,6 +90,8 @@ print("%s: prefill %.0f tok/s, decode %.0f tok/s, decode reads %.0f%% hidden, ch
     name, pre["tokens_per_s"], dec["tokens_per_s"],
     100.0 * dec["hidden_ns"] / max(dec["read_span_ns"], 1), d["checksum"],
     "" if not errs else "  <- " + "; ".join(errs)))
+for n in notes:
+    print("    " + n)
 sys.exit(1 if errs else 0)
 PYEOF
     if [ $? -eq 0 ]; then ok; else bad "$name"; fi
@@ -125,10 +130,15 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 x = d["decode"]
 r, h, e, b = x["read_span_ns"], x["hidden_ns"], x["exposed_wait_ns"], x["hidden_in_begin_ns"]
-ok = r > 0 and h + e == r and eval(sys.argv[3])
-print("%s: decode read span %.3f ms, exposed %.3f ms, hidden %.1f%% (%.1f%% in the begin call)%s" % (
+# the accounting must hold (a failure); the timing bound is what the
+# figures mean on a quiet machine, printed as a note when a busy one misses
+# it (timings are not asserted: tests/README.md)
+ok = r > 0 and h + e == r and 0 <= b <= h
+met = eval(sys.argv[3])
+print("%s: decode read span %.3f ms, exposed %.3f ms, hidden %.1f%% (%.1f%% in the begin call)%s%s" % (
     sys.argv[2], r / 1e6, e / 1e6, 100.0 * h / max(r, 1), 100.0 * b / max(r, 1),
-    "" if ok else "  <- wanted " + sys.argv[3]))
+    "" if ok else "  <- the accounting does not add up",
+    "" if met else "  (note: on a quiet machine " + sys.argv[3] + ")"))
 sys.exit(0 if ok else 1)
 PYEOF
     if [ $? -eq 0 ]; then ok; else bad "$name"; fi

@@ -1,0 +1,100 @@
+#!/bin/sh
+# test_ple_cli.sh - the engram command on a PLE (qwen4exp) model (issue #22):
+# `info` names the member (text and JSON); `hash` gives SPEC.md section 10's
+# known rows on Qwen3.8's full-size layout (a sparse file) and 16 ids per
+# line; `rows` prints each row's 160 BF16 values as an independent reader
+# of the file's bytes (Python) finds them; the commands that serve V4.1
+# only so far refuse the file naming the member.
+# Usage: tests/test_ple_cli.sh BUILD_DIR
+set -u
+. "$(dirname "$0")/lib.sh"
+BUILD=${1:-build}
+E="$BUILD/engram"
+tmpdir ple-cli
+FULL="$T/full.gguf"; DEMO="$T/demo.gguf"
+"$E" build "$FULL" --arch qwen4exp --width 64 >/dev/null || bad "build the full-size sparse file"
+"$E" build "$DEMO" --arch qwen4exp --base 20011 --width 64 --fill normal --seed 3 >/dev/null || bad "build the demo"
+
+expect_rc 0 "qwen3.8-ple member" "info names the member" "$E" info "$FULL"
+grep -q "320001536 of 160 BF16 values" "$T/out" && ok || bad "info: the full-size row count"
+"$E" info "$FULL" --json > "$T/info.json" 2>"$T/err"
+/usr/bin/python3 - "$T/info.json" <<'PY' && ok || bad "info --json"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["member"] == "qwen3.8-ple" and d["rows"] == 320001536 and d["row_bytes"] == 320
+assert d["rows_per_token"] == 16 and d["vocab"] == 248320 and d["eos"] == 248044
+assert d["state_floats"] == 9 * 4 * 64
+PY
+
+# SPEC section 10's known rows: heads 0, 7, 8, 15 of each prefix's last token
+for seq in "9707:16410909 152932897 169641436 300984276" \
+           "9707 11:18158303 159566246 175132467 307699687" \
+           "9707 11 220:15029315 143479041 162897307 308764256"; do
+    toks=${seq%%:*}; want=${seq#*:}
+    echo "$toks" | "$E" hash "$FULL" --tokens - > "$T/h" 2>"$T/err" || bad "hash '$toks'"
+    got=$(tail -1 "$T/h" | awk '{print $1, $8, $9, $16}')
+    [ "$got" = "$want" ] && ok || bad "hash '$toks': $got, SPEC says $want"
+done
+[ "$(awk '{print NF}' "$T/h" | sort -u)" = 16 ] && ok || bad "hash: 16 ids per line"
+# a mask entry 0 hashes its token as padding, i.e. as EOS
+printf '9707 248044\n' | "$E" hash "$FULL" --tokens - > "$T/eos" 2>/dev/null
+printf '9707 5\n' > "$T/tk"; printf '1 0\n' > "$T/mk"
+"$E" hash "$FULL" --tokens "$T/tk" --mask "$T/mk" > "$T/pad" 2>/dev/null
+cmp -s "$T/eos" "$T/pad" && ok || bad "hash: a masked token hashes as EOS"
+expect_rc 1 "248320" "hash: an id >= vocab" sh -c "echo 248320 | '$E' hash '$FULL' --tokens -"
+expect_rc 2 "V4.1 models only" "hash --summary" sh -c "echo 5 | '$E' hash '$FULL' --tokens - --summary"
+
+# rows: the file's BF16 values, read independently
+"$E" rows "$DEMO" --table 0 0 1 4242 321407 > "$T/rows" 2>"$T/err" || bad "rows"
+/usr/bin/python3 - "$DEMO" "$T/rows" <<'PY' && ok || bad "rows: values differ from the file's bytes"
+import json, struct, subprocess, sys
+import numpy as np
+path, out = sys.argv[1], sys.argv[2]
+# the table: per_layer_token_embd.weight, found by a minimal GGUF v3 walk
+f = open(path, "rb"); data = f.read(1 << 20)
+def rd(fmt, o): return struct.unpack_from(fmt, data, o)
+magic, ver, nt, nkv = rd("<IIQQ", 0); o = 24
+def skip_val(t, o):
+    sizes = {0:1,1:1,2:2,3:2,4:4,5:4,6:4,7:1,10:8,11:8,12:8}
+    if t == 8: (n,) = rd("<Q", o); return o + 8 + n
+    if t == 9:
+        (et, n) = rd("<IQ", o); o += 12
+        for _ in range(n): o = skip_val(et, o)
+        return o
+    return o + sizes[t]
+align = 32
+for _ in range(nkv):
+    (n,) = rd("<Q", o); key = data[o+8:o+8+n].decode(); o += 8 + n
+    (t,) = rd("<I", o); o += 4
+    if key == "general.alignment": (align,) = rd("<I", o)
+    o = skip_val(t, o)
+tensors = {}
+for _ in range(nt):
+    (n,) = rd("<Q", o); name = data[o+8:o+8+n].decode(); o += 8 + n
+    (nd,) = rd("<I", o); o += 4 + 8 * nd
+    (t, off) = rd("<IQ", o); o += 12
+    tensors[name] = off
+start = (o + align - 1) // align * align
+base = start + tensors["per_layer_token_embd.weight"]
+rows = [0, 1, 4242, 321407]
+got = np.loadtxt(out, dtype=np.float64, ndmin=2)
+assert got.shape == (4, 160), got.shape
+for i, r in enumerate(rows):
+    f.seek(base + r * 320)
+    b = np.frombuffer(f.read(320), dtype="<u2").astype(np.uint32) << 16
+    want = b.view(np.float32)
+    # %.9g round-trips a float32: read back as float32, the same bits
+    assert np.array_equal(want.view(np.uint32), got[i].astype(np.float32).view(np.uint32)), r
+assert np.any(got != 0)
+PY
+expect_rc 1 "out of range" "rows: past the table" "$E" rows "$DEMO" --table 0 321408
+expect_rc 2 "one table" "rows: --table 1" "$E" rows "$DEMO" --table 1 0
+
+# what serves V4.1 only so far says so
+for c in "verify $DEMO" "apply $DEMO --layer 1 --tokens $T/tk --residual-in seed:1 --residual-out $T/x" \
+         "run $DEMO --decode 2" "bench io $DEMO --no-fio --sections b"; do
+    # shellcheck disable=SC2086
+    expect_rc 1 "serves DeepSeek V4.1 models only" "${c%% *} refuses the PLE member" "$E" $c
+done
+[ ! -e "$T/x" ] && ok || bad "apply wrote an output for a PLE model"
+finish test_ple_cli.sh
