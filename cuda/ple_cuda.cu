@@ -132,6 +132,31 @@ static int open_on_device(ple_cuda_layer *c, const struct ple_layer *L, engram_e
         return set_err(err, -ENODEV, m);
     }
     CK(cudaSetDevice(c->device), "cudaSetDevice");
+    int major = 0, smem_max = 0;
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device),
+       "cudaDeviceGetAttribute");
+    c->pdl = major >= 9;
+    /* the gate stages a token's x, k and v in shared memory: 9W floats, beside its own 64 bytes */
+    CK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device),
+       "cudaDeviceGetAttribute");
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, ple_gate_kernel<false>), "cudaFuncGetAttributes");
+    const size_t smem = ple_gate_smem((int)c->W), dyn_max = (size_t)smem_max - fa.sharedSizeBytes;
+    if (smem > dyn_max) {
+        char m[160];
+        snprintf(m, sizeof m,
+                 "width %u: the gate needs %zu bytes of shared memory a block, this device has %zu", c->W,
+                 smem, dyn_max);
+        return set_err(err, -ENOTSUP, m);
+    }
+    /* the device's limit, not this width's need: the attribute is the kernel's, shared by every layer
+     * open on the device (a launch takes what its width needs) */
+    CK(cudaFuncSetAttribute(ple_gate_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)dyn_max),
+       "cudaFuncSetAttribute");
+    CK(cudaFuncSetAttribute(ple_gate_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn_max),
+       "cudaFuncSetAttribute");
+
     const size_t C = c->C, N = c->N, blk = PLE_CUDA_BLOCK, nw = N * PLE_K;
     CK(cudaMalloc(&c->w, nw * 2), "cudaMalloc (weights)");
     CK(cudaMalloc(&c->gk, C * 4), "cudaMalloc (norms)");
@@ -146,26 +171,6 @@ static int open_on_device(ple_cuda_layer *c, const struct ple_layer *L, engram_e
     CK(cudaMalloc(&c->blas_ws, PLE_BLAS_WS), "cudaMalloc (cuBLAS workspace)");
     c->blas_ws_bytes = PLE_BLAS_WS;
     c->bytes = nw * 2 + (3 + PLE_CUDA_TAPS) * C * 4 + blk * (N * 4 + 21) + sizeof(int) + PLE_BLAS_WS;
-    int major = 0, smem_max = 0;
-    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device),
-       "cudaDeviceGetAttribute");
-    c->pdl = major >= 9;
-    /* the gate stages a token's x, k and v in shared memory: 9W floats */
-    CK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device),
-       "cudaDeviceGetAttribute");
-    const size_t smem = ple_gate_smem((int)c->W);
-    if (smem > (size_t)smem_max) {
-        char m[160];
-        snprintf(m, sizeof m,
-                 "width %u: the gate needs %zu bytes of shared memory a block, this device has %d", c->W,
-                 smem, smem_max);
-        return set_err(err, -ENOTSUP, m);
-    }
-    CK(cudaFuncSetAttribute(ple_gate_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-       "cudaFuncSetAttribute");
-    CK(cudaFuncSetAttribute(ple_gate_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-       "cudaFuncSetAttribute");
-
     struct upload u;
     u.w = (uint16_t *)malloc(nw * 2);
     u.norms = (float *)malloc(3 * C * 4);

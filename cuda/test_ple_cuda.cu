@@ -613,6 +613,26 @@ static void refusals(ple_cuda_layer *c, void *d_buf)
     CHECK_EQ(ple_cuda_layer_bytes(NULL), 0);
     if (!c)
         return;
+    /* a width whose token does not fit the gate's shared memory (9W floats) */
+    {
+        const uint32_t W = 8192;
+        static const float one = 1.0f;
+        void *kz = calloc((size_t)5 * W * KIN, 2);
+        float *f = (float *)calloc((size_t)4 * W * 7, 4);
+        for (size_t i = 0; i < (size_t)4 * W * 3; i++)
+            f[i] = one;
+        const uint16_t *vz = (const uint16_t *)kz + (size_t)4 * W * KIN;
+        struct ple_weights w = {W, TAPS, 1e-6f, GGML_BF16, GGML_BF16, kz, vz, f, f + 4 * W, f + 8 * W, f + 12 * W};
+        struct ple_layer *Lw = NULL;
+        if (kz && f && ple_layer_new(&w, &Lw, &err) == 0) {
+            CHECK_ERR(ple_cuda_layer_open(Lw, 0, &o, &err), err, -ENOTSUP, "shared memory");
+            ple_layer_free(Lw);
+        } else {
+            CHECK(0);
+        }
+        free(kz);
+        free(f);
+    }
     CHECK_ERR(ple_cuda_apply(c, NULL, &err), err, -EINVAL, "NULL");
     CHECK_ERR(ple_cuda_apply(c, &a, &err), err, -EINVAL, "NULL");
     char *d = (char *)d_buf;
