@@ -31,7 +31,11 @@ LDLIBS_CORE  = -luring -lpthread -lm
 LDLIBS_TOOLS = -ljansson -lutf8proc
 LDLIBS_ALL = $(LDLIBS_TOOLS) $(LDLIBS_CORE) $(LDLIBS)
 
+# The PLE kernels run on the host (cuda/emulate_ple.cpp; g++, no nvcc), in
+# builds without sanitizers
+EMULATE = $(BUILD)/cuda/emulate_ple
 ifneq ($(SANITIZE),)
+EMULATE :=
 BUILD := build-san-$(SANITIZE)
 CFLAGS_ALL += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)
@@ -102,7 +106,7 @@ all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
      $(BUILD)/tests/fuzz_residual_replay $(BUILD)/tests/fuzz_ple_replay $(BUILD)/tests/seccomp_run \
      $(BUILD)/tests/rusage_run \
      $(BUILD)/tests/envfail_preload.so $(BUILD)/tests/fixed_random_preload.so $(BUILD)/tests/stress_sessions $(BUILD)/tests/race_abort_begin \
-     $(CUDA_TARGETS)
+     $(CUDA_TARGETS) $(EMULATE)
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
 
 $(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(SRC_H) Makefile
