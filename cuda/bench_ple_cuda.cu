@@ -8,8 +8,8 @@
  *    the convolution) against the time to read W_k and W_v (16-bit) once at
  *    each bandwidth; back to back (part of the 65.5 MB may stay in the
  *    50 MB L2 from the call before) and with L2 flushed before every call
- *    (a 256 MiB write, outside the timed span: the weights come from HBM,
- *    as they would between other layers' work); the GEMV alone
+ *    (256 MiB read, outside the timed span: the weights come from HBM, as
+ *    they would between other layers' work); the GEMV alone
  *    (ple_cuda_project), the serial launches (PLE_CUDA_SERIAL), B = 1 in a
  *    CUDA graph;
  *  - prefill: 2048 tokens (one workspace block): cuBLAS's BF16 GEMM on the
@@ -76,8 +76,12 @@ __global__ void read_kernel(const uint4 *__restrict__ p, size_t n, unsigned *out
 {
     unsigned acc = 0;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
-#pragma unroll 4
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) { /* 4 loads in flight */
+        uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
         uint4 v = p[i];
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
@@ -180,9 +184,10 @@ int main(int argc, char **argv)
     printf("decode floor, W_k + W_v read once: %.1f us at the copy's rate, %.1f us at the read kernel's\n\n",
            floor_copy * 1e3, floor_read * 1e3);
     CU(cudaFree(s1));
-    /* what flushes L2 between timed calls: 256 MiB written */
+    /* what flushes L2 between timed calls: 256 MiB read (read, not written: no dirty lines left
+     * to write back while the next call reads its weights) */
     const size_t fb = (size_t)256 << 20;
-    auto flush = [&] { cudaMemsetAsync(s0, 0, fb, st); };
+    auto flush = [&] { read_kernel<<<rblocks, 256, 0, st>>>((const uint4 *)s0, fb / 16, d_sink); };
 
     /* inputs for up to 2048 tokens */
     const unsigned nmax = 2048;

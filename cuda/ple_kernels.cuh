@@ -215,8 +215,11 @@ template <bool BF> __device__ __forceinline__ void ple_stx(void *x, size_t i, fl
     }
 }
 
+#define PLE_STAGE_BATCH 8 /* loads in flight per thread while staging */
+
 /* n floats from global memory into shared memory by the whole block,
- * 16-byte loads when both sides allow, 4 loads in flight per thread. */
+ * 16-byte loads when both sides allow, PLE_STAGE_BATCH in flight per
+ * thread. */
 __device__ __forceinline__ void ple_stage(const float *__restrict__ src, float *dst, int n)
 {
     const int nt = (int)blockDim.x;
@@ -224,27 +227,27 @@ __device__ __forceinline__ void ple_stage(const float *__restrict__ src, float *
         const float4 *s4 = (const float4 *)src;
         float4 *d4 = (float4 *)dst;
         const int n4 = n / 4;
-        for (int q0 = (int)threadIdx.x; q0 < n4; q0 += 4 * nt) {
-            float4 r[4];
+        for (int q0 = (int)threadIdx.x; q0 < n4; q0 += PLE_STAGE_BATCH * nt) {
+            float4 r[PLE_STAGE_BATCH];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < PLE_STAGE_BATCH; u++)
                 if (q0 + u * nt < n4)
                     r[u] = s4[q0 + u * nt];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < PLE_STAGE_BATCH; u++)
                 if (q0 + u * nt < n4)
                     d4[q0 + u * nt] = r[u];
         }
         return;
     }
-    for (int q0 = (int)threadIdx.x; q0 < n; q0 += 4 * nt) {
-        float r[4];
+    for (int q0 = (int)threadIdx.x; q0 < n; q0 += PLE_STAGE_BATCH * nt) {
+        float r[PLE_STAGE_BATCH];
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < PLE_STAGE_BATCH; u++)
             if (q0 + u * nt < n)
                 r[u] = src[q0 + u * nt];
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < PLE_STAGE_BATCH; u++)
             if (q0 + u * nt < n)
                 dst[q0 + u * nt] = r[u];
     }
@@ -259,14 +262,14 @@ template <bool BF> __device__ __forceinline__ void ple_stage_x(const void *__res
     }
     const unsigned short *xb = (const unsigned short *)x;
     const int nt = (int)blockDim.x;
-    for (int q0 = (int)threadIdx.x; q0 < n; q0 += 4 * nt) {
-        unsigned short r[4];
+    for (int q0 = (int)threadIdx.x; q0 < n; q0 += PLE_STAGE_BATCH * nt) {
+        unsigned short r[PLE_STAGE_BATCH];
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < PLE_STAGE_BATCH; u++)
             if (q0 + u * nt < n)
                 r[u] = xb[q0 + u * nt];
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < PLE_STAGE_BATCH; u++)
             if (q0 + u * nt < n)
                 dst[q0 + u * nt] = __uint_as_float((unsigned)r[u] << 16);
     }
@@ -334,15 +337,37 @@ ple_gate_kernel(const float *__restrict__ kv, int ldkv, const void *__restrict__
         }
     }
     __syncthreads();
-#pragma unroll 1
-    for (int j = 0; j < 4; j++) {
-        const float rk = sr[0][j], rq = sr[1][j];
-        float *kj = sk + (size_t)j * W, *xj = sx + (size_t)j * W;
-        const float *gkj = gk + (size_t)j * W, *gqj = gq + (size_t)j * W;
+    if ((W & 3) == 0) { /* 16-byte loads of the norms (4 values lie in one stream), 8 in flight */
+        float4 *k4 = (float4 *)sk, *x4 = (float4 *)sx;
+        const float4 *gk4 = (const float4 *)gk, *gq4 = (const float4 *)gq;
 #pragma unroll 4
-        for (int i = threadIdx.x; i < W; i += PGATE_THREADS) {
-            kj[i] = __fmul_rn(__fmul_rn(kj[i], rk), gkj[i]);
-            xj[i] = __fmul_rn(__fmul_rn(xj[i], rq), gqj[i]);
+        for (int q = threadIdx.x; q < C / 4; q += PGATE_THREADS) {
+            const int j = 4 * q / W;
+            const float rk = sr[0][j], rq = sr[1][j];
+            const float4 a = gk4[q], b = gq4[q];
+            float4 k = k4[q], x = x4[q];
+            k.x = __fmul_rn(__fmul_rn(k.x, rk), a.x);
+            k.y = __fmul_rn(__fmul_rn(k.y, rk), a.y);
+            k.z = __fmul_rn(__fmul_rn(k.z, rk), a.z);
+            k.w = __fmul_rn(__fmul_rn(k.w, rk), a.w);
+            x.x = __fmul_rn(__fmul_rn(x.x, rq), b.x);
+            x.y = __fmul_rn(__fmul_rn(x.y, rq), b.y);
+            x.z = __fmul_rn(__fmul_rn(x.z, rq), b.z);
+            x.w = __fmul_rn(__fmul_rn(x.w, rq), b.w);
+            k4[q] = k;
+            x4[q] = x;
+        }
+    } else {
+#pragma unroll 1
+        for (int j = 0; j < 4; j++) {
+            const float rk = sr[0][j], rq = sr[1][j];
+            float *kj = sk + (size_t)j * W, *xj = sx + (size_t)j * W;
+            const float *gkj = gk + (size_t)j * W, *gqj = gq + (size_t)j * W;
+#pragma unroll 4
+            for (int i = threadIdx.x; i < W; i += PGATE_THREADS) {
+                kj[i] = __fmul_rn(__fmul_rn(kj[i], rk), gkj[i]);
+                xj[i] = __fmul_rn(__fmul_rn(xj[i], rq), gqj[i]);
+            }
         }
     }
     __syncthreads();
