@@ -31,7 +31,11 @@ LDLIBS_CORE  = -luring -lpthread -lm
 LDLIBS_TOOLS = -ljansson -lutf8proc
 LDLIBS_ALL = $(LDLIBS_TOOLS) $(LDLIBS_CORE) $(LDLIBS)
 
+# The PLE kernels run on the host (cuda/emulate_ple.cpp; g++, no nvcc), in
+# builds without sanitizers
+EMULATE = $(BUILD)/cuda/emulate_ple
 ifneq ($(SANITIZE),)
+EMULATE :=
 BUILD := build-san-$(SANITIZE)
 CFLAGS_ALL += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)
@@ -91,7 +95,8 @@ CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code
 NVFLAGS = -std=c++17 -O2 -g $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc $(NVDEFS)
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread
 CUDA_LIB = $(BUILD)/libengram-cuda.a
-CUDA_TARGETS = $(CUDA_LIB) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda $(BUILD)/engram-cuda.so
+CUDA_TARGETS = $(CUDA_LIB) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda $(BUILD)/engram-cuda.so \
+               $(BUILD)/cuda/test_ple_cuda $(BUILD)/cuda/bench_ple_cuda
 CLI_CUDA = -DENGRAM_HAVE_CUDA -I$(CUDA_HOME)/include
 endif
 
@@ -101,7 +106,7 @@ all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
      $(BUILD)/tests/fuzz_residual_replay $(BUILD)/tests/fuzz_ple_replay $(BUILD)/tests/seccomp_run \
      $(BUILD)/tests/rusage_run \
      $(BUILD)/tests/envfail_preload.so $(BUILD)/tests/fixed_random_preload.so $(BUILD)/tests/stress_sessions $(BUILD)/tests/race_abort_begin \
-     $(CUDA_TARGETS)
+     $(CUDA_TARGETS) $(EMULATE)
 lib: $(BUILD)/libengram.a $(BUILD)/libengram.so $(BUILD)/libengram-tools.a $(BUILD)/libengram-tools.so
 
 $(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(SRC_H) Makefile
@@ -160,23 +165,38 @@ $(BUILD)/engram-cuda.so: programs/cuda/device_cuda.c programs/device_plugin.h $(
 	    -Wl,--no-whole-archive $(LIBS) $(LDLIBS_ALL) $(CUDA_LIBS) -lstdc++
 
 ifneq ($(NVCC),)
-$(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu $(wildcard cuda/*.cuh) include/engram_cuda.h include/engram.h Makefile
+$(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu $(filter-out cuda/ple_%,$(wildcard cuda/*.cuh)) include/engram_cuda.h include/engram.h Makefile
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-$(CUDA_LIB): $(BUILD)/obj/engram_cuda.o
+# The PLE output stage on the GPU (cuda/ple_cuda.h, internal, in progress)
+$(BUILD)/obj/ple_cuda.o: cuda/ple_cuda.cu cuda/ple_cuda.h cuda/ple_kernels.cuh src/output/ple_apply.h include/engram.h Makefile
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(CUDA_LIB): $(BUILD)/obj/engram_cuda.o $(BUILD)/obj/ple_cuda.o
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/cuda/%: cuda/%.cu cuda/cuda_check.h $(CUDA_LIB) $(LIBS) tests/testutil.h
+$(BUILD)/cuda/%: cuda/%.cu cuda/cuda_check.h cuda/ple_cuda.h $(CUDA_LIB) $(LIBS) tests/testutil.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -o $@ $< $(CUDA_LIB) $(LIBS) -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublas \
 	    $(patsubst -Wl$(comma)%,,$(LDLIBS_ALL)) $(CUDA_WRAP_$(notdir $@))
+# test_ple_cuda counts the cudaMalloc calls of an apply (none)
+CUDA_WRAP_test_ple_cuda = -Xlinker --wrap=cudaMalloc
 # test_cuda fails chosen calls of the library (allocations, cuBLAS set-up and GEMM, cudaMalloc)
 CUDA_WRAP_test_cuda = -Xlinker --wrap=calloc,--wrap=malloc,--wrap=cudaMalloc,--wrap=cublasCreate_v2 \
 	-Xlinker --wrap=cublasSetMathMode,--wrap=cublasGemmEx,--wrap=cudaGetDriverEntryPointByVersion
 endif
 comma := ,
+
+# The PLE kernels compiled for the host, a CUDA thread a CPU thread
+# (cuda/emulate_ple.cpp): their logic checked against the CPU path where no
+# GPU is.  Needs no nvcc; built on demand.
+$(BUILD)/cuda/emulate_ple: cuda/emulate_ple.cpp cuda/ple_kernels.cuh $(LIBS) Makefile
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++20 -O1 -g -fno-fast-math -ffp-contract=off -Wall -Wextra -Wno-unknown-pragmas $(if $(filter 1,$(WERROR)),-Werror) \
+	    -Iinclude -Isrc -Icuda -o $@ $< $(LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/tests/%: tests/%.c tests/testutil.h $(LIBS)
 	@mkdir -p $(dir $@)

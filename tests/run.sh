@@ -117,7 +117,9 @@ build "gcc -O2" && {
     done
     if [ -x build/cuda/test_cuda ]; then  # built when nvcc is present
         run "test_cuda (GPU checks, or the no-GPU report)" build/cuda/test_cuda
+        run "test_ple_cuda (PLE GPU checks, or no-GPU)" build/cuda/test_ple_cuda
     fi
+    run "emulate_ple (PLE kernels on the host vs CPU)" build/cuda/emulate_ple
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }
 build "asan+ubsan" SANITIZE=address,undefined && {

@@ -646,6 +646,41 @@ static void test_file(void)
     model_free(&m);
 }
 
+/* ple_layer_describe / ple_layer_export (what the GPU path uploads): the
+ * weights as given, in their types, at widths with whole and partial
+ * panels. */
+static void test_export(void)
+{
+    static const uint32_t widths[2] = {37, 64};
+    static const uint32_t types[2][2] = {{GGML_F32, GGML_F16}, {GGML_BF16, GGML_BF16}};
+    for (int q = 0; q < 2; q++) {
+        struct model m;
+        model_make(&m, widths[q], types[q][0], types[q][1], 21 + q);
+        struct ple_layer *L = layer_of(&m);
+        if (!L) {
+            model_free(&m);
+            continue;
+        }
+        struct ple_weights d;
+        ple_layer_describe(L, &d);
+        CHECK(d.width == m.w.width && d.kernel == T && d.eps == m.w.eps && d.key_type == types[q][0] &&
+              d.value_type == types[q][1] && !d.key && !d.value && !d.conv);
+        const size_t C = 4 * (size_t)widths[q], ks = types[q][0] == GGML_F32 ? 4 : 2,
+                     vs = types[q][1] == GGML_F32 ? 4 : 2;
+        void *key = malloc(C * K * ks), *value = malloc(C / 4 * K * vs);
+        float *n3 = malloc(3 * C * 4), *conv = malloc(C * T * 4);
+        ple_layer_export(L, key, value, n3, n3 + C, n3 + 2 * C, conv);
+        CHECK(same(key, m.key, C * K * ks) && same(value, m.value, C / 4 * K * vs));
+        CHECK(same(n3, m.gk, C * 4) && same(n3 + C, m.gq, C * 4) && same(n3 + 2 * C, m.gc, C * 4));
+        CHECK(same(conv, m.conv, C * T * 4));
+        ple_layer_export(L, NULL, NULL, NULL, NULL, NULL, NULL); /* all skipped */
+        free(key), free(value), free(n3), free(conv);
+        ple_layer_free(L);
+        model_free(&m);
+    }
+    printf("export: the weights back as given (F32/F16, BF16; partial and whole panels)\n");
+}
+
 /* ------------------------------------------------ errors */
 
 static void test_errors(void)
@@ -837,6 +872,7 @@ int main(int argc, char **argv)
     test_sign_zero();
     test_bf16_residual();
     test_file();
+    test_export();
     test_errors();
     test_memory();
     tu_cleanup();

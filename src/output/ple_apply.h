@@ -125,6 +125,17 @@ void ple_layer_free(struct ple_layer *L);
 uint32_t ple_layer_width(const struct ple_layer *L);
 uint64_t ple_layer_bytes(const struct ple_layer *L);
 
+/* For an upload elsewhere (the GPU path, cuda/ple_cuda.h): *w gets the
+ * layer's width, taps, eps and the two matrices' types, its pointers NULL;
+ * ple_layer_export copies the weights back into the layout struct
+ * ple_weights describes (key [4W][K] and value [W][K] output-major in their
+ * own types, 2 or 4 bytes a value; norms [4W]; conv [4W][T], tap k of
+ * channel c at conv[c * T + k]), the same values as given; a NULL
+ * destination is skipped. */
+void ple_layer_describe(const struct ple_layer *L, struct ple_weights *w);
+void ple_layer_export(const struct ple_layer *L, void *key, void *value, float *norm_key,
+                      float *norm_query, float *norm_conv, float *conv);
+
 /* Floats of a sequence's state: 3 (T - 1) frames of 4W, oldest first
  * (frame f, channel c at state[f * 4W + c]); 92,160 floats (360 KiB) at
  * W = 2560, T = 4.  A sequence starts with every float +0 (memset 0). */

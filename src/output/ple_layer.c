@@ -164,6 +164,48 @@ size_t ple_state_floats(const struct ple_layer *L)
     return L ? (size_t)L->frames * L->C : 0;
 }
 
+void ple_layer_describe(const struct ple_layer *L, struct ple_weights *w)
+{
+    memset(w, 0, sizeof *w);
+    w->width = L->W;
+    w->kernel = L->kernel;
+    w->eps = L->eps;
+    w->key_type = L->m[0].type;
+    w->value_type = L->m[1].type;
+}
+
+/* A panel matrix back to output-major [rows][K]. */
+static void unpanel(const struct ple_mat *m, void *dst)
+{
+    size_t es = type_size(m->type);
+    for (uint32_t o = 0; o < m->rows; o++) {
+        const uint8_t *src = (const uint8_t *)m->w + ((size_t)(o / PLE_PANEL) * PLE_K * PLE_PANEL + o % PLE_PANEL) * es;
+        uint8_t *d = (uint8_t *)dst + (size_t)o * PLE_K * es;
+        for (uint32_t i = 0; i < PLE_K; i++)
+            memcpy(d + (size_t)i * es, src + (size_t)i * PLE_PANEL * es, es);
+    }
+}
+
+void ple_layer_export(const struct ple_layer *L, void *key, void *value, float *norm_key,
+                      float *norm_query, float *norm_conv, float *conv)
+{
+    const size_t C = L->C;
+    if (key)
+        unpanel(&L->m[0], key);
+    if (value)
+        unpanel(&L->m[1], value);
+    if (norm_key)
+        memcpy(norm_key, L->gk, C * sizeof(float));
+    if (norm_query)
+        memcpy(norm_query, L->gq, C * sizeof(float));
+    if (norm_conv)
+        memcpy(norm_conv, L->gc, C * sizeof(float));
+    if (conv)
+        for (size_t c = 0; c < C; c++)
+            for (uint32_t k = 0; k < L->kernel; k++)
+                conv[c * L->kernel + k] = L->conv[(size_t)k * C + c];
+}
+
 /* src[0..5]: key, value, norm_key, norm_query, norm_conv, conv. */
 static int build(uint32_t W, uint32_t T, float eps, const struct source *src, struct ple_layer **out,
                  engram_error *err)
