@@ -6,7 +6,7 @@
 # the suite replays it), seeded from the committed seeds and regressions.
 # To commit a grown corpus minimized: tools/fuzz-campaign.sh TARGET merge.  A crash is written to
 # tests/fuzz/regressions/TARGET/ (the suite replays that directory) and
-# fails the campaign.  TARGET: model, tokmap, cli, residual.
+# fails the campaign.  TARGET: model, tokmap, cli, residual, ple.
 set -eu
 cd "$(dirname "$0")/.."
 t=$1
@@ -20,6 +20,7 @@ model) seeds=build-fuzz/seeds_model; sh tests/fuzz/make_seeds.sh "$seeds" build/
 tokmap) seeds=tests/fuzz/tokmap_seeds; extra="-max_len=4096" ;;
 cli) seeds=tests/fuzz/cli_seeds; extra="-max_len=4096" ;;
 residual) seeds=tests/fuzz/residual_seeds; extra="-max_len=4200" ;;
+ple) seeds=tests/fuzz/ple_seeds; extra="-max_len=4096" ;;
 *) echo "unknown target $t" >&2; exit 2 ;;
 esac
 if [ "$runs" = merge ]; then # keep only the inputs that add coverage
