@@ -3,8 +3,10 @@
 # `info` names the member (text and JSON); `hash` gives SPEC.md section 10's
 # known rows on Qwen3.8's full-size layout (a sparse file) and 16 ids per
 # line; `rows` prints each row's 160 BF16 values as an independent reader
-# of the file's bytes (Python) finds them; the commands that serve V4.1
-# only so far refuse the file naming the member.
+# of the file's bytes (Python) finds them; a file from a second,
+# independent writer (tests/ple_gguf_writer.py) opens and hashes as
+# engram's own; the commands that serve V4.1 only so far refuse the file
+# naming the member.
 # Usage: tests/test_ple_cli.sh BUILD_DIR
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -89,6 +91,36 @@ assert np.any(got != 0)
 PY
 expect_rc 1 "out of range" "rows: past the table" "$E" rows "$DEMO" --table 0 321408
 expect_rc 2 "one table" "rows: --table 1" "$E" rows "$DEMO" --table 1 0
+
+# a second, independent writer (tests/ple_gguf_writer.py: its own layout
+# derivation and GGUF packing, other key types, order and alignment, the
+# vocabulary as a token list): the file opens and hashes as engram's own
+PYW="$T/py.gguf"
+/usr/bin/python3 tests/ple_gguf_writer.py "$PYW" 19999999 64 0 5 320001535 || bad "the Python writer"
+"$E" info "$PYW" --json > "$T/pyinfo.json" 2>"$T/err" || bad "info on the Python writer's file"
+/usr/bin/python3 - "$T/info.json" "$T/pyinfo.json" <<'PY' && ok || bad "info: the two writers' files differ in the family's numbers"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+for k in ("member", "vocab", "eos", "ngram", "heads", "rows_per_token", "row_bytes", "row_values",
+          "layer", "rows", "width", "streams", "state_floats"):
+    assert a[k] == b[k], (k, a[k], b[k])
+PY
+head -c 20000 data/gpl3.tok > "$T/stream"
+"$E" hash "$FULL" --tokens "$T/stream" > "$T/h_ours" 2>"$T/err" || bad "hash: engram's file"
+"$E" hash "$PYW" --tokens "$T/stream" > "$T/h_py" 2>"$T/err" || bad "hash: the Python writer's file"
+[ -s "$T/h_ours" ] && cmp -s "$T/h_ours" "$T/h_py" && ok || bad "hash: the two writers' files hash differently"
+echo "9707 11 220" | "$E" hash "$PYW" --tokens - | tail -1 | awk '{print $1, $8, $9, $16}' > "$T/k"
+[ "$(cat "$T/k")" = "15029315 143479041 162897307 308764256" ] && ok || bad "hash: SPEC's rows on the Python writer's file: $(cat "$T/k")"
+for r in 0 5 320001535; do
+    "$E" rows "$PYW" --table 0 $r > "$T/r" 2>"$T/err"
+    /usr/bin/python3 tests/ple_gguf_writer.py --print-row $r > "$T/w"
+    /usr/bin/python3 - "$T/r" "$T/w" <<'PY' && ok || bad "rows $r of the Python writer's file"
+import sys
+import numpy as np
+a, b = (np.loadtxt(p, dtype=np.float64, ndmin=1).astype(np.float32) for p in sys.argv[1:3])
+assert a.shape == (160,) and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+PY
+done
 
 # what serves V4.1 only so far says so
 for c in "verify $DEMO" "apply $DEMO --layer 1 --tokens $T/tk --residual-in seed:1 --residual-out $T/x" \
