@@ -18,9 +18,7 @@
 #if ENGRAM_X86_KERNELS
 #include <immintrin.h>
 
-#define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
-#define INLINE inline __attribute__((always_inline))
+#include "tiles_x86.h"
 
 
 /* ============================================================ AVX-512 */
@@ -31,32 +29,6 @@
  * The accumulators are named variables (not an array) so that every
  * compiler keeps all 24 of them in registers; mr is a constant in each
  * instance (micro512_1 .. _6), so the unused rows compile away. */
-#define R512_DECL(r) __m512 c##r##0, c##r##1, c##r##2, c##r##3; const float *a##r = mr > r ? a[r] : a[0];
-#define R512_INIT(r)                                                                    \
-    if (mr > r) {                                                                       \
-        c##r##0 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * ld);      \
-        c##r##1 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * ld + 16); \
-        c##r##2 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m2, c + r * ld + 32); \
-        c##r##3 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m3, c + r * ld + 48); \
-    } else {                                                                            \
-        c##r##0 = c##r##1 = c##r##2 = c##r##3 = _mm512_setzero_ps();                    \
-    }
-#define R512_STEP(r)                                                                    \
-    if (mr > r) {                                                                       \
-        __m512 x = _mm512_set1_ps(a##r[i]);                                             \
-        c##r##0 = _mm512_fmadd_ps(x, w0, c##r##0);                                      \
-        c##r##1 = _mm512_fmadd_ps(x, w1, c##r##1);                                      \
-        c##r##2 = _mm512_fmadd_ps(x, w2, c##r##2);                                      \
-        c##r##3 = _mm512_fmadd_ps(x, w3, c##r##3);                                      \
-    }
-#define R512_STORE(r)                                                                   \
-    if (mr > r) {                                                                       \
-        _mm512_mask_storeu_ps(c + r * ld, m0, c##r##0);                                 \
-        _mm512_mask_storeu_ps(c + r * ld + 16, m1, c##r##1);                            \
-        _mm512_mask_storeu_ps(c + r * ld + 32, m2, c##r##2);                            \
-        _mm512_mask_storeu_ps(c + r * ld + 48, m3, c##r##3);                            \
-    }
-#define ROWS6(X) X(0) X(1) X(2) X(3) X(4) X(5)
 
 TGT_AVX512 static INLINE __mmask16 cols16(unsigned ncols, unsigned q)
 {
@@ -212,25 +184,6 @@ const struct apply_kernels apply_kernels_avx512 = {avx512_project, avx512_reduce
 
 /* mr tokens x 16 outputs (columns col .. col+15 of the panel); named
  * accumulators as in micro512. */
-#define R256_DECL(r) __m256 c##r##0, c##r##1; const float *a##r = mr > r ? a[r] : a[0];
-#define R256_INIT(r)                                                                    \
-    if (mr > r) {                                                                       \
-        c##r##0 = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + r * ld, m0);        \
-        c##r##1 = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + r * ld + 8, m1);    \
-    } else {                                                                            \
-        c##r##0 = c##r##1 = _mm256_setzero_ps();                                        \
-    }
-#define R256_STEP(r)                                                                    \
-    if (mr > r) {                                                                       \
-        __m256 x = _mm256_broadcast_ss(a##r + i);                                       \
-        c##r##0 = _mm256_fmadd_ps(x, w0, c##r##0);                                      \
-        c##r##1 = _mm256_fmadd_ps(x, w1, c##r##1);                                      \
-    }
-#define R256_STORE(r)                                                                   \
-    if (mr > r) {                                                                       \
-        _mm256_maskstore_ps(c + r * ld, m0, c##r##0);                                   \
-        _mm256_maskstore_ps(c + r * ld + 8, m1, c##r##1);                               \
-    }
 
 TGT_AVX2 static INLINE void micro256(const float *const *a, const uint16_t *b, unsigned kc,
                                      float *c, size_t ld, const unsigned mr, int first,

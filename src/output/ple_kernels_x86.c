@@ -24,9 +24,7 @@
 #if ENGRAM_X86_KERNELS
 #include <immintrin.h>
 
-#define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
-#define INLINE inline __attribute__((always_inline))
+#include "tiles_x86.h"
 
 /* The pieces every projection shares: which matrix a global panel is in,
  * its local index, where its outputs go and how many there are. */
@@ -89,7 +87,6 @@ static INLINE void project_loops(const struct ple_layer *L, const float *const *
     }
 }
 
-#define ROWS6(X) X(0) X(1) X(2) X(3) X(4) X(5)
 
 /* ============================================================ AVX-512 */
 
@@ -110,34 +107,7 @@ TGT_AVX512 static INLINE __mmask16 cols16(unsigned ncols, unsigned q)
     return v >= 16 ? (__mmask16)0xffff : v <= 0 ? (__mmask16)0 : (__mmask16)((1u << v) - 1);
 }
 
-/* mr tokens x 64 outputs over kc inputs; named accumulators (not an array)
- * so that every compiler keeps all 24 in registers. */
-#define R512_DECL(r) __m512 c##r##0, c##r##1, c##r##2, c##r##3; const float *a##r = mr > r ? a[r] : a[0];
-#define R512_INIT(r)                                                                         \
-    if (mr > r) {                                                                            \
-        c##r##0 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * ld);      \
-        c##r##1 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * ld + 16); \
-        c##r##2 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m2, c + r * ld + 32); \
-        c##r##3 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m3, c + r * ld + 48); \
-    } else {                                                                                 \
-        c##r##0 = c##r##1 = c##r##2 = c##r##3 = _mm512_setzero_ps();                         \
-    }
-#define R512_STEP(r)                                       \
-    if (mr > r) {                                          \
-        __m512 x = _mm512_set1_ps(a##r[i]);                \
-        c##r##0 = _mm512_fmadd_ps(x, w0, c##r##0);         \
-        c##r##1 = _mm512_fmadd_ps(x, w1, c##r##1);         \
-        c##r##2 = _mm512_fmadd_ps(x, w2, c##r##2);         \
-        c##r##3 = _mm512_fmadd_ps(x, w3, c##r##3);         \
-    }
-#define R512_STORE(r)                                           \
-    if (mr > r) {                                               \
-        _mm512_mask_storeu_ps(c + r * ld, m0, c##r##0);         \
-        _mm512_mask_storeu_ps(c + r * ld + 16, m1, c##r##1);    \
-        _mm512_mask_storeu_ps(c + r * ld + 32, m2, c##r##2);    \
-        _mm512_mask_storeu_ps(c + r * ld + 48, m3, c##r##3);    \
-    }
-
+/* mr tokens x 64 outputs over kc inputs (the tiles of tiles_x86.h). */
 TGT_AVX512 static INLINE void micro512(const float *const *a, const void *b, unsigned kc, float *c,
                                       size_t ld, const unsigned mr, int first, unsigned ncols,
                                       const int type)
@@ -302,25 +272,6 @@ TGT_AVX2 static INLINE __m256 wload8(const void *b, size_t at, const int type)
 }
 
 /* mr tokens x 16 outputs (one column group of the panel). */
-#define R256_DECL(r) __m256 c##r##0, c##r##1; const float *a##r = mr > r ? a[r] : a[0];
-#define R256_INIT(r)                                                                      \
-    if (mr > r) {                                                                         \
-        c##r##0 = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + r * ld, m0);      \
-        c##r##1 = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + r * ld + 8, m1);  \
-    } else {                                                                              \
-        c##r##0 = c##r##1 = _mm256_setzero_ps();                                          \
-    }
-#define R256_STEP(r)                                   \
-    if (mr > r) {                                      \
-        __m256 x = _mm256_broadcast_ss(a##r + i);      \
-        c##r##0 = _mm256_fmadd_ps(x, w0, c##r##0);     \
-        c##r##1 = _mm256_fmadd_ps(x, w1, c##r##1);     \
-    }
-#define R256_STORE(r)                                      \
-    if (mr > r) {                                          \
-        _mm256_maskstore_ps(c + r * ld, m0, c##r##0);      \
-        _mm256_maskstore_ps(c + r * ld + 8, m1, c##r##1);  \
-    }
 
 TGT_AVX2 static INLINE void micro256(const float *const *a, const void *b, size_t col, unsigned kc,
                                      float *c, size_t ld, const unsigned mr, int first, unsigned ncols,
