@@ -679,9 +679,17 @@ int engram_reader_open(const engram_model *m, const engram_reader_opts *opts,
 void engram_reader_close(engram_reader *r);
 
 /*
+ * The reader serves every member of the family; what V4.1 says below in
+ * its numbers (2 tables, 24 rows per table and token, 48 per token, rows
+ * of 256 values, 264 bytes raw), the PLE member says in its own (family:
+ * 1 table, 16 rows per token, rows of 160 BF16 values, 320 bytes raw: RAW
+ * and BF16 are then the same bytes, F32 the values widened exactly; its
+ * rows are all valid, so -EDOM never comes from a PLE row).
+ *
  * Batch read of table t for n tokens.  rows points at the first token's 48
  * row ids as engram_hash_tokens writes them (stride = 48 uint32 per token;
- * the table's 24 columns are taken from it).  out receives [n][24][256]
+ * the table's 24 columns are taken from it; PLE: 16 per token as
+ * engram_ple_hash writes them, t = 0).  out receives [n][24][256]
  * values of dtype.  The batch is processed in ENGRAM_BATCH_TOKENS-token
  * chunks; within a chunk the requests are sorted and each distinct row is
  * read once (or taken from the row cache).  Row ids are validated before

@@ -205,3 +205,17 @@ int engram_rows_decode_f32(engram_simd s, const uint8_t *raw, size_t n, float *o
 {
     return decode_rows(s, raw, n, out, 1, err);
 }
+
+void rows_bf16_copy(const uint8_t *raw, size_t n, uint16_t *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = (uint16_t)(raw[2 * i] | raw[2 * i + 1] << 8);
+}
+
+void rows_bf16_widen(const uint8_t *raw, size_t n, float *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)(raw[2 * i] | raw[2 * i + 1] << 8) << 16;
+        memcpy(out + i, &u, 4);
+    }
+}

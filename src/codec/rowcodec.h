@@ -61,4 +61,19 @@ static inline size_t row_out_bytes(int dtype)
                                   : ENGRAM_ROW_BYTES;
 }
 
+/* BF16 rows (the PLE member's, stored little-endian): n values copied as
+ * BF16 bit patterns, or widened exactly to F32 (out may be unaligned). */
+void rows_bf16_copy(const uint8_t *raw, size_t n, uint16_t *out);
+void rows_bf16_widen(const uint8_t *raw, size_t n, float *out);
+
+/* The same for any member of the family: row_values decoded values (F32,
+ * BF16), row_bytes as stored (RAW).  V4.1: 1024, 512, 264; PLE: 640, 320,
+ * 320. */
+static inline size_t family_row_out_bytes(const engram_family *f, int dtype)
+{
+    return dtype == ENGRAM_F32    ? (size_t)f->row_values * 4
+           : dtype == ENGRAM_BF16 ? (size_t)f->row_values * 2
+                                  : (size_t)f->row_bytes;
+}
+
 #endif

@@ -361,16 +361,10 @@ static int read_decoded(const engram_model *m, int t, const uint32_t *rows, size
     rc = engram_model_read_raw(m, t, rows, n, raw, err);
     if (rc == 0 && m->member == ENGRAM_MEMBER_PLE) {
         /* BF16 rows: the values as they are, or widened exactly */
-        size_t k = n * PLE_ROW_VALUES;
-        for (size_t i = 0; i < k; i++) {
-            uint16_t b = (uint16_t)(raw[2 * i] | raw[2 * i + 1] << 8);
-            if (f32) {
-                uint32_t u = (uint32_t)b << 16;
-                memcpy((float *)out + i, &u, 4);
-            } else {
-                ((uint16_t *)out)[i] = b;
-            }
-        }
+        if (f32)
+            rows_bf16_widen(raw, n * PLE_ROW_VALUES, out);
+        else
+            rows_bf16_copy(raw, n * PLE_ROW_VALUES, out);
     } else if (rc == 0) {
         engram_error e; /* e.row: the first invalid row's index in rows */
         rc = f32 ? engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, n, out, &e)

@@ -2,9 +2,12 @@
  * reader.c - page-cache-free concurrent row reads on top of an I/O engine:
  * the slot/job engine, with open and close.
  *
- * Every row becomes one read of the aligned block(s) covering its 264 bytes
+ * Every row becomes one read of the aligned block(s) covering its bytes
+ * (264 for V4.1, 320 for the PLE member: either may straddle two blocks)
  * into a slot of the reader's arena; the row is validated and decoded
- * straight out of the slot, which is then free again.  Work comes as jobs
+ * (V4.1) or copied / widened (PLE's BF16 rows) straight out of the slot,
+ * which is then free again.  What differs between the members is the
+ * row's size and encoding and the rows per token (the model's family).  Work comes as jobs
  * (reader_int.h): sets of row requests sorted by row (in place, radix.c) so
  * each distinct row is read once per job.  The jobs' owners are the batch
  * (reader_batch.c), the decode step (reader_step.c) and the session pool
@@ -63,6 +66,8 @@ struct slot {
 struct engram_reader {
     const engram_model *m;
     engram_model_info info;
+    uint32_t row_bytes;            /* the family's: 264 or 320            */
+    int bf16_rows;                 /* PLE: rows are BF16, nothing to check */
     int fd;
     int direct;
     enum io_drop drop;
@@ -141,9 +146,6 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
 {
     if (!m || !out)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
-    int rc0 = model_v41_only(m, "engram_reader_open", err);
-    if (rc0 < 0)
-        return rc0;
     engram_io_engine want = opts ? opts->engine : ENGRAM_IO_AUTO;
     if (want == ENGRAM_IO_AUTO)
         want = env_engine();
@@ -163,13 +165,15 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
     if (!r)
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
     r->fd = -1;
-    if (cache_bytes > 0 && rowcache_new(cache_bytes, &r->cache) < 0) {
+    engram_model_get_info(m, &r->info);
+    r->row_bytes = r->info.family.row_bytes;
+    r->bf16_rows = r->info.family.encoding == ENGRAM_ROWS_BF16;
+    if (cache_bytes > 0 && rowcache_new_sized(cache_bytes, r->row_bytes, &r->cache) < 0) {
         reader_free(r);
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "cannot allocate a row cache of %llu bytes",
                        (unsigned long long)cache_bytes);
     }
     r->m = m;
-    engram_model_get_info(m, &r->info);
     struct io_descriptor d;
     int rc = io_descriptor_open(m, want, &d, r->note, sizeof r->note, err);
     if (rc < 0) {
@@ -348,13 +352,13 @@ static unsigned take_slot(engram_reader *r, struct rjob *j, int table, uint32_t 
 {
     unsigned s = r->free_slots[--r->n_free];
     struct slot *sl = &r->slots[s];
-    uint64_t off = r->info.table[table].offset + (uint64_t)row * ENGRAM_ROW_BYTES;
+    uint64_t off = r->info.table[table].offset + (uint64_t)row * r->row_bytes;
     uint64_t start = off / r->align * r->align;
-    uint64_t end = (off + ENGRAM_ROW_BYTES + r->align - 1) / r->align * r->align;
+    uint64_t end = (off + r->row_bytes + r->align - 1) / r->align * r->align;
     sl->off = start;
     sl->len = (uint32_t)(end - start);
     sl->skip = (uint32_t)(off - start);
-    sl->need = sl->skip + ENGRAM_ROW_BYTES;
+    sl->need = sl->skip + r->row_bytes;
     sl->from = sl->got = 0;
     sl->row = row;
     sl->table = (uint8_t)table;
@@ -451,10 +455,18 @@ static int flush_pending(engram_reader *r)
 
 /* Writes a valid-or-not raw row where the job wants it: decoded (the
  * decoder checks the row first and writes nothing for an invalid one) or,
- * for raw delivery, checked and copied.  0 or -EDOM with *why set. */
-static int write_row(const uint8_t *raw, int dtype, void *dst, const char **why)
+ * for raw delivery, checked and copied.  0 or -EDOM with *why set.  A
+ * BF16 row (PLE) has no invalid values: copied, or widened to F32. */
+static int write_row(const struct rjob *j, const uint8_t *raw, void *dst, const char **why)
 {
-    int rc;
+    int rc, dtype = j->dtype;
+    if (j->bf16_rows) {
+        if (dtype == ENGRAM_F32)
+            rows_bf16_widen(raw, j->row_bytes / 2, dst);
+        else
+            memcpy(dst, raw, j->row_bytes);
+        return 0;
+    }
     if (dtype == ENGRAM_F32)
         rc = engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, (float *)dst, NULL);
     else if (dtype == ENGRAM_BF16)
@@ -474,10 +486,10 @@ static int deliver_rows(struct rjob *j, const uint8_t *raw, size_t lo, size_t hi
     if (j->deliver)
         return j->deliver(j, raw, lo, hi, why);
     void *first = j->dst(j, (uint32_t)j->reqs[lo]);
-    int rc = write_row(raw, j->dtype, first, why);
+    int rc = write_row(j, raw, first, why);
     if (rc < 0)
         return rc;
-    size_t bytes = row_out_bytes(j->dtype);
+    size_t bytes = j->out_bytes;
     for (size_t i = lo + 1; i < hi; i++)
         memcpy(j->dst(j, (uint32_t)j->reqs[i]), first, bytes);
     if (j->done)
@@ -526,7 +538,7 @@ static void complete(engram_reader *r, const struct io_cqe *c)
         }
         if (res == 0) {
             fail_slot(r, s, -EIO, "short read (end of file after %u of the row's %u bytes)",
-                      sl->got > sl->skip ? sl->got - sl->skip : 0, ENGRAM_ROW_BYTES);
+                      sl->got > sl->skip ? sl->got - sl->skip : 0, r->row_bytes);
             release(r, s);
             return;
         }
@@ -707,6 +719,9 @@ void reader_job_start(engram_reader *r, struct rjob *j)
     j->rows_read = 0;
     j->rc = 0;
     j->abandoned = 0;
+    j->row_bytes = r->row_bytes;
+    j->bf16_rows = r->bf16_rows;
+    j->out_bytes = (uint32_t)family_row_out_bytes(&r->info.family, j->dtype);
     r->st.rows_requested += j->nreq;
 }
 

@@ -1,6 +1,7 @@
 /*
  * reader_batch.c - engram_reader_batch and _batch_stream: a batch of
- * tokens' rows of one table, cut into chunks of up to 2048 tokens, each
+ * tokens' rows of one table (the family's rows per token: 24 of a V4.1
+ * table, the PLE member's 16), cut into chunks of up to 2048 tokens, each
  * chunk one job (each distinct row read once) run to its end on the
  * calling thread; the stream hands each chunk to a sink.  Owns
  * reader_users(r)->batch; allocates nothing.
@@ -89,7 +90,7 @@ static int run_jobs(engram_reader *r, struct rjob **jobs, int n, engram_error *e
 static void *batch_dst(struct rjob *j, uint32_t idx)
 {
     const struct reader_batch *b = j->ctx;
-    return b->out + (size_t)idx * row_out_bytes(j->dtype);
+    return b->out + (size_t)idx * j->out_bytes;
 }
 
 static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, engram_dtype dtype,
@@ -102,8 +103,11 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "dtype %d is not BF16, F32 or RAW", (int)dtype);
     if (window_tokens == 0)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "a window of 0 tokens");
-    if (t < 0 || t >= ENGRAM_TABLES)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", t);
+    const engram_family *fam = &reader_model_info(r)->family;
+    const size_t cols = fam->rows_per_token, stride = (size_t)fam->tables * cols;
+    if (t < 0 || (unsigned)t >= fam->tables)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not one of the model's %u", t,
+                       fam->tables);
     int rc = reader_broken(r, err);
     if (rc < 0)
         return rc;
@@ -114,11 +118,11 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
         return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a batch is in progress");
     const uint32_t limit = (uint32_t)reader_model_info(r)->table[t].rows;
     for (size_t i = 0; i < n; i++)
-        for (int c = 0; c < ENGRAM_COLUMNS; c++) {
-            uint32_t row = rows[i * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + (size_t)c];
+        for (size_t c = 0; c < cols; c++) {
+            uint32_t row = rows[i * stride + (size_t)t * cols + c];
             if (row >= limit)
                 return err_set_row(err, -EINVAL, row,
-                                   "token %zu column %d: row %u of table %d is out of range (%u rows)",
+                                   "token %zu column %zu: row %u of table %d is out of range (%u rows)",
                                    i, c, row, t, limit);
         }
     reader_stats(r)->batches++;
@@ -129,7 +133,7 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
     j->reqs = bt->reqs;
     j->dst = batch_dst;
     j->ctx = bt;
-    size_t token_bytes = (size_t)ENGRAM_COLUMNS * row_out_bytes(dtype);
+    size_t token_bytes = cols * family_row_out_bytes(fam, dtype);
     size_t chunk = window_tokens < ENGRAM_BATCH_TOKENS ? window_tokens : ENGRAM_BATCH_TOKENS;
     rc = 0;
     bt->active = 1;
@@ -137,9 +141,9 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
         size_t k = n - at < chunk ? n - at : chunk;
         size_t nreq = 0;
         for (size_t i = 0; i < k; i++)
-            for (int c = 0; c < ENGRAM_COLUMNS; c++) {
-                uint64_t row = rows[(at + i) * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + (size_t)c];
-                bt->reqs[nreq++] = row << 32 | (uint64_t)(i * ENGRAM_COLUMNS + (size_t)c);
+            for (size_t c = 0; c < cols; c++) {
+                uint64_t row = rows[(at + i) * stride + (size_t)t * cols + c];
+                bt->reqs[nreq++] = row << 32 | (uint64_t)(i * cols + c);
             }
         j->nreq = nreq;
         bt->out = (uint8_t *)out + (sink ? 0 : at * token_bytes);

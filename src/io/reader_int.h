@@ -24,7 +24,7 @@
 struct rjob;
 typedef void *(*rjob_dst_fn)(struct rjob *j, uint32_t idx);
 typedef void (*rjob_done_fn)(struct rjob *j, uint32_t idx);
-/* Custom delivery of the row for requests [lo, hi) (raw: its 264 bytes,
+/* Custom delivery of the row for requests [lo, hi) (raw: its row_bytes,
  * valid during the call, not yet validated).  0; -EDOM with *why to fail
  * the job; 1 when the row did not decode and the owner dealt with it.  The
  * reader puts rows delivered with 0 into its row cache. */
@@ -40,6 +40,10 @@ struct rjob {
     engram_error err;
     int table;               /* every request of a job is for one table        */
     int dtype;               /* ENGRAM_BF16, ENGRAM_F32 or ENGRAM_RAW          */
+    /* set by reader_job_start from the reader's family */
+    uint32_t row_bytes;      /* a row as stored: 264 (V4.1), 320 (PLE)         */
+    uint32_t out_bytes;      /* a row as delivered in dtype                    */
+    int bf16_rows;           /* PLE: BF16 rows, copied or widened              */
     uint64_t *reqs;          /* (row << 32) | idx, sorted by reader_job_start  */
     size_t nreq;
     size_t cur[JOB_LANES], end[JOB_LANES];
@@ -83,6 +87,7 @@ struct reader_batch {
 };
 struct reader_step {
     int active, cancel_sent;
+    int tables, cols;        /* the family's: 2 x 24 (V4.1), 1 x 16 (PLE)      */
     struct rjob job[ENGRAM_TABLES];
     uint64_t reqs[ENGRAM_ROWS_PER_TOKEN];
     void *out;

@@ -1,6 +1,7 @@
 /*
  * reader_step.c - engram_reader_step_*: the one decode step a reader has in
- * flight (48 rows, one job per table: request idx = the column), submitted
+ * flight (a token's rows: V4.1's 48, one job per table, or the PLE
+ * member's 16 of its one table; request idx = the column), submitted
  * without waiting, then waited for, polled or cancelled; a step that fails
  * collects its reads before it returns.  Owns reader_users(r)->step;
  * allocates nothing.
@@ -12,11 +13,12 @@
 #include "reader_int.h"
 #include "common/util.h"
 
-/* The step's two jobs, one per table: request idx = the column (0..23). */
+/* The step's jobs, one per table of the model (V4.1 two, PLE one):
+ * request idx = the column (0..23, or 0..15). */
 static void *step_dst(struct rjob *j, uint32_t idx)
 {
     const struct reader_step *st = j->ctx;
-    return (uint8_t *)st->out + ((size_t)j->table * ENGRAM_COLUMNS + idx) * row_out_bytes(j->dtype);
+    return (uint8_t *)st->out + ((size_t)j->table * st->cols + idx) * j->out_bytes;
 }
 
 static struct reader_step *step_of(engram_reader *r)
@@ -33,7 +35,7 @@ static int step_error(engram_reader *r, engram_error *err)
 {
     /* the job that failed first, not one abandoned because of it */
     for (int pass = 0; pass < 2; pass++)
-        for (int t = 0; t < ENGRAM_TABLES; t++)
+        for (int t = 0; t < step_of(r)->tables; t++)
             if (step_jobs(r, t)->rc != 0 && (pass == 1 || !step_jobs(r, t)->abandoned)) {
                 if (err)
                     *err = step_jobs(r, t)->err;
@@ -62,7 +64,7 @@ static void step_fail(engram_reader *r, int code, const char *what)
 /* Issues what can be issued; a hard engine error fails the step. */
 static void step_push(engram_reader *r)
 {
-    for (int t = 0; t < ENGRAM_TABLES; t++)
+    for (int t = 0; t < step_of(r)->tables; t++)
         reader_job_issue(r, step_jobs(r, t), UINT32_MAX);
     if (step_error(r, NULL) != 0)
         return;
@@ -73,7 +75,10 @@ static void step_push(engram_reader *r)
 
 static int step_finished(engram_reader *r)
 {
-    return reader_job_finished(step_jobs(r, 0)) && reader_job_finished(step_jobs(r, 1));
+    for (int t = 0; t < step_of(r)->tables; t++)
+        if (!reader_job_finished(step_jobs(r, t)))
+            return 0;
+    return 1;
 }
 
 int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_PER_TOKEN],
@@ -92,25 +97,29 @@ int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_
     struct reader_step *st = step_of(r);
     if (st->active)
         return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a decode step is already in flight");
-    for (int k = 0; k < ENGRAM_ROWS_PER_TOKEN; k++) {
-        int t = k / ENGRAM_COLUMNS;
+    const engram_family *fam = &reader_model_info(r)->family;
+    const int cols = (int)fam->rows_per_token, tables = (int)fam->tables;
+    for (int k = 0; k < tables * cols; k++) {
+        int t = k / cols;
         if (rows[k] >= reader_model_info(r)->table[t].rows)
             return err_set_row(err, -EINVAL, rows[k], "column %d: row %u of table %d is out of range",
-                               k % ENGRAM_COLUMNS, rows[k], t);
+                               k % cols, rows[k], t);
     }
     st->active = 1;
+    st->tables = tables;
+    st->cols = cols;
     st->cancel_sent = 0;
     st->out = out;
     st->t0 = util_now_ns();
-    for (int t = 0; t < ENGRAM_TABLES; t++) {
+    for (int t = 0; t < tables; t++) {
         struct rjob *j = step_jobs(r, t);
         memset(j, 0, sizeof *j);
         j->table = t;
         j->dtype = dtype;
-        j->reqs = st->reqs + t * ENGRAM_COLUMNS;
-        for (int c = 0; c < ENGRAM_COLUMNS; c++)
-            j->reqs[c] = (uint64_t)rows[t * ENGRAM_COLUMNS + c] << 32 | (uint64_t)c;
-        j->nreq = ENGRAM_COLUMNS;
+        j->reqs = st->reqs + t * cols;
+        for (int c = 0; c < cols; c++)
+            j->reqs[c] = (uint64_t)rows[t * cols + c] << 32 | (uint64_t)c;
+        j->nreq = (size_t)cols;
         j->dst = step_dst;
         j->ctx = st;
         reader_job_start(r, j);
@@ -168,7 +177,7 @@ int engram_reader_step_poll(engram_reader *r, engram_error *err)
         /* Failed: collect the rest without blocking, after asking for it
          * to be cancelled once (the other table's job is abandoned first, so
          * its cancelled reads are not taken for its own failure). */
-        for (int t = 0; t < ENGRAM_TABLES; t++) {
+        for (int t = 0; t < step_of(r)->tables; t++) {
             struct rjob *j = step_jobs(r, t);
             if (j->rc == 0) {
                 reader_job_fail(j, -ECANCELED, "abandoned after another read failed");

@@ -14,9 +14,10 @@
 
 struct rowcache {
     uint64_t sets;
+    size_t row_bytes;  /* 264 (V4.1) or 320 (PLE)                          */
     uint64_t *tag;     /* [sets][WAYS]: (table << 32 | row) + 1, 0 = empty */
     uint8_t *rrpv;     /* [sets][WAYS]                                      */
-    uint8_t *data;     /* [sets][WAYS][264]                                 */
+    uint8_t *data;     /* [sets][WAYS][row_bytes]                           */
 };
 
 static uint64_t key_of(int table, uint32_t row)
@@ -34,20 +35,28 @@ static uint64_t set_of(const struct rowcache *c, uint64_t key)
 
 int rowcache_new(uint64_t bytes, struct rowcache **out)
 {
+    return rowcache_new_sized(bytes, ENGRAM_ROW_BYTES, out);
+}
+
+int rowcache_new_sized(uint64_t bytes, size_t row_bytes, struct rowcache **out)
+{
+    if (row_bytes == 0 || row_bytes > 4096)
+        return -EINVAL;
     uint64_t sets = (bytes > sizeof(struct rowcache) ? bytes - sizeof(struct rowcache) : 0) /
-                    ((uint64_t)ROWCACHE_WAYS * ROWCACHE_ENTRY_BYTES);
+                    ((uint64_t)ROWCACHE_WAYS * (row_bytes + 9));
     if (sets == 0)
         return -EINVAL;
-    if (sets > SIZE_MAX / ((size_t)ROWCACHE_WAYS * ENGRAM_ROW_BYTES))
+    if (sets > SIZE_MAX / ((size_t)ROWCACHE_WAYS * row_bytes))
         return -ENOMEM;
     struct rowcache *c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
     size_t n = (size_t)sets * ROWCACHE_WAYS;
     c->sets = sets;
+    c->row_bytes = row_bytes;
     c->tag = calloc(n, sizeof *c->tag);
     c->rrpv = malloc(n);
-    c->data = malloc(n * ENGRAM_ROW_BYTES);
+    c->data = malloc(n * row_bytes);
     if (!c->tag || !c->rrpv || !c->data) {
         rowcache_free(c);
         return -ENOMEM;
@@ -74,7 +83,7 @@ const uint8_t *rowcache_get(struct rowcache *c, int table, uint32_t row)
     for (unsigned w = 0; w < ROWCACHE_WAYS; w++)
         if (c->tag[base + w] == key) {
             c->rrpv[base + w] = 0;
-            return c->data + (base + w) * ENGRAM_ROW_BYTES;
+            return c->data + (base + w) * c->row_bytes;
         }
     return NULL;
 }
@@ -93,7 +102,7 @@ void rowcache_put(struct rowcache *c, int table, uint32_t row, const uint8_t *ra
             if (c->rrpv[base + w] == RRPV_MAX) {
                 c->tag[base + w] = key;
                 c->rrpv[base + w] = RRPV_NEW;
-                memcpy(c->data + (base + w) * ENGRAM_ROW_BYTES, raw, ENGRAM_ROW_BYTES);
+                memcpy(c->data + (base + w) * c->row_bytes, raw, c->row_bytes);
                 return;
             }
         for (unsigned w = 0; w < ROWCACHE_WAYS; w++)
@@ -108,5 +117,5 @@ uint64_t rowcache_rows(const struct rowcache *c)
 
 uint64_t rowcache_bytes(const struct rowcache *c)
 {
-    return c ? sizeof *c + c->sets * ROWCACHE_WAYS * (uint64_t)ROWCACHE_ENTRY_BYTES : 0;
+    return c ? sizeof *c + c->sets * ROWCACHE_WAYS * (uint64_t)(c->row_bytes + 9) : 0;
 }

@@ -3,7 +3,7 @@
  *
  * Rows repeat across batches and decode steps (frequent 2-grams above all),
  * and without the page cache each repeat would be another device read.  The
- * cache keeps raw 264-byte rows, already validated by a decode, in memory
+ * cache keeps raw rows (264 bytes for V4.1, 320 for PLE), already validated by a decode, in memory
  * whose size the caller fixes at creation; nothing grows afterwards.
  *
  * 8-way set associative with 2-bit re-reference interval prediction
@@ -20,7 +20,8 @@
 #include "engram.h"
 
 #define ROWCACHE_WAYS 8
-/* Bytes per cached row: the row, its tag and its 1-byte prediction. */
+/* Bytes per cached row: the row, its tag and its 1-byte prediction (V4.1's
+ * rows; row_bytes + 9 for a cache of other rows). */
 #define ROWCACHE_ENTRY_BYTES (ENGRAM_ROW_BYTES + 8 + 1)
 
 struct rowcache;
@@ -28,6 +29,8 @@ struct rowcache;
 /* A cache using at most `bytes` (arrays included); -EINVAL if that is less
  * than one set, -ENOMEM if the allocation fails. */
 int rowcache_new(uint64_t bytes, struct rowcache **out);
+/* The same for rows of row_bytes (1 .. 4096: -EINVAL otherwise). */
+int rowcache_new_sized(uint64_t bytes, size_t row_bytes, struct rowcache **out);
 void rowcache_free(struct rowcache *c);
 
 /* The cached raw row, or NULL; a hit refreshes the row's prediction.  The
