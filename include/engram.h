@@ -279,10 +279,15 @@ typedef struct engram_table_info {
  *     above are its numbers.
  *   - ENGRAM_MEMBER_PLE: Qwen3.8's per-layer embedding (GGUF arch
  *     qwen4exp, SPEC.md 10): one table of 320-byte BF16 rows, 3-grams of
- *     raw ids, 16 rows per token, one layer.  Served so far (issue #22 in
- *     progress): engram_model_open, _get_info, _read_raw/_f32/_bf16,
- *     _dup_fd and engram_ple_hash; the reader, pools and layers refuse it
- *     with -ENOTSUP naming the member.
+ *     raw ids, 16 rows per token, one layer, a per-sequence convolution
+ *     state.  Served (issue #22 in progress): engram_model_open, _get_info,
+ *     _read_raw/_f32/_bf16, _dup_fd, engram_ple_hash, the reader, and the
+ *     pool with its sessions, steps (begin, _many, _batch, waits, commit,
+ *     engram_step_apply), prefills (engram_prefill_apply) and snapshots
+ *     (engram_session_save / _load), in the family's numbers: one table
+ *     (t = 0; table 1 is -EINVAL), 16 rows of 160 values a token (a
+ *     step's out is [k][16] rows), the session masks of ENGRAM_MASK_*;
+ *     the V4.1 hasher and layout calls answer NULL for it.
  * What differs between members is in engram_family (engram_model_info).
  */
 typedef enum engram_member {
@@ -751,7 +756,27 @@ void engram_reader_reset_stats(engram_reader *r);
  * reads of the same row wanted by several sessions at once, decodes rows
  * into the sessions' buffers and wakes whoever waits for them.  A session
  * is its hash history and the state of its current step or prefill:
- * sizeof(struct) <= ENGRAM_SESSION_MAX_BYTES besides the caller's buffers.
+ * sizeof(struct) <= ENGRAM_SESSION_MAX_BYTES besides the caller's buffers;
+ * a PLE session holds besides its convolution state twice (committed and
+ * tentative): 2 x family.state_floats x 4 bytes (720 KiB at W = 2560,
+ * T = 4; a model whose state has fewer than ENGRAM_MAX_DRAFT frames adds
+ * 8 frames of 4W floats to the tentative one), allocated at open.
+ *
+ * Members: what is said below in V4.1's numbers (2 tables, 24 rows per
+ * table and token, 48 per token, rows of 256 values or 264 bytes) holds
+ * for a PLE model in its own (engram_family: 1 table, 16 rows per token,
+ * rows of 160 BF16 values or 320 bytes: RAW and BF16 are the same bytes,
+ * F32 the values widened).  Masks (mask NULL or [n] of the tokens): V4.1
+ * reads mask[i] == 0 as masked (a dead history entry, nothing read),
+ * anything else as a token.  PLE: ENGRAM_MASK_PAD (0: padding, hashed as
+ * EOS, nothing read, its rows in out untouched, a zero frame for the
+ * convolution), ENGRAM_MASK_TEXT (1) or ENGRAM_MASK_IMAGE (2: hashed as
+ * the image token, or EOS where the file has none; its rows are read);
+ * any other value is -EINVAL naming its position.  Every token is checked
+ * against the vocabulary, padding included.  History (engram_history):
+ * PLE id[0] = the previous id as the hash reads it (lag 1), id[1] = the
+ * one before (lag 2), id[2] = -1; a new session is at a sequence start
+ * (both lags EOS, as engram_ple_history_reset).
  *
  * Order of service: decode steps before prefill chunks; among steps, the
  * oldest first, and every waiting step's table-0 rows (needed at layer 1)
@@ -802,7 +827,11 @@ typedef struct engram_pool engram_pool;
 typedef struct engram_session engram_session;
 
 #define ENGRAM_MAX_DRAFT 8u               /* tokens of one step             */
-#define ENGRAM_SESSION_MAX_BYTES 4096u    /* a session's own memory         */
+#define ENGRAM_SESSION_MAX_BYTES 4096u    /* a session's own memory (V4.1; PLE
+                                             adds its state, see above)     */
+#define ENGRAM_MASK_PAD 0u                /* session masks: padding / masked */
+#define ENGRAM_MASK_TEXT 1u               /* a token                         */
+#define ENGRAM_MASK_IMAGE 2u              /* PLE: an image position          */
 #define ENGRAM_ROUND_TOKENS 512u          /* tokens the I/O thread merges into one round of reads */
 #define ENGRAM_FOREVER UINT64_MAX         /* timeout_ns: no limit           */
 #define ENGRAM_RING_CACHE_DEFAULT (256ull << 20) /* bytes of free prefill rings a pool keeps */
@@ -934,6 +963,56 @@ typedef struct engram_step_info {
 void engram_step_get_info(const engram_session *s, engram_step_info *info);
 
 /*
+ * Applies the step's rows of the table of a's layer to residual [k][S][W]
+ * of resid_dtype (the step's k tokens; updated in place), with the step's
+ * mask (masked / padding tokens untouched), after a wait for that table
+ * returned 0 in this step (-EINVAL otherwise, naming the table).
+ *  - V4.1: engram_apply_strided over the step's out (table t's rows of
+ *    token i at row i * 48 + t * 24); the step's dtype BF16 or F32 (RAW:
+ *    -EINVAL).  Call it once per table (layers 1 and 14).
+ *  - PLE: engram_apply_seq over the step's BF16 rows (dtype BF16 or RAW,
+ *    the same bytes; F32: -EINVAL), starting from the session's committed
+ *    convolution state, into a tentative state (the session's; nothing
+ *    allocated).  engram_step_commit(j) then makes the committed state the
+ *    one after the step's first j tokens; abort, close, a commit of 0
+ *    tokens or a failed step leave it as it was.  A commit without a
+ *    step_apply in the step leaves the state unchanged (an engine that
+ *    applies elsewhere, a GPU, keeps its own state).  Applying again in the
+ *    same step starts again from the committed state (the residual is the
+ *    caller's: pass the original).  The result is the same bits as one
+ *    engram_apply_seq over the committed tokens (the batch invariance).
+ * Errors: -EINVAL (no step, a table not waited for, a layer of another
+ * width or streams, dtypes), engram_apply_strided's / engram_apply_seq's
+ * (-EDOM: residuals of the tokens before the failing one updated; the
+ * state is then not committed by this step).  Threads: a call that
+ * starts or ends something (see "Threads" above): not concurrently with
+ * other such calls on the session, nor with another apply on it.  Memory:
+ * none allocated; the applier's workspace.
+ */
+int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engram_dtype resid_dtype,
+                      engram_error *err);
+
+/*
+ * A session's whole per-sequence state (its committed history, and for PLE
+ * its committed convolution state), as bytes: a header (magic "ENGS",
+ * version 1, member, state floats, width; host byte order: for this
+ * machine's processes, not an interchange format), the 3 history ints,
+ * then the state's floats (PLE: family.state_floats).  Size:
+ * engram_session_state_bytes (40 bytes for V4.1; 40 + 4 x state_floats
+ * for PLE, 368,680 at W = 2560, T = 4; 0 for NULL).
+ * save: buf of at least that many bytes (-EINVAL otherwise); -EBUSY
+ * during a step or prefill.  load: validated as a whole first (the size
+ * exactly, magic, version, member, state floats and width of this pool's
+ * model, the history as engram_session_set_history, every float finite:
+ * -EINVAL naming what), then -EBUSY during a step or prefill; on any
+ * error the session is unchanged.  Neither allocates.  A session loaded
+ * from another's snapshot continues bit for bit as the other would.
+ */
+size_t engram_session_state_bytes(const engram_session *s);
+int engram_session_save(const engram_session *s, void *buf, size_t len, engram_error *err);
+int engram_session_load(engram_session *s, const void *buf, size_t len, engram_error *err);
+
+/*
  * Prefill with prefetch: the prompt's tokens are validated first, then the
  * pool's I/O thread hashes and reads them chunk by chunk (chunk_tokens, each
  * chunk de-duplicated) into a ring of ring_chunks chunk buffers per table,
@@ -983,6 +1062,11 @@ typedef struct engram_prefill_opts {
  * refuse. */
 size_t engram_prefill_ring_bytes_for(const engram_prefill_opts *opts, size_t n_tokens);
 size_t engram_prefill_ring_bytes(const engram_prefill_opts *opts);
+/* The same for the prompts of a pool, in its model's numbers (the two
+ * above are V4.1's, an upper bound for every member: a PLE ring is
+ * smaller).  0 for NULL or options begin would refuse. */
+size_t engram_pool_prefill_ring_bytes(const engram_pool *p, const engram_prefill_opts *opts,
+                                      size_t n_tokens);
 
 /* tokens and mask (NULL or [n]) must stay valid until end or cancel.
  * -EINVAL (a bad token, naming its position; options), -EBUSY, -ENOMEM,
@@ -1010,12 +1094,33 @@ int engram_prefill_wait_timed(engram_prefill *pf, int table, size_t c, uint64_t 
 void engram_prefill_release(engram_prefill *pf, int table, size_t c);
 void engram_prefill_start_table1(engram_prefill *pf);
 
+/*
+ * Applies chunk c's rows of the table of a's layer (after a wait for it
+ * returned 0, before its release: -EINVAL otherwise) to that chunk's
+ * residual [chunk tokens][S][W] of resid_dtype, with the prompt's mask.
+ * A table's chunks are applied in order from 0 (-EINVAL naming the next
+ * one otherwise), by the thread that waits for them.  V4.1: engram_apply
+ * (the prefill's dtype BF16 or F32).  PLE: engram_apply_seq (dtype BF16
+ * or RAW) carrying a prefill-local convolution state (4 x state_floats
+ * bytes, allocated at begin) that starts from the session's committed
+ * state; at engram_prefill_end the session's state becomes it if the
+ * history is committed and every chunk was applied.  If no chunk was
+ * applied the state is unchanged (an engine applying elsewhere); if some
+ * were (engram_prefill_info.chunks_applied tells, before end), end
+ * commits the history and leaves the state unchanged.  After a failed
+ * apply (-EDOM: see engram_apply_seq) no later chunk of the table applies
+ * (-EINVAL) and the state is not committed.
+ */
+int engram_prefill_apply(engram_prefill *pf, size_t c, engram_applier *a, void *residual,
+                         engram_dtype resid_dtype, engram_error *err);
+
 typedef struct engram_prefill_info {
     size_t chunks;               /* of the prompt                            */
     unsigned chunk_tokens, ring_chunks; /* as sized for the prompt           */
     size_t ring_bytes;           /* both tables' rings                       */
     uint64_t begin_ns;           /* CLOCK_MONOTONIC at begin                 */
     size_t ready[ENGRAM_TABLES]; /* chunks read per table                    */
+    size_t chunks_applied[ENGRAM_TABLES]; /* by engram_prefill_apply       */
     /* when each table's first chunk, and its latest, were published (0: none) */
     uint64_t first_ready_ns[ENGRAM_TABLES], last_ready_ns[ENGRAM_TABLES];
 } engram_prefill_info;

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "applier.h"
 #include "kernels.h"
 #include "team.h"
 #include "common/util.h"
@@ -228,6 +229,11 @@ int engram_applier_new(const engram_layer *L, const engram_apply_opts *opts, eng
 uint64_t engram_applier_bytes(const engram_applier *a)
 {
     return a ? a->bytes : 0;
+}
+
+const engram_layer *applier_layer(const engram_applier *a)
+{
+    return a->L;
 }
 
 /* ------------------------------------------------------------ the calls */

@@ -165,9 +165,6 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
 {
     if (!m || !out)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
-    int rc0 = model_v41_only(m, "engram_pool_open", err);
-    if (rc0 < 0)
-        return rc0;
     engram_pool *p = calloc(1, sizeof *p);
     if (!p || !(p->rounds = calloc(ROUNDS, sizeof *p->rounds))) {
         free(p);
@@ -175,6 +172,27 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
     }
     p->m = m;
     p->hasher = engram_model_hasher(m);
+    engram_model_info mi;
+    engram_model_get_info(m, &mi);
+    p->fam = mi.family;
+    p->ple = mi.family.member == ENGRAM_MEMBER_PLE;
+    p->tables = mi.family.tables;
+    p->cols = mi.family.rows_per_token;
+    p->rpt = p->tables * p->cols;
+    p->vocab = mi.family.vocab;
+    p->width = mi.width;
+    p->streams = mi.streams;
+    if (p->ple) {
+        p->frame_floats = (size_t)mi.streams * mi.width;
+        p->frames = p->frame_floats ? mi.family.state_floats / p->frame_floats : 0;
+        /* k <= F: one call, its frames are the tentative state's last k;
+         * k > F (a model with a short kernel): F frames of running state
+         * and the step's frames after them */
+        p->tent_floats = p->frames >= ENGRAM_MAX_DRAFT ? (size_t)mi.family.state_floats
+                                                       : (p->frames + ENGRAM_MAX_DRAFT) * p->frame_floats;
+        if (!p->frames)
+            p->tent_floats = 0;
+    }
     if (opts && opts->reader.host.reg && opts->reader.host.unreg)
         p->host = opts->reader.host;
     p->ring_cache_cap = opts && opts->ring_cache_bytes ? opts->ring_cache_bytes : ENGRAM_RING_CACHE_DEFAULT;

@@ -144,6 +144,8 @@ void pool_ring_give(engram_pool *p, struct ring *rg)
 
 void serve_session_free(engram_session *s)
 {
+    free(s->conv);
+    free(s->conv_tent);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

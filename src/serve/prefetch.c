@@ -19,10 +19,12 @@
 
 #include "serve_int.h"
 #include "common/util.h"
+#include "output/applier.h"
+#include "apply_seq_pending.h"
 
 static size_t chunk_bytes(const engram_prefill *pf)
 {
-    return (size_t)pf->chunk * ENGRAM_COLUMNS * pf->row_bytes;
+    return (size_t)pf->chunk * pf->cols * pf->row_bytes;
 }
 
 /* Request idx = token in chunk * 24 + column -> its row in the ring. */
@@ -41,17 +43,25 @@ static void pf_free(engram_prefill *pf)
         free(pf->reqs[t]);
     pool_ring_give(p, &pf->own);
     free(pf->rows48);
+    free(pf->kinds);
+    free(pf->conv);
     pthread_mutex_destroy(&pf->mu);
     pthread_cond_destroy(&pf->cv);
     free(pf);
     pool_handle_gone(p);
 }
 
+/* V4.1's numbers, for the ring sizes asked without a pool (an upper bound
+ * for every member: a token's rows of any dtype are fewest bytes for PLE). */
+static const engram_family v41_rows = {.tables = ENGRAM_TABLES, .rows_per_token = ENGRAM_COLUMNS,
+                                       .row_bytes = ENGRAM_ROW_BYTES, .row_values = ENGRAM_ROW_VALUES};
+
 /* Checked options -> chunk and ring for a prompt of n tokens (SIZE_MAX:
- * any prompt); the ring's bytes, 0 if begin would refuse the options.  A
- * prompt shorter than a chunk gets a chunk of its length, and a ring never
- * has more chunks than the prompt. */
-static size_t ring_len(const engram_prefill_opts *o, size_t n, unsigned *chunk, unsigned *ring)
+ * any prompt) of a model of family f; the ring's bytes, 0 if begin would
+ * refuse the options.  A prompt shorter than a chunk gets a chunk of its
+ * length, and a ring never has more chunks than the prompt. */
+static size_t ring_len(const engram_family *f, const engram_prefill_opts *o, size_t n, unsigned *chunk,
+                       unsigned *ring)
 {
     *chunk = o->chunk_tokens ? o->chunk_tokens : ENGRAM_BATCH_TOKENS;
     *ring = o->ring_chunks ? o->ring_chunks : 2;
@@ -63,7 +73,7 @@ static size_t ring_len(const engram_prefill_opts *o, size_t n, unsigned *chunk, 
     size_t chunks = n == SIZE_MAX ? SIZE_MAX : (n + *chunk - 1) / *chunk;
     if (chunks < *ring)
         *ring = chunks ? (unsigned)chunks : 1;
-    return (size_t)ENGRAM_TABLES * *ring * *chunk * ENGRAM_COLUMNS * row_out_bytes(o->dtype);
+    return (size_t)f->tables * *ring * *chunk * f->rows_per_token * family_row_out_bytes(f, o->dtype);
 }
 
 size_t engram_prefill_ring_bytes(const engram_prefill_opts *opts)
@@ -77,7 +87,19 @@ size_t engram_prefill_ring_bytes_for(const engram_prefill_opts *opts, size_t n_t
     if (opts)
         o = *opts;
     unsigned chunk, ring;
-    return ring_len(&o, n_tokens, &chunk, &ring);
+    return ring_len(&v41_rows, &o, n_tokens, &chunk, &ring);
+}
+
+size_t engram_pool_prefill_ring_bytes(const engram_pool *p, const engram_prefill_opts *opts,
+                                      size_t n_tokens)
+{
+    if (!p)
+        return 0;
+    engram_prefill_opts o = {0};
+    if (opts)
+        o = *opts;
+    unsigned chunk, ring;
+    return ring_len(&p->fam, &o, n_tokens, &chunk, &ring);
 }
 
 /* Which option ring_len refused. */
@@ -99,23 +121,21 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
     if (!s || !out || (n > 0 && !tokens))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s",
                        !s ? "session" : !out ? "out" : "tokens");
+    engram_pool *p = s->p;
     engram_prefill_opts o = {0};
     if (opts)
         o = *opts;
     unsigned chunk, ring;
-    size_t len = ring_len(&o, n, &chunk, &ring);
+    size_t len = ring_len(&p->fam, &o, n, &chunk, &ring);
     if (len == 0)
         return bad_opts(&o, err);
     if (o.ring_mem && (o.ring_bytes < len || (uintptr_t)o.ring_mem % 64))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
                        "prefill ring memory: %zu bytes at %p; these options need %zu, 64-byte aligned",
                        o.ring_bytes, o.ring_mem, len);
-    engram_pool *p = s->p;
-    uint32_t vocab = engram_hasher_layout(p->hasher)->vocab;
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] >= vocab)
-            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "token %zu (%u) is not < vocab %u", i,
-                           tokens[i], vocab);
+    int bad = serve_check_tokens(p, tokens, mask, n, 0, err);
+    if (bad < 0)
+        return bad;
     pthread_mutex_lock(&s->mu);
     int busy = s->state != S_IDLE;
     engram_history hist = s->hist;
@@ -139,24 +159,42 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
     pf->ring = ring;
     pf->chunks = (n + chunk - 1) / chunk;
     pf->dtype = o.dtype;
-    pf->row_bytes = row_out_bytes(o.dtype);
+    pf->row_bytes = family_row_out_bytes(&p->fam, o.dtype);
+    pf->tables = p->tables;
+    pf->cols = p->cols;
     pf->ring_len = len;
     pf->delay_ns = o.table1_delay_ns;
     pf->table1_go = o.table1_delay_ns == 0;
     pthread_mutex_init(&pf->mu, NULL);
     pool_cond_init(&pf->cv);
-    int ok = (pf->rows48 = malloc((size_t)chunk * ENGRAM_ROWS_PER_TOKEN * sizeof *pf->rows48)) != NULL;
+    int ok = (pf->rows48 = malloc((size_t)chunk * p->rpt * sizeof *pf->rows48)) != NULL;
+    if (ok && p->ple)
+        ok = (pf->kinds = malloc(chunk)) != NULL;
+    size_t nf = p->frames * p->frame_floats;
+    if (ok && nf) { /* the prefill's state starts from the session's committed one */
+        ok = (pf->conv = malloc(nf * sizeof *pf->conv)) != NULL;
+        if (ok) {
+            pthread_mutex_lock(&s->mu);
+            memcpy(pf->conv, s->conv, nf * sizeof *pf->conv);
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
     uint8_t *mem = o.ring_mem;
     if (ok && !mem) {
         ok = pool_ring_take(p, len, &pf->own) == 0;
         mem = pf->own.mem;
     }
-    for (int t = 0; t < ENGRAM_TABLES && ok; t++) {
-        pf->reqs[t] = malloc((size_t)chunk * ENGRAM_COLUMNS * sizeof *pf->reqs[t]);
+    for (unsigned t = 0; t < ENGRAM_TABLES; t++)
+        atomic_init(&pf->ready[t], 0);
+    for (unsigned t = 0; t < ENGRAM_TABLES && ok; t++) {
+        pf->hist[t] = hist;
+        if (t >= pf->tables) { /* a table the family lacks: never read */
+            pf->next[t] = pf->chunks;
+            continue;
+        }
+        pf->reqs[t] = malloc((size_t)chunk * pf->cols * sizeof *pf->reqs[t]);
         pf->buf[t] = mem + (size_t)t * ring * chunk_bytes(pf);
         ok = pf->reqs[t] != NULL;
-        pf->hist[t] = hist;
-        atomic_init(&pf->ready[t], 0);
     }
     pthread_mutex_lock(&p->mu);
     int rc = ok ? 0 : err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for the prefill's ring (%zu bytes)",
@@ -195,7 +233,7 @@ size_t engram_prefill_chunks(const engram_prefill *pf)
 
 size_t engram_prefill_ready(const engram_prefill *pf, int table)
 {
-    if (!pf || table < 0 || table >= ENGRAM_TABLES)
+    if (!pf || table < 0 || (unsigned)table >= pf->tables)
         return 0;
     return atomic_load_explicit(&((engram_prefill *)(uintptr_t)pf)->ready[table], memory_order_acquire);
 }
@@ -213,6 +251,7 @@ void engram_prefill_get_info(const engram_prefill *pf, engram_prefill_info *info
     info->ring_bytes = pf->ring_len;
     info->begin_ns = pf->t_begin;
     for (int t = 0; t < ENGRAM_TABLES; t++) {
+        info->chunks_applied[t] = pf->applied[t] == SIZE_MAX ? 0 : pf->applied[t];
         info->ready[t] = atomic_load(&m->ready[t]);
         info->first_ready_ns[t] = pf->first_ns[t];
         info->last_ready_ns[t] = pf->last_ns[t];
@@ -223,7 +262,7 @@ void engram_prefill_get_info(const engram_prefill *pf, engram_prefill_info *info
 int engram_prefill_wait_timed(engram_prefill *pf, int t, size_t c, uint64_t timeout_ns,
                               const void **rows, size_t *first, size_t *n_tokens, engram_error *err)
 {
-    if (!pf || t < 0 || t >= ENGRAM_TABLES || c >= pf->chunks)
+    if (!pf || t < 0 || (unsigned)t >= pf->tables || c >= pf->chunks)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no chunk %zu of table %d", c, t);
     pthread_mutex_lock(&pf->mu);
     int rc = 0, ready = atomic_load(&pf->ready[t]) > c;
@@ -291,7 +330,7 @@ int engram_prefill_wait(engram_prefill *pf, int t, size_t c, const void **rows, 
 
 void engram_prefill_release(engram_prefill *pf, int t, size_t c)
 {
-    if (!pf || t < 0 || t >= ENGRAM_TABLES || c >= pf->chunks)
+    if (!pf || t < 0 || (unsigned)t >= pf->tables || c >= pf->chunks)
         return;
     pthread_mutex_lock(&pf->mu);
     if (c + 1 > pf->released[t])
@@ -308,6 +347,55 @@ void engram_prefill_start_table1(engram_prefill *pf)
     pf->table1_go = 1;
     pthread_mutex_unlock(&pf->mu);
     pool_kick(pf->p);
+}
+
+int engram_prefill_apply(engram_prefill *pf, size_t c, engram_applier *a, void *residual,
+                         engram_dtype resid_dtype, engram_error *err)
+{
+    if (!pf || !a || !residual)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s", !pf ? "prefill" : !a ? "applier" : "residual");
+    engram_pool *p = pf->p;
+    engram_layer_info li;
+    engram_layer_get_info(applier_layer(a), &li);
+    int t = li.table;
+    if (li.width != p->width || li.streams != p->streams)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "the applier's layer is %u wide with %u streams; the pool's model %u with %u",
+                       li.width, li.streams, p->width, p->streams);
+    if (t < 0 || (unsigned)t >= pf->tables)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "the applier's table %d is not one of the model's", t);
+    if ((!p->ple && pf->dtype == ENGRAM_RAW) || (p->ple && pf->dtype == ENGRAM_F32))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "the prefill's rows are %s: apply %s rows",
+                       pf->dtype == ENGRAM_RAW ? "RAW" : "F32", p->ple ? "BF16 or RAW" : "BF16 or F32");
+    pthread_mutex_lock(&pf->mu);
+    int rc = 0;
+    if (c >= pf->chunks)
+        rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no chunk %zu of table %d", c, t);
+    else if (pf->applied[t] == SIZE_MAX)
+        rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "an earlier apply of table %d's chunks failed", t);
+    else if (c != pf->applied[t])
+        rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                     "chunk %zu of table %d: chunks are applied in order from 0 (the next is %zu)", c, t,
+                     pf->applied[t]);
+    else if (c >= atomic_load(&pf->ready[t]) || c < pf->released[t])
+        rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "chunk %zu of table %d is %s", c, t,
+                     c < pf->released[t] ? "released" : "not read yet (wait for it first)");
+    pthread_mutex_unlock(&pf->mu);
+    if (rc < 0)
+        return rc;
+    const uint8_t *rows = pf->buf[t] + (c % pf->ring) * chunk_bytes(pf);
+    size_t first = c * pf->chunk, nt = pf->n - first < pf->chunk ? pf->n - first : pf->chunk;
+    const uint8_t *mask = pf->mask ? pf->mask + first : NULL;
+    if (p->ple)
+        rc = engram_apply_seq(a, rows, ENGRAM_BF16, residual, resid_dtype, mask, nt, pf->conv, err);
+    else
+        rc = engram_apply(a, rows, (engram_dtype)pf->dtype, residual, resid_dtype, mask, nt, err);
+    pthread_mutex_lock(&pf->mu);
+    /* a failed apply may have advanced the state over part of the chunk:
+     * no later chunk can be applied, and end keeps the session's state */
+    pf->applied[t] = rc == 0 ? c + 1 : (p->ple ? SIZE_MAX : pf->applied[t]);
+    pthread_mutex_unlock(&pf->mu);
+    return rc;
 }
 
 /* Asks the I/O thread to stop the prefill and waits (up to timeout_ns)
@@ -341,14 +429,25 @@ static int detach(engram_prefill *pf, uint64_t timeout_ns)
     return done ? 0 : -ETIMEDOUT;
 }
 
+/* Every chunk of every table of the family was read. */
+static int pf_complete(engram_prefill *pf)
+{
+    for (unsigned t = 0; t < pf->tables; t++)
+        if (atomic_load(&pf->ready[t]) != pf->chunks)
+            return 0;
+    return 1;
+}
+
 /* The prefill's outcome once detached; commits the history when every
- * chunk of both tables was read and its session is still open. */
+ * chunk of both tables was read and its session is still open, and the
+ * state (PLE) when besides every chunk was applied. */
 static int finish(engram_prefill *pf, int commit, engram_error *err)
 {
     int rc = 0;
     pthread_mutex_lock(&pf->mu);
     engram_session *s = pf->s;
-    int complete = atomic_load(&pf->ready[0]) == pf->chunks && atomic_load(&pf->ready[1]) == pf->chunks;
+    int complete = pf_complete(pf);
+    int applied = pf->conv && pf->applied[0] == pf->chunks;
     if (!complete || !s) {
         if (pf->rc) {
             rc = pf->rc;
@@ -363,8 +462,11 @@ static int finish(engram_prefill *pf, int commit, engram_error *err)
     SCHED_POINT("prefill: outcome read");
     if (s) {
         pthread_mutex_lock(&s->mu);
-        if (rc == 0 && commit)
+        if (rc == 0 && commit) {
             s->hist = pf->hist[0];
+            if (applied)
+                memcpy(s->conv, pf->conv, s->p->frames * s->p->frame_floats * sizeof *s->conv);
+        }
         s->state = S_IDLE;
         s->pf = NULL;
         pthread_mutex_unlock(&s->mu);
@@ -405,15 +507,23 @@ static void start_chunk(engram_pool *p, engram_prefill *pf, int t)
     size_t c = pf->next[t], at = c * pf->chunk;
     size_t k = pf->n - at < pf->chunk ? pf->n - at : pf->chunk;
     /* validated at begin: cannot fail */
-    engram_hash_tokens(p->hasher, &pf->hist[t], pf->tokens + at, pf->mask ? pf->mask + at : NULL, k,
-                       pf->rows48, NULL);
-    size_t nreq = 0;
+    if (p->ple) {
+        for (size_t i = 0; i < k; i++)
+            pf->kinds[i] = serve_ple_kind(pf->mask, at + i);
+        engram_ple_history ph = serve_ple_of_hist(&pf->hist[t]);
+        engram_ple_hash(p->m, &ph, pf->tokens + at, pf->kinds, k, pf->rows48, NULL);
+        pf->hist[t] = serve_hist_of_ple(&ph);
+    } else {
+        engram_hash_tokens(p->hasher, &pf->hist[t], pf->tokens + at, pf->mask ? pf->mask + at : NULL, k,
+                           pf->rows48, NULL);
+    }
+    size_t nreq = 0, cols = p->cols, rpt = p->rpt;
     for (size_t i = 0; i < k; i++) {
         if (pf->mask && !pf->mask[at + i])
-            continue; /* masked tokens read nothing */
-        for (unsigned col = 0; col < ENGRAM_COLUMNS; col++)
-            pf->reqs[t][nreq++] = (uint64_t)pf->rows48[i * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + col]
-                                      << 32 | (uint64_t)(i * ENGRAM_COLUMNS + col);
+            continue; /* masked tokens (PLE: padding) read nothing */
+        for (size_t col = 0; col < cols; col++)
+            pf->reqs[t][nreq++] = (uint64_t)pf->rows48[i * rpt + (size_t)t * cols + col] << 32 |
+                                  (uint64_t)(i * cols + col);
     }
     struct rjob *j = &pf->job[t];
     memset(j, 0, sizeof *j);
@@ -622,7 +732,7 @@ void prefetch_detach_all(engram_pool *p, const engram_error *e)
     for (engram_prefill *pf; (pf = next_of(p, NULL)) != NULL;) {
         pf->active[0] = pf->active[1] = 0;
         pthread_mutex_lock(&pf->mu);
-        int complete = atomic_load(&pf->ready[0]) == pf->chunks && atomic_load(&pf->ready[1]) == pf->chunks;
+        int complete = pf_complete(pf);
         if (pf->rc == 0 && !complete) {
             pf->rc = e->code;
             pf->err = *e;

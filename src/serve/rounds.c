@@ -19,6 +19,7 @@
 
 #include "serve_int.h"
 #include "common/util.h"
+#include "hash/ple.h"
 
 /* A round entry lets go of its session (under s->mu); 1 when the session
  * is then to be freed (its owner closed it and nothing else refers to it). */
@@ -48,7 +49,7 @@ void rounds_step_fail(engram_session *s, int t, const engram_error *e)
 #define IDX(e, tok, col) ((uint32_t)(e) << 8 | (uint32_t)(tok) << 5 | (uint32_t)(col))
 
 /* One request of table t answered: its row arrived (raw) or failed (e). */
-static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw,
+static void entry_done(struct round *rd, uint32_t idx, int t, int bf16_rows, const uint8_t *raw,
                        const engram_error *e)
 {
     struct round_entry *en = &rd->e[idx >> 8];
@@ -64,10 +65,12 @@ static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw
             if (s->err.code == 0) /* the step's first failure */
                 s->err = *e;
         } else if (s->rc[t] == 0) {
-            uint8_t *dst = (uint8_t *)en->out +
-                           ((size_t)tok * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + col) *
-                               row_out_bytes(en->dtype);
-            if (en->dtype == ENGRAM_F32)
+            uint8_t *dst = (uint8_t *)en->out + (size_t)tok * en->tok_bytes + (size_t)t * en->table_bytes +
+                           (size_t)col * en->row_bytes;
+            if (bf16_rows) /* PLE: BF16 as stored, copied or widened */
+                en->dtype == ENGRAM_F32 ? rows_bf16_widen(raw, PLE_ROW_VALUES, (float *)dst)
+                                        : (void)memcpy(dst, raw, PLE_ROW_BYTES);
+            else if (en->dtype == ENGRAM_F32)
                 engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, (float *)dst, NULL);
             else if (en->dtype == ENGRAM_BF16)
                 engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, (uint16_t *)dst, NULL);
@@ -89,24 +92,24 @@ static void entry_done(struct round *rd, uint32_t idx, int t, const uint8_t *raw
 static int round_deliver(struct rjob *j, const uint8_t *raw, size_t lo, size_t hi, const char **why)
 {
     struct round *rd = j->ctx;
-    if (row_check_reason(raw, why) < 0) {
+    if (!j->bf16_rows && row_check_reason(raw, why) < 0) {
         /* a row that does not decode fails the steps that asked for it */
         engram_error e;
         uint32_t row = (uint32_t)(j->reqs[lo] >> 32);
         err_set_row(&e, -EDOM, row, "row %u of table %d: %s", row, j->table, *why);
         for (size_t i = lo; i < hi; i++)
-            entry_done(rd, (uint32_t)j->reqs[i], j->table, NULL, &e);
+            entry_done(rd, (uint32_t)j->reqs[i], j->table, 0, NULL, &e);
         return 1; /* handled: the job goes on, the row is not cached */
     }
     for (size_t i = lo; i < hi; i++)
-        entry_done(rd, (uint32_t)j->reqs[i], j->table, raw, NULL);
+        entry_done(rd, (uint32_t)j->reqs[i], j->table, j->bf16_rows, raw, NULL);
     return 0;
 }
 
 static void round_failed(struct rjob *j, size_t lo, size_t hi, const engram_error *e)
 {
     for (size_t i = lo; i < hi; i++)
-        entry_done(j->ctx, (uint32_t)j->reqs[i], j->table, NULL, e);
+        entry_done(j->ctx, (uint32_t)j->reqs[i], j->table, 0, NULL, e);
 }
 
 /* The step queue (under p->mu). */
@@ -159,15 +162,17 @@ void rounds_intake(engram_pool *p)
             if (s->state == S_STEP && !s->ended && s->issued != s->gen + 1 &&
                 s->remaining[0] + s->remaining[1] > 0) {
                 unsigned e = rd->n_entries++;
-                rd->e[e] = (struct round_entry){s, s->gen, s->out, s->dtype, 0};
+                uint32_t rb = (uint32_t)family_row_out_bytes(&p->fam, s->dtype);
+                rd->e[e] = (struct round_entry){s, s->gen, s->out, s->dtype, 0,
+                                                p->rpt * rb, p->cols * rb, rb};
                 for (unsigned i = 0; i < s->k; i++) {
                     if (s->masked[i])
                         continue;
-                    for (int t = 0; t < ENGRAM_TABLES; t++)
-                        for (unsigned c = 0; c < ENGRAM_COLUMNS; c++)
+                    for (unsigned t = 0; t < p->tables; t++)
+                        for (unsigned c = 0; c < p->cols; c++)
                             rd->reqs[t][n[t]++] =
-                                (uint64_t)s->rows[i][t * ENGRAM_COLUMNS + c] << 32 | IDX(e, i, c);
-                    rd->e[e].left += ENGRAM_ROWS_PER_TOKEN; /* each answered once */
+                                (uint64_t)s->rows[i][t * p->cols + c] << 32 | IDX(e, i, c);
+                    rd->e[e].left += p->rpt; /* each answered once */
                 }
                 rd->n_tokens += s->k;
                 s->issued = s->gen + 1;
@@ -179,7 +184,9 @@ void rounds_intake(engram_pool *p)
             continue;
         for (int t = 0; t < ENGRAM_TABLES; t++) {
             struct rjob *j = &rd->job[t];
-            memset(j, 0, sizeof *j);
+            memset(j, 0, sizeof *j); /* a table the family lacks: a job finished from the start */
+            if ((unsigned)t >= p->tables)
+                continue;
             j->table = t;
             j->dtype = ENGRAM_RAW;
             j->reqs = rd->reqs[t];
@@ -213,7 +220,7 @@ void rounds_issue(engram_pool *p, unsigned max)
         }
         order[at] = rd;
     }
-    for (int t = 0; t < ENGRAM_TABLES; t++)
+    for (unsigned t = 0; t < p->tables; t++)
         for (int i = 0; i < n && max > 0; i++)
             max -= reader_job_issue(p->r, &order[i]->job[t], max);
 }
@@ -226,7 +233,7 @@ void rounds_drop_stale(engram_pool *p)
 {
     for (int ri = 0; ri < ROUNDS; ri++) {
         struct round *rd = &p->rounds[ri];
-        if (!rd->active || (rd->job[0].rc != 0 && rd->job[1].rc != 0))
+        if (!rd->active || (rd->job[0].rc != 0 && (p->tables < 2 || rd->job[1].rc != 0)))
             continue;
         int live = 0;
         for (unsigned k = 0; k < rd->n_entries && !live; k++) {
@@ -238,7 +245,7 @@ void rounds_drop_stale(engram_pool *p)
             pthread_mutex_unlock(&en->s->mu);
         }
         if (!live)
-            for (int t = 0; t < ENGRAM_TABLES; t++)
+            for (unsigned t = 0; t < p->tables; t++)
                 reader_job_fail(&rd->job[t], -ECANCELED, "every step of the round ended");
     }
 }
@@ -256,11 +263,11 @@ static void retire(engram_pool *p, struct round *rd, const engram_error *e)
         engram_session *s = en->s;
         pthread_mutex_lock(&s->mu);
         if (s->gen == en->gen && !s->ended)
-            for (int t = 0; t < ENGRAM_TABLES; t++) {
+            for (unsigned t = 0; t < p->tables; t++) {
                 engram_error je = rd->job[t].err;
                 if (!e && rd->job[t].rc == 0) /* cannot happen: every request is answered */
-                    err_set(&je, -EIO, ENGRAM_NO_OFFSET, "table %d: a request was not answered", t);
-                rounds_step_fail(s, t, e ? e : &je);
+                    err_set(&je, -EIO, ENGRAM_NO_OFFSET, "table %u: a request was not answered", t);
+                rounds_step_fail(s, (int)t, e ? e : &je);
             }
         int gone = rounds_entry_release(en);
         pthread_mutex_unlock(&s->mu);
@@ -299,7 +306,7 @@ int rounds_active(const engram_pool *p)
 void rounds_fail(engram_pool *p, const engram_error *e)
 {
     for (int ri = 0; ri < ROUNDS; ri++)
-        for (int t = 0; t < ENGRAM_TABLES; t++)
+        for (unsigned t = 0; t < p->tables; t++)
             if (p->rounds[ri].active && p->rounds[ri].job[t].rc == 0) {
                 p->rounds[ri].job[t].rc = e->code;
                 p->rounds[ri].job[t].err = *e;

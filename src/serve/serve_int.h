@@ -47,7 +47,7 @@ struct engram_session {
     pthread_mutex_t mu;
     pthread_cond_t cv;            /* CLOCK_MONOTONIC                        */
     /* under mu */
-    engram_history hist;          /* committed                              */
+    engram_history hist;          /* committed (PLE: id[0] lag 1, id[1] lag 2) */
     int state;                    /* idle, step, prefill                    */
     int closed;                   /* its owner closed it                    */
     unsigned refs;                /* round entries that refer to it         */
@@ -68,6 +68,14 @@ struct engram_session {
     engram_error err;             /* of the first failure                   */
     uint64_t begin_ns, ready_ns[ENGRAM_TABLES];
     unsigned nrows[ENGRAM_TABLES];
+    int waited[ENGRAM_TABLES];    /* a wait for table t of this step returned 0 */
+    /* the family's per-sequence state (PLE), touched only by the calls that
+     * begin or end something (the caller serializes them) and by apply */
+    float *conv;                  /* committed: F frames, oldest first      */
+    float *conv_tent;                  /* step_apply's: the state after its k tokens,
+                                     or (F < ENGRAM_MAX_DRAFT) F frames of
+                                     running state then the k frames        */
+    unsigned applied;             /* tokens of this step step_apply applied (0: none) */
     /* under pool->mu */
     int queued;
     engram_session *qprev, *qnext;
@@ -79,6 +87,9 @@ struct round_entry {
     void *out;
     int dtype;
     unsigned left;                /* requests not yet answered (0: released) */
+    /* the family's numbers, cached for entry_done: a token's bytes in out,
+     * a table's first row's offset in a token, a row's delivered bytes */
+    uint32_t tok_bytes, table_bytes, row_bytes;
 };
 
 struct round {
@@ -98,7 +109,15 @@ struct ring {
 
 struct engram_pool {
     const engram_model *m;
-    const engram_hasher *hasher;
+    const engram_hasher *hasher;  /* V4.1's; NULL for PLE                  */
+    /* the family's numbers (engram_family), cached at open */
+    engram_family fam;
+    int ple;                      /* fam.member == ENGRAM_MEMBER_PLE       */
+    unsigned tables, cols, rpt;   /* tables, rows per table and token, rows per token */
+    uint32_t vocab, width, streams;
+    size_t frame_floats;          /* PLE: one frame of the state, streams x W */
+    size_t frames;                /* PLE: frames of the state, 3 (T - 1)   */
+    size_t tent_floats;           /* a session's tentative buffer          */
     engram_reader *r;
     engram_host_hooks host;       /* the caller's (opts.reader.host)       */
     pthread_t thread;
@@ -134,6 +153,7 @@ struct engram_prefill {
     unsigned chunk, ring;
     int dtype;
     size_t row_bytes;
+    unsigned tables, cols;        /* the pool's family                     */
     uint64_t t_begin, delay_ns;
     pthread_mutex_t mu;
     pthread_cond_t cv;            /* CLOCK_MONOTONIC                       */
@@ -143,6 +163,8 @@ struct engram_prefill {
     int rc;
     engram_error err;
     uint64_t first_ns[ENGRAM_TABLES], last_ns[ENGRAM_TABLES];
+    size_t applied[ENGRAM_TABLES]; /* chunks engram_prefill_apply applied, in order */
+    float *conv;                  /* PLE: the state after the applied chunks */
     _Atomic size_t ready[ENGRAM_TABLES];
     /* the I/O thread's */
     engram_history hist[ENGRAM_TABLES]; /* running history of each table's hashing */
@@ -150,7 +172,8 @@ struct engram_prefill {
     int active[ENGRAM_TABLES];
     struct rjob job[ENGRAM_TABLES];
     uint64_t *reqs[ENGRAM_TABLES];   /* chunk x 24                          */
-    uint32_t *rows48;                /* chunk x 48, hashing scratch         */
+    uint32_t *rows48;                /* chunk x rows per token, hashing scratch */
+    uint8_t *kinds;                  /* PLE: chunk kinds, hashing scratch   */
     uint8_t *buf[ENGRAM_TABLES];     /* ring x chunk x 24 rows              */
     struct ring own;                 /* both rings, if the pool provided them */
     size_t ring_len;
@@ -185,6 +208,29 @@ void pool_ring_free(engram_pool *p, struct ring *rg);
 void pool_free_shell(engram_pool *p);
 /* A session's memory, once neither its owner nor a round refers to it. */
 void serve_session_free(engram_session *s);
+/* PLE: a session mask entry (0 pad, 1 text, 2 image; NULL mask: text) as
+ * an engram_ple_hash kind; 0xff for a value that is none of them. */
+static inline uint8_t serve_ple_kind(const uint8_t *mask, size_t i)
+{
+    static const uint8_t kind[3] = {ENGRAM_PLE_PAD, ENGRAM_PLE_TEXT, ENGRAM_PLE_IMAGE};
+    return !mask ? ENGRAM_PLE_TEXT : mask[i] < 3 ? kind[mask[i]] : 0xff;
+}
+/* Checks n tokens (< vocab) and, for PLE, their mask values; first: the
+ * position of tokens[0] in the caller's numbering. */
+int serve_check_tokens(const engram_pool *p, const uint32_t *tokens, const uint8_t *mask, size_t n,
+                       size_t first, engram_error *err);
+/* PLE histories: engram_ple_history <-> engram_history (id[0] lag 1,
+ * id[1] lag 2, id[2] = ENGRAM_DEAD). */
+static inline engram_history serve_hist_of_ple(const engram_ple_history *h)
+{
+    engram_history e = {{(int32_t)h->lag[0], (int32_t)h->lag[1], ENGRAM_DEAD}};
+    return e;
+}
+static inline engram_ple_history serve_ple_of_hist(const engram_history *e)
+{
+    engram_ple_history h = {{(uint32_t)e->id[0], (uint32_t)e->id[1]}};
+    return h;
+}
 
 /* ------------------------------------------------- rounds.c */
 

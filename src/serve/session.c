@@ -7,13 +7,17 @@
  * close return (rounds.c writes only for the live step generation).
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "serve_int.h"
+#include "codec/rowcodec.h"
 #include "common/util.h"
+#include "output/applier.h"
+#include "apply_seq_pending.h"
 
 int engram_session_open(engram_pool *p, engram_session **out, engram_error *err)
 {
@@ -24,8 +28,22 @@ int engram_session_open(engram_pool *p, engram_session **out, engram_error *err)
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
     s->p = p;
     engram_history_reset(&s->hist);
+    if (p->ple) {
+        engram_ple_history h;
+        engram_ple_history_reset(p->m, &h);
+        s->hist = serve_hist_of_ple(&h);
+    }
     pthread_mutex_init(&s->mu, NULL);
     pool_cond_init(&s->cv);
+    if (p->tent_floats) { /* the committed state starts at +0 */
+        s->conv = calloc(p->frames * p->frame_floats, sizeof *s->conv);
+        s->conv_tent = malloc(p->tent_floats * sizeof *s->conv_tent);
+        if (!s->conv || !s->conv_tent) {
+            serve_session_free(s);
+            return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for the session's state (%zu bytes)",
+                           (p->frames * p->frame_floats + p->tent_floats) * sizeof(float));
+        }
+    }
     pthread_mutex_lock(&p->mu);
     int rc = p->stop ? err_set(err, -ESHUTDOWN, ENGRAM_NO_OFFSET, "the pool was closed") : 0;
     if (rc == 0)
@@ -111,16 +129,54 @@ static int set_hist(engram_session *s, const engram_history *h, engram_error *er
     return rc;
 }
 
-int engram_session_set_history(engram_session *s, const engram_history *h, engram_error *err)
+/* A history this pool's member can carry (engram_session_set_history). */
+static int check_hist(const engram_pool *p, const engram_history *h, engram_error *err)
 {
-    if (!s || !h)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
-    uint32_t cv = engram_hasher_layout(s->p->hasher)->compressed_vocab;
+    if (p->ple) {
+        for (int i = 0; i < 2; i++)
+            if (h->id[i] < 0 || (uint32_t)h->id[i] >= p->vocab)
+                return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                               "history entry %d (%d) is not a token id < %u", i, h->id[i], p->vocab);
+        if (h->id[2] != ENGRAM_DEAD)
+            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                           "history entry 2 (%d) is not -1 (the PLE member carries 2 ids)", h->id[2]);
+        return 0;
+    }
+    uint32_t cv = engram_hasher_layout(p->hasher)->compressed_vocab;
     for (int i = 0; i < ENGRAM_HISTORY; i++)
         if (h->id[i] != ENGRAM_DEAD && (h->id[i] < 0 || (uint32_t)h->id[i] >= cv))
             return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "history entry %d (%d) is neither -1 nor < %u",
                            i, h->id[i], cv);
-    return set_hist(s, h, err);
+    return 0;
+}
+
+int engram_session_set_history(engram_session *s, const engram_history *h, engram_error *err)
+{
+    if (!s || !h)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    int rc = check_hist(s->p, h, err);
+    return rc < 0 ? rc : set_hist(s, h, err);
+}
+
+/* PLE: the history after the last min(n, 2) positions, from a sequence
+ * start (the lags are the ids the hash read there). */
+static int restore_ple(engram_session *s, const uint32_t *tokens, const uint8_t *mask, size_t n,
+                       engram_error *err)
+{
+    engram_pool *p = s->p;
+    size_t from = n > 2 ? n - 2 : 0;
+    int rc = serve_check_tokens(p, tokens + from, mask ? mask + from : NULL, n - from, from, err);
+    if (rc < 0)
+        return rc;
+    uint8_t kinds[2];
+    uint32_t rows[2 * ENGRAM_PLE_ROWS_PER_TOKEN];
+    for (size_t i = from; i < n; i++)
+        kinds[i - from] = serve_ple_kind(mask, i);
+    engram_ple_history ph;
+    engram_ple_history_reset(p->m, &ph);
+    engram_ple_hash(p->m, &ph, tokens + from, kinds, n - from, rows, NULL); /* validated */
+    engram_history h = serve_hist_of_ple(&ph);
+    return set_hist(s, &h, err);
 }
 
 int engram_session_restore(engram_session *s, const uint32_t *tokens, const uint8_t *mask,
@@ -128,6 +184,8 @@ int engram_session_restore(engram_session *s, const uint32_t *tokens, const uint
 {
     if (!s || (n > 0 && !tokens))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if (s->p->ple)
+        return restore_ple(s, tokens, mask, n, err);
     const engram_layout *l = engram_hasher_layout(s->p->hasher);
     engram_history h;
     engram_history_reset(&h);
@@ -146,14 +204,17 @@ int engram_session_restore(engram_session *s, const uint32_t *tokens, const uint
 
 /* ------------------------------------------------------------ steps */
 
-static int check_tokens(const engram_pool *p, const uint32_t *tokens, size_t n, size_t first,
-                        engram_error *err)
+int serve_check_tokens(const engram_pool *p, const uint32_t *tokens, const uint8_t *mask, size_t n,
+                       size_t first, engram_error *err)
 {
-    uint32_t vocab = engram_hasher_layout(p->hasher)->vocab;
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] >= vocab)
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] >= p->vocab)
             return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "token %zu (%u) is not < vocab %u", first + i,
-                           tokens[i], vocab);
+                           tokens[i], p->vocab);
+        if (p->ple && mask && mask[i] > ENGRAM_MASK_IMAGE)
+            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                           "mask %zu (%u) is not 0 (padding), 1 (text) or 2 (image)", first + i, mask[i]);
+    }
     return 0;
 }
 
@@ -169,27 +230,39 @@ static void install_step(engram_pool *p, const engram_step_req *q, engram_dtype 
     s->dtype = dtype;
     s->out = q->out;
     engram_history h = s->hist;
+    engram_ple_history ph = serve_ple_of_hist(&h);
     unsigned live = 0;
     memset(s->want, 0, sizeof s->want);
     for (unsigned i = 0; i < q->k; i++) {
-        int masked = q->mask && !q->mask[i];
-        engram_hash_token(p->hasher, &h, q->tokens[i], masked, s->rows[i]);
-        s->after[i] = h;
+        int masked;
+        if (p->ple) { /* validated: cannot fail */
+            uint8_t kind = serve_ple_kind(q->mask, i);
+            engram_ple_hash(p->m, &ph, q->tokens + i, &kind, 1, s->rows[i], NULL);
+            s->after[i] = serve_hist_of_ple(&ph);
+            masked = kind == ENGRAM_PLE_PAD;
+        } else {
+            masked = q->mask && !q->mask[i];
+            engram_hash_token(p->hasher, &h, q->tokens[i], masked, s->rows[i]);
+            s->after[i] = h;
+        }
         s->masked[i] = (uint8_t)masked;
         live += !masked;
-        if (!masked)
-            for (int t = 0; t < ENGRAM_TABLES; t++)
-                for (unsigned c = 0; c < ENGRAM_COLUMNS; c++) {
+        if (!masked) /* request bits: token * 24 + column, whatever the family */
+            for (unsigned t = 0; t < p->tables; t++)
+                for (unsigned c = 0; c < p->cols; c++) {
                     unsigned bit = i * ENGRAM_COLUMNS + c;
                     s->want[t][bit >> 6] |= 1ull << (bit & 63);
                 }
     }
     s->begin_ns = util_now_ns();
-    for (int t = 0; t < ENGRAM_TABLES; t++) {
-        s->remaining[t] = s->nrows[t] = live * ENGRAM_COLUMNS;
+    for (unsigned t = 0; t < ENGRAM_TABLES; t++) {
+        int has = t < p->tables;
+        s->remaining[t] = s->nrows[t] = has ? live * p->cols : 0;
         s->rc[t] = 0;
-        s->ready_ns[t] = live ? 0 : s->begin_ns;
+        s->ready_ns[t] = has && !live ? s->begin_ns : 0;
+        s->waited[t] = 0;
     }
+    s->applied = 0;
     s->err.code = 0;
     s->state = S_STEP;
     p->steps++;
@@ -242,7 +315,7 @@ static int begin_steps(req_at_fn at, const void *ctx, size_t n, engram_dtype dty
                 return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "session %zu appears twice (also at %zu)",
                                i, j);
         }
-        rc = check_tokens(p, q.tokens, q.k, first, err);
+        rc = serve_check_tokens(p, q.tokens, q.mask, q.k, first, err);
         if (rc < 0)
             return rc;
         first += q.k;
@@ -324,8 +397,10 @@ static int step_table_rc(engram_session *s, int t, uint64_t timeout_ns, int poll
 {
     if (!s)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL session");
-    if (t < 0 || t >= ENGRAM_TABLES)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", t);
+    if (t < 0 || (unsigned)t >= s->p->tables)
+        return s->p->tables == 1
+                   ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d: the model has one table (0)", t)
+                   : err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", t);
     pthread_mutex_lock(&s->mu);
     if (s->state != S_STEP) {
         pthread_mutex_unlock(&s->mu);
@@ -355,6 +430,8 @@ static int step_table_rc(engram_session *s, int t, uint64_t timeout_ns, int poll
                   : err_set(err, -ETIMEDOUT, ENGRAM_NO_OFFSET, "table %d: %u of the step's rows still to come",
                             t, s->remaining[t]);
     }
+    if (rc == 0)
+        s->waited[t] = 1;
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
@@ -374,6 +451,22 @@ int engram_step_poll(engram_session *s, int t, engram_error *err)
     return step_table_rc(s, t, 0, 1, err);
 }
 
+/* The committed state becomes the state after the step's first j tokens
+ * (1 <= j <= k), from the frames engram_step_apply left in tent: the state
+ * after a call is the last F frames of the old state followed by the
+ * call's frames. */
+static void commit_state(const engram_pool *p, engram_session *s, unsigned j)
+{
+    size_t C = p->frame_floats, F = p->frames, k = s->applied;
+    const float *fr = k <= F ? s->conv_tent + (F - k) * C : s->conv_tent + F * C; /* the step's frames */
+    if (j >= F) {
+        memcpy(s->conv, fr + (j - F) * C, F * C * sizeof *fr);
+    } else {
+        memmove(s->conv, s->conv + j * C, (F - j) * C * sizeof *fr);
+        memcpy(s->conv + (F - j) * C, fr, j * C * sizeof *fr);
+    }
+}
+
 int engram_step_commit(engram_session *s, unsigned j, engram_error *err)
 {
     if (!s)
@@ -391,8 +484,11 @@ int engram_step_commit(engram_session *s, unsigned j, engram_error *err)
     rc = s->rc[0] ? s->rc[0] : s->rc[1];
     if (rc < 0 && err)
         *err = s->err;
-    if (rc == 0 && j > 0)
+    if (rc == 0 && j > 0) {
         s->hist = s->after[j - 1];
+        if (s->applied && s->p->frames)
+            commit_state(s->p, s, j);
+    }
     pthread_mutex_unlock(&s->mu);
     SCHED_POINT("commit: history set");
     end_step(s, 0);
@@ -423,4 +519,168 @@ void engram_step_get_info(const engram_session *s, engram_step_info *info)
         info->rows[t] = s->nrows[t];
     }
     pthread_mutex_unlock(&m->mu);
+}
+
+/* ------------------------------------------------------------ apply */
+
+int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engram_dtype resid_dtype,
+                      engram_error *err)
+{
+    if (!s || !a || !residual)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s", !s ? "session" : !a ? "applier" : "residual");
+    engram_pool *p = s->p;
+    engram_layer_info li;
+    engram_layer_get_info(applier_layer(a), &li);
+    if (li.width != p->width || li.streams != p->streams)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "the applier's layer is %u wide with %u streams; the pool's model %u with %u",
+                       li.width, li.streams, p->width, p->streams);
+    int t = li.table;
+    uint8_t mask[ENGRAM_MAX_DRAFT];
+    pthread_mutex_lock(&s->mu);
+    int rc = s->state != S_STEP ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no step in progress")
+             : t < 0 || (unsigned)t >= p->tables || !s->waited[t]
+                 ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                           "table %d's rows of the step were not waited for (a wait that returned 0)", t)
+                 : 0;
+    unsigned k = s->k;
+    int dtype = s->dtype;
+    uint8_t *out = s->out;
+    for (unsigned i = 0; i < k; i++)
+        mask[i] = !s->masked[i];
+    if (rc == 0)
+        s->applied = 0; /* the tentative state is rebuilt from the committed one */
+    pthread_mutex_unlock(&s->mu);
+    if (rc < 0)
+        return rc;
+    size_t xe = resid_dtype == ENGRAM_F32 ? 4 : 2;
+    if (!p->ple) {
+        if (dtype == ENGRAM_RAW)
+            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                           "the step's rows are RAW (undecoded): apply BF16 or F32 steps");
+        size_t rb = family_row_out_bytes(&p->fam, dtype);
+        return engram_apply_strided(a, out + (size_t)t * p->cols * rb, (engram_dtype)dtype, p->rpt * rb,
+                                    residual, resid_dtype, (size_t)p->streams * p->width * xe, mask, k, err);
+    }
+    if (dtype == ENGRAM_F32)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "the step's rows are F32: the PLE member applies BF16 (or RAW) rows");
+    size_t C = p->frame_floats, F = p->frames;
+    if (k <= F || F == 0) {
+        if (F)
+            memcpy(s->conv_tent, s->conv, F * C * sizeof *s->conv_tent);
+        rc = engram_apply_seq(a, out, ENGRAM_BF16, residual, resid_dtype, mask, k, F ? s->conv_tent : NULL, err);
+    } else {
+        /* more tokens than frames: one at a time, each one's frame kept */
+        float *run = s->conv_tent, *frames = s->conv_tent + F * C;
+        memcpy(run, s->conv, F * C * sizeof *run);
+        size_t tok_rows = (size_t)p->cols * family_row_out_bytes(&p->fam, ENGRAM_BF16), tok_res = (size_t)p->streams * p->width * xe;
+        for (unsigned i = 0; i < k && rc == 0; i++) {
+            rc = engram_apply_seq(a, out + i * tok_rows, ENGRAM_BF16, (uint8_t *)residual + i * tok_res,
+                                  resid_dtype, mask + i, 1, run, err);
+            memcpy(frames + i * C, run + (F - 1) * C, C * sizeof *run);
+        }
+    }
+    if (rc == 0) {
+        pthread_mutex_lock(&s->mu);
+        s->applied = k;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------ snapshots */
+
+/* The snapshot's header, in the host's byte order; the history follows in
+ * it, then the state's floats. */
+#define SNAP_MAGIC 0x53474e45u /* "ENGS" */
+#define SNAP_VERSION 1u
+struct snap_head {
+    uint32_t magic, version, member, state_floats, width, reserved;
+    int32_t hist[ENGRAM_HISTORY];
+    uint32_t pad;
+};
+
+static size_t state_floats(const engram_pool *p)
+{
+    return p->frames * p->frame_floats;
+}
+
+size_t engram_session_state_bytes(const engram_session *s)
+{
+    return s ? sizeof(struct snap_head) + state_floats(s->p) * sizeof(float) : 0;
+}
+
+int engram_session_save(const engram_session *s, void *buf, size_t len, engram_error *err)
+{
+    if (!s || !buf)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s", !s ? "session" : "buffer");
+    const engram_pool *p = s->p;
+    size_t need = engram_session_state_bytes(s);
+    if (len < need)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "a buffer of %zu bytes; the snapshot takes %zu", len,
+                       need);
+    engram_session *m = (engram_session *)(uintptr_t)s; /* the lock, not the state */
+    pthread_mutex_lock(&m->mu);
+    int rc = s->state != S_IDLE ? err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress")
+                                : 0;
+    if (rc == 0) {
+        struct snap_head h = {SNAP_MAGIC, SNAP_VERSION, (uint32_t)p->fam.member, (uint32_t)state_floats(p),
+                              p->width, 0, {s->hist.id[0], s->hist.id[1], s->hist.id[2]}, 0};
+        memcpy(buf, &h, sizeof h);
+        if (state_floats(p))
+            memcpy((uint8_t *)buf + sizeof h, s->conv, state_floats(p) * sizeof(float));
+    }
+    pthread_mutex_unlock(&m->mu);
+    return rc;
+}
+
+int engram_session_load(engram_session *s, const void *buf, size_t len, engram_error *err)
+{
+    if (!s || !buf)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s", !s ? "session" : "buffer");
+    const engram_pool *p = s->p;
+    size_t need = engram_session_state_bytes(s), nf = state_floats(p);
+    struct snap_head h;
+    if (len != need)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot of %zu bytes; this session's take %zu", len,
+                       need);
+    memcpy(&h, buf, sizeof h);
+    if (h.magic != SNAP_MAGIC)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot magic 0x%08x is not 0x%08x (not a session snapshot)",
+                       h.magic, SNAP_MAGIC);
+    if (h.version != SNAP_VERSION)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot version %u is not %u", h.version, SNAP_VERSION);
+    if (h.member != (uint32_t)p->fam.member)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot of member %u; the pool's model is member %u (%s)",
+                       h.member, (uint32_t)p->fam.member, p->fam.name);
+    if (h.state_floats != nf)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot state of %u floats; the model's is %zu",
+                       h.state_floats, nf);
+    if (h.width != p->width)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot width %u; the model's is %u", h.width, p->width);
+    if (h.reserved != 0 || h.pad != 0)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot reserved fields are not 0");
+    engram_history hist = {{h.hist[0], h.hist[1], h.hist[2]}};
+    int rc = check_hist(p, &hist, err);
+    if (rc < 0)
+        return rc;
+    const uint8_t *fl = (const uint8_t *)buf + sizeof h;
+    for (size_t i = 0; i < nf; i++) {
+        float v;
+        memcpy(&v, fl + i * sizeof v, sizeof v);
+        if (!isfinite(v))
+            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                           "snapshot state float %zu (frame %zu, channel %zu) is not finite", i,
+                           i / p->frame_floats, i % p->frame_floats);
+    }
+    pthread_mutex_lock(&s->mu);
+    rc = s->state != S_IDLE ? err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a step or prefill is in progress") : 0;
+    if (rc == 0) {
+        s->hist = hist;
+        if (nf)
+            memcpy(s->conv, fl, nf * sizeof(float));
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }
