@@ -454,6 +454,14 @@ static void pool_calls(void)
     REFUSED(engram_step_commit(NULL, 0, ep));
     NOTHING(engram_step_abort(NULL));
     NOTHING(engram_step_get_info(NULL, (engram_step_info *)sent));
+    REFUSED(engram_step_apply(NULL, applier, sent, ENGRAM_F32, ep));
+    REFUSED(engram_step_apply(sess, NULL, sent, ENGRAM_F32, ep));
+    REFUSED(engram_step_apply(sess, applier, NULL, ENGRAM_F32, ep));
+    GIVES(engram_session_state_bytes(NULL) == 0);
+    REFUSED(engram_session_save(NULL, sent, 64, ep));
+    REFUSED(engram_session_save(sess, NULL, 64, ep));
+    REFUSED(engram_session_load(NULL, sent, 64, ep));
+    REFUSED(engram_session_load(sess, NULL, 64, ep));
     CHECK(hist_same());
 
     /* and the sessions were left idle: a step begins and commits */
@@ -472,6 +480,9 @@ static void prefill_calls(void)
     size_t ring = engram_prefill_ring_bytes_for(&o0, 4);
     GIVES(engram_prefill_ring_bytes_for(NULL, 4) == ring); /* opts NULL: the defaults */
     GIVES(engram_prefill_ring_bytes(NULL) == engram_prefill_ring_bytes(&o0));
+    GIVES(engram_pool_prefill_ring_bytes(NULL, &o0, 4) == 0);
+    GIVES(engram_pool_prefill_ring_bytes(pool, NULL, 4) == ring); /* V4.1's numbers */
+    REFUSED(engram_prefill_apply(NULL, 0, applier, sent, ENGRAM_F32, ep));
 
     REFUSED(engram_prefill_begin(NULL, tok, NULL, 4, NULL, (engram_prefill **)sent, ep));
     REFUSED(engram_prefill_begin(sess, NULL, NULL, 4, NULL, (engram_prefill **)sent, ep));
@@ -498,6 +509,8 @@ static void prefill_calls(void)
     if (!pf)
         return;
     NOTHING(engram_prefill_get_info(pf, NULL));
+    REFUSED(engram_prefill_apply(pf, 0, NULL, sent, ENGRAM_F32, ep));
+    REFUSED(engram_prefill_apply(pf, 0, applier, NULL, ENGRAM_F32, ep));
     ACCEPTED(engram_prefill_wait(pf, 0, 0, NULL, NULL, NULL, ep));
     ACCEPTED(engram_prefill_wait(pf, 1, 0, NULL, NULL, NULL, ep));
     engram_prefill_release(pf, 0, 0);
