@@ -26,8 +26,6 @@
 #include <math.h>
 
 #include "testutil.h"
-/* TEMPORARY until the merge of main's engram_apply_seq (see the header) */
-#include "../src/serve/apply_seq_pending.h"
 
 #define W 64u
 #define S 4u
@@ -829,6 +827,14 @@ static void v41(void)
         memcpy(snap2, b, 40);
         CHECK_ERR(engram_session_load(t, snap2, 40, &err), err, -EINVAL, "member");
         CHECK_ERR(engram_session_load(u, snap, 40, &err), err, -EINVAL, "bytes");
+        /* a V4.1 applier on a PLE step */
+        uint32_t one = 7;
+        uint8_t o16[ROWS * RB];
+        float xr[SW];
+        CHECK_EQ(engram_step_begin(u, &one, NULL, 1, ENGRAM_BF16, o16, &err), 0);
+        CHECK_EQ(engram_step_wait(u, 0, &err), 0);
+        CHECK_ERR(engram_step_apply(u, a[0], xr, ENGRAM_F32, &err), err, -EINVAL, "not of the pool's model");
+        engram_step_abort(u);
         free(b);
         engram_session_close(u);
         engram_pool_close(pp);

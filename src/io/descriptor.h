@@ -29,7 +29,8 @@ struct io_descriptor {
 };
 
 /* Bytes of one read buffer for rows of row_bytes (the family's: 264 or
- * 320): a row may start anywhere in an aligned block. */
+ * 320): a row spans at most two aligned blocks (at most
+ * ceil((align - 1 + row_bytes) / align) of them). */
 static inline uint32_t io_slot_bytes(uint32_t align, uint32_t row_bytes)
 {
     return (uint32_t)(((uint64_t)align - 1 + row_bytes + align - 1) / align * align);

@@ -17,7 +17,6 @@
 #include "codec/rowcodec.h"
 #include "common/util.h"
 #include "output/applier.h"
-#include "apply_seq_pending.h"
 
 int engram_session_open(engram_pool *p, engram_session **out, engram_error *err)
 {
@@ -531,10 +530,13 @@ int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engr
     engram_pool *p = s->p;
     engram_layer_info li;
     engram_layer_get_info(applier_layer(a), &li);
-    if (li.width != p->width || li.streams != p->streams)
+    if (li.member != p->fam.member || li.width != p->width || li.streams != p->streams ||
+        li.state_floats != p->frames * p->frame_floats)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
-                       "the applier's layer is %u wide with %u streams; the pool's model %u with %u",
-                       li.width, li.streams, p->width, p->streams);
+                       "the applier's layer (member %d, %u wide, %u streams, %zu state floats) is not of "
+                       "the pool's model (member %d, %u, %u, %zu)",
+                       (int)li.member, li.width, li.streams, li.state_floats, (int)p->fam.member, p->width,
+                       p->streams, p->frames * p->frame_floats);
     int t = li.table;
     uint8_t mask[ENGRAM_MAX_DRAFT];
     pthread_mutex_lock(&s->mu);
