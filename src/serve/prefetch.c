@@ -352,7 +352,8 @@ int engram_prefill_apply(engram_prefill *pf, size_t c, engram_applier *a, void *
                          engram_dtype resid_dtype, engram_error *err)
 {
     if (!pf || !a || !residual)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s", !pf ? "prefill" : !a ? "applier" : "residual");
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s",
+                       !pf ? "prefill" : !a ? "applier" : "residual");
     engram_pool *p = pf->p;
     engram_layer_info li;
     engram_layer_get_info(applier_layer(a), &li);

@@ -67,9 +67,10 @@ static void entry_done(struct round *rd, uint32_t idx, int t, int bf16_rows, con
         } else if (s->rc[t] == 0) {
             uint8_t *dst = (uint8_t *)en->out + (size_t)tok * en->tok_bytes + (size_t)t * en->table_bytes +
                            (size_t)col * en->row_bytes;
-            if (bf16_rows) /* PLE: BF16 as stored, copied or widened */
-                en->dtype == ENGRAM_F32 ? rows_bf16_widen(raw, PLE_ROW_VALUES, (float *)dst)
-                                        : (void)memcpy(dst, raw, PLE_ROW_BYTES);
+            if (bf16_rows && en->dtype == ENGRAM_F32) /* PLE: BF16 as stored, widened or copied */
+                rows_bf16_widen(raw, PLE_ROW_VALUES, (float *)dst);
+            else if (bf16_rows)
+                memcpy(dst, raw, PLE_ROW_BYTES);
             else if (en->dtype == ENGRAM_F32)
                 engram_rows_decode_f32(ENGRAM_SIMD_AUTO, raw, 1, (float *)dst, NULL);
             else if (en->dtype == ENGRAM_BF16)

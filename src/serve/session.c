@@ -39,7 +39,8 @@ int engram_session_open(engram_pool *p, engram_session **out, engram_error *err)
         s->conv_tent = malloc(p->tent_floats * sizeof *s->conv_tent);
         if (!s->conv || !s->conv_tent) {
             serve_session_free(s);
-            return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory for the session's state (%zu bytes)",
+            return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET,
+                           "out of memory for the session's state (%zu bytes)",
                            (p->frames * p->frame_floats + p->tent_floats) * sizeof(float));
         }
     }
@@ -526,7 +527,8 @@ int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engr
                       engram_error *err)
 {
     if (!s || !a || !residual)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s", !s ? "session" : !a ? "applier" : "residual");
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s",
+                       !s ? "session" : !a ? "applier" : "residual");
     engram_pool *p = s->p;
     engram_layer_info li;
     engram_layer_get_info(applier_layer(a), &li);
@@ -571,12 +573,14 @@ int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engr
     if (k <= F || F == 0) {
         if (F)
             memcpy(s->conv_tent, s->conv, F * C * sizeof *s->conv_tent);
-        rc = engram_apply_seq(a, out, ENGRAM_BF16, residual, resid_dtype, mask, k, F ? s->conv_tent : NULL, err);
+        rc = engram_apply_seq(a, out, ENGRAM_BF16, residual, resid_dtype, mask, k,
+                              F ? s->conv_tent : NULL, err);
     } else {
         /* more tokens than frames: one at a time, each one's frame kept */
         float *run = s->conv_tent, *frames = s->conv_tent + F * C;
         memcpy(run, s->conv, F * C * sizeof *run);
-        size_t tok_rows = (size_t)p->cols * family_row_out_bytes(&p->fam, ENGRAM_BF16), tok_res = (size_t)p->streams * p->width * xe;
+        size_t tok_rows = (size_t)p->cols * family_row_out_bytes(&p->fam, ENGRAM_BF16);
+        size_t tok_res = (size_t)p->streams * p->width * xe;
         for (unsigned i = 0; i < k && rc == 0; i++) {
             rc = engram_apply_seq(a, out + i * tok_rows, ENGRAM_BF16, (uint8_t *)residual + i * tok_res,
                                   resid_dtype, mask + i, 1, run, err);
@@ -649,18 +653,21 @@ int engram_session_load(engram_session *s, const void *buf, size_t len, engram_e
                        need);
     memcpy(&h, buf, sizeof h);
     if (h.magic != SNAP_MAGIC)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot magic 0x%08x is not 0x%08x (not a session snapshot)",
-                       h.magic, SNAP_MAGIC);
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "snapshot magic 0x%08x is not 0x%08x (not a session snapshot)", h.magic, SNAP_MAGIC);
     if (h.version != SNAP_VERSION)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot version %u is not %u", h.version, SNAP_VERSION);
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot version %u is not %u", h.version,
+                       SNAP_VERSION);
     if (h.member != (uint32_t)p->fam.member)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot of member %u; the pool's model is member %u (%s)",
-                       h.member, (uint32_t)p->fam.member, p->fam.name);
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "snapshot of member %u; the pool's model is member %u (%s)", h.member,
+                       (uint32_t)p->fam.member, p->fam.name);
     if (h.state_floats != nf)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot state of %u floats; the model's is %zu",
                        h.state_floats, nf);
     if (h.width != p->width)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot width %u; the model's is %u", h.width, p->width);
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot width %u; the model's is %u", h.width,
+                       p->width);
     if (h.reserved != 0 || h.pad != 0)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "snapshot reserved fields are not 0");
     engram_history hist = {{h.hist[0], h.hist[1], h.hist[2]}};
