@@ -5,8 +5,9 @@
 # line; `rows` prints each row's 160 BF16 values as an independent reader
 # of the file's bytes (Python) finds them; a file from a second,
 # independent writer (tests/ple_gguf_writer.py) opens and hashes as
-# engram's own; the commands that serve V4.1 only so far refuse the file
-# naming the member.
+# engram's own; `verify` lists rows holding NaN or infinity (poked at
+# offsets computed here), also past 4 GiB in a sparse file; the commands
+# that serve V4.1 only so far refuse the file naming the member.
 # Usage: tests/test_ple_cli.sh BUILD_DIR
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -122,8 +123,45 @@ assert a.shape == (160,) and np.array_equal(a.view(np.uint32), b.view(np.uint32)
 PY
 done
 
+# verify: a clean file passes; NaN and infinities poked into known rows
+# (at offsets computed here from the table offset info prints and 320 x
+# row) are listed exactly, value index and bits, and exit 1
+expect_rc 0 "table 0: 321408 rows, 0 invalid" "verify: the clean demo" "$E" verify "$DEMO"
+[ "$(grep -c 'row' "$T/out")" = 1 ] && ok || bad "verify: the clean demo lists rows"
+# each file's table offset as info --json prints it
+table_off() { "$E" info "$1" --json | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["table_offset"])'; }
+poke() { # FILE ROW VALUE BITS: one BF16 value, little-endian, at table_off + 320 x ROW + 2 x VALUE
+    /usr/bin/python3 - "$@" "$(table_off "$1")" <<'PY'
+import struct, sys
+path, row, val, bits, off = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4], 16), int(sys.argv[5])
+with open(path, "r+b") as f:
+    f.seek(off + 320 * row + 2 * val)
+    f.write(struct.pack("<H", bits))
+PY
+}
+BADF="$T/bad.gguf"; cp "$DEMO" "$BADF"
+poke "$BADF" 4242 17 7fc1 && poke "$BADF" 300000 159 ff80 && poke "$BADF" 321407 0 7f80 &&
+    poke "$BADF" 5 0 7f7f && poke "$BADF" 6 3 ff7f || bad "poke values into the copy"
+"$E" verify "$BADF" > "$T/v" 2>"$T/err"; rc=$?
+cat > "$T/vwant" <<'EOF2'
+table 0 row 4242: value 17: NaN (BF16 0x7fc1)
+table 0 row 300000: value 159: -infinity (BF16 0xff80)
+table 0 row 321407: value 0: +infinity (BF16 0x7f80)
+EOF2
+[ $rc = 1 ] && ok || bad "verify: the poked copy exits $rc, wanted 1"
+grep -v '^table 0: ' "$T/v" | cmp -s - "$T/vwant" && ok || { bad "verify: the poked rows"; cat "$T/v" >&2; }
+grep -q '^table 0: 321408 rows, 3 invalid' "$T/v" && ok || bad "verify: the summary of the poked copy"
+# past 4 GiB in the sparse full-size file: one poked row, the rest holes skipped
+SPF="$T/sparse.gguf"; cp --sparse=always "$FULL" "$SPF"
+poke "$SPF" 320001535 159 7fff || bad "poke the sparse copy"
+expect_rc 1 "table 0 row 320001535: value 159: NaN (BF16 0x7fff)" "verify: a row past 4 GiB in a sparse file" "$E" verify "$SPF"
+grep -q "320001536 rows, 1 invalid; read 0.00" "$T/out" && ok || bad "verify: the sparse file's holes were read"
+rm -f "$SPF"
+expect_rc 2 "one table: --table 0" "verify --table 1 on PLE" "$E" verify "$DEMO" --table 1
+expect_rc 0 "0 invalid" "verify --table 0 on PLE" "$E" verify "$DEMO" --table 0
+
 # what serves V4.1 only so far says so
-for c in "verify $DEMO" "apply $DEMO --layer 1 --tokens $T/tk --residual-in seed:1 --residual-out $T/x" \
+for c in "apply $DEMO --layer 1 --tokens $T/tk --residual-in seed:1 --residual-out $T/x" \
          "run $DEMO --decode 2" "bench io $DEMO --no-fio --sections b"; do
     # shellcheck disable=SC2086
     expect_rc 1 "serves DeepSeek V4.1 models only" "${c%% *} refuses the PLE member" "$E" $c
