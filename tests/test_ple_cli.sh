@@ -160,9 +160,28 @@ rm -f "$SPF"
 expect_rc 2 "one table: --table 0" "verify --table 1 on PLE" "$E" verify "$DEMO" --table 1
 expect_rc 0 "0 invalid" "verify --table 0 on PLE" "$E" verify "$DEMO" --table 0
 
+# bench io: the sections run on the one table, 16 rows a step; the share of
+# 320-byte rows that straddle two blocks, counted here from the table offset
+"$E" bench io "$DEMO" --no-fio --depths 4 --seconds 0.2 --max-tokens 3000 --cache 1M \
+    > "$T/bench" 2>"$T/err" && ok || { bad "bench io on the demo"; head -3 "$T/err" >&2; }
+/usr/bin/python3 - "$T/bench" "$(table_off "$DEMO")" <<'PY' && ok || bad "bench io: the straddling share"
+import re, sys
+text = open(sys.argv[1]).read(); off = int(sys.argv[2])
+m = re.search(r"rows: 320 bytes at table offset (\d+) \+ 320 x row: (\d+) of 4096 \(([\d.]+)%\) span two (\d+)-byte blocks", text)
+assert m, "no rows line"
+assert int(m.group(1)) == off
+blk = int(m.group(4))
+cross = sum((off + 320 * k) // blk != (off + 320 * k + 319) // blk for k in range(4096))
+assert int(m.group(2)) == cross, (m.group(2), cross)
+PY
+grep -q "decode steps: 16 random rows (the one table)" "$T/bench" && grep -q "steps, p50" "$T/bench" &&
+    ok || bad "bench io: section (b) on PLE"
+grep -q "^    gpl3.tok  *3000 |" "$T/bench" && ok || bad "bench io: section (c) on PLE"
+expect_rc 0 "one table of" "bench io names the member's table" cat "$T/bench"
+
 # what serves V4.1 only so far says so
 for c in "apply $DEMO --layer 1 --tokens $T/tk --residual-in seed:1 --residual-out $T/x" \
-         "run $DEMO --decode 2" "bench io $DEMO --no-fio --sections b"; do
+         "run $DEMO --decode 2"; do
     # shellcheck disable=SC2086
     expect_rc 1 "serves DeepSeek V4.1 models only" "${c%% *} refuses the PLE member" "$E" $c
 done
