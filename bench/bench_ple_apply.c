@@ -305,7 +305,7 @@ int main(int argc, char **argv)
         if (!ple_kernels_for(simds[k]))
             continue;
         for (unsigned ti = 0; ti < n_threads; ti++) {
-            struct ple_apply_opts o = {threads_list[ti], simds[k], 0};
+            struct ple_apply_opts o = {threads_list[ti], simds[k], 0, NULL, NULL};
             struct ple_applier *ap;
             if (ple_applier_new(L, &o, &ap, &err) < 0) {
                 fprintf(stderr, "%s\n", err.msg);
@@ -377,7 +377,7 @@ int main(int argc, char **argv)
             continue;
         size_t nk = k == 0 ? (n < 16 ? n : 16) : n;
         for (unsigned ti = 0; ti < n_threads; ti++) {
-            struct ple_apply_opts o = {threads_list[ti], simds[k], 0};
+            struct ple_apply_opts o = {threads_list[ti], simds[k], 0, NULL, NULL};
             struct ple_applier *ap;
             if (ple_applier_new(L, &o, &ap, &err) < 0)
                 return 1;

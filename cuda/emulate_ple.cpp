@@ -333,7 +333,7 @@ static void cpu(const layer &l, const sequence &q, std::vector<float> &x, std::v
     x = q.x;
     s = q.state;
     struct ple_applier *a;
-    struct ple_apply_opts o = {1, ENGRAM_SIMD_AUTO, 0};
+    struct ple_apply_opts o = {1, ENGRAM_SIMD_AUTO, 0, NULL, NULL};
     engram_error err;
     if (ple_applier_new(l.L, &o, &a, &err) < 0 ||
         ple_apply(a, q.rows.data(), x.data(), ENGRAM_F32, q.mask.data(), q.n, s.data(), &err) < 0) {

@@ -220,7 +220,7 @@ static void seq_free(seq *q)
 
 static int cpu_run(const struct ple_layer *L, const seq *q, float *x_out, float *s_out)
 {
-    struct ple_apply_opts o = {4, ENGRAM_SIMD_AUTO, 0};
+    struct ple_apply_opts o = {4, ENGRAM_SIMD_AUTO, 0, NULL, NULL};
     struct ple_applier *a = NULL;
     engram_error err;
     int rc = ple_applier_new(L, &o, &a, &err);

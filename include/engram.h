@@ -281,8 +281,10 @@ typedef struct engram_table_info {
  *     qwen4exp, SPEC.md 10): one table of 320-byte BF16 rows, 3-grams of
  *     raw ids, 16 rows per token, one layer.  Served so far (issue #22 in
  *     progress): engram_model_open, _get_info, _read_raw/_f32/_bf16,
- *     _dup_fd and engram_ple_hash; the reader, pools and layers refuse it
- *     with -ENOTSUP naming the member.
+ *     _dup_fd, engram_ple_hash, the reader (batch, stream, step: 16 rows
+ *     per token, table 0), engram_layer_open (t = 0) with its appliers and
+ *     engram_apply_seq (the per-sequence convolution state); pools refuse
+ *     it with -ENOTSUP naming the member.
  * What differs between members is in engram_family (engram_model_info).
  */
 typedef enum engram_member {
@@ -463,11 +465,20 @@ typedef struct engram_layer_info {
     uint32_t width;       /* W                                           */
     uint32_t streams;     /* S                                           */
     uint64_t bytes;       /* memory the layer holds                      */
+    engram_member member; /* the family member the layer belongs to      */
+    size_t state_floats;  /* per-sequence state engram_apply_seq carries:
+                             0 (V4.1), 3 (T - 1) x 4W (PLE: 92,160 at
+                             W = 2560, T = 4)                            */
 } engram_layer_info;
 
 /* Loads the weights of table t's layer.  -ENOENT if the model has no
  * projection weights for it (err names the missing tensor), -EBADMSG,
- * -ENOMEM, -EIO or the errno of a read. */
+ * -ENOMEM, -EIO or the errno of a read.  On a PLE model, t = 0 loads its
+ * one layer (W_k, W_v in their file type, norms, convolution taps: see
+ * engram_apply_seq for its arithmetic; memory (ceil(4W/64) + ceil(W/64)) x
+ * 64 x 2560 x (2 or 4) bytes + (3 + T) x 4W x 4: 65.8 MB at W = 2560 in
+ * BF16); engram_layer_export then copies nothing (the CUDA path has its
+ * own: cuda/ple_cuda.h). */
 int engram_layer_open(const engram_model *m, int table, engram_layer **out, engram_error *err);
 void engram_layer_close(engram_layer *L);
 void engram_layer_get_info(const engram_layer *L, engram_layer_info *info);
@@ -547,6 +558,34 @@ int engram_apply(engram_applier *a, const void *rows, engram_dtype rows_dtype, v
 int engram_apply_strided(engram_applier *a, const void *rows, engram_dtype rows_dtype,
                          size_t rows_stride, void *residual, engram_dtype resid_dtype,
                          size_t resid_stride, const uint8_t *mask, size_t n, engram_error *err);
+
+/*
+ * The family's apply: the layer's output stage over n consecutive positions
+ * of one sequence, carrying the sequence's state across calls.
+ *  - V4.1 (state_floats 0): engram_apply; state is not used (NULL is fine).
+ *  - PLE: rows [n][16][160] BF16 bit patterns (rows_dtype ENGRAM_BF16, as
+ *    the reader delivers them; -EINVAL otherwise), residual [n][4][W] F32
+ *    or BF16 updated in place, mask NULL or [n] (0: a padding position:
+ *    nothing of it is read or written, its convolution frame is +0 and
+ *    still takes its place in time), state [state_floats] read and
+ *    advanced (3 (T - 1) frames of 4W, oldest first; a sequence starts all
+ *    +0).  The arithmetic (projections W_k, W_v; the three RMSNorms; the
+ *    gate with sign(0) = 0; the dilated causal depthwise convolution, SiLU;
+ *    x <- (x + g) + y) and its fixed reduction order are documented in
+ *    src/output/ple_apply.h: every kernel gives the same bits, and cutting
+ *    a sequence into calls anywhere, state carried, gives the same bits of
+ *    residual and state as one call, whatever the thread count.
+ *    Non-finite rows, residual or state: -EDOM naming the token (nothing
+ *    written); a computed overflow: -EDOM naming the token, the tokens
+ *    before it updated and the state after them.  The applier's workspace:
+ *    B x (2560 + 9W + 4) + (B + F) x 4W + threads x (8W + 16384) floats
+ *    (19 MB at W = 2560, B = 128, 2 threads), allocated at creation.
+ * engram_apply, _strided and engram_project on a PLE applier are -EINVAL
+ * (they carry no state).
+ */
+int engram_apply_seq(engram_applier *a, const void *rows, engram_dtype rows_dtype, void *residual,
+                     engram_dtype resid_dtype, const uint8_t *mask, size_t n, float *state,
+                     engram_error *err);
 
 /* The projection alone: kv [n][(S+1)W] as F32 for n tokens (no mask, no
  * gate; for engines that gate elsewhere, and for tests).  -EINVAL, -EDOM
@@ -715,13 +754,13 @@ int engram_reader_batch_stream(engram_reader *r, int t, const uint32_t *rows, si
                                engram_dtype dtype, void *window, size_t window_tokens,
                                engram_batch_sink sink, void *ctx, engram_error *err);
 
-/* Decode step: starts reading one token's 48 rows (both tables) into out
- * ([48][256] of dtype: table 0's 24 rows, then table 1's) and returns at
- * once.  One step may be in flight per reader (-EBUSY otherwise; batches
+/* Decode step: starts reading one token's 48 rows (both tables; rows[48])
+ * into out ([48][256] of dtype: table 0's 24 rows, then table 1's; PLE:
+ * rows[16], out [16][160]) and returns at once.  One step may be in flight per reader (-EBUSY otherwise; batches
  * also answer -EBUSY meanwhile).  out must stay valid until wait, poll or
  * cancel has ended the step (or the reader is closed).  If submit fails,
  * no step is in flight and nothing of it is left reading.  No heap memory. */
-int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_PER_TOKEN],
+int engram_reader_step_submit(engram_reader *r, const uint32_t *rows,
                               engram_dtype dtype, void *out, engram_error *err);
 /* Waits for the step; 0 when all 48 rows are decoded, or the error (out
  * then partly written).  Either way the step is over. */

@@ -7,41 +7,7 @@
  * same rows read with plain cached pread() must make it grow: that shows the
  * measurement can fail.
  */
-#include <sys/mman.h>
-
 #include "testutil.h"
-
-static uint64_t resident(const char *path, uint64_t lo, uint64_t hi)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    fstat(fd, &st);
-    size_t len = (size_t)st.st_size;
-    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED)
-        return UINT64_MAX;
-    long page = sysconf(_SC_PAGESIZE);
-    size_t pages = (len + (size_t)page - 1) / (size_t)page;
-    unsigned char *vec = malloc(pages);
-    uint64_t n = 0;
-    if (mincore(p, len, vec) == 0)
-        for (size_t i = lo / (size_t)page; i < pages && i * (size_t)page < hi; i++)
-            n += vec[i] & 1;
-    else
-        n = UINT64_MAX;
-    free(vec);
-    munmap(p, len);
-    return n;
-}
-
-static void evict(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    fdatasync(fd);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-}
 
 int main(void)
 {
@@ -77,8 +43,8 @@ int main(void)
             setenv("ENGRAM_IO_DROP", modes[k].drop, 1);
         else
             unsetenv("ENGRAM_IO_DROP");
-        evict(path);
-        uint64_t before = resident(path, lo, hi);
+        tu_evict(path);
+        uint64_t before = tu_resident(path, lo, hi);
         CHECK(before != UINT64_MAX);
         engram_reader_opts o = {.engine = modes[k].e, .depth = 64};
         engram_reader *r;
@@ -92,7 +58,7 @@ int main(void)
         engram_io_stats st;
         engram_reader_get_stats(r, &st);
         engram_reader_close(r);
-        uint64_t after = resident(path, lo, hi);
+        uint64_t after = tu_resident(path, lo, hi);
         printf("%-48s rows read %6llu  resident table pages %llu -> %llu (of %llu)\n",
                modes[k].name, (unsigned long long)st.rows_read, (unsigned long long)before,
                (unsigned long long)after, (unsigned long long)table_pages);
@@ -102,8 +68,8 @@ int main(void)
     unsetenv("ENGRAM_IO_DROP");
 
     /* The control: the reference engine's plain cached pread. */
-    evict(path);
-    uint64_t before = resident(path, lo, hi);
+    tu_evict(path);
+    uint64_t before = tu_resident(path, lo, hi);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     uint8_t buf[264];
     for (int i = 0; i < N * 48; i++) {
@@ -111,7 +77,7 @@ int main(void)
         CHECK_EQ(pread(fd, buf, 264, (off_t)(in.table[t].offset + (uint64_t)rows[i] * 264)), 264);
     }
     close(fd);
-    uint64_t after = resident(path, lo, hi);
+    uint64_t after = tu_resident(path, lo, hi);
     printf("%-48s resident table pages %llu -> %llu (of %llu)\n", "plain cached pread (control)",
            (unsigned long long)before, (unsigned long long)after, (unsigned long long)table_pages);
     CHECK(after > before + table_pages / 4);

@@ -241,7 +241,7 @@ static void test_kernels(void)
             seq_make(&q, L, widths[wi] == 2560 ? 11 : 23, 7 + wi, 0);
             size_t xb = q.n * q.C * sizeof(float), sb = q.F * q.C * sizeof(float);
             float *x0 = malloc(xb), *s0 = malloc(sb), *x1 = malloc(xb), *s1 = malloc(sb);
-            struct ple_apply_opts o = {1, ENGRAM_SIMD_SCALAR, 8};
+            struct ple_apply_opts o = {1, ENGRAM_SIMD_SCALAR, 8, NULL, NULL};
             CHECK_EQ(run_once(L, &o, &q, x0, s0), 0);
             for (int k = 1; k < 3; k++)
                 for (unsigned block = 4; block <= 64; block *= 16) { /* 1 tile; 4 */
@@ -276,7 +276,7 @@ static void test_invariance(void)
     seq_make(&q, L, 45, 11, 0);
     size_t xb = q.n * q.C * sizeof(float), sb = q.F * q.C * sizeof(float);
     float *x0 = malloc(xb), *s0 = malloc(sb), *x1 = malloc(xb), *s1 = malloc(sb);
-    struct ple_apply_opts o = {1, ENGRAM_SIMD_AUTO, 64};
+    struct ple_apply_opts o = {1, ENGRAM_SIMD_AUTO, 64, NULL, NULL};
     CHECK_EQ(run_once(L, &o, &q, x0, s0), 0);
     /* every position changed something, masked ones nothing */
     for (size_t t = 0; t < q.n; t++)
@@ -302,7 +302,7 @@ static void test_invariance(void)
         CHECK(same(x0, x1, xb) && same(s0, s1, sb));
     }
     for (unsigned th = 1; th <= 4; th++) {
-        o = (struct ple_apply_opts){th, ENGRAM_SIMD_AUTO, th == 4 ? 3 : 64};
+        o = (struct ple_apply_opts){th, ENGRAM_SIMD_AUTO, th == 4 ? 3 : 64, NULL, NULL};
         CHECK_EQ(run_once(L, &o, &q, x1, s1), 0);
         CHECK(same(x0, x1, xb) && same(s0, s1, sb));
     }
@@ -333,7 +333,7 @@ static void test_taps(void)
         seq_make(&q, L, 17, 40 + taps, 0);
         size_t xb = q.n * q.C * 4, sb = q.F * q.C * 4 + 4;
         float *x0 = malloc(xb), *s0 = malloc(sb), *x1 = malloc(xb), *s1 = malloc(sb);
-        struct ple_apply_opts o = {1, ENGRAM_SIMD_SCALAR, 0};
+        struct ple_apply_opts o = {1, ENGRAM_SIMD_SCALAR, 0, NULL, NULL};
         CHECK_EQ(run_once(L, &o, &q, x0, s0), 0);
         size_t cuts[3] = {1, 5, 12};
         for (int k = 0; k < 3; k++) {
@@ -373,7 +373,7 @@ static void test_masked(void)
         q.mask[t] = t < 6;
     size_t xb = q.n * q.C * sizeof(float), sb = q.F * q.C * sizeof(float);
     float *x0 = malloc(xb), *s0 = malloc(sb), *x1 = malloc(xb), *s1 = malloc(sb);
-    struct ple_apply_opts o = {1, ENGRAM_SIMD_AUTO, 5};
+    struct ple_apply_opts o = {1, ENGRAM_SIMD_AUTO, 5, NULL, NULL};
     CHECK_EQ(run_once(L, &o, &q, x0, s0), 0);
     /* poison the masked positions' rows (NaN) and residual (NaN bits) */
     struct seq p = q;
@@ -443,7 +443,7 @@ static void test_sign_zero(void)
     size_t xb = q.n * q.C * sizeof(float), sb = q.F * q.C * sizeof(float);
     float *x1 = malloc(xb), *s1 = malloc(sb);
     for (int k = 0; k < 3; k++) {
-        struct ple_apply_opts o = {1, all_simd[k], 0};
+        struct ple_apply_opts o = {1, all_simd[k], 0, NULL, NULL};
         if (!ple_kernels_for(o.simd))
             continue;
         CHECK_EQ(run_once(L, &o, &q, x1, s1), 0);
@@ -488,7 +488,7 @@ static void test_bf16_residual(void)
     float *x0 = malloc(nx * 4), *s0 = malloc(sb), *s1 = malloc(sb);
     uint16_t *xb = malloc(nx * 2);
     for (int k = 0; k < 3; k++) {
-        struct ple_apply_opts o = {2, all_simd[k], 4};
+        struct ple_apply_opts o = {2, all_simd[k], 4, NULL, NULL};
         if (!ple_kernels_for(o.simd))
             continue;
         CHECK_EQ(run_once(L, &o, &q, x0, s0), 0);
@@ -605,7 +605,7 @@ static void test_file(void)
         seq_make(&q, Lm, 10, 16, 0);
         size_t xb = q.n * q.C * 4, sb = q.F * q.C * 4;
         float *x0 = malloc(xb), *s0 = malloc(sb), *x1 = malloc(xb), *s1 = malloc(sb);
-        struct ple_apply_opts o = {1, ENGRAM_SIMD_AUTO, 0};
+        struct ple_apply_opts o = {1, ENGRAM_SIMD_AUTO, 0, NULL, NULL};
         CHECK_EQ(run_once(Lm, &o, &q, x0, s0), 0);
         CHECK_EQ(run_once(Lf, &o, &q, x1, s1), 0);
         CHECK(same(x0, x1, xb) && same(s0, s1, sb));
@@ -747,9 +747,9 @@ static void test_errors(void)
     q.n = 6;
     /* applier options */
     struct ple_applier *b = NULL;
-    struct ple_apply_opts o = {PLE_APPLY_MAX_THREADS + 1, ENGRAM_SIMD_AUTO, 0};
+    struct ple_apply_opts o = {PLE_APPLY_MAX_THREADS + 1, ENGRAM_SIMD_AUTO, 0, NULL, NULL};
     CHECK_ERR(ple_applier_new(L, &o, &b, &err), err, -EINVAL, "threads");
-    o = (struct ple_apply_opts){1, (engram_simd)77, 0};
+    o = (struct ple_apply_opts){1, (engram_simd)77, 0, NULL, NULL};
     CHECK_ERR(ple_applier_new(L, &o, &b, &err), err, -EINVAL, "not supported");
     CHECK_ERR(ple_applier_new(NULL, NULL, &b, &err), err, -EINVAL, "NULL");
     CHECK(b == NULL);
@@ -775,7 +775,7 @@ static void test_memory(void)
     if (!L)
         return;
     CHECK_EQ(ple_layer_bytes(L), sizeof *L + (size_t)(4 * W / 64 + W / 64) * 64 * K * 2 + 7 * 4 * (size_t)W * 4);
-    struct ple_apply_opts o = {2, ENGRAM_SIMD_AUTO, 16};
+    struct ple_apply_opts o = {2, ENGRAM_SIMD_AUTO, 16, NULL, NULL};
     struct ple_applier *a = NULL;
     CHECK_EQ(ple_applier_new(L, &o, &a, NULL), 0);
     const uint64_t C = 4 * W, floats = 16 * (K + 5 * W + C + 4) + (9 + 16) * C + 2 * (2 * C + 16384);
@@ -832,7 +832,7 @@ static int dump(const char *dir, uint32_t W, size_t n, uint64_t seed)
         if (tu_rand(&s) % 7 == 0)
             cuts[nc++] = i;
     float *x1 = malloc(xb), *s1 = malloc(sb);
-    struct ple_apply_opts o = {2, ENGRAM_SIMD_AUTO, 16};
+    struct ple_apply_opts o = {2, ENGRAM_SIMD_AUTO, 16, NULL, NULL};
     int rc = run_cuts(L, &o, &q, cuts, nc, x1, s1);
     const size_t C = q.C;
     char meta[200];

@@ -4,8 +4,9 @@
  * (engram_family); engram_ple_hash gives SPEC.md section 10's known rows on
  * a full-size layout (a sparse file: the table is holes) and the same rows
  * however the stream is cut; rows read back as written (raw, BF16, F32:
- * the values a formula put there); what does not serve the member yet
- * refuses it with -ENOTSUP, and V4.1 models refuse the PLE hash.
+ * the values a formula put there), through the reader too; what does not
+ * serve the member yet refuses it with -ENOTSUP, and V4.1 models refuse
+ * the PLE hash.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -206,14 +207,28 @@ static void full_size(void)
     CHECK_EQ(engram_ple_hash(m, &h1, NULL, NULL, 0, NULL, &err), 0);
     CHECK(engram_model_layout(m) == NULL);
     CHECK(engram_model_hasher(m) == NULL);
+    /* the uncached reader serves the member: the first and last rows of
+     * the full-size table (holes) arrive as zero BF16 rows */
     engram_reader *r = NULL;
-    CHECK_ERR(engram_reader_open(m, NULL, &r, &err), err, -ENOTSUP, "qwen3.8-ple");
-    CHECK(r == NULL);
+    CHECK_EQ(engram_reader_open(m, NULL, &r, &err), 0);
+    uint32_t edge[16] = {0};
+    edge[15] = 320001535u;
+    static uint16_t got[16 * 160];
+    memset(got, 0x55, sizeof got);
+    CHECK_EQ(engram_reader_batch(r, 0, edge, 1, ENGRAM_BF16, got, &err), 0);
+    int zeros = 1;
+    for (size_t k = 0; k < 16 * 160; k++)
+        zeros &= got[k] == 0;
+    CHECK(zeros);
+    edge[3] = 320001536u;
+    CHECK_ERR(engram_reader_batch(r, 0, edge, 1, ENGRAM_BF16, got, &err), err, -EINVAL, "out of range");
+    CHECK_ERR(engram_reader_batch(r, 1, edge, 1, ENGRAM_BF16, got, &err), err, -EINVAL, "table 1");
+    engram_reader_close(r);
     engram_pool *p = NULL;
     CHECK_ERR(engram_pool_open(m, NULL, &p, &err), err, -ENOTSUP, "qwen3.8-ple");
     CHECK(p == NULL);
     engram_layer *L = NULL;
-    CHECK_ERR(engram_layer_open(m, 0, &L, &err), err, -ENOTSUP, "qwen3.8-ple");
+    CHECK_ERR(engram_layer_open(m, 1, &L, &err), err, -EINVAL, "one table");
     CHECK(L == NULL);
     /* holes read as zero rows; the last row exists, one past it does not */
     uint32_t ids[2] = {0, 320001535u};

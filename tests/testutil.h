@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -102,6 +103,41 @@ static inline void tu_cleanup(void)
         if (system(cmd) != 0)
             fprintf(stderr, "cleanup of %s failed\n", tu_dir);
     }
+}
+
+/* Resident pages of path's bytes [lo, hi), counted with mincore() on a
+ * mapping of it (mapping alone reads nothing); UINT64_MAX on failure. */
+static inline uint64_t tu_resident(const char *path, uint64_t lo, uint64_t hi)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    fstat(fd, &st);
+    size_t len = (size_t)st.st_size;
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return UINT64_MAX;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t pages = (len + (size_t)page - 1) / (size_t)page;
+    unsigned char *vec = (unsigned char *)malloc(pages);
+    uint64_t n = 0;
+    if (mincore(p, len, vec) == 0)
+        for (size_t i = lo / (size_t)page; i < pages && i * (size_t)page < hi; i++)
+            n += vec[i] & 1;
+    else
+        n = UINT64_MAX;
+    free(vec);
+    munmap(p, len);
+    return n;
+}
+
+/* Drops path's pages from the page cache. */
+static inline void tu_evict(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
 }
 
 static inline uint64_t tu_rand(uint64_t *s)

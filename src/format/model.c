@@ -33,6 +33,11 @@ struct engram_model {
 
 int model_member(const engram_model *m) { return (int)m->member; }
 
+const gguf_file *model_gguf(const engram_model *m)
+{
+    return m->g;
+}
+
 const struct ple_file *model_ple(const engram_model *m)
 {
     return m->member == ENGRAM_MEMBER_PLE ? &m->ple : NULL;

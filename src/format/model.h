@@ -18,6 +18,8 @@ const gguf_tensor *model_weight(const engram_model *m, int table, int part);
 int model_member(const engram_model *m);
 struct ple_file;
 const struct ple_file *model_ple(const engram_model *m);
+/* The parsed file (its descriptor and tensors), owned by the model. */
+const gguf_file *model_gguf(const engram_model *m);
 
 /* -ENOTSUP with err naming the member and what refuses it, unless m is
  * V4.1's (0); for the functions that serve only V4.1 so far. */

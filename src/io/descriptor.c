@@ -92,7 +92,7 @@ static int try_direct(const engram_model *m, const engram_model_info *info,
     uint32_t a = dio_alignment(fd);
     if (a == 0) {
         snprintf(note, note_len, "no direct I/O on this filesystem; buffered fallback");
-    } else if ((uint64_t)io_slot_bytes(a) * MIN_DIRECT_DEPTH > IO_BUFFER_BUDGET) {
+    } else if ((uint64_t)io_slot_bytes(a, info->family.row_bytes) * MIN_DIRECT_DEPTH > IO_BUFFER_BUDGET) {
         snprintf(note, note_len,
                  "DIO alignment %u B leaves fewer than %u reads in the %u KiB buffer budget; "
                  "buffered fallback", a, MIN_DIRECT_DEPTH, IO_BUFFER_BUDGET >> 10);

@@ -28,10 +28,12 @@ struct io_descriptor {
     enum io_drop drop;  /* buffered reads: how their pages are dropped       */
 };
 
-/* Bytes of one read buffer: a row spans at most two aligned blocks. */
-static inline uint32_t io_slot_bytes(uint32_t align)
+/* Bytes of one read buffer for rows of row_bytes (the family's: 264 or
+ * 320): a row spans at most two aligned blocks (at most
+ * ceil((align - 1 + row_bytes) / align) of them). */
+static inline uint32_t io_slot_bytes(uint32_t align, uint32_t row_bytes)
 {
-    return (uint32_t)(((uint64_t)align - 1 + ENGRAM_ROW_BYTES + align - 1) / align * align);
+    return (uint32_t)(((uint64_t)align - 1 + row_bytes + align - 1) / align * align);
 }
 
 /* Opens m's file for table reads: O_DIRECT unless `want` is the buffered

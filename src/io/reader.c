@@ -184,7 +184,7 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
     r->direct = d.direct;
     r->align = d.align;
     r->drop = d.drop;
-    r->slot_size = io_slot_bytes(r->align);
+    r->slot_size = io_slot_bytes(r->align, r->row_bytes);
     unsigned cap = IO_BUFFER_BUDGET / r->slot_size; /* >= MIN_DIRECT_DEPTH (try_direct) */
     r->depth = depth < cap ? depth : cap;
     int try_uring = r->direct && (want == ENGRAM_IO_AUTO || want == ENGRAM_IO_URING);

@@ -81,7 +81,7 @@ static int step_finished(engram_reader *r)
     return 1;
 }
 
-int engram_reader_step_submit(engram_reader *r, const uint32_t rows[ENGRAM_ROWS_PER_TOKEN],
+int engram_reader_step_submit(engram_reader *r, const uint32_t *rows,
                               engram_dtype dtype, void *out, engram_error *err)
 {
     if (!r || !rows || !out)

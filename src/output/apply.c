@@ -18,13 +18,16 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "ple_apply.h"
 #include "team.h"
 #include "common/util.h"
 
 enum phase { PH_CONVERT, PH_PROJECT, PH_GATE, PH_WRITE };
 
+struct ple_applier;
 struct engram_applier {
     const struct engram_layer *L;
+    struct ple_applier *ple;   /* a PLE layer's (then nothing below is used) */
     const struct apply_kernels *k;
     unsigned threads, tb;
     engram_fork_join fj;
@@ -156,6 +159,7 @@ void engram_applier_free(engram_applier *a)
 {
     if (!a)
         return;
+    ple_applier_free(a->ple);
     team_free(a->team);
     free(a->e32);
     free(a->kv);
@@ -187,6 +191,23 @@ int engram_applier_new(const engram_layer *L, const engram_apply_opts *opts, eng
                        ENGRAM_APPLY_MAX_THREADS);
     if (tb > 65536)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "block of %u tokens: at most 65536", tb);
+    if (L->ple) {
+        struct ple_apply_opts po = {threads, o.simd, tb, o.fork_join, o.fork_join_ctx};
+        engram_applier *a = calloc(1, sizeof *a);
+        if (!a)
+            return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+        int rc = ple_applier_new(L->ple, &po, &a->ple, err);
+        if (rc < 0) {
+            free(a);
+            return rc;
+        }
+        a->L = L;
+        a->threads = threads;
+        a->tb = tb;
+        a->bytes = sizeof *a + ple_applier_bytes(a->ple);
+        *out = a;
+        return 0;
+    }
     const struct apply_kernels *k = apply_kernels_for(o.simd);
     if (!k)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "kernels '%s' are not supported here",
@@ -237,6 +258,10 @@ static int bad_args(engram_applier *a, const void *rows, engram_dtype rd, const 
 {
     if (!a || (n > 0 && (!rows || !res)))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if (a->ple)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "a PLE layer carries a convolution state per sequence: engram_apply_seq "
+                       "applies it");
     if ((rd != ENGRAM_BF16 && rd != ENGRAM_F32) || (xd != ENGRAM_BF16 && xd != ENGRAM_F32))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "unknown element type");
     return 0;
@@ -400,4 +425,19 @@ int engram_project(engram_applier *a, const void *rows, engram_dtype rows_dtype,
         run_phase(a, PH_PROJECT, L->panels);
     }
     return 0;
+}
+
+int engram_apply_seq(engram_applier *a, const void *rows, engram_dtype rows_dtype, void *residual,
+                     engram_dtype resid_dtype, const uint8_t *mask, size_t n, float *state,
+                     engram_error *err)
+{
+    if (!a)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if (!a->ple) /* V4.1: no state beyond the residual */
+        return engram_apply(a, rows, rows_dtype, residual, resid_dtype, mask, n, err);
+    if (rows_dtype != ENGRAM_BF16)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "rows of type %d: a PLE layer takes its rows as BF16 (as stored)",
+                       (int)rows_dtype);
+    return ple_apply(a->ple, rows, residual, resid_dtype, mask, n, state, err);
 }

@@ -18,7 +18,11 @@
 #define MR 6u            /* tokens per projection micro-tile                */
 #define GATE_LANES 16u   /* partial sums of the gate's reductions           */
 
+struct ple_layer;
 struct engram_layer {
+    /* The PLE member's layer (engram_layer_open on a PLE model): then only
+     * ple, table, layer, W, S and bytes are set (the rest is V4.1's). */
+    struct ple_layer *ple;
     int table, layer;
     uint32_t W, S, N;    /* N = (S+1) W outputs                             */
     uint32_t panels;     /* ceil(N / 64)                                    */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "kernels.h"
+#include "ple_apply.h"
 #include "format/layout.h"
 #include "format/model.h"
 #include "common/util.h"
@@ -30,6 +31,7 @@ void engram_layer_close(engram_layer *L)
 {
     if (!L)
         return;
+    ple_layer_free(L->ple);
     if (L->w)
         munmap(L->w, weight_bytes(L));
     free(L->wq);
@@ -45,6 +47,35 @@ void engram_layer_get_info(const engram_layer *L, engram_layer_info *info)
     info->width = L->W;
     info->streams = L->S;
     info->bytes = L->bytes;
+    info->member = L->ple ? ENGRAM_MEMBER_PLE : ENGRAM_MEMBER_V41;
+    info->state_floats = L->ple ? ple_state_floats(L->ple) : 0;
+}
+
+/* The PLE member's one layer (table 0), through the output stage's own
+ * loader (ple_layer.c). */
+static int open_ple_layer(const engram_model *m, int table, engram_layer **out, engram_error *err)
+{
+    engram_model_info mi;
+    engram_model_get_info(m, &mi);
+    if (table != 0)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "table %d: a %s model has one table, 0 (layer %u)", table, mi.family.name,
+                       mi.family.layers[0]);
+    struct engram_layer *L = calloc(1, sizeof *L);
+    if (!L)
+        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+    int rc = ple_layer_open(model_gguf(m), model_ple(m), &L->ple, err);
+    if (rc < 0) {
+        free(L);
+        return rc;
+    }
+    L->table = 0;
+    L->layer = (int)mi.family.layers[0];
+    L->W = ple_layer_width(L->ple);
+    L->S = PLE_STREAMS;
+    L->bytes = sizeof *L + ple_layer_bytes(L->ple);
+    *out = L;
+    return 0;
 }
 
 /* engram_kv: output o's 6144 inputs are contiguous in the file; read a
@@ -130,9 +161,8 @@ int engram_layer_open(const engram_model *m, int table, engram_layer **out, engr
 {
     if (!m || !out)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
-    int rc0 = model_v41_only(m, "engram_layer_open", err);
-    if (rc0 < 0)
-        return rc0;
+    if (model_member(m) == ENGRAM_MEMBER_PLE)
+        return open_ple_layer(m, table, out, err);
     if (table < 0 || table >= ENGRAM_TABLES)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not 0 or 1", table);
     const gguf_tensor *t[3];
@@ -190,7 +220,7 @@ int engram_layer_open(const engram_model *m, int table, engram_layer **out, engr
 
 void engram_layer_export(const engram_layer *L, uint16_t *w, float *wq)
 {
-    if (!L)
+    if (!L || L->ple)
         return;
     if (w)
         for (uint32_t o = 0; o < L->N; o++) {

@@ -34,6 +34,8 @@ struct ple_applier {
     const struct ple_kernels *k;
     unsigned threads, tb;
     struct team *team;
+    engram_fork_join fj;   /* the caller's pool, if any (then no team) */
+    void *fj_ctx;
     uint64_t bytes;
 
     /* workspace, allocated once */
@@ -203,6 +205,8 @@ static void run_phase(struct ple_applier *a, enum phase ph, unsigned items)
     a->workers = nw;
     if (nw == 1)
         work(a, 0);
+    else if (a->fj)
+        a->fj(a->fj_ctx, nw, work, a);
     else
         team_run(a->team, nw, work, a);
 }
@@ -281,7 +285,9 @@ int ple_applier_new(const struct ple_layer *L, const struct ple_apply_opts *opts
     }
     for (unsigned u = 0; u < tb; u++)
         a->e[u] = a->e32 + (size_t)u * PLE_K;
-    if (threads > 1) {
+    a->fj = o.fork_join;
+    a->fj_ctx = o.fork_join_ctx;
+    if (threads > 1 && !a->fj) {
         int rc = team_new(threads, &a->team);
         if (rc < 0) {
             ple_applier_free(a);

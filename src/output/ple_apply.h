@@ -1,8 +1,8 @@
 /*
  * ple_apply.h - the output stage of the family's second member, Qwen3.8's
  * per-layer embedding (SPEC.md section 10, "Consumption"), on the CPU.
- * Internal for now (issue #22): the public API will speak of the family
- * once it is designed; engram.h is not involved yet.
+ * The public face is engram.h's layer and applier (engram_layer_open on a
+ * PLE model, engram_apply_seq); this is the machinery behind it.
  *
  * Per token: e = the 16 BF16 rows of the token concatenated (K = 2560
  * values); x = the residual, S = 4 streams of W values (C = 4W channels,
@@ -146,6 +146,8 @@ struct ple_apply_opts {
     engram_simd simd;      /* kernels; AUTO = the library's choice (cpu.h)      */
     unsigned block_tokens; /* positions per block; 0 = PLE_APPLY_BLOCK.  Results
                               do not depend on it.                              */
+    engram_fork_join fork_join; /* the caller's pool (NULL: threads - 1 own)    */
+    void *fork_join_ctx;
 };
 
 /* An applier: a layer, kernels, threads - 1 worker threads (256 KiB stacks)
