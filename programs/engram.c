@@ -127,8 +127,9 @@ static void info_json(const engram_model_info *in, const engram_layout *l, const
 }
 
 /* A PLE model's summary (text or one JSON object): the family's numbers,
- * the table and its placement.  Reads are not served for it yet. */
-static void info_ple(const engram_model_info *in, int json)
+ * the table and its placement, and (text) how table reads will be done
+ * here. */
+static void info_ple(const engram_model_info *in, const engram_io_stats *io, int json)
 {
     const engram_family *f = &in->family;
     const engram_table_info *ti = &in->table[0];
@@ -162,7 +163,9 @@ static void info_ple(const engram_model_info *in, int json)
            in->streams, f->state_floats);
     printf("placement:       table last: %s; page-aligned: %s\n", in->tables_last ? "yes" : "no",
            in->table0_page_aligned ? "yes" : "no");
-    printf("table reads:     not served for this member yet (issue #22)\n");
+    printf("table reads:     %s, %s, alignment %u, depth %u%s%s%s%s\n", io->engine,
+           io->direct ? "O_DIRECT (no page cache)" : "buffered", io->align, io->depth,
+           io->drop[0] ? ", drop-behind " : "", io->drop, io->note[0] ? "; " : "", io->note);
 }
 
 /* The model's summary for people. */
@@ -234,11 +237,6 @@ static int cmd_info(int argc, char **argv)
         return st;
     engram_model_info in;
     engram_model_get_info(m, &in);
-    if (in.family.member == ENGRAM_MEMBER_PLE) {
-        info_ple(&in, json);
-        engram_model_close(m);
-        return 0;
-    }
     engram_reader *rd = NULL;
     engram_io_stats io;
     memset(&io, 0, sizeof io);
@@ -249,7 +247,9 @@ static int cmd_info(int argc, char **argv)
         engram_reader_get_stats(rd, &io);
     else
         io.note = rerr.msg;
-    if (json)
+    if (in.family.member == ENGRAM_MEMBER_PLE)
+        info_ple(&in, &io, json);
+    else if (json)
         info_json(&in, engram_model_layout(m), &io);
     else
         info_text(&in, engram_model_layout(m), &io);

@@ -6,8 +6,11 @@
 # of the file's bytes (Python) finds them; a file from a second,
 # independent writer (tests/ple_gguf_writer.py) opens and hashes as
 # engram's own; `verify` lists rows holding NaN or infinity (poked at
-# offsets computed here), also past 4 GiB in a sparse file; the commands
-# that serve V4.1 only so far refuse the file naming the member.
+# offsets computed here), also past 4 GiB in a sparse file; `bench io`
+# counts the rows that straddle blocks as this script does; `apply` agrees
+# with an independent float64 computation (tests/ple_apply_cli_check.py)
+# and gives the same bits whatever --threads and --chunk; `run` refuses
+# the file naming the member.
 # Usage: tests/test_ple_cli.sh BUILD_DIR
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -179,11 +182,61 @@ grep -q "decode steps: 16 random rows (the one table)" "$T/bench" && grep -q "st
 grep -q "^    gpl3.tok  *3000 |" "$T/bench" && ok || bad "bench io: section (c) on PLE"
 expect_rc 0 "one table of" "bench io names the member's table" cat "$T/bench"
 
+# apply: the demo's layer (W = 64) over 300 tokens with every 7th masked,
+# against tests/ple_apply_cli_check.py (the model's bytes walked, hashed,
+# read and computed in float64 independently); the same bits whatever
+# --threads and --chunk (the state carried between calls), BF16 residual
+# files the F32 output rounded; what is V4.1's refused
+head -c 4000 data/gpl3.tok | tr -s ' \n' '\n' | grep . | head -300 > "$T/atok"
+awk '{print (NR % 7 == 3) ? 0 : 1}' "$T/atok" > "$T/amask"
+/usr/bin/python3 - "$T/xin.f32" "$T/xin.bf16" 300 256 <<'PY' || bad "write the residual"
+import sys
+import numpy as np
+x = np.random.default_rng(5).normal(0, 1, (int(sys.argv[3]), int(sys.argv[4]))).astype(np.float32)
+b = ((x.view(np.uint32) + 0x7fff + ((x.view(np.uint32) >> 16) & 1)) >> 16).astype(np.uint16)
+x = (b.astype(np.uint32) << 16).view(np.float32)  # BF16 values, so both files say the same
+x[4, 128:192] = 0  # a zero stream: alpha = sigmoid(0)
+b[4, 128:192] = 0
+x.tofile(sys.argv[1]); b.tofile(sys.argv[2])
+PY
+A="--layer 1 --tokens $T/atok --mask $T/amask"
+# shellcheck disable=SC2086
+expect_rc 0 "PLE: " "apply on the PLE demo" "$E" apply "$DEMO" $A --residual-in "$T/xin.f32" --residual-out "$T/o1.f32"
+/usr/bin/python3 tests/ple_apply_cli_check.py "$DEMO" "$T/atok" "$T/amask" "$T/xin.f32" "$T/o1.f32" > "$T/chk" 2>&1 &&
+    ok || bad "apply: against the float64 computation"
+sed 's/^/    /' "$T/chk"
+for v in "--threads 2 --chunk 7" "--threads 1 --chunk 1" "--threads 2 --chunk 2048" "--threads 3 --chunk 256"; do
+    # shellcheck disable=SC2086
+    "$E" apply "$DEMO" $A --residual-in "$T/xin.f32" --residual-out "$T/o2.f32" $v >/dev/null 2>"$T/err" &&
+        cmp -s "$T/o1.f32" "$T/o2.f32" && ok || bad "apply $v: not the same bits as one thread, chunks of 256"
+done
+# shellcheck disable=SC2086
+"$E" apply "$DEMO" $A --residual-in "$T/xin.bf16" --residual-out "$T/o1.bf16" --residual-bf16 --chunk 5 \
+    > /dev/null 2>"$T/err" || bad "apply --residual-bf16"
+/usr/bin/python3 - "$T/o1.f32" "$T/o1.bf16" <<'PY' && ok || bad "apply --residual-bf16: not the F32 output rounded"
+import sys
+import numpy as np
+f = np.fromfile(sys.argv[1], dtype="<f4").view(np.uint32)
+b = np.fromfile(sys.argv[2], dtype="<u2")
+want = ((f + 0x7fff + ((f >> 16) & 1)) >> 16).astype(np.uint16)
+assert b.size == f.size and np.array_equal(b, want)
+PY
+expect_rc 2 "one layer, 1: --layer 1" "apply --layer 14 on PLE" "$E" apply "$DEMO" --layer 14 --tokens x \
+    --residual-in seed:1 --residual-out "$T/x"
+expect_rc 2 "--kv-out writes V4.1's" "apply --kv-out on PLE" "$E" apply "$DEMO" --layer 1 --tokens x \
+    --residual-in seed:1 --residual-out "$T/x" --kv-out "$T/kv"
+expect_rc 2 "--history sets V4.1's" "apply --history on PLE" "$E" apply "$DEMO" --layer 1 --tokens x \
+    --residual-in seed:1 --residual-out "$T/x" --history 1,2,3
+expect_rc 2 "applied on the CPU here" "apply --device cuda on PLE" "$E" apply "$DEMO" --layer 1 --tokens x \
+    --residual-in seed:1 --residual-out "$T/x" --device cuda
+# shellcheck disable=SC2086
+expect_rc 1 "307200 expected" "apply: a residual of the wrong size" "$E" apply "$DEMO" $A \
+    --residual-in "$T/xin.bf16" --residual-out "$T/x"
+[ ! -e "$T/x" ] && ok || bad "a refused apply wrote its output"
+
 # what serves V4.1 only so far says so
-for c in "apply $DEMO --layer 1 --tokens $T/tk --residual-in seed:1 --residual-out $T/x" \
-         "run $DEMO --decode 2"; do
+for c in "run $DEMO --decode 2"; do
     # shellcheck disable=SC2086
     expect_rc 1 "serves DeepSeek V4.1 models only" "${c%% *} refuses the PLE member" "$E" $c
 done
-[ ! -e "$T/x" ] && ok || bad "apply wrote an output for a PLE model"
 finish test_ple_cli.sh
