@@ -449,8 +449,9 @@ static void print_summary(const struct apply *r, const struct apply_opts *o, dou
            o->device, r->t_apply, r->t_apply > 0 ? (double)r->n / r->t_apply : 0.0, o->threads,
            o->threads > 1 ? "s" : "", dt);
     if (r->ple)
-        printf("  PLE: %" PRIu64 " calls of engram_apply_seq (up to %" PRIu64 " tokens), a state of "
-               "%zu floats carried\n", r->calls, o->chunk, r->li.state_floats);
+        printf("  PLE: %" PRIu64 " call%s of engram_apply_seq (up to %" PRIu64 " tokens), a state "
+               "of %zu floats carried\n", r->calls, r->calls == 1 ? "" : "s", o->chunk,
+               r->li.state_floats);
     printf("  wrote %s (%zu x %zu %s), FNV-1a 64 of it: %016" PRIx64 "\n", o->outp, r->n, r->per,
            r->xb ? "bf16" : "float32", r->fnv);
 }

@@ -221,6 +221,18 @@ b = np.fromfile(sys.argv[2], dtype="<u2")
 want = ((f + 0x7fff + ((f >> 16) & 1)) >> 16).astype(np.uint16)
 assert b.size == f.size and np.array_equal(b, want)
 PY
+# the real width, W = 2560: 40 tokens, two threads, calls of 3 tokens
+D2560="$T/w2560.gguf"
+"$E" build "$D2560" --arch qwen4exp --base 20011 --width 2560 --fill normal --seed 4 >/dev/null || bad "build W = 2560"
+head -40 "$T/atok" > "$T/t40"; head -40 "$T/amask" > "$T/m40"
+/usr/bin/python3 -c "import numpy as np; x = np.random.default_rng(1).normal(0, 1, (40, 10240)).astype(np.float32)
+u = x.view(np.uint32); ((u + 0x7fff + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32).tofile('$T/x40.f32')"
+"$E" apply "$D2560" --layer 1 --tokens "$T/t40" --mask "$T/m40" --residual-in "$T/x40.f32" \
+    --residual-out "$T/o40.f32" --threads 2 --chunk 3 > /dev/null 2>"$T/err" || bad "apply at W = 2560"
+/usr/bin/python3 tests/ple_apply_cli_check.py "$D2560" "$T/t40" "$T/m40" "$T/x40.f32" "$T/o40.f32" > "$T/chk" 2>&1 &&
+    ok || bad "apply at W = 2560: against the float64 computation"
+sed 's/^/    /' "$T/chk"
+rm -f "$D2560"
 expect_rc 2 "one layer, 1: --layer 1" "apply --layer 14 on PLE" "$E" apply "$DEMO" --layer 14 --tokens x \
     --residual-in seed:1 --residual-out "$T/x"
 expect_rc 2 "--kv-out writes V4.1's" "apply --kv-out on PLE" "$E" apply "$DEMO" --layer 1 --tokens x \
