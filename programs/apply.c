@@ -3,6 +3,9 @@
  * the SSD to the residual: hash (with a starting history), read the layer's
  * rows through the uncached reader, decode, project, gate and update a
  * residual read from a file, written to another through a temporary name.
+ * A PLE model (SPEC.md section 10) takes the same road through the
+ * family's calls: engram_ple_hash, the reader's BF16 rows (16 a token) and
+ * engram_apply_seq, whose per-sequence state is carried from call to call.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -17,7 +20,7 @@
 static const char *apply_help =
     "usage: engram apply MODEL --layer 1|14 --tokens FILE --residual-in IN --residual-out OUT\n"
     "                    [--mask FILE] [--history A,B,C] [--threads N] [--kv-out FILE]\n"
-    "                    [--device cpu|cuda|cuda-fma|cuda-fast]\n"
+    "                    [--device cpu|cuda|cuda-fma|cuda-fast] [--chunk N] [--residual-bf16]\n"
     "Runs one Engram layer (SPEC.md section 8) over a token stream: hashes the\n"
     "tokens (from --history: 3 compressed ids, newest first, -1 = dead; default\n"
     "all dead), reads the layer's 24 rows per token through the uncached reader,\n"
@@ -37,6 +40,16 @@ static const char *apply_help =
     "cuda-fma: every sum by F32 FMAs on the CUDA cores (slower for long inputs);\n"
     "--device cuda-fast: more than 8 tokens through cuBLAS, the tensor cores' own\n"
     "sums (faster, less accurate than the CPU's).\n"
+    "--chunk N: tokens per apply call (1..2048, default 256; results do not depend\n"
+    "on it).  --residual-bf16: IN and OUT hold BF16 bit patterns (little-endian\n"
+    "uint16) instead of float32.\n"
+    "PLE model (qwen4exp): --layer is its one layer (engram info); the tokens are\n"
+    "hashed with engram_ple_hash from a sequence start (a mask 0 is a padding\n"
+    "position: hashed as EOS, left untouched, a zero convolution frame), the 16\n"
+    "BF16 rows a token read through the reader, and engram_apply_seq applied with\n"
+    "the sequence's state carried from call to call; OUT keeps float32 values\n"
+    "(BF16 with --residual-bf16).  --history, --kv-out and --device other than cpu\n"
+    "are V4.1's (usage error).\n"
     "Memory: about 50 MB at W = 5120 whatever the\n"
     "stream's length (2048 tokens of rows at a time, 256 of residual), plus 5 bytes\n"
     "a token for the token and mask files, which hold at most 2^24 items each (a\n"
@@ -46,13 +59,15 @@ static const char *apply_help =
     "3 system error.\n";
 
 #define READ_CHUNK ENGRAM_BATCH_TOKENS
-#define APPLY_CHUNK 256u
+#define APPLY_CHUNK 256u /* tokens per apply call unless --chunk */
 
 
 /* The command line. */
 struct apply_opts {
     const char *path, *tok_path, *mask_path, *hist, *in, *outp, *kv_path, *device;
-    uint64_t layer, threads;
+    uint64_t layer, threads, chunk;
+    int bf16;              /* --residual-bf16                                */
+    int device_given;
 };
 
 /* One apply's state, from its inputs to its outputs. */
@@ -62,15 +77,23 @@ struct apply {
     engram_layer *L;
     engram_layer_info li;
     struct dev *d;
+    int ple;               /* the PLE member: engram_apply_seq, its state     */
+    engram_applier *A;     /* PLE: the applier (V4.1 applies through d)       */
+    float *state;          /* PLE: [li.state_floats], from +0                 */
+    uint8_t *kinds;        /* PLE: a read chunk's hash kinds (mask 0: PAD)    */
+    uint64_t calls;        /* apply calls made                                */
+    engram_ple_history ph; /* PLE: the hash's last 2 ids, from a sequence start */
     int t;                 /* the layer's table: 0 (layer 1) or 1 (layer 14)   */
-    uint32_t *tokens, *rows48;
+    uint32_t *tokens, *rows48; /* rows48: a read chunk's row ids, 48 a token (PLE 16) */
     size_t n;              /* tokens                                          */
     uint8_t *mask;
     size_t per, nkv;       /* per token: S x W residual, (S+1) x W projection  */
     int rdt;               /* rows as the device wants them: BF16 or raw      */
-    size_t tokb;           /* bytes of one token's 24 rows in that form       */
+    size_t tokb;           /* bytes of one token's rows in that form (24, PLE 16) */
     void *rows;
     float *x, *kv;
+    uint16_t *xb;          /* --residual-bf16: a chunk's residual as stored    */
+    size_t elem;           /* bytes of a residual value in the files: 4 or 2   */
     int in_fd;
     int seeded;
     uint64_t seed;
@@ -81,11 +104,29 @@ struct apply {
     uint64_t masked, fnv;
 };
 
+/* A BF16 bit pattern's value, and the top half of a float (exact for a
+ * float that is a BF16 value, as the residuals written here are). */
+static float bf16_value(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint16_t bf16_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+
 /* The options and the starting history: 0, or the exit code of a usage
  * error (printed). */
 static int parse_apply_opts(int argc, char **argv, struct apply_opts *o, engram_history *h)
 {
-    *o = (struct apply_opts){.device = "cpu", .threads = 1};
+    *o = (struct apply_opts){.device = "cpu", .threads = 1, .chunk = APPLY_CHUNK,
+                             .layer = UINT64_MAX};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char **dst = !strcmp(a, "--tokens") ? &o->tok_path
@@ -96,15 +137,22 @@ static int parse_apply_opts(int argc, char **argv, struct apply_opts *o, engram_
                          : !strcmp(a, "--kv-out") ? &o->kv_path
                          : !strcmp(a, "--device") ? &o->device
                          : NULL;
-        if (dst || !strcmp(a, "--layer") || !strcmp(a, "--threads")) {
+        if (!strcmp(a, "--residual-bf16")) {
+            o->bf16 = 1;
+            continue;
+        }
+        if (dst || !strcmp(a, "--layer") || !strcmp(a, "--threads") || !strcmp(a, "--chunk")) {
             if (i + 1 >= argc)
                 return fail_usage("apply: %s needs a value", a);
             const char *v = argv[++i];
+            o->device_given |= dst == &o->device;
             if (dst)
                 *dst = v;
-            else if (!strcmp(a, "--layer") &&
-                     (parse_u64(v, 14, &o->layer) < 0 || (o->layer != 1 && o->layer != 14)))
-                return fail_usage("apply: --layer takes 1 or 14");
+            else if (!strcmp(a, "--layer") && parse_u64(v, UINT32_MAX, &o->layer) < 0)
+                return fail_usage("apply: --layer takes a layer number (1 or 14; PLE: its layer)");
+            else if (!strcmp(a, "--chunk") &&
+                     (parse_u64(v, READ_CHUNK, &o->chunk) < 0 || o->chunk == 0))
+                return fail_usage("apply: --chunk takes 1..%u", READ_CHUNK);
             else if (!strcmp(a, "--threads") &&
                      (parse_u64(v, ENGRAM_APPLY_MAX_THREADS, &o->threads) < 0 || o->threads == 0))
                 return fail_usage("apply: --threads takes 1..%u", ENGRAM_APPLY_MAX_THREADS);
@@ -116,7 +164,7 @@ static int parse_apply_opts(int argc, char **argv, struct apply_opts *o, engram_
             return fail_usage("apply: more than one MODEL");
         }
     }
-    if (!o->path || !o->layer || !o->tok_path || !o->in || !o->outp)
+    if (!o->path || o->layer == UINT64_MAX || !o->tok_path || !o->in || !o->outp)
         return fail_usage("apply: MODEL, --layer, --tokens, --residual-in and --residual-out are required");
     if (!dev_name_ok(o->device))
         return fail_usage("apply: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", o->device);
@@ -157,12 +205,40 @@ static int read_tokens(struct apply *r, const struct apply_opts *o)
     return st;
 }
 
-/* The model and the layer's weights.  0 or an exit code. */
-static int open_layer(struct apply *r, const char *path, engram_error *err)
+/* The member of the open model and what the command line asks of it: the
+ * layer (V4.1: 1 or 14; PLE: its one layer), and for PLE none of V4.1's
+ * own options.  0 or the exit code of a usage error (printed). */
+static int check_member(struct apply *r, const struct apply_opts *o)
 {
-    int st = open_model(path, &r->m);
-    if (st)
-        return st;
+    engram_model_info in;
+    engram_model_get_info(r->m, &in);
+    r->ple = in.family.member == ENGRAM_MEMBER_PLE;
+    if (!r->ple) {
+        if (o->layer != 1 && o->layer != 14)
+            return fail_usage("apply: --layer takes 1 or 14");
+        r->t = o->layer == 1 ? 0 : 1;
+        return 0;
+    }
+    if (o->layer != in.family.layers[0])
+        return fail_usage("apply: '%s' is a %s model with one layer, %u: --layer %u", o->path,
+                          in.family.name, in.family.layers[0], in.family.layers[0]);
+    if (o->kv_path)
+        return fail_usage("apply: --kv-out writes V4.1's projection, (S+1)W values a token; a PLE "
+                          "layer's keys (4W) and value (W) feed its gate and convolution and the "
+                          "library does not give them out (engram_project is V4.1's)");
+    if (o->hist)
+        return fail_usage("apply: --history sets V4.1's compressed ids; a PLE stream starts here at "
+                          "a sequence start (its convolution state cannot be rebuilt from ids)");
+    if (o->device_given && strcmp(o->device, "cpu"))
+        return fail_usage("apply: --device %s: the PLE layer is applied on the CPU here", o->device);
+    r->t = 0;
+    engram_ple_history_reset(r->m, &r->ph);
+    return 0;
+}
+
+/* The layer's weights.  0 or an exit code. */
+static int open_layer(struct apply *r, engram_error *err)
+{
     int rc = engram_layer_open(r->m, r->t, &r->L, err);
     if (rc < 0)
         return rc == -ENOENT ? (fprintf(stderr, "%s: apply: %s\n", prog, err->msg), EXIT_DATA)
@@ -190,11 +266,11 @@ static int open_residual(struct apply *r, const char *in)
     int st = input_regular(in, &sb);
     if (st)
         return st;
-    if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != (uint64_t)r->n * r->per * 4) {
+    if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != (uint64_t)r->n * r->per * r->elem) {
         fprintf(stderr,
-                "%s: apply: residual '%s' has %lld bytes; %zu tokens x %u streams x %u x 4 bytes "
+                "%s: apply: residual '%s' has %lld bytes; %zu tokens x %u streams x %u x %zu bytes "
                 "= %llu expected\n", prog, in, (long long)sb.st_size, r->n, r->li.streams, r->li.width,
-                (unsigned long long)((uint64_t)r->n * r->per * 4));
+                r->elem, (unsigned long long)((uint64_t)r->n * r->per * r->elem));
         return EXIT_DATA;
     }
     return 0;
@@ -204,19 +280,35 @@ static int open_residual(struct apply *r, const char *in)
  * buffers of one chunk.  0 or an exit code. */
 static int open_device(struct apply *r, const struct apply_opts *o, engram_error *err)
 {
-    int rc = dev_open(o->device, r->L, (unsigned)o->threads, APPLY_CHUNK, &r->d, err);
-    if (rc < 0)
-        return rc == -EINVAL ? fail_usage("apply: %s", err->msg) : fail_lib(rc, err, "apply");
-    r->rdt = dev_rows_dtype(r->d);
-    size_t rowb = r->rdt == ENGRAM_RAW ? ENGRAM_ROW_BYTES : ENGRAM_ROW_VALUES * 2;
-    r->tokb = (size_t)ENGRAM_COLUMNS * rowb;
+    int rc;
+    size_t stride = ENGRAM_ROWS_PER_TOKEN;
+    if (r->ple) { /* the CPU's applier, the state from +0, BF16 rows as the reader gives them */
+        engram_apply_opts ao = {.threads = (unsigned)o->threads};
+        if ((rc = engram_applier_new(r->L, &ao, &r->A, err)) < 0)
+            return fail_lib(rc, err, "apply");
+        r->rdt = ENGRAM_BF16;
+        stride = ENGRAM_PLE_ROWS_PER_TOKEN;
+        r->tokb = (size_t)ENGRAM_PLE_ROWS_PER_TOKEN * 320;
+        r->state = calloc(r->li.state_floats ? r->li.state_floats : 1, sizeof *r->state);
+        r->kinds = malloc(READ_CHUNK);
+        if (!r->state || !r->kinds)
+            return fail_oom("apply: the PLE state", r->li.state_floats * sizeof *r->state);
+    } else {
+        rc = dev_open(o->device, r->L, (unsigned)o->threads, (size_t)o->chunk, &r->d, err);
+        if (rc < 0)
+            return rc == -EINVAL ? fail_usage("apply: %s", err->msg) : fail_lib(rc, err, "apply");
+        r->rdt = dev_rows_dtype(r->d);
+        size_t rowb = r->rdt == ENGRAM_RAW ? ENGRAM_ROW_BYTES : ENGRAM_ROW_VALUES * 2;
+        r->tokb = (size_t)ENGRAM_COLUMNS * rowb;
+    }
     if ((rc = engram_reader_open(r->m, NULL, &r->rd, err)) < 0)
         return fail_lib(rc, err, "apply: opening the reader");
-    r->rows48 = malloc((size_t)READ_CHUNK * ENGRAM_ROWS_PER_TOKEN * sizeof *r->rows48);
+    r->rows48 = malloc((size_t)READ_CHUNK * stride * sizeof *r->rows48);
     r->rows = malloc((size_t)READ_CHUNK * r->tokb);
-    r->x = malloc((size_t)APPLY_CHUNK * r->per * 4);
-    r->kv = o->kv_path ? malloc((size_t)APPLY_CHUNK * r->nkv * 4) : NULL;
-    if (!r->rows48 || !r->rows || !r->x || (o->kv_path && !r->kv))
+    r->x = malloc((size_t)o->chunk * r->per * 4);
+    r->xb = o->bf16 ? malloc((size_t)o->chunk * r->per * 2) : NULL;
+    r->kv = o->kv_path ? malloc((size_t)o->chunk * r->nkv * 4) : NULL;
+    if (!r->rows48 || !r->rows || !r->x || (o->bf16 && !r->xb) || (o->kv_path && !r->kv))
         return fail_oom("apply: the buffers of a chunk", 0);
     return 0;
 }
@@ -244,17 +336,32 @@ static int apply_chunk(struct apply *r, const struct apply_opts *o, size_t pos, 
                        engram_error *err)
 {
     uint64_t first = (uint64_t)pos * r->per;
+    size_t nv = c * r->per;
     int rc;
     if (r->seeded) {
-        cli_seeded_resid(r->seed, first, c * r->per, r->x);
-    } else if ((rc = pread_all(r->in_fd, r->x, c * r->per * 4, first * 4)) < 0) {
+        cli_seeded_resid(r->seed, first, nv, r->x);
+        for (size_t i = 0; r->xb && i < nv; i++) /* BF16 values: the top half is exact */
+            r->xb[i] = bf16_bits(r->x[i]);
+    } else if ((rc = pread_all(r->in_fd, r->xb ? (void *)r->xb : (void *)r->x, nv * r->elem,
+                               first * r->elem)) < 0) {
         fprintf(stderr, "%s: apply: reading '%s': %s\n", prog, o->in, strerror(-rc));
         return EXIT_SYSTEM;
     }
     const uint8_t *mk = r->mask ? r->mask + pos : NULL;
+    const uint8_t *rows = (const uint8_t *)r->rows + j * r->tokb;
     double ta = now_s();
-    rc = dev_apply(r->d, (const uint8_t *)r->rows + j * r->tokb, r->tokb, r->x, mk, c, r->kv, err);
+    if (r->ple) {
+        rc = engram_apply_seq(r->A, rows, ENGRAM_BF16, r->xb ? (void *)r->xb : (void *)r->x,
+                              r->xb ? ENGRAM_BF16 : ENGRAM_F32, mk, c, r->state, err);
+    } else {
+        for (size_t i = 0; r->xb && !r->seeded && i < nv; i++)
+            r->x[i] = bf16_value(r->xb[i]);
+        rc = dev_apply(r->d, rows, r->tokb, r->x, mk, c, r->kv, err);
+        for (size_t i = 0; r->xb && rc >= 0 && i < nv; i++) /* BF16 values out: exact */
+            r->xb[i] = bf16_bits(r->x[i]);
+    }
     r->t_apply += now_s() - ta;
+    r->calls++;
     if (rc < 0) {
         /* messages name the token within the call: give the stream's */
         fprintf(stderr, "%s: apply: tokens %zu..%zu: %s\n", prog, pos, pos + c - 1, err->msg);
@@ -262,10 +369,11 @@ static int apply_chunk(struct apply *r, const struct apply_opts *o, size_t pos, 
     }
     for (size_t i = 0; mk && i < c; i++)
         r->masked += mk[i] == 0;
-    const unsigned char *b = (const unsigned char *)r->x;
-    for (size_t i = 0; i < c * r->per * 4; i++)
+    const void *xo = r->xb ? (const void *)r->xb : (const void *)r->x;
+    const unsigned char *b = xo;
+    for (size_t i = 0; i < nv * r->elem; i++)
         r->fnv = (r->fnv ^ b[i]) * 0x100000001b3ull;
-    const char *failed = fwrite(r->x, 4, c * r->per, r->out.f) != c * r->per ? o->outp
+    const char *failed = fwrite(xo, r->elem, nv, r->out.f) != nv ? o->outp
                          : o->kv_path && fwrite(r->kv, 4, c * r->nkv, r->kvo.f) != c * r->nkv
                              ? o->kv_path : NULL;
     if (failed) {
@@ -282,8 +390,16 @@ static int apply_stream(struct apply *r, const struct apply_opts *o, engram_hist
 {
     for (size_t at = 0; at < r->n; at += READ_CHUNK) {
         size_t k = r->n - at < READ_CHUNK ? r->n - at : READ_CHUNK;
-        int rc = engram_hash_tokens(engram_model_hasher(r->m), h, r->tokens + at,
+        int rc;
+        if (r->ple) { /* a mask 0 is a padding position: hashed as EOS */
+            for (size_t i = 0; r->mask && i < k; i++)
+                r->kinds[i] = r->mask[at + i] ? ENGRAM_PLE_TEXT : ENGRAM_PLE_PAD;
+            rc = engram_ple_hash(r->m, &r->ph, r->tokens + at, r->mask ? r->kinds : NULL, k,
+                                 r->rows48, err);
+        } else {
+            rc = engram_hash_tokens(engram_model_hasher(r->m), h, r->tokens + at,
                                     r->mask ? r->mask + at : NULL, k, r->rows48, err);
+        }
         if (rc < 0) {
             /* name the position in the whole stream */
             fprintf(stderr, "%s: apply: tokens from %zu: %s\n", prog, at, err->msg);
@@ -294,8 +410,8 @@ static int apply_stream(struct apply *r, const struct apply_opts *o, engram_hist
         r->t_read += now_s() - ta;
         if (rc < 0)
             return fail_lib(rc, err, "apply: reading rows");
-        for (size_t j = 0; j < k; j += APPLY_CHUNK) {
-            size_t c = k - j < APPLY_CHUNK ? k - j : APPLY_CHUNK;
+        for (size_t j = 0; j < k; j += o->chunk) {
+            size_t c = k - j < o->chunk ? k - j : (size_t)o->chunk;
             int st = apply_chunk(r, o, at + j, j, c, err);
             if (st)
                 return st;
@@ -332,8 +448,12 @@ static void print_summary(const struct apply *r, const struct apply_opts *o, dou
     printf("  apply on the %s: %.3f s (%.1f tokens/s, %" PRIu64 " thread%s); total %.3f s\n",
            o->device, r->t_apply, r->t_apply > 0 ? (double)r->n / r->t_apply : 0.0, o->threads,
            o->threads > 1 ? "s" : "", dt);
-    printf("  wrote %s (%zu x %zu float32), FNV-1a 64 of it: %016" PRIx64 "\n", o->outp, r->n, r->per,
-           r->fnv);
+    if (r->ple)
+        printf("  PLE: %" PRIu64 " call%s of engram_apply_seq (up to %" PRIu64 " tokens), a state "
+               "of %zu floats carried\n", r->calls, r->calls == 1 ? "" : "s", o->chunk,
+               r->li.state_floats);
+    printf("  wrote %s (%zu x %zu %s), FNV-1a 64 of it: %016" PRIx64 "\n", o->outp, r->n, r->per,
+           r->xb ? "bf16" : "float32", r->fnv);
 }
 
 static void close_apply(struct apply *r)
@@ -342,6 +462,7 @@ static void close_apply(struct apply *r)
         close(r->in_fd);
     engram_reader_close(r->rd);
     dev_close(r->d);
+    engram_applier_free(r->A);
     engram_layer_close(r->L);
     engram_model_close(r->m);
     free(r->tokens);
@@ -349,7 +470,10 @@ static void close_apply(struct apply *r)
     free(r->rows48);
     free(r->rows);
     free(r->x);
+    free(r->xb);
     free(r->kv);
+    free(r->state);
+    free(r->kinds);
 }
 
 int cmd_apply(int argc, char **argv)
@@ -365,12 +489,16 @@ int cmd_apply(int argc, char **argv)
         return st;
     struct apply r = {0};
     r.in_fd = -1;
-    r.t = o.layer == 1 ? 0 : 1;
     r.fnv = 0xcbf29ce484222325ull;
+    r.elem = o.bf16 ? 2 : 4;
     engram_error err = {0};
-    st = read_tokens(&r, &o);
+    st = open_model_any(o.path, &r.m);
     if (!st)
-        st = open_layer(&r, o.path, &err);
+        st = check_member(&r, &o);
+    if (!st)
+        st = read_tokens(&r, &o);
+    if (!st)
+        st = open_layer(&r, &err);
     r.per = (size_t)r.li.streams * r.li.width;
     r.nkv = (size_t)(r.li.streams + 1) * r.li.width;
     if (!st)

@@ -20,7 +20,12 @@ struct bench {
     const char *path;
     engram_model *m;
     engram_model_info in;
-    const engram_layout *l;
+    const engram_layout *l;   /* V4.1's layout; NULL for PLE            */
+    /* The member's numbers (engram_family): the tables, their rows per
+     * token (the stride of a token's row ids as the hash writes them is
+     * tables x cols: 48 for V4.1, 16 for PLE), a row's bytes and values. */
+    int ple;
+    unsigned tables, cols, stride, row_bytes, row_values;
     double seconds;
     unsigned depths[MAX_DEPTHS];
     int n_depths;
@@ -31,7 +36,7 @@ struct bench {
     uint64_t cache_bytes;     /* prefill: the +cache reader's row cache    */
     FILE *csv;
     uint32_t align;
-    unsigned cross_pct;       /* % of rows whose 264 bytes span two blocks */
+    unsigned cross_pct;       /* % of rows whose bytes span two blocks     */
     uint64_t seed;
     const char *sections;     /* letters of the sections to run */
 };

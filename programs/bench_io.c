@@ -64,7 +64,10 @@ enum fio_mode {
                          block boundary need two blocks (--bssplit)          */
     FIO_MIX_BATCHED,  /* the mix with batched submission, registered file and
                          buffers                                              */
-    FIO_STEPS         /* 48 submitted and 48 completed at a time             */
+    FIO_STEPS,        /* a step's reads (48, PLE 16) submitted and completed
+                         together                                             */
+    FIO_BS1,          /* bs = alignment only (rows inside one block)          */
+    FIO_BS2           /* bs = 2 x alignment only (rows that straddle two)     */
 };
 
 static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode mode, double secs)
@@ -73,11 +76,14 @@ static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode 
     char cmd[1024], extra[256] = "", bs[96];
     uint64_t off = b->in.table[0].offset / b->align * b->align;
     uint64_t size = b->in.table[0].bytes / b->align * b->align;
-    if (mode == FIO_STEPS) /* steps read both tables: the same span of the file */
-        size = (b->in.table[1].offset + b->in.table[1].bytes - off) / b->align * b->align;
+    if (mode == FIO_STEPS) /* steps read every table: the same span of the file */
+        size = (b->in.table[b->tables - 1].offset + b->in.table[b->tables - 1].bytes - off) /
+               b->align * b->align;
     if (mode == FIO_MIX || mode == FIO_MIX_BATCHED || mode == FIO_STEPS)
         snprintf(bs, sizeof bs, "--bssplit=%u/%u:%u/%u --blockalign=%u", b->align,
                  100 - b->cross_pct, 2 * b->align, b->cross_pct, b->align);
+    else if (mode == FIO_BS2)
+        snprintf(bs, sizeof bs, "--bs=%u --blockalign=%u", 2 * b->align, b->align);
     else
         snprintf(bs, sizeof bs, "--bs=%u", b->align);
     if (mode == FIO_MIX_BATCHED)
@@ -155,18 +161,25 @@ static void print_machine(struct bench *b)
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     printf("engram bench io  %s  |  %s, %ld cores, %.1f GiB RAM, kernel %s\n", date, cpu,
            sysconf(_SC_NPROCESSORS_ONLN), (double)pages * (double)psz / (1u << 30), u.release);
-    printf("file %s: %.2f GiB (tables %.2f + %.2f GiB)\n", b->path,
-           (double)b->in.file_bytes / (1u << 30), (double)b->in.table[0].bytes / (1u << 30),
-           (double)b->in.table[1].bytes / (1u << 30));
+    if (b->ple)
+        printf("file %s: %.2f GiB, %s (one table of %.2f GiB: %u-byte BF16 rows, 16 per token)\n",
+               b->path, (double)b->in.file_bytes / (1u << 30), b->in.family.name,
+               (double)b->in.table[0].bytes / (1u << 30), b->row_bytes);
+    else
+        printf("file %s: %.2f GiB (tables %.2f + %.2f GiB)\n", b->path,
+               (double)b->in.file_bytes / (1u << 30), (double)b->in.table[0].bytes / (1u << 30),
+               (double)b->in.table[1].bytes / (1u << 30));
 }
 
-/* Random rows of table 0 for n tokens (stride 48). */
+/* Uniformly random rows for n tokens, each token's as the hash lays them
+ * out (stride 48: 24 of table 0 then 24 of table 1; PLE: 16 of its one
+ * table). */
 static void random_rows(struct bench *b, uint32_t *rows, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        for (int k = 0; k < ENGRAM_ROWS_PER_TOKEN; k++)
-            rows[i * ENGRAM_ROWS_PER_TOKEN + (size_t)k] =
-                (uint32_t)(bench_rnd(&b->seed) % b->l->rows[k / ENGRAM_COLUMNS]);
+        for (unsigned k = 0; k < b->stride; k++)
+            rows[i * b->stride + k] =
+                (uint32_t)(bench_rnd(&b->seed) % b->in.table[k / b->cols].rows);
 }
 
 struct depth_point {
@@ -183,8 +196,8 @@ static int section_depths(struct bench *b, struct depth_point *pts)
            b->align, b->cross_pct, b->align, 100 - b->cross_pct, 2 * b->align, b->cross_pct);
     printf("    %5s %12s %10s %12s %12s %7s %6s %10s %9s\n", "depth", "engram IOPS", "fio bs=512",
            "fio same sz", "...batched", "ratio", "cores", "bytes/read", "engine");
-    uint32_t *rows = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
-    uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
+    uint32_t *rows = malloc((size_t)ENGRAM_BATCH_TOKENS * b->stride * sizeof *rows);
+    uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * b->cols * b->row_values * 2);
     if (!rows || !out) {
         free(rows);
         free(out);
@@ -266,17 +279,21 @@ static int section_depths(struct bench *b, struct depth_point *pts)
 
 static int section_decode(struct bench *b)
 {
-    printf("\n(b) decode steps: 48 random rows (both tables) per step, submit then wait\n");
+    const unsigned per = b->stride; /* rows of a step: 48, or PLE's 16 */
+    if (b->ple)
+        printf("\n(b) decode steps: 16 random rows (the one table) per step, submit then wait\n");
+    else
+        printf("\n(b) decode steps: 48 random rows (both tables) per step, submit then wait\n");
     engram_reader_opts o = {.engine = ENGRAM_IO_AUTO, .depth = 64};
     engram_reader *r;
     engram_error err;
     if (engram_reader_open(b->m, &o, &r, &err) < 0)
         return fail_lib(-EIO, &err, "bench io: reader");
-    uint32_t rows[ENGRAM_ROWS_PER_TOKEN];
+    uint32_t rows[ENGRAM_ROWS_PER_TOKEN];   /* the larger member's */
     static uint16_t out[ENGRAM_ROWS_PER_TOKEN * ENGRAM_ROW_VALUES];
     double t0 = now_s();
     while (now_s() - t0 < b->seconds) {
-        random_rows(b, rows, 1);
+        random_rows(b, rows, 1); /* per rows */
         if (engram_reader_step_submit(r, rows, ENGRAM_BF16, out, &err) < 0 ||
             engram_reader_step_wait(r, &err) < 0) {
             fprintf(stderr, "%s: step: %s\n", prog, err.msg);
@@ -290,22 +307,58 @@ static int section_decode(struct bench *b)
     printf("    engram (%s): %" PRIu64 " steps, p50 %.1f us, p99 %.1f us, p99.9 %.1f us, max %.1f us\n",
            st.engine, st.steps, (double)st.step_p50_ns / 1e3, (double)st.step_p99_ns / 1e3,
            (double)st.step_p999_ns / 1e3, (double)st.step_max_ns / 1e3);
-    bench_csv_row(b, "decode", "engram_p50_us", 48, (double)st.step_p50_ns / 1e3, "us");
-    bench_csv_row(b, "decode", "engram_p99_us", 48, (double)st.step_p99_ns / 1e3, "us");
-    bench_csv_row(b, "decode", "engram_p999_us", 48, (double)st.step_p999_ns / 1e3, "us");
+    bench_csv_row(b, "decode", "engram_p50_us", per, (double)st.step_p50_ns / 1e3, "us");
+    bench_csv_row(b, "decode", "engram_p99_us", per, (double)st.step_p99_ns / 1e3, "us");
+    bench_csv_row(b, "decode", "engram_p999_us", per, (double)st.step_p999_ns / 1e3, "us");
     if (b->use_fio) {
-        struct fio_result f = run_fio(b, 48, FIO_STEPS, b->seconds);
+        struct fio_result f = run_fio(b, per, FIO_STEPS, b->seconds);
         if (f.ok) {
-            double per48 = 48.0 / f.iops * 1e6;
-            printf("    fio depth 48 over both tables' span, same read sizes, submitted and completed\n"
-                   "    48 at a time: %.0f IOPS = %.1f us per 48 reads"
-                   " (per-read clat p50 %.1f us, p99 %.1f us)\n", f.iops, per48, f.clat_p50_us, f.clat_p99_us);
-            printf("    engram step p50 / fio time per 48 reads = %.2f\n",
-                   (double)st.step_p50_ns / 1e3 / per48);
-            bench_csv_row(b, "decode", "fio_us_per_48", 48, per48, "us");
+            double t_per = per / f.iops * 1e6;
+            printf("    fio depth %u over %s span, same read sizes, submitted and completed\n"
+                   "    %u at a time: %.0f IOPS = %.1f us per %u reads"
+                   " (per-read clat p50 %.1f us, p99 %.1f us)\n", per,
+                   b->tables > 1 ? "both tables'" : "the table's", per, f.iops, t_per, per,
+                   f.clat_p50_us, f.clat_p99_us);
+            printf("    engram step p50 / fio time per %u reads = %.2f\n", per,
+                   (double)st.step_p50_ns / 1e3 / t_per);
+            bench_csv_row(b, "decode", b->ple ? "fio_us_per_16" : "fio_us_per_48", per, t_per, "us");
         }
     }
     return 0;
+}
+
+/* What a row that straddles two blocks costs: fio with every read one
+ * block, then every read two blocks, at depth 1 and at the sweep's deepest
+ * depth (rows/s = reads/s: a read is a row), and the rate this file's mix
+ * of the two would give if reads of the two sizes shared the device. */
+static void section_sizes(struct bench *b)
+{
+    unsigned deep = 1;
+    for (int d = 0; d < b->n_depths; d++)
+        deep = b->depths[d] > deep ? b->depths[d] : deep;
+    double secs = b->seconds / 2 < 1 ? 1 : b->seconds / 2;
+    printf("    read sizes (fio alone, %.0f s each): a row inside one %u-byte block is one read of\n"
+           "    %u B, one across two blocks (%u%% of this file's rows) a read of %u B; (x): rows/s\n"
+           "    against %u B reads; mix: the rows/s of this file's share of each, 1 / sum(share / rate)\n",
+           secs, b->align, b->align, b->cross_pct, 2 * b->align, b->align);
+    unsigned depths[2] = {1, deep};
+    for (int i = 0; i < (deep > 1 ? 2 : 1); i++) {
+        struct fio_result one = run_fio(b, depths[i], FIO_BS1, secs);
+        struct fio_result two = run_fio(b, depths[i], FIO_BS2, secs);
+        if (!one.ok || !two.ok) {
+            printf("    depth %u: fio gave no figures\n", depths[i]);
+            continue;
+        }
+        double c = b->cross_pct / 100.0;
+        double mix = 1.0 / ((1 - c) / one.iops + c / two.iops);
+        printf("    depth %3u: %u B %7.0f rows/s %6.1f MB/s | %u B %7.0f rows/s %6.1f MB/s (%.2fx)"
+               " | mix %7.0f rows/s (%.2fx)\n",
+               depths[i], b->align, one.iops, one.iops * b->align / 1e6, 2 * b->align, two.iops,
+               two.iops * 2 * b->align / 1e6, two.iops / one.iops, mix, mix / one.iops);
+        bench_csv_row(b, "sizes", "fio_1block_iops", depths[i], one.iops, "reads/s");
+        bench_csv_row(b, "sizes", "fio_2block_iops", depths[i], two.iops, "reads/s");
+        fflush(stdout);
+    }
 }
 
 /* The depth plot as an SVG file (fout: all or nothing).  0 or an exit code. */
@@ -399,12 +452,16 @@ static const char *bench_io_help =
     "                        [--corpus TOKENS]... [--csv OUT.csv] [--svg OUT.svg]\n"
     "                        [--max-tokens N] [--cache SIZE] [--sections abc]\n"
     "                        [--no-fio] [--no-baseline]\n"
-    "FILE is a model; with --create SIZE (e.g. 32G) it is written first if it does not\n"
-    "exist (tables of SIZE in all, valid rows; use more than RAM).  Measures in one run:\n"
+    "FILE is a model (V4.1, or a PLE file: its one table, 16 rows per token); with\n"
+    "--create SIZE (e.g. 32G) a V4.1 model is written first if FILE does not exist\n"
+    "(tables of SIZE in all, valid rows; use more than RAM).  Measures in one run:\n"
     " (a) the reader's batch IOPS at each depth vs fio on the same file and region\n"
     "     (O_DIRECT, io_uring, same block size and depth), and the CPU cores used;\n"
-    " (b) decode steps of 48 rows: p50/p99/p99.9 vs fio's time for 48 reads at depth 48;\n"
-    " (c) prefill of each token file (hashed, 2048-token batches, both tables) vs the\n"
+    "     then fio with every read one block, then two (the rows that straddle\n"
+    "     blocks), at depth 1 and the deepest depth: what a straddling row costs;\n"
+    " (b) decode steps of 48 rows (PLE 16): p50/p99/p99.9 vs fio's time for as many\n"
+    "     reads at that depth;\n"
+    " (c) prefill of each token file (hashed, 2048-token batches, every table) vs the\n"
     "     baseline reader (the reference on Linux: 16 threads per batch, cached pread),\n"
     "     with page-cache growth of both and the share de-duplication saved; also\n"
     "     engram with a row cache of --cache SIZE (default 256M; 0 leaves it out).\n"
@@ -537,17 +594,22 @@ static int probe_reader(struct bench *b)
         return fail_lib(-EIO, &err, "reader");
     engram_reader_get_stats(r, &s);
     b->align = s.align > 1 ? s.align : 512;
-    /* Rows start at multiples of 264 from the table offset: count the
-     * share whose bytes span two aligned blocks. */
+    /* Rows start at multiples of the row size (264, PLE 320) from the
+     * table offset: count the share whose bytes span two aligned blocks
+     * (4096 rows: a whole number of periods for either size and any
+     * power-of-two alignment up to 4096). */
     unsigned cross = 0;
     for (unsigned k = 0; k < 4096; k++) {
-        uint64_t o = b->in.table[0].offset + (uint64_t)k * ENGRAM_ROW_BYTES;
-        cross += o / b->align != (o + ENGRAM_ROW_BYTES - 1) / b->align;
+        uint64_t o = b->in.table[0].offset + (uint64_t)k * b->row_bytes;
+        cross += o / b->align != (o + b->row_bytes - 1) / b->align;
     }
     b->cross_pct = (cross * 100 + 2048) / 4096;
     print_machine(b);
     printf("reader: %s, %s, alignment %u%s%s\n", s.engine, s.direct ? "O_DIRECT" : "buffered",
            s.align, s.note[0] ? "; " : "", s.note);
+    printf("rows: %u bytes at table offset %" PRIu64 " + %u x row: %u of 4096 (%.1f%%) span two "
+           "%u-byte blocks (a %u-byte read)\n", b->row_bytes, b->in.table[0].offset, b->row_bytes,
+           cross, 100.0 * cross / 4096, b->align, 2 * b->align);
     engram_reader_close(r);
     return 0;
 }
@@ -561,6 +623,8 @@ static int run_sections(struct bench *b, const char *svg)
     int rc = 0;
     if (strchr(sec, 'a')) {
         rc = section_depths(b, pts);
+        if (!rc && b->use_fio)
+            section_sizes(b);
         if (!rc && svg)
             rc = write_svg(svg, pts, b->n_depths);
     }
@@ -601,11 +665,18 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "%s: fio not found (apt-get install fio); device-limit columns skipped\n", prog);
         b.use_fio = 0;
     }
-    rc = open_model(b.path, &b.m);
+    rc = open_model_any(b.path, &b.m);
     if (rc)
         return rc;
     engram_model_get_info(b.m, &b.in);
     b.l = engram_model_layout(b.m);
+    const engram_family *fam = &b.in.family;
+    b.ple = fam->member == ENGRAM_MEMBER_PLE;
+    b.tables = fam->tables;
+    b.cols = fam->rows_per_token;
+    b.stride = fam->tables * fam->rows_per_token;
+    b.row_bytes = fam->row_bytes;
+    b.row_values = fam->row_values;
     rc = probe_reader(&b);
     if (rc) {
         engram_model_close(b.m);

@@ -22,7 +22,8 @@
  * or -errno. */
 static int64_t table_pages(struct bench *b, int fd)
 {
-    return resident_pages(fd, b->in.table[0].offset, b->in.file_bytes);
+    const engram_table_info *last = &b->in.table[b->tables - 1];
+    return resident_pages(fd, b->in.table[0].offset, last->offset + last->bytes);
 }
 
 /* Drops the file's cached pages (the part of "drop caches" that matters
@@ -41,6 +42,8 @@ static void drop_file_cache(struct bench *b)
 struct base_job {
     int fd;
     uint64_t table_off;
+    unsigned row_bytes, row_values;
+    int bf16;                 /* PLE: the row is its values, copied       */
     const uint32_t *rows;     /* distinct rows of the batch */
     size_t n;
     size_t next;              /* shared cursor */
@@ -52,16 +55,20 @@ struct base_job {
 static void *base_worker(void *arg)
 {
     struct base_job *j = arg;
-    uint8_t raw[ENGRAM_ROW_BYTES];
+    uint8_t raw[320];         /* the larger member's row */
     for (;;) {
         pthread_mutex_lock(&j->mu);
         size_t i = j->next++;
         pthread_mutex_unlock(&j->mu);
         if (i >= j->n)
             break;
-        ssize_t got = pread(j->fd, raw, sizeof raw, (off_t)(j->table_off + (uint64_t)j->rows[i] * ENGRAM_ROW_BYTES));
-        if (got != (ssize_t)sizeof raw ||
-            engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, j->out + i * ENGRAM_ROW_VALUES, NULL) < 0)
+        ssize_t got = pread(j->fd, raw, j->row_bytes, (off_t)(j->table_off + (uint64_t)j->rows[i] * j->row_bytes));
+        uint16_t *dst = j->out + i * j->row_values;
+        if (got != (ssize_t)j->row_bytes)
+            j->err = 1;
+        else if (j->bf16)
+            memcpy(dst, raw, j->row_bytes);
+        else if (engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, raw, 1, dst, NULL) < 0)
             j->err = 1;
     }
     return NULL;
@@ -78,19 +85,20 @@ static int cmp_u32(const void *a, const void *b)
 static uint64_t baseline_batches(struct bench *b, int fd, int t, const uint32_t *rows, size_t n,
                                  uint16_t *out, int *err)
 {
-    uint32_t *ids = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * sizeof *ids);
+    uint32_t *ids = malloc((size_t)ENGRAM_BATCH_TOKENS * b->cols * sizeof *ids);
     uint64_t reads = 0;
     for (size_t at = 0; at < n && ids; at += ENGRAM_BATCH_TOKENS) {
         size_t k = n - at < ENGRAM_BATCH_TOKENS ? n - at : ENGRAM_BATCH_TOKENS, m = 0;
         for (size_t i = 0; i < k; i++)
-            for (int c = 0; c < ENGRAM_COLUMNS; c++)
-                ids[m++] = rows[(at + i) * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + (size_t)c];
+            for (unsigned c = 0; c < b->cols; c++)
+                ids[m++] = rows[(at + i) * b->stride + (size_t)t * b->cols + c];
         qsort(ids, m, sizeof *ids, cmp_u32);
         size_t d = 0;
         for (size_t i = 0; i < m; i++)
             if (i == 0 || ids[i] != ids[d - 1])
                 ids[d++] = ids[i];
-        struct base_job j = {fd, b->in.table[t].offset, ids, d, 0, PTHREAD_MUTEX_INITIALIZER, out, 0};
+        struct base_job j = {fd, b->in.table[t].offset, b->row_bytes, b->row_values, b->ple,
+                             ids, d, 0, PTHREAD_MUTEX_INITIALIZER, out, 0};
         pthread_t th[16];
         for (int i = 0; i < 16; i++)
             pthread_create(&th[i], NULL, base_worker, &j);
@@ -162,8 +170,8 @@ static void engram_segment(struct bench *b, int fd, engram_reader *r, const uint
     double t0 = now_s();
     for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
         size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
-        for (int t = 0; t < ENGRAM_TABLES; t++)
-            if (engram_reader_batch(r, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, ENGRAM_BF16, out, &err) < 0)
+        for (int t = 0; t < (int)b->tables; t++)
+            if (engram_reader_batch(r, t, rows + at * b->stride, k, ENGRAM_BF16, out, &err) < 0)
                 fprintf(stderr, "%s: %s\n", prog, err.msg);
     }
     ru->secs += now_s() - t0;
@@ -177,8 +185,8 @@ static void baseline_segment(struct bench *b, int fd, const uint32_t *rows, size
     double t0 = now_s();
     for (size_t at = s0; at < s1; at += ENGRAM_BATCH_TOKENS) {
         size_t k = s1 - at < ENGRAM_BATCH_TOKENS ? s1 - at : ENGRAM_BATCH_TOKENS;
-        for (int t = 0; t < ENGRAM_TABLES; t++)
-            ru->reads += baseline_batches(b, fd, t, rows + at * ENGRAM_ROWS_PER_TOKEN, k, out, berr);
+        for (int t = 0; t < (int)b->tables; t++)
+            ru->reads += baseline_batches(b, fd, t, rows + at * b->stride, k, out, berr);
     }
     ru->secs += now_s() - t0;
     count_growth(ru, before, table_pages(b, fd));
@@ -194,7 +202,7 @@ static const char *growth_mb(const struct runner *ru, double mb, char buf[16])
     return buf;
 }
 
-/* Half a second of uncached random reads of both tables, so that the first
+/* Half a second of uncached random reads of every table, so that the first
  * reader timed after dropping the cache does not also pay for waking the
  * device up (it touches no corpus row on purpose: random rows of a large
  * table, read with O_DIRECT, leave nothing in the page cache). */
@@ -204,14 +212,14 @@ static void warm_up(struct bench *b)
     engram_error err;
     if (engram_reader_open(b->m, NULL, &r, &err) < 0)
         return;
-    uint32_t *rows = malloc(256 * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
-    uint16_t *out = malloc((size_t)256 * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
+    uint32_t *rows = malloc((size_t)256 * b->stride * sizeof *rows);
+    uint16_t *out = malloc((size_t)256 * b->cols * b->row_values * 2);
     uint64_t seed = b->seed ^ 0x5eed;
     double t0 = now_s();
     while (rows && out && now_s() - t0 < 0.5) {
-        for (size_t i = 0; i < 256 * ENGRAM_ROWS_PER_TOKEN; i++)
-            rows[i] = (uint32_t)(bench_rnd(&seed) % b->l->rows[i / ENGRAM_COLUMNS % ENGRAM_TABLES]);
-        for (int t = 0; t < ENGRAM_TABLES; t++)
+        for (size_t i = 0; i < (size_t)256 * b->stride; i++)
+            rows[i] = (uint32_t)(bench_rnd(&seed) % b->in.table[i % b->stride / b->cols].rows);
+        for (int t = 0; t < (int)b->tables; t++)
             engram_reader_batch(r, t, rows, 256, ENGRAM_BF16, out, NULL);
     }
     free(rows);
@@ -220,27 +228,34 @@ static void warm_up(struct bench *b)
 }
 
 /* A corpus's tokens (at most --max-tokens) hashed from an empty history:
- * 48 rows per token (the caller frees them), or NULL after saying why. */
+ * 48 rows per token, PLE 16 (the caller frees them), or NULL after saying
+ * why. */
 static uint32_t *hashed_corpus(struct bench *b, const char *corpus, size_t *count)
 {
     uint32_t *tok = NULL, *rows;
     size_t n = 0;
-    if (read_tokens(corpus, b->l->vocab, b->max_tokens, &tok, &n) != 0)
+    if (read_tokens(corpus, b->in.family.vocab, b->max_tokens, &tok, &n) != 0)
         return NULL;
     if (n == 0) {
         fprintf(stderr, "%s: cannot read tokens from %s: none in it\n", prog, corpus);
         free(tok);
         return NULL;
     }
-    rows = malloc(n * ENGRAM_ROWS_PER_TOKEN * sizeof *rows);
+    rows = malloc(n * b->stride * sizeof *rows);
     if (!rows) {
         fprintf(stderr, "%s: %s: %s\n", prog, corpus, strerror(ENOMEM));
         free(tok);
         return NULL;
     }
-    engram_history h;
-    engram_history_reset(&h);
-    engram_hash_tokens(engram_model_hasher(b->m), &h, tok, NULL, n, rows, NULL);
+    if (b->ple) { /* one sequence: 16 rows per token, global ids of the one table */
+        engram_ple_history ph;
+        engram_ple_history_reset(b->m, &ph);
+        engram_ple_hash(b->m, &ph, tok, NULL, n, rows, NULL);
+    } else {
+        engram_history h;
+        engram_history_reset(&h);
+        engram_hash_tokens(engram_model_hasher(b->m), &h, tok, NULL, n, rows, NULL);
+    }
     free(tok);
     *count = n;
     return rows;
@@ -348,17 +363,17 @@ static void report_corpus(struct bench *b, const char *corpus, const struct pref
 
 int bench_section_prefill(struct bench *b)
 {
-    printf("\n(c) prefill: hashed real text, 2048-token batches, both tables; page cache dropped\n"
+    printf("\n(c) prefill: hashed real text, 2048-token batches, %s; page cache dropped\n"
            "    before each corpus; the readers take turns (rotating order) on 4096-token segments.\n"
            "    engram: no row cache; +cache: engram with a %.0f MiB row cache (empty at the start);\n"
            "    base: the reference on Linux (16 threads per batch, cached pread).  'saved': requests\n"
            "    that needed no device read (de-duplication, and for +cache its hits too).\n",
-           (double)b->cache_bytes / 1048576.0);
+           b->tables > 1 ? "both tables" : "the one table, 16 rows a token", (double)b->cache_bytes / 1048576.0);
     printf("    %-16s %7s | %10s %6s %8s | %10s %6s %8s | %10s %8s %8s | %6s %6s\n", "corpus", "tokens",
            "engram r/s", "saved", "cache+MB", "+cache r/s", "saved", "cache+MB", "base r/s", "reads/s",
            "cache+MB", "ratio", "+cache");
     int fd = open(b->path, O_RDONLY | O_CLOEXEC);
-    uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * ENGRAM_ROW_VALUES * 2);
+    uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * b->cols * b->row_values * 2);
     if (fd < 0 || !out) {
         if (fd < 0)
             fprintf(stderr, "%s: prefill: %s: %s\n", prog, b->path, strerror(errno));

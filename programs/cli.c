@@ -537,7 +537,8 @@ int open_model(const char *path, engram_model **m)
     if (in.family.member == ENGRAM_MEMBER_V41)
         return 0;
     fprintf(stderr, "%s: '%s' is a %s model: this command serves DeepSeek V4.1 models only so "
-            "far (info, hash and rows take both; issue #22)\n", prog, path, in.family.name);
+            "far (info, hash, rows, verify, apply and bench io take both; issue #22)\n", prog, path,
+            in.family.name);
     engram_model_close(*m);
     *m = NULL;
     return EXIT_DATA;

@@ -127,8 +127,9 @@ static void info_json(const engram_model_info *in, const engram_layout *l, const
 }
 
 /* A PLE model's summary (text or one JSON object): the family's numbers,
- * the table and its placement.  Reads are not served for it yet. */
-static void info_ple(const engram_model_info *in, int json)
+ * the table and its placement, and (text) how table reads will be done
+ * here. */
+static void info_ple(const engram_model_info *in, const engram_io_stats *io, int json)
 {
     const engram_family *f = &in->family;
     const engram_table_info *ti = &in->table[0];
@@ -162,7 +163,9 @@ static void info_ple(const engram_model_info *in, int json)
            in->streams, f->state_floats);
     printf("placement:       table last: %s; page-aligned: %s\n", in->tables_last ? "yes" : "no",
            in->table0_page_aligned ? "yes" : "no");
-    printf("table reads:     not served for this member yet (issue #22)\n");
+    printf("table reads:     %s, %s, alignment %u, depth %u%s%s%s%s\n", io->engine,
+           io->direct ? "O_DIRECT (no page cache)" : "buffered", io->align, io->depth,
+           io->drop[0] ? ", drop-behind " : "", io->drop, io->note[0] ? "; " : "", io->note);
 }
 
 /* The model's summary for people. */
@@ -234,11 +237,6 @@ static int cmd_info(int argc, char **argv)
         return st;
     engram_model_info in;
     engram_model_get_info(m, &in);
-    if (in.family.member == ENGRAM_MEMBER_PLE) {
-        info_ple(&in, json);
-        engram_model_close(m);
-        return 0;
-    }
     engram_reader *rd = NULL;
     engram_io_stats io;
     memset(&io, 0, sizeof io);
@@ -249,7 +247,9 @@ static int cmd_info(int argc, char **argv)
         engram_reader_get_stats(rd, &io);
     else
         io.note = rerr.msg;
-    if (json)
+    if (in.family.member == ENGRAM_MEMBER_PLE)
+        info_ple(&in, &io, json);
+    else if (json)
         info_json(&in, engram_model_layout(m), &io);
     else
         info_text(&in, engram_model_layout(m), &io);
@@ -653,42 +653,106 @@ static int cmd_rows(int argc, char **argv)
 static const char *verify_help =
     "usage: engram verify MODEL [--table T]\n"
     "Scans whole tables with large sequential reads and lists every row that would\n"
-    "be rejected (NaN code, NaN scale, non-finite value), one line each:\n"
+    "be rejected, one line each:\n"
     "  table T row R: REASON\n"
-    "then one summary line per table.  Holes of sparse files (all zero, valid) are\n"
-    "skipped without reading.  Read data is dropped from the page cache as it goes.\n"
-    "A progress bar is drawn on stderr when it is a terminal.  Exits 1 if any row\n"
-    "is invalid.\n";
+    "V4.1 (tables 0 and 1): a NaN code, a NaN scale or a non-finite value; PLE (one\n"
+    "table, 0): a BF16 value with an all-ones exponent (NaN or infinity), named by\n"
+    "its index and bits.  Then one summary line per table.  Holes of sparse files\n"
+    "(all zero, valid) are skipped without reading.  Read data is dropped from the\n"
+    "page cache as it goes.  A progress bar is drawn on stderr when it is a\n"
+    "terminal.  Exits 1 if any row is invalid.\n";
 
-#define VERIFY_CHUNK_ROWS 16384u /* 4.3 MB per read */
+#define VERIFY_CHUNK_ROWS 16384u /* 4.3 MB per read (V4.1), 5.2 MB (PLE) */
 
 struct scan_stats {
     uint64_t bad, read_bytes, hole_bytes;
 };
 
-static int scan_table(int fd, int t, const engram_table_info *ti, uint8_t *buf, int tty,
-                      struct scan_stats *s)
+/* What a table's rows are: their size and how one is checked. */
+struct scan_rows {
+    uint32_t bytes;     /* 264 (V4.1) or 320 (PLE)               */
+    int bf16;           /* PLE: BF16 values, no codec to ask      */
+};
+
+/* The first of k BF16 rows (rb bytes each) holding a value whose exponent
+ * is all ones (the PLE output stage refuses NaN and infinity): its index
+ * within buf, with the value's index and bits; k if there is none. */
+static size_t bf16_first_bad(const uint8_t *buf, size_t k, uint32_t rb, unsigned *vi, uint16_t *bits)
 {
+    for (size_t r = 0; r < k; r++) {
+        const uint8_t *p = buf + r * rb;
+        unsigned any = 0;
+        for (uint32_t i = 0; i < rb; i += 2) /* the high byte holds the exponent's top 7 bits */
+            any |= (p[i + 1] & 0x7fu) == 0x7fu && (p[i] & 0x80u);
+        if (!any)
+            continue;
+        for (uint32_t i = 0; i < rb; i += 2) {
+            uint16_t v = (uint16_t)(p[i] | p[i + 1] << 8);
+            if ((v & 0x7f80u) == 0x7f80u) {
+                *vi = i / 2;
+                *bits = v;
+                return r;
+            }
+        }
+    }
+    return k;
+}
+
+/* Lists the invalid rows among k read at table row `row`; counts them. */
+static void report_bad_rows(int t, uint64_t row, const uint8_t *buf, size_t k,
+                            const struct scan_rows *sr, int tty, struct scan_stats *s)
+{
+    size_t at = 0;
+    while (at < k) {
+        size_t i;
+        char reason[256];
+        if (sr->bf16) {
+            unsigned vi = 0;
+            uint16_t bits = 0;
+            i = at + bf16_first_bad(buf + at * sr->bytes, k - at, sr->bytes, &vi, &bits);
+            if (i == k)
+                break;
+            snprintf(reason, sizeof reason, "value %u: %s (BF16 0x%04x)", vi,
+                     bits & 0x7fu ? "NaN" : bits & 0x8000u ? "-infinity" : "+infinity", bits);
+        } else {
+            engram_error e;
+            if (engram_rows_check(buf + at * sr->bytes, k - at, &e) != -EDOM)
+                break;
+            i = at + (size_t)e.row;
+            snprintf(reason, sizeof reason, "%s", row_reason(&e));
+        }
+        if (tty)
+            fputc('\n', stderr);
+        printf("table %d row %" PRIu64 ": %s\n", t, row + i, reason);
+        s->bad++;
+        at = i + 1;
+    }
+}
+
+static int scan_table(int fd, int t, const engram_table_info *ti, const struct scan_rows *sr,
+                      uint8_t *buf, int tty, struct scan_stats *s)
+{
+    const uint32_t rb = sr->bytes;
     uint64_t row = 0;
     double t0 = now_s(), last = 0;
     while (row < ti->rows) {
-        uint64_t off = ti->offset + row * ENGRAM_ROW_BYTES;
+        uint64_t off = ti->offset + row * rb;
         /* Skip holes: they read as zeros, and zero rows are valid. */
         off_t data = lseek(fd, (off_t)off, SEEK_DATA);
         if (data < 0 && errno == ENXIO)
             data = (off_t)(ti->offset + ti->bytes);
         if (data > (off_t)off) {
-            uint64_t skip_rows = ((uint64_t)data - off) / ENGRAM_ROW_BYTES;
+            uint64_t skip_rows = ((uint64_t)data - off) / rb;
             if (skip_rows > ti->rows - row)
                 skip_rows = ti->rows - row;
             row += skip_rows;
-            s->hole_bytes += skip_rows * ENGRAM_ROW_BYTES;
+            s->hole_bytes += skip_rows * rb;
             if (skip_rows)
                 continue;
         }
         uint64_t k = ti->rows - row < VERIFY_CHUNK_ROWS ? ti->rows - row : VERIFY_CHUNK_ROWS;
-        size_t bytes = (size_t)k * ENGRAM_ROW_BYTES;
-        off = ti->offset + row * ENGRAM_ROW_BYTES;
+        size_t bytes = (size_t)k * rb;
+        off = ti->offset + row * rb;
         size_t got = 0;
         while (got < bytes) {
             ssize_t r = pread(fd, buf + got, bytes - got, (off_t)(off + got));
@@ -704,19 +768,11 @@ static int scan_table(int fd, int t, const engram_table_info *ti, uint8_t *buf, 
         }
         posix_fadvise(fd, (off_t)off, (off_t)bytes, POSIX_FADV_DONTNEED);
         s->read_bytes += bytes;
-        size_t at = 0;
-        engram_error e;
-        while (at < k && engram_rows_check(buf + at * ENGRAM_ROW_BYTES, k - at, &e) == -EDOM) {
-            if (tty)
-                fputc('\n', stderr);
-            printf("table %d row %" PRIu64 ": %s\n", t, row + at + e.row, row_reason(&e));
-            s->bad++;
-            at += (size_t)e.row + 1;
-        }
+        report_bad_rows(t, row, buf, (size_t)k, sr, tty, s);
         row += k;
         if (tty && now_s() - last > 0.2) {
             last = now_s();
-            progress_bar(t, row * ENGRAM_ROW_BYTES, ti->bytes, t0);
+            progress_bar(t, row * rb, ti->bytes, t0);
         }
     }
     if (tty) {
@@ -752,25 +808,31 @@ static int cmd_verify(int argc, char **argv)
     if (!path)
         return fail_usage("verify: MODEL is required");
     engram_model *m;
-    int st = open_model(path, &m);
+    int st = open_model_any(path, &m);
     if (st)
         return st;
     engram_model_info in;
     engram_model_get_info(m, &in);
+    const struct scan_rows sr = {in.family.row_bytes, in.family.encoding == ENGRAM_ROWS_BF16};
+    if (only >= 0 && (uint32_t)only >= in.family.tables) {
+        engram_model_close(m);
+        return fail_usage("verify: '%s' is a %s model with one table: --table 0", path,
+                          in.family.name);
+    }
     int fd = engram_model_dup_fd(m);
-    uint8_t *buf = malloc((size_t)VERIFY_CHUNK_ROWS * ENGRAM_ROW_BYTES);
+    uint8_t *buf = malloc((size_t)VERIFY_CHUNK_ROWS * sr.bytes);
     int tty = isatty(2);
     uint64_t total_bad = 0;
     if (fd < 0 || !buf) {
         fprintf(stderr, "%s: %s\n", prog, fd < 0 ? strerror(-fd) : "out of memory");
         st = EXIT_SYSTEM;
     }
-    for (int t = 0; t < ENGRAM_TABLES && !st; t++) {
+    for (int t = 0; t < (int)in.family.tables && !st; t++) {
         if (only >= 0 && t != only)
             continue;
         struct scan_stats s = {0};
         double t0 = now_s();
-        st = scan_table(fd, t, &in.table[t], buf, tty, &s);
+        st = scan_table(fd, t, &in.table[t], &sr, buf, tty, &s);
         double dt = now_s() - t0;
         if (st)
             break;
@@ -796,7 +858,7 @@ static const char *main_help =
     "  info MODEL [--json]                 model, layout and placement summary\n"
     "  hash MODEL --tokens FILE [...]      row ids of a token stream\n"
     "  rows MODEL --table T ROW...         decoded rows\n"
-    "  verify MODEL [--table T]            scan tables for rows that do not decode\n"
+    "  verify MODEL [--table T]            scan tables for invalid rows (V4.1, PLE)\n"
     "  apply MODEL --layer 1|14 [...]      an Engram layer on a token stream and a residual\n"
     "  run [MODEL] [...]                   sessions, prefill and decode in a simulated engine\n"
     "  build OUT.gguf [...]                write a complete V4.1-layout model\n"
