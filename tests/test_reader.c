@@ -237,7 +237,7 @@ static void arguments(engram_model *m)
     rc = engram_reader_batch(r, 0, rows, 1, (engram_dtype)77, out, &err);
     CHECK_ERR(rc, err, -EINVAL, "dtype 77 is not");
     rc = engram_reader_batch(r, 2, rows, 1, ENGRAM_BF16, out, &err);
-    CHECK_ERR(rc, err, -EINVAL, "table 2 is not 0 or 1");
+    CHECK_ERR(rc, err, -EINVAL, "table 2 is not one of the model's 2");
     rc = engram_reader_batch_stream(r, 0, rows, 1, ENGRAM_BF16, window, 2, NULL, NULL, &err);
     CHECK_ERR(rc, err, -EINVAL, "no sink");
     rc = engram_reader_batch_stream(r, 0, rows, 1, ENGRAM_BF16, window, 0, no_sink_called, NULL,
