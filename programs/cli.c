@@ -527,23 +527,6 @@ int open_model_any(const char *path, engram_model **m)
     return rc < 0 ? fail_lib(rc, &err, path) : 0;
 }
 
-int open_model(const char *path, engram_model **m)
-{
-    int st = open_model_any(path, m);
-    if (st)
-        return st;
-    engram_model_info in;
-    engram_model_get_info(*m, &in);
-    if (in.family.member == ENGRAM_MEMBER_V41)
-        return 0;
-    fprintf(stderr, "%s: '%s' is a %s model: this command serves DeepSeek V4.1 models only so "
-            "far (info, hash, rows, verify, apply and bench io take both; issue #22)\n", prog, path,
-            in.family.name);
-    engram_model_close(*m);
-    *m = NULL;
-    return EXIT_DATA;
-}
-
 void progress_bar(int t, uint64_t done, uint64_t total, double t0)
 {
     double frac = total ? (double)done / (double)total : 1.0;

@@ -34,11 +34,8 @@ double now_s(void);
 void cli_json_string(FILE *f, const char *s);
 int parse_u64(const char *s, uint64_t max, uint64_t *out);
 int has_help(int argc, char **argv);
-/* Opens MODEL, printing why not: open_model_any any member of the family,
- * open_model a V4.1 model only (the commands that serve no other yet).
- * 0 or an exit code. */
+/* Opens MODEL (any member of the family), printing why not. */
 int open_model_any(const char *path, engram_model **m);
-int open_model(const char *path, engram_model **m);
 void progress_bar(int t, uint64_t done, uint64_t total, double t0);
 
 /* Reads a whole file (or "-" for stdin) of at most max bytes, never more
@@ -150,6 +147,9 @@ void dev_close(struct dev *d);
 int dev_rows_dtype(const struct dev *d);
 /* 1 for cpu, cuda, cuda-fma (whether or not this build or machine has CUDA). */
 int dev_name_ok(const char *name);
+/* The CPU device's applier (NULL for another device): for the calls that
+ * carry a session's state (engram_step_apply, engram_prefill_apply). */
+engram_applier *dev_cpu_applier(struct dev *d);
 /* Page-locks a host buffer the caller passes to dev_apply (CUDA: faster,
  * asynchronous copies; unregistered by dev_close).  1 if pinned, 0 if not
  * (CPU device, the limit reached or the driver refused: still usable). */

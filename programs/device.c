@@ -33,6 +33,11 @@ int dev_name_ok(const char *name)
            !strcmp(name, "cuda-fast");
 }
 
+engram_applier *dev_cpu_applier(struct dev *d)
+{
+    return d ? d->a : NULL;
+}
+
 int dev_rows_dtype(const struct dev *d)
 {
     return d->plugin ? ENGRAM_RAW : ENGRAM_BF16;

@@ -60,6 +60,10 @@ static const char *run_help =
     "Per table (decode): each table's own span and exposed time; they overlap.\n"
     "--json names them read_span_ns, exposed_wait_ns, hidden_ns,\n"
     "hidden_in_begin_ns, wait_outside_span_ns, with a \"definitions\" object.\n"
+    "A PLE model (qwen4exp, the family's second member) runs the same way with its\n"
+    "one layer where the file puts it (16 rows per token, one table), each session's\n"
+    "convolution state carried by the pool (engram_prefill_apply, engram_step_apply;\n"
+    "one apply per session and step): on the CPU, with prefetch.\n"
     "Defaults: the demo model next to the engram binary (demo.gguf, written there\n"
     "by engram build the first time) and the bundled GPL-3 token stream; N 64,\n"
     "B 4, L 43, X 100, 1 thread.  FILE holds at most 2^24 tokens (a longer one is\n"
@@ -148,6 +152,9 @@ static int default_model(char *path, size_t n)
 
 /* ------------------------------------------------------------ the command */
 
+struct run_opts;
+static int check_member(const struct run *R, const struct run_opts *o, const engram_model_info *mi);
+
 /* The command line of a run. */
 struct run_opts {
     const char *path, *tok_path, *device;
@@ -190,10 +197,34 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
             return fail_usage("run: more than one MODEL");
         }
     }
-    if (o->B == 0 || o->threads == 0 || o->L < 15)
-        return fail_usage("run: --sessions and --threads are >= 1, --layers >= 15 (Engram at 1 and 14)");
+    if (o->B == 0 || o->threads == 0 || o->L == 0)
+        return fail_usage("run: --sessions, --threads and --layers are >= 1");
     if (!dev_name_ok(o->device))
         return fail_usage("run: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", o->device);
+    return 0;
+}
+
+/* What a PLE model's run takes: the CPU (the session's convolution state
+ * is applied on the host: engram_step_apply), prefetch (the state travels
+ * with the prefill), a layer count past its layer.  0 or an exit code
+ * after saying why not. */
+static int check_member(const struct run *R, const struct run_opts *o, const engram_model_info *mi)
+{
+    if (!R->ple)
+        return o->L < 15 ? fail_usage("run: --layers >= 15 (Engram at 1 and 14)") : 0;
+    if (strcmp(o->device, "cpu") != 0) {
+        fprintf(stderr, "%s: run: '%s' is a %s model: its run applies on the CPU (the sessions' "
+                "convolution state is kept on the host; the CUDA output stage is for engines: "
+                "cuda/ple_cuda.h)\n", prog, o->path, mi->family.name);
+        return EXIT_DATA;
+    }
+    if (!o->prefetch) {
+        fprintf(stderr, "%s: run: '%s' is a %s model: --no-prefetch is V4.1's (the PLE state "
+                "travels with the prefill: engram_prefill_apply)\n", prog, o->path, mi->family.name);
+        return EXIT_DATA;
+    }
+    if (o->L <= R->at[0])
+        return fail_usage("run: --layers must be more than %u (the PLE layer of this model)", R->at[0]);
     return 0;
 }
 
@@ -228,13 +259,17 @@ static int load_stream(const struct run_opts *o, uint32_t **tokens, size_t *n)
 static int open_layers(struct run *R, const struct run_opts *o, engram_error *err)
 {
     int rc = 0;
-    for (int t = 0; t < 2 && rc == 0; t++) {
-        rc = engram_layer_open(R->m, t, &R->L[t], err);
+    for (unsigned t = 0; t < R->tables && rc == 0; t++) {
+        rc = engram_layer_open(R->m, (int)t, &R->L[t], err);
         if (rc == 0)
             rc = dev_open(o->device, R->L[t], (unsigned)o->threads, ENGRAM_BATCH_TOKENS, &R->D[t], err);
     }
     R->rdt = R->D[0] ? dev_rows_dtype(R->D[0]) : ENGRAM_BF16;
     R->rowb = R->rdt == ENGRAM_RAW ? ENGRAM_ROW_BYTES : ENGRAM_ROW_VALUES * 2;
+    if (R->ple) { /* BF16 rows of 160 values (RAW is the same bytes) */
+        R->rowb = 320;
+        R->ple_a = dev_cpu_applier(R->D[0]);
+    }
     return rc;
 }
 
@@ -255,7 +290,7 @@ static int open_pool(struct run *R, engram_layer_info *li, engram_error *err)
     R->ss = calloc(B, sizeof *R->ss);
     R->step_lat = malloc((R->N ? R->N : 1) * sizeof *R->step_lat);
     R->waits = malloc(2 * B * sizeof *R->waits);
-    R->outs = malloc(B * ENGRAM_ROWS_PER_TOKEN * 512); /* room for BF16 or raw rows */
+    R->outs = malloc(B * ENGRAM_ROWS_PER_TOKEN * 512); /* room for BF16 or raw rows of either member */
     R->xs = malloc(B * (R->per ? R->per : 1) * 4);
     if (!R->ss || !R->step_lat || !R->waits || !R->outs || !R->xs)
         return -ENOMEM;
@@ -355,6 +390,7 @@ static void close_run(struct run *R)
         dev_close(R->D[t]);
         engram_layer_close(R->L[t]);
     }
+    (void)R->ple_a; /* D[0]'s, closed with it */
     engram_model_close(R->m);
     free(R->ss);
     free(R->step_lat);
@@ -395,16 +431,30 @@ int cmd_run(int argc, char **argv)
     R.overlap = o.overlap;
     R.prefetch = o.prefetch;
     R.tty = isatty(2);
-    st = open_model(o.path, &R.m);
+    st = open_model_any(o.path, &R.m);
     if (st) {
+        free(tokens);
+        return st;
+    }
+    engram_model_info mi;
+    engram_model_get_info(R.m, &mi);
+    R.ple = mi.family.member == ENGRAM_MEMBER_PLE;
+    R.tables = mi.family.tables;
+    R.rpt = mi.family.tables * mi.family.rows_per_token;
+    R.at[0] = R.ple ? mi.family.layers[0] : 1;
+    R.at[1] = R.ple ? UINT32_MAX : 14;
+    st = check_member(&R, &o, &mi);
+    if (st) {
+        engram_model_close(R.m);
         free(tokens);
         return st;
     }
     engram_error err = {0};
     int rc = open_layers(&R, &o, &err);
-    engram_model_info mi;
-    engram_model_get_info(R.m, &mi);
-    uint64_t tab_lo = mi.table[0].offset, tab_hi = mi.table[1].offset + mi.table[1].bytes;
+    const engram_table_info *last = &mi.table[R.tables - 1];
+    uint64_t tab_lo = mi.table[0].offset, tab_hi = last->offset + last->bytes;
+    if (tab_lo > last->offset) /* the tables' span, whatever their order */
+        tab_lo = last->offset, tab_hi = mi.table[0].offset + mi.table[0].bytes;
     /* the tables' resident pages, after the weights were loaded */
     int64_t pages0 = model_resident_pages(o.path, tab_lo, tab_hi);
     engram_layer_info li = {0};

@@ -36,6 +36,14 @@ struct sess {
 
 struct run {
     engram_model *m;
+    /* the member: V4.1 (2 tables, Engram at layers 1 and 14) or PLE (1
+     * table, its one layer; a convolution state per session, applied
+     * through engram_step_apply / engram_prefill_apply) */
+    int ple;
+    unsigned tables;       /* 2, 1                                        */
+    unsigned at[2];        /* the engine's layers that apply table t      */
+    unsigned rpt;          /* rows per token of a step: 48, 16            */
+    engram_applier *ple_a; /* PLE: the CPU applier (D[0]'s)               */
     engram_pool *pool;
     engram_layer *L[2];
     struct dev *D[2];
@@ -56,7 +64,7 @@ struct run {
     uint64_t *step_lat;
     size_t n_steps;
     unsigned inconsistent; /* figures that broke their own definitions     */
-    uint8_t *outs;         /* [B][48] rows: step deliveries               */
+    uint8_t *outs;         /* [B][rpt] rows: step deliveries              */
     float *xs;             /* [B][S][W] residual rows of one step          */
     uint8_t *ring;         /* the prefills' rings, allocated (and pinned) once */
     size_t ring_len;

@@ -29,6 +29,7 @@ uint64_t run_ns_now(void)
 struct look {
     engram_prefill *pf;
     size_t chunks;
+    unsigned tables;       /* of the model: 2, or 1 (PLE)                    */
     uint64_t last_ns;      /* the latest look that found a chunk not yet read */
     uint64_t seen_ns;      /* the first look that found every chunk of both
                               tables read (0: not yet)                       */
@@ -44,7 +45,8 @@ static void look(struct look *lk, uint64_t wait_w0)
     if (!lk || lk->seen_ns)
         return;
     uint64_t now = run_ns_now();
-    if (engram_prefill_ready(lk->pf, 0) >= lk->chunks && engram_prefill_ready(lk->pf, 1) >= lk->chunks) {
+    if (engram_prefill_ready(lk->pf, 0) >= lk->chunks &&
+        (lk->tables < 2 || engram_prefill_ready(lk->pf, 1) >= lk->chunks)) {
         lk->seen_ns = now;
         lk->late_ns = (wait_w0 ? wait_w0 : now) - lk->last_ns;
     } else {
@@ -82,6 +84,15 @@ engram_prefill_opts run_prefill_opts(const struct run *R)
                              .dtype = (engram_dtype)R->rdt, .table1_delay_ns = ENGRAM_PREFILL_MANUAL,
                              .ring_mem = R->ring, .ring_bytes = R->ring_len};
     return o;
+}
+
+/* The engine layer l applies table t (0 or 1), or -1 for busy work. */
+static int engram_table_at(const struct run *R, unsigned l)
+{
+    for (unsigned t = 0; t < R->tables; t++)
+        if (R->at[t] == l)
+            return (int)t;
+    return -1;
 }
 
 /* Applies table t's layer to n tokens whose rows are `stride` bytes apart. */
@@ -140,7 +151,7 @@ int run_prefill(struct run *R, struct sess *q, engram_error *err)
     if (R->prefetch) {
         rc = engram_prefill_begin(q->s, q->tok, NULL, n, &o, &pf, err);
         acc.in_begin_ns = run_ns_now() - t_begin;
-        lk = (struct look){.pf = pf, .chunks = chunks, .last_ns = t_begin};
+        lk = (struct look){.pf = pf, .chunks = chunks, .tables = R->tables, .last_ns = t_begin};
         lkp = pf ? &lk : NULL;
     } else {
         /* without prefetch: each chunk read serially by a reader of its
@@ -168,8 +179,8 @@ int run_prefill(struct run *R, struct sess *q, engram_error *err)
             rows[1] = serial[1];
         }
         for (unsigned l = 0; l < R->layers && rc == 0; l++) {
-            if (l == 1 || l == 14) {
-                int t = l == 14;
+            int t = engram_table_at(R, l);
+            if (t >= 0) {
                 if (R->prefetch) {
                     look(lkp, 0);
                     uint64_t w0 = run_ns_now();
@@ -182,13 +193,15 @@ int run_prefill(struct run *R, struct sess *q, engram_error *err)
                         acc.outside_ns += w1 - (w0 > lk.seen_ns ? w0 : lk.seen_ns);
                     look(lkp, w0);
                 }
-                if (rc == 0)
+                if (rc == 0 && R->ple) /* the session's convolution state carried */
+                    rc = engram_prefill_apply(pf, c, R->ple_a, q->x + first * R->per, ENGRAM_F32, err);
+                else if (rc == 0)
                     rc = apply_layer(R, t, rows[t], ENGRAM_COLUMNS * R->rowb, q->x + first * R->per, k, err);
                 if (R->prefetch)
                     engram_prefill_release(pf, t, c);
                 look(lkp, 0);
             } else {
-                if (l == 2 && R->prefetch && c == 0)
+                if (l == 2 && R->prefetch && c == 0 && R->tables == 2)
                     engram_prefill_start_table1(pf); /* layer signal: 14's reads start */
                 busy(layer_cost, lkp);
             }
@@ -226,13 +239,16 @@ static int timed_wait(struct run *R, engram_session *s, int t, engram_error *err
 static void account_step(struct run *R, engram_session *const *sv)
 {
     uint64_t begin = UINT64_MAX, ready[2] = {0, 0};
+    const unsigned T = R->tables;
     for (unsigned b = 0; b < R->B; b++) {
         engram_step_info info;
         engram_step_get_info(sv[b], &info);
         begin = info.begin_ns < begin ? info.begin_ns : begin;
-        for (int t = 0; t < 2; t++)
+        for (unsigned t = 0; t < T; t++)
             ready[t] = info.ready_ns[t] > ready[t] ? info.ready_ns[t] : ready[t];
     }
+    if (T == 1)
+        ready[1] = ready[0]; /* one table: its span is the step's */
     uint64_t end = ready[0] > ready[1] ? ready[0] : ready[1];
     /* The library's clock is ours (CLOCK_MONOTONIC) and the waits come
      * after the begin returned, so neither can precede the begin; a step
@@ -258,7 +274,7 @@ static void account_step(struct run *R, engram_session *const *sv)
     /* the engine was inside engram_step_begin_batch from before begin_ns
      * until begun_ns, and waited only after it */
     R->dec.in_begin_ns += (R->begun_ns < end ? R->begun_ns : end) - begin;
-    for (int t = 0; t < 2; t++)
+    for (unsigned t = 0; t < T; t++)
         R->dec_read_t[t] += ready[t] - begin;
 }
 
@@ -273,7 +289,7 @@ int run_decode_step(struct run *R, size_t step, engram_error *err)
         struct sess *q = &R->ss[b];
         sv[b] = q->s;
         tok[b] = q->tok[q->prompt + step];
-        outs[b] = R->outs + (size_t)b * ENGRAM_ROWS_PER_TOKEN * R->rowb;
+        outs[b] = R->outs + (size_t)b * R->rpt * R->rowb;
         memcpy(R->xs + (size_t)b * R->per, q->x + (q->prompt + step) * R->per, R->per * 4);
     }
     uint64_t t0 = run_ns_now();
@@ -283,18 +299,24 @@ int run_decode_step(struct run *R, size_t step, engram_error *err)
     for (unsigned l = 0; l < R->layers && rc == 0; l++) {
         if (!R->overlap && l == 0) /* every read waited for before any layer */
             for (unsigned b = 0; b < B && rc == 0; b++)
-                for (int t = 0; t < 2 && rc == 0; t++)
+                for (int t = 0; t < (int)R->tables && rc == 0; t++)
                     rc = timed_wait(R, sv[b], t, err);
-        if (l == 1 || l == 14) {
-            int t = l == 14;
+        int t = engram_table_at(R, l);
+        if (t >= 0) {
             for (unsigned b = 0; b < B && rc == 0 && R->overlap; b++)
                 rc = timed_wait(R, sv[b], t, err);
-            if (rc == 0 && t == 1)
+            if (rc == 0 && t == (int)R->tables - 1)
                 account_step(R, sv);
-            /* the step's [B][48] rows in place: table t's 24 of each token */
-            if (rc == 0)
+            if (R->ple) {
+                /* each session's own convolution state: one apply per
+                 * session (a state per sequence), committed with its token */
+                for (unsigned b = 0; b < B && rc == 0; b++)
+                    rc = engram_step_apply(sv[b], R->ple_a, R->xs + (size_t)b * R->per, ENGRAM_F32, err);
+            } else if (rc == 0) {
+                /* the step's [B][48] rows in place: table t's 24 of each token */
                 rc = apply_layer(R, t, R->outs + (size_t)t * ENGRAM_COLUMNS * R->rowb,
                                  ENGRAM_ROWS_PER_TOKEN * R->rowb, R->xs, B, err);
+            }
         } else {
             busy(R->layer_us, NULL);
         }

@@ -73,6 +73,11 @@ void run_print_json(const struct run *R, const struct report *o)
            ",\"overlap\":%s,\"prefetch\":%s,\"width\":%u,\"streams\":%u",
            R->B, R->layers, o->layer_us, o->threads, R->overlap ? "true" : "false",
            R->prefetch ? "true" : "false", o->li.width, o->li.streams);
+    printf(",\"member\":\"%s\",\"rows_per_token\":%u,\"engram_layers\":[%u",
+           R->ple ? "qwen3.8-ple" : "deepseek-v4.1-engram", R->rpt, R->at[0]);
+    if (R->tables > 1)
+        printf(",%u", R->at[1]);
+    printf("]");
     printf(",\"prefill\":{\"tokens\":%zu,\"seconds\":%.6f,\"tokens_per_s\":%.2f,\"rows_requested\":%" PRIu64
            ",\"rows_read\":%" PRIu64 ",\"chunks\":%" PRIu64 ",\"read_span_ns\":%" PRIu64
            ",\"read_span_late_max_ns\":%" PRIu64 ",\"exposed_wait_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64
@@ -85,12 +90,16 @@ void run_print_json(const struct run *R, const struct report *o)
            "\"step_p50_ns\":%" PRIu64 ",\"step_p99_ns\":%" PRIu64 ",\"rows_requested\":%" PRIu64
            ",\"rows_read\":%" PRIu64 ",\"rounds\":%" PRIu64 ",\"read_span_ns\":%" PRIu64
            ",\"exposed_wait_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64 ",\"hidden_in_begin_ns\":%" PRIu64
-           ",\"wait_outside_span_ns\":%" PRIu64 ",\"per_table\":{\"read_span_ns\":[%" PRIu64 ",%" PRIu64 "],\"exposed_wait_ns\":[%" PRIu64
-           ",%" PRIu64 "]}}",
+           ",\"wait_outside_span_ns\":%" PRIu64 ",\"per_table\":{\"read_span_ns\":[%" PRIu64,
            R->n_steps, dec_tokens, dec_s, dec_s > 0 ? (double)dec_tokens / dec_s : 0.0, o->p50, o->p99,
            ps->step_rows_requested, ps->step_rows_read, ps->rounds, R->dec.span_ns, R->dec.exposed_ns,
-           R->dec.span_ns - R->dec.exposed_ns, R->dec.in_begin_ns, R->dec.outside_ns, R->dec_read_t[0], R->dec_read_t[1],
-           R->dec_exposed_t[0], R->dec_exposed_t[1]);
+           R->dec.span_ns - R->dec.exposed_ns, R->dec.in_begin_ns, R->dec.outside_ns, R->dec_read_t[0]);
+    if (R->tables > 1)
+        printf(",%" PRIu64, R->dec_read_t[1]);
+    printf("],\"exposed_wait_ns\":[%" PRIu64, R->dec_exposed_t[0]);
+    if (R->tables > 1)
+        printf(",%" PRIu64, R->dec_exposed_t[1]);
+    printf("]}}");
     printf(",\"inconsistent\":%u,\"definitions\":{", R->inconsistent);
     const char *const(*pre)[2] = R->prefetch ? def_pre : def_pre_serial;
     size_t n_pre = R->prefetch ? NDEFS(def_pre) : NDEFS(def_pre_serial);
@@ -124,9 +133,14 @@ void run_print_text(const struct run *R, const struct report *o)
 {
     const engram_pool_stats *ps = &o->ps;
     double pre_s = (double)R->prefill_ns / 1e9, dec_s = (double)R->decode_ns / 1e9;
+    char where[64];
+    if (R->ple)
+        snprintf(where, sizeof where, "the PLE layer at %u", R->at[0]);
+    else
+        snprintf(where, sizeof where, "Engram at 1 and 14");
     printf("engram run: %s, W %u, %u streams; %u sessions, %u layers of %" PRIu64
-           " us (Engram at 1 and 14 on the %s), %" PRIu64 " apply thread%s%s%s\n",
-           o->path, o->li.width, o->li.streams, R->B, R->layers, o->layer_us, o->device, o->threads,
+           " us (%s on the %s), %" PRIu64 " apply thread%s%s%s\n",
+           o->path, o->li.width, o->li.streams, R->B, R->layers, o->layer_us, where, o->device, o->threads,
            o->threads > 1 ? "s" : "", R->overlap ? "" : ", reads waited before layer 0",
            R->prefetch ? "" : ", no prefetch");
     printf("prefill: %zu tokens in %.3f s = %.1f tokens/s; %" PRIu64 " rows requested, %" PRIu64
@@ -147,8 +161,8 @@ void run_print_text(const struct run *R, const struct report *o)
     printf("decode:  %zu steps x %u sessions in %.3f s = %.1f tokens/s; step p50 %.3f ms, p99 %.3f ms\n",
            R->n_steps, R->B, dec_s, dec_s > 0 ? (double)(R->n_steps * R->B) / dec_s : 0.0,
            (double)o->p50 / 1e6, (double)o->p99 / 1e6);
-    printf("         rows: %" PRIu64 " requested, %" PRIu64 " distinct read (%.1f%% saved by merging "
-           "sessions' reads), %" PRIu64 " rounds\n", ps->step_rows_requested, ps->step_rows_read,
+    printf("         rows: %u per token; %" PRIu64 " requested, %" PRIu64 " distinct read (%.1f%% saved by merging "
+           "sessions' reads), %" PRIu64 " rounds\n", R->rpt, ps->step_rows_requested, ps->step_rows_read,
            ps->step_rows_requested ? 100.0 - pct(ps->step_rows_read, ps->step_rows_requested) : 0.0,
            ps->rounds);
     printf("         reads: span %.3f ms, exposed %.3f ms, hidden %.3f ms (%.1f%%; %.3f ms of it in the "
@@ -156,10 +170,11 @@ void run_print_text(const struct run *R, const struct report *o)
            (double)R->dec.exposed_ns / 1e6, (double)(R->dec.span_ns - R->dec.exposed_ns) / 1e6,
            pct(R->dec.span_ns - R->dec.exposed_ns, R->dec.span_ns), (double)R->dec.in_begin_ns / 1e6,
            (double)R->dec.outside_ns / 1e6);
-    printf("         per table (spans overlap, no sum): table 0 span %.3f ms, exposed %.3f ms; "
-           "table 1 span %.3f ms, exposed %.3f ms\n", (double)R->dec_read_t[0] / 1e6,
-           (double)R->dec_exposed_t[0] / 1e6, (double)R->dec_read_t[1] / 1e6,
-           (double)R->dec_exposed_t[1] / 1e6);
+    if (R->tables > 1)
+        printf("         per table (spans overlap, no sum): table 0 span %.3f ms, exposed %.3f ms; "
+               "table 1 span %.3f ms, exposed %.3f ms\n", (double)R->dec_read_t[0] / 1e6,
+               (double)R->dec_exposed_t[0] / 1e6, (double)R->dec_read_t[1] / 1e6,
+               (double)R->dec_exposed_t[1] / 1e6);
     const char *note = ps->io.note && ps->io.note[0] ? ps->io.note : NULL;
     printf("io:      %s%s%s%s%s; page cache of the tables ", ps->io.engine,
            ps->io.direct ? ", O_DIRECT" : ", buffered", note ? " (" : "", note ? note : "", note ? ")" : "");

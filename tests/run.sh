@@ -102,6 +102,7 @@ build "gcc -O2" && {
     run "test_ple_cli.sh (info, hash, rows on a PLE model)" sh tests/test_ple_cli.sh build
     run "test_ple_build.sh (qwen4exp build vs @huggingface/gguf)" sh tests/test_ple_build.sh build
     run "test_run.sh (engram run vs serial apply)" sh tests/test_run.sh build
+    run "test_ple_run.sh (engram run on a PLE model vs serial apply)" sh tests/test_ple_run.sh build
     run "test_fallback.sh (refusals: same outputs)" sh tests/test_fallback.sh build
     run "test_outputs.sh (full disk, SIGKILL)" sh tests/test_outputs.sh build
     run "test_files.sh (devices, FIFOs, links, same file, memory limits)" sh tests/test_files.sh build
@@ -130,6 +131,7 @@ build "asan+ubsan" SANITIZE=address,undefined && {
     run "asan+ubsan: test_ple_build.sh" sh tests/test_ple_build.sh build-san-address,undefined
     run "asan+ubsan: test_ple_cli.sh" sh tests/test_ple_cli.sh build-san-address,undefined
     run "asan+ubsan: test_run.sh" sh tests/test_run.sh build-san-address,undefined
+    run "asan+ubsan: test_ple_run.sh" sh tests/test_ple_run.sh build-san-address,undefined
     run "asan+ubsan: test_files.sh" sh tests/test_files.sh build-san-address,undefined
     run "asan+ubsan: test_inputs.sh" sh tests/test_inputs.sh build-san-address,undefined
     run "asan+ubsan: fuzz_model replay of seeds" build-san-address,undefined/tests/fuzz_model_replay "$SEEDS"/*
