@@ -280,7 +280,7 @@ typedef struct engram_table_info {
  *   - ENGRAM_MEMBER_PLE: Qwen3.8's per-layer embedding (GGUF arch
  *     qwen4exp, SPEC.md 10): one table of 320-byte BF16 rows, 3-grams of
  *     raw ids, 16 rows per token, one layer, a per-sequence convolution
- *     state.  Served (issue #22 in progress): engram_model_open, _get_info,
+ *     state.  Served: engram_model_open, _get_info,
  *     _read_raw/_f32/_bf16, _dup_fd, engram_ple_hash, the reader (batch,
  *     stream, step: 16 rows per token, table 0), engram_layer_open (t = 0)
  *     with its appliers and engram_apply_seq (the per-sequence convolution
@@ -829,7 +829,8 @@ void engram_reader_reset_stats(engram_reader *r);
  *
  * Threads: the pool's functions may be called from any threads.  Calls on
  * one session that start or end something (begin, commit, abort, close,
- * set_history, restore, prefill begin/end/cancel) must not run concurrently
+ * set_history, restore, engram_session_load / _save, engram_step_apply,
+ * prefill begin/end/cancel; engram_prefill_apply on the prefill) must not run concurrently
  * with any other call on that session; its waits, polls and getters may run
  * concurrently with each other from several threads (an engine whose
  * pipeline stages wait for layer 1's rows and layer 14's rows on two
@@ -929,7 +930,8 @@ typedef struct engram_pool_stats {
  * st->io's strings are owned by the pool, valid until engram_pool_close. */
 void engram_pool_get_stats(engram_pool *p, engram_pool_stats *st);
 
-/* A session: history reset (all dead), idle.  -ENOMEM, -ESHUTDOWN. */
+/* A session at a sequence's start, idle: V4.1's history all dead; PLE's
+ * lags both EOS and its convolution state all +0.  -ENOMEM, -ESHUTDOWN. */
 int engram_session_open(engram_pool *p, engram_session **out, engram_error *err);
 /* Ends a step in progress (as abort), cancels a prefill in progress and
  * lets go of it (the prefill's handle stays valid: its waits for chunks not
@@ -937,12 +939,17 @@ int engram_session_open(engram_pool *p, engram_session **out, engram_error *err)
  * must still be called to free it), and releases the session.  Returns at
  * once: nothing is written into the step's buffer afterwards. */
 void engram_session_close(engram_session *s);
-/* Snapshot: the committed history (3 ints; a copy is the whole state). */
+/* The committed history (3 ints; for V4.1 a copy is the whole state; a
+ * PLE session also has its convolution state: engram_session_save takes
+ * both). */
 void engram_session_history(const engram_session *s, engram_history *h);
 /* Restore from a snapshot (validated: -EINVAL, unchanged) or rebuild from
  * the last min(n, 3) tokens of a sequence through the token map, mask as
- * in engram_hash_tokens (a masked token is a dead entry).  -EBUSY while a
- * step or prefill is in progress. */
+ * in engram_hash_tokens (a masked token is a dead entry); PLE: from the
+ * last 2 raw ids by its own rules (ENGRAM_MASK_*), the convolution state
+ * left as it is (it depends on residuals, not only tokens:
+ * engram_session_load restores it).  -EBUSY while a step or prefill is in
+ * progress. */
 int engram_session_set_history(engram_session *s, const engram_history *h, engram_error *err);
 int engram_session_restore(engram_session *s, const uint32_t *tokens, const uint8_t *mask,
                            size_t n, engram_error *err);
@@ -1140,15 +1147,18 @@ void engram_prefill_start_table1(engram_prefill *pf);
  * A table's chunks are applied in order from 0 (-EINVAL naming the next
  * one otherwise), by the thread that waits for them.  V4.1: engram_apply
  * (the prefill's dtype BF16 or F32).  PLE: engram_apply_seq (dtype BF16
- * or RAW) carrying a prefill-local convolution state (4 x state_floats
- * bytes, allocated at begin) that starts from the session's committed
+ * or RAW) carrying a prefill-local convolution state (see Memory below)
+ * that starts from the session's committed
  * state; at engram_prefill_end the session's state becomes it if the
  * history is committed and every chunk was applied.  If no chunk was
  * applied the state is unchanged (an engine applying elsewhere); if some
  * were (engram_prefill_info.chunks_applied tells, before end), end
- * commits the history and leaves the state unchanged.  After a failed
- * apply (-EDOM: see engram_apply_seq) no later chunk of the table applies
- * (-EINVAL) and the state is not committed.
+ * commits the history and leaves the state unchanged.  A failed apply
+ * (any error: a refusal, or -EDOM as engram_apply_seq gives it) leaves the
+ * prefill's state and its next chunk as they were, so the chunk may be
+ * applied again (from its original residual: a computed overflow has
+ * updated the tokens before the failing one).  Memory: the PLE state twice
+ * (8 x state_floats bytes), allocated at begin.
  */
 int engram_prefill_apply(engram_prefill *pf, size_t c, engram_applier *a, void *residual,
                          engram_dtype resid_dtype, engram_error *err);

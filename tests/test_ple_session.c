@@ -579,6 +579,8 @@ static size_t decode(engram_session *s, engram_applier *a, size_t pos0, size_t t
             (*reapplies)++;
         }
         CHECK_EQ(engram_step_apply(s, a, res, ENGRAM_F32, &err), 0);
+        if (rnd(4) == 0) /* a refused apply leaves the one before in force */
+            CHECK_ERR(engram_step_apply(s, a, res, ENGRAM_RAW, &err), err, -EINVAL, "residual type 2");
         if (rnd(5) == 0) {
             engram_step_abort(s);
             (*aborts)++;
@@ -675,6 +677,16 @@ static void conv_state(engram_pool *p, const engram_pool *v41_unused)
                 resid_at(n + first + i, res + i * SW);
             if (c == 0)
                 CHECK_ERR(engram_prefill_apply(pf, 1, a, res, ENGRAM_F32, &err), err, -EINVAL, "in order");
+            if (c < upto && c < 2) {
+                /* refused or failing applies leave the chunk to be applied again */
+                float *bad = malloc(nt * SW * 4);
+                for (size_t i = 0; i < nt * SW; i++)
+                    bad[i] = NAN;
+                CHECK_ERR(engram_prefill_apply(pf, c, a, res, ENGRAM_RAW, &err), err, -EINVAL,
+                          "residual type 2");
+                CHECK_ERR(engram_prefill_apply(pf, c, a, bad, ENGRAM_F32, &err), err, -EDOM, "NaN");
+                free(bad);
+            }
             if (c < upto)
                 CHECK_EQ(engram_prefill_apply(pf, c, a, res, ENGRAM_F32, &err), 0);
             memcpy(got + first * SW, res, nt * SW * 4);
@@ -866,6 +878,19 @@ static void short_kernel(void)
     CHECK(moved);
     printf("short kernel: a 3-frame state, steps of up to 8 tokens (applied token by token): %zu positions "
            "(%u aborts, %u re-applies) equal one engram_apply_seq bit for bit\n", n, aborts, reapplies);
+    /* a failure inside the token-by-token path names the step's token */
+    {
+        uint32_t tok[5] = {11, 12, 13, 14, 15};
+        uint16_t out[5 * ROWS * 160];
+        float res[5 * SW];
+        for (unsigned i = 0; i < 5; i++)
+            resid_at(i, res + i * SW);
+        res[4 * SW + 3] = NAN;
+        CHECK_EQ(engram_step_begin(s, tok, NULL, 5, ENGRAM_BF16, out, &err), 0);
+        CHECK_EQ(engram_step_wait(s, 0, &err), 0);
+        CHECK_ERR(engram_step_apply(s, a, res, ENGRAM_F32, &err), err, -EDOM, "token 4 of the step");
+        engram_step_abort(s);
+    }
     free(snap);
     free(cres);
     free(ref);

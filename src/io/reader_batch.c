@@ -20,6 +20,9 @@ static int run_jobs(engram_reader *r, struct rjob **jobs, int n, engram_error *e
 {
     unsigned spins = 0;
     int failed = -1;
+    /* a job of one token's rows or fewer is waited for whole, as a step */
+    const engram_family *fam = &reader_model_info(r)->family;
+    const size_t one_token = (size_t)fam->tables * fam->rows_per_token;
     for (;;) {
         int finished = 1;
         for (int i = 0; i < n && failed < 0; i++) {
@@ -56,7 +59,7 @@ static int run_jobs(engram_reader *r, struct rjob **jobs, int n, engram_error *e
          * of the queue rather than one read saves wake-ups and barely lowers
          * the depth the device sees (a single step waits for all). */
         unsigned inflight = reader_reaping(r);
-        unsigned want = n > 1 || jobs[0]->nreq <= ENGRAM_ROWS_PER_TOKEN ? inflight
+        unsigned want = n > 1 || jobs[0]->nreq <= one_token ? inflight
                         : inflight / 8 ? inflight / 8 : 1;
         int done = reader_pump(r, want);
         if (done < 0) {
@@ -81,7 +84,7 @@ static int run_jobs(engram_reader *r, struct rjob **jobs, int n, engram_error *e
     }
     if (failed < 0)
         return 0;
-    reader_drain_all(r, n > 1 || jobs[0]->nreq <= ENGRAM_ROWS_PER_TOKEN);
+    reader_drain_all(r, n > 1 || jobs[0]->nreq <= one_token);
     if (err)
         *err = jobs[failed]->err;
     return jobs[failed]->rc;

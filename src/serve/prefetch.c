@@ -171,7 +171,9 @@ int engram_prefill_begin(engram_session *s, const uint32_t *tokens, const uint8_
         ok = (pf->kinds = malloc(chunk)) != NULL;
     size_t nf = p->frames * p->frame_floats;
     if (ok && nf) { /* the prefill's state starts from the session's committed one */
-        ok = (pf->conv = malloc(nf * sizeof *pf->conv)) != NULL;
+        /* two copies: an apply works on the second and swaps on success,
+         * so a failed one leaves the prefill's state as it was */
+        ok = (pf->conv = malloc(2 * nf * sizeof *pf->conv)) != NULL;
         if (ok) {
             pthread_mutex_lock(&s->mu);
             memcpy(pf->conv, s->conv, nf * sizeof *pf->conv);
@@ -370,12 +372,13 @@ int engram_prefill_apply(engram_prefill *pf, size_t c, engram_applier *a, void *
     if ((!p->ple && pf->dtype == ENGRAM_RAW) || (p->ple && pf->dtype == ENGRAM_F32))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "the prefill's rows are %s: apply %s rows",
                        pf->dtype == ENGRAM_RAW ? "RAW" : "F32", p->ple ? "BF16 or RAW" : "BF16 or F32");
+    if (resid_dtype != ENGRAM_F32 && resid_dtype != ENGRAM_BF16)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "residual type %d: F32 or BF16 only",
+                       (int)resid_dtype);
     pthread_mutex_lock(&pf->mu);
     int rc = 0;
     if (c >= pf->chunks)
         rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no chunk %zu of table %d", c, t);
-    else if (pf->applied[t] == SIZE_MAX)
-        rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "an earlier apply of table %d's chunks failed", t);
     else if (c != pf->applied[t])
         rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
                      "chunk %zu of table %d: chunks are applied in order from 0 (the next is %zu)", c, t,
@@ -389,14 +392,24 @@ int engram_prefill_apply(engram_prefill *pf, size_t c, engram_applier *a, void *
     const uint8_t *rows = pf->buf[t] + (c % pf->ring) * chunk_bytes(pf);
     size_t first = c * pf->chunk, nt = pf->n - first < pf->chunk ? pf->n - first : pf->chunk;
     const uint8_t *mask = pf->mask ? pf->mask + first : NULL;
-    if (p->ple)
-        rc = engram_apply_seq(a, rows, ENGRAM_BF16, residual, resid_dtype, mask, nt, pf->conv, err);
-    else
+    size_t nf = p->frames * p->frame_floats;
+    if (p->ple && nf) {
+        /* on the spare copy: the state moves only with a chunk applied whole */
+        float *next = pf->conv + nf;
+        memcpy(next, pf->conv, nf * sizeof *next);
+        rc = engram_apply_seq(a, rows, ENGRAM_BF16, residual, resid_dtype, mask, nt, next, err);
+        if (rc == 0)
+            memcpy(pf->conv, next, nf * sizeof *next);
+    } else if (p->ple) {
+        rc = engram_apply_seq(a, rows, ENGRAM_BF16, residual, resid_dtype, mask, nt, NULL, err);
+    } else {
         rc = engram_apply(a, rows, (engram_dtype)pf->dtype, residual, resid_dtype, mask, nt, err);
+    }
+    /* a failed apply leaves the state and the next chunk as they were: the
+     * chunk may be applied again (with its original residual) */
     pthread_mutex_lock(&pf->mu);
-    /* a failed apply may have advanced the state over part of the chunk:
-     * no later chunk can be applied, and end keeps the session's state */
-    pf->applied[t] = rc == 0 ? c + 1 : (p->ple ? SIZE_MAX : pf->applied[t]);
+    if (rc == 0)
+        pf->applied[t] = c + 1;
     pthread_mutex_unlock(&pf->mu);
     return rc;
 }

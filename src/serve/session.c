@@ -540,15 +540,26 @@ int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engr
                        (int)li.member, li.width, li.streams, li.state_floats, (int)p->fam.member, p->width,
                        p->streams, p->frames * p->frame_floats);
     int t = li.table;
+    if (resid_dtype != ENGRAM_F32 && resid_dtype != ENGRAM_BF16)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "residual type %d: F32 or BF16 only",
+                       (int)resid_dtype);
     uint8_t mask[ENGRAM_MAX_DRAFT];
     pthread_mutex_lock(&s->mu);
+    int dtype = s->dtype;
+    /* every refusal comes before the tentative state is touched: an apply
+     * refused leaves an earlier one of the step in force */
     int rc = s->state != S_STEP ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "no step in progress")
              : t < 0 || (unsigned)t >= p->tables || !s->waited[t]
                  ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
                            "table %d's rows of the step were not waited for (a wait that returned 0)", t)
+             : !p->ple && dtype == ENGRAM_RAW
+                 ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                           "the step's rows are RAW (undecoded): apply BF16 or F32 steps")
+             : p->ple && dtype == ENGRAM_F32
+                 ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                           "the step's rows are F32: the PLE member applies BF16 (or RAW) rows")
                  : 0;
     unsigned k = s->k;
-    int dtype = s->dtype;
     uint8_t *out = s->out;
     for (unsigned i = 0; i < k; i++)
         mask[i] = !s->masked[i];
@@ -559,16 +570,10 @@ int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engr
         return rc;
     size_t xe = resid_dtype == ENGRAM_F32 ? 4 : 2;
     if (!p->ple) {
-        if (dtype == ENGRAM_RAW)
-            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
-                           "the step's rows are RAW (undecoded): apply BF16 or F32 steps");
         size_t rb = family_row_out_bytes(&p->fam, dtype);
         return engram_apply_strided(a, out + (size_t)t * p->cols * rb, (engram_dtype)dtype, p->rpt * rb,
                                     residual, resid_dtype, (size_t)p->streams * p->width * xe, mask, k, err);
     }
-    if (dtype == ENGRAM_F32)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
-                       "the step's rows are F32: the PLE member applies BF16 (or RAW) rows");
     size_t C = p->frame_floats, F = p->frames;
     if (k <= F || F == 0) {
         if (F)
@@ -585,6 +590,12 @@ int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engr
             rc = engram_apply_seq(a, out + i * tok_rows, ENGRAM_BF16, (uint8_t *)residual + i * tok_res,
                                   resid_dtype, mask + i, 1, run, err);
             memcpy(frames + i * C, run + (F - 1) * C, C * sizeof *run);
+            if (rc < 0 && err) { /* each call saw one token, its "token 0": name it */
+                char inner[sizeof err->msg];
+                snprintf(inner, sizeof inner, "%s", err->msg);
+                snprintf(err->msg, sizeof err->msg, "token %u of the step (applied alone; the tokens "
+                         "before it were updated): %.160s", i, inner);
+            }
         }
     }
     if (rc == 0) {
