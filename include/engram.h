@@ -592,6 +592,25 @@ int engram_apply_seq(engram_applier *a, const void *rows, engram_dtype rows_dtyp
                      engram_dtype resid_dtype, const uint8_t *mask, size_t n, float *state,
                      engram_error *err);
 
+/*
+ * Batched decode across sequences: one position of each of n sequences in
+ * one pass over the weights.  Sequence i: rows[i] (PLE: [16][160] BF16),
+ * residuals[i] [S][W] updated in place, mask NULL or [n] (0: padding),
+ * states[i] (PLE: state_floats, advanced by one frame; the states must not
+ * overlap).  Each sequence's result is the bits engram_apply_seq(a,
+ * rows[i], ., residuals[i], ., &mask[i], 1, states[i]) gives, whatever n
+ * and the threads.  PLE errors name the sequence: NULLs and non-finite
+ * inputs of every sequence are checked first (-EINVAL / -EDOM, nothing
+ * written); a computed overflow leaves the sequences before it updated
+ * (residual and state), it and the later ones untouched.  V4.1: one
+ * engram_apply per sequence in order (states unused; engram_apply_strided
+ * is the one-pass call for V4.1, whose sequences carry no state).  No
+ * memory allocated.
+ */
+int engram_apply_seqs(engram_applier *a, size_t n, const void *const *rows, engram_dtype rows_dtype,
+                      void *const *residuals, engram_dtype resid_dtype, const uint8_t *mask,
+                      float *const *states, engram_error *err);
+
 /* The projection alone: kv [n][(S+1)W] as F32 for n tokens (no mask, no
  * gate; for engines that gate elsewhere, and for tests).  -EINVAL, -EDOM
  * (non-finite rows, nothing written). */
@@ -1037,6 +1056,23 @@ void engram_step_get_info(const engram_session *s, engram_step_info *info);
  */
 int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engram_dtype resid_dtype,
                       engram_error *err);
+
+/*
+ * engram_step_apply for n sessions whose steps have one token each
+ * (batched decode), residuals[i] [S][W] the token of session ss[i].
+ * PLE: one pass over the weights for all (engram_apply_seqs), each session
+ * from its own committed state into its tentative one; each session's
+ * residual, and its state at commit, are the bits engram_step_apply gives
+ * it alone.  Every request is checked first (NULLs, sessions of one pool,
+ * each once, a step of one token whose table 0 was waited for, BF16/RAW
+ * rows; -EINVAL naming the request, nothing touched); an apply that fails
+ * (-EDOM) leaves the sessions before the failing one applied (they commit
+ * as after engram_step_apply), it and the later ones not.  V4.1:
+ * engram_step_apply per session in order.  Threads: as engram_step_apply,
+ * for every session named.  No memory allocated.
+ */
+int engram_step_apply_batch(engram_session *const *ss, size_t n, engram_applier *a,
+                            void *const *residuals, engram_dtype resid_dtype, engram_error *err);
 
 /*
  * A session's whole per-sequence state (its committed history, and for PLE

@@ -307,11 +307,13 @@ int run_decode_step(struct run *R, size_t step, engram_error *err)
                 rc = timed_wait(R, sv[b], t, err);
             if (rc == 0 && t == (int)R->tables - 1)
                 account_step(R, sv);
-            if (R->ple) {
-                /* each session's own convolution state: one apply per
-                 * session (a state per sequence), committed with its token */
-                for (unsigned b = 0; b < B && rc == 0; b++)
-                    rc = engram_step_apply(sv[b], R->ple_a, R->xs + (size_t)b * R->per, ENGRAM_F32, err);
+            if (R->ple && rc == 0) {
+                /* the sessions' tokens in one pass over the weights, each
+                 * from its own convolution state, committed with its token */
+                void *xs[1024];
+                for (unsigned b = 0; b < B; b++)
+                    xs[b] = R->xs + (size_t)b * R->per;
+                rc = engram_step_apply_batch(sv, B, R->ple_a, xs, ENGRAM_F32, err);
             } else if (rc == 0) {
                 /* the step's [B][48] rows in place: table t's 24 of each token */
                 rc = apply_layer(R, t, R->outs + (size_t)t * ENGRAM_COLUMNS * R->rowb,

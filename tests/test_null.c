@@ -317,6 +317,14 @@ static void apply_calls(void)
     REFUSED(engram_apply(applier, NULL, ENGRAM_BF16, sent, ENGRAM_BF16, NULL, 1, ep));
     REFUSED(engram_apply(applier, rows_bf16, ENGRAM_BF16, NULL, ENGRAM_BF16, NULL, 1, ep));
     REFUSED(engram_apply_strided(NULL, rows_bf16, ENGRAM_BF16, rs, sent, ENGRAM_BF16, xs, NULL, 1, ep));
+    {
+        const void *rv[1] = {rows_bf16};
+        void *xv[1] = {sent};
+        float *sv[1] = {(float *)sent};
+        REFUSED(engram_apply_seqs(NULL, 1, rv, ENGRAM_BF16, xv, ENGRAM_BF16, NULL, sv, ep));
+        REFUSED(engram_apply_seqs(applier, 1, NULL, ENGRAM_BF16, xv, ENGRAM_BF16, NULL, sv, ep));
+        REFUSED(engram_apply_seqs(applier, 1, rv, ENGRAM_BF16, NULL, ENGRAM_BF16, NULL, sv, ep));
+    }
     REFUSED(engram_apply_strided(applier, NULL, ENGRAM_BF16, rs, sent, ENGRAM_BF16, xs, NULL, 1, ep));
     REFUSED(engram_apply_strided(applier, rows_bf16, ENGRAM_BF16, rs, NULL, ENGRAM_BF16, xs, NULL, 1,
                                  ep));
@@ -457,6 +465,15 @@ static void pool_calls(void)
     REFUSED(engram_step_apply(NULL, applier, sent, ENGRAM_F32, ep));
     REFUSED(engram_step_apply(sess, NULL, sent, ENGRAM_F32, ep));
     REFUSED(engram_step_apply(sess, applier, NULL, ENGRAM_F32, ep));
+    {
+        engram_session *one[1] = {sess}, *none[1] = {NULL};
+        void *xv[1] = {sent}, *nx[1] = {NULL};
+        REFUSED(engram_step_apply_batch(NULL, 1, applier, xv, ENGRAM_F32, ep));
+        REFUSED(engram_step_apply_batch(one, 1, NULL, xv, ENGRAM_F32, ep));
+        REFUSED(engram_step_apply_batch(one, 1, applier, NULL, ENGRAM_F32, ep));
+        REFUSED(engram_step_apply_batch(none, 1, applier, xv, ENGRAM_F32, ep));
+        REFUSED(engram_step_apply_batch(one, 1, applier, nx, ENGRAM_F32, ep));
+    }
     GIVES(engram_session_state_bytes(NULL) == 0);
     REFUSED(engram_session_save(NULL, sent, 64, ep));
     REFUSED(engram_session_save(sess, NULL, 64, ep));

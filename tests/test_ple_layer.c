@@ -8,6 +8,7 @@
  * PLE applier.
  */
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -142,6 +143,57 @@ int main(void)
         engram_applier_free(a);
         free(xb);
         free(xw);
+    }
+    /* batched decode across sequences: one position of each of 20 sequences
+     * (each with its own state, a few masked) in one call = each alone */
+    {
+        enum { NS = 20 };
+        size_t nf = li.state_floats;
+        float *sa = malloc(NS * nf * 4), *sb = malloc(NS * nf * 4);
+        float *xa = malloc(NS * 4 * W * 4), *xb = malloc(NS * 4 * W * 4);
+        const void *rv[NS];
+        void *xv[NS];
+        float *sv[NS];
+        uint8_t ms[NS];
+        for (unsigned i = 0; i < NS; i++) {
+            for (size_t f = 0; f < nf; f++) /* distinct states, as after different histories */
+                sa[i * nf + f] = sb[i * nf + f] = (float)((double)(tu_rand(&seed) % 2001) / 1000.0 - 1.0);
+            memcpy(xa + i * 4 * W, x0 + (size_t)i * 7 * 4 * W, 4 * W * 4);
+            memcpy(xb + i * 4 * W, x0 + (size_t)i * 7 * 4 * W, 4 * W * 4);
+            ms[i] = i % 6 != 5;
+        }
+        for (int variant = 0; variant < 3; variant++) {
+            engram_apply_opts o = {.threads = variant == 0 ? 1 : 2, .block_tokens = variant == 2 ? 7 : 0};
+            engram_applier *a;
+            CHECK_EQ(engram_applier_new(L, &o, &a, &err), 0);
+            for (unsigned i = 0; i < NS; i++) {
+                rv[i] = rows + (size_t)(i * 13 % N) * K;
+                xv[i] = xa + i * 4 * W;
+                sv[i] = sa + i * nf;
+                CHECK_EQ(engram_apply_seq(a, rv[i], ENGRAM_BF16, xb + i * 4 * W, ENGRAM_F32, ms + i, 1,
+                                          sb + i * nf, &err), 0);
+            }
+            CHECK_EQ(engram_apply_seqs(a, NS, rv, ENGRAM_BF16, xv, ENGRAM_F32, ms, sv, &err), 0);
+            CHECK(memcmp(xa, xb, NS * 4 * W * 4) == 0);
+            CHECK(memcmp(sa, sb, NS * nf * 4) == 0);
+            /* refused: a non-finite residual of sequence 3 (nothing written), NULL state */
+            float keep = xa[3 * 4 * W + 5];
+            xa[3 * 4 * W + 5] = NAN;
+            memcpy(xb, xa, NS * 4 * W * 4);
+            memcpy(sb, sa, NS * nf * 4);
+            CHECK_ERR(engram_apply_seqs(a, NS, rv, ENGRAM_BF16, xv, ENGRAM_F32, ms, sv, &err), err, -EDOM,
+                      "token 3 stream 0 index 5");
+            CHECK(memcmp(xa, xb, NS * 4 * W * 4) == 0 && memcmp(sa, sb, NS * nf * 4) == 0);
+            xa[3 * 4 * W + 5] = keep;
+            memcpy(xb, xa, NS * 4 * W * 4);
+            sv[4] = NULL;
+            CHECK_ERR(engram_apply_seqs(a, NS, rv, ENGRAM_BF16, xv, ENGRAM_F32, ms, sv, &err), err, -EINVAL,
+                      "sequence 4: NULL state");
+            CHECK_ERR(engram_apply_seqs(a, NS, rv, ENGRAM_F32, xv, ENGRAM_F32, ms, sv, &err), err, -EINVAL,
+                      "BF16");
+            engram_applier_free(a);
+        }
+        free(sa), free(sb), free(xa), free(xb);
     }
     /* export copies nothing for PLE (the CUDA path has its own) */
     uint16_t sentinel = 0x1234;

@@ -759,6 +759,100 @@ struct fill {
     float scale, bias;
 };
 
+/* Batched decode applies: n sessions' one-token steps in one pass
+ * (engram_step_apply_batch) = each twin session's engram_step_apply alone:
+ * residuals every step, committed states at the end (snapshots byte for
+ * byte); requests refused before anything is touched. */
+static void apply_batch(engram_pool *p)
+{
+    engram_error err;
+    engram_layer *L = NULL;
+    engram_applier *a = NULL;
+    if (engram_layer_open(M, 0, &L, &err) < 0 || engram_applier_new(L, NULL, &a, &err) < 0) {
+        CHECK(0);
+        engram_layer_close(L);
+        return;
+    }
+    enum { B = 9, STEPS = 25 };
+    engram_session *sa[B], *sb[B];
+    for (int i = 0; i < B; i++) {
+        CHECK_EQ(engram_session_open(p, &sa[i], NULL), 0);
+        CHECK_EQ(engram_session_open(p, &sb[i], NULL), 0);
+    }
+    static uint8_t outa[B][ROWS * RB], outb[B][ROWS * RB];
+    float xa[B][SW], xb[B][SW];
+    void *xv[B];
+    unsigned masked = 0, commits = 0;
+    for (int step = 0; step < STEPS; step++) {
+        uint32_t tok[B];
+        uint8_t mask[B];
+        void *outs[B];
+        for (int i = 0; i < B; i++) {
+            tok[i] = rtoken();
+            mask[i] = rnd(7) == 0 ? ENGRAM_MASK_PAD : rnd(9) == 0 ? ENGRAM_MASK_IMAGE : ENGRAM_MASK_TEXT;
+            masked += mask[i] == ENGRAM_MASK_PAD;
+            outs[i] = outa[i];
+            resid_at((size_t)step * B + (size_t)i, xa[i]);
+            memcpy(xb[i], xa[i], sizeof xb[i]);
+            xv[i] = xa[i];
+        }
+        engram_dtype d = step % 2 ? ENGRAM_RAW : ENGRAM_BF16;
+        CHECK_EQ(engram_step_begin_batch(sa, tok, mask, B, d, outs, &err), 0);
+        for (int i = 0; i < B; i++)
+            CHECK_EQ(engram_step_begin(sb[i], tok + i, mask + i, 1, d, outb[i], &err), 0);
+        if (step == 0) /* not waited for: refused, naming the request */
+            CHECK_ERR(engram_step_apply_batch(sa, B, a, xv, ENGRAM_F32, &err), err, -EINVAL, "request 0");
+        for (int i = 0; i < B; i++) {
+            CHECK_EQ(engram_step_wait(sa[i], 0, &err), 0);
+            CHECK_EQ(engram_step_wait(sb[i], 0, &err), 0);
+        }
+        if (step == 1) {
+            engram_session *twice[2] = {sa[0], sa[0]};
+            CHECK_ERR(engram_step_apply_batch(twice, 2, a, xv, ENGRAM_F32, &err), err, -EINVAL, "same session");
+            CHECK_ERR(engram_step_apply_batch(sa, B, a, xv, ENGRAM_RAW, &err), err, -EINVAL, "residual type");
+        }
+        CHECK_EQ(engram_step_apply_batch(sa, B, a, xv, ENGRAM_F32, &err), 0);
+        for (int i = 0; i < B; i++)
+            CHECK_EQ(engram_step_apply(sb[i], a, xb[i], ENGRAM_F32, &err), 0);
+        CHECK(memcmp(xa, xb, sizeof xa) == 0);
+        for (int i = 0; i < B; i++) {
+            unsigned j = rnd(5) != 0;
+            commits += j;
+            CHECK_EQ(engram_step_commit(sa[i], j, &err), 0);
+            CHECK_EQ(engram_step_commit(sb[i], j, &err), 0);
+        }
+    }
+    /* a step of two tokens is refused: drafts take engram_step_apply */
+    uint32_t two[2] = {5, 6};
+    uint8_t o2[2 * ROWS * RB];
+    CHECK_EQ(engram_step_begin(sa[0], two, NULL, 2, ENGRAM_BF16, o2, &err), 0);
+    CHECK_EQ(engram_step_wait(sa[0], 0, &err), 0);
+    CHECK_ERR(engram_step_apply_batch(sa, 1, a, xv, ENGRAM_F32, &err), err, -EINVAL, "2 tokens");
+    engram_step_abort(sa[0]);
+    size_t sb_bytes = engram_session_state_bytes(sa[0]);
+    uint8_t *ka = malloc(sb_bytes), *kb = malloc(sb_bytes);
+    int same = 1, moved = 0;
+    for (int i = 0; i < B; i++) {
+        CHECK_EQ(engram_session_save(sa[i], ka, sb_bytes, &err), 0);
+        CHECK_EQ(engram_session_save(sb[i], kb, sb_bytes, &err), 0);
+        same &= memcmp(ka, kb, sb_bytes) == 0;
+        for (size_t k = 40; k < sb_bytes; k++)
+            moved |= ka[k] != 0;
+    }
+    CHECK(same);
+    CHECK(moved);
+    printf("apply batch: %d sessions x %d steps (%u padding, %u commits) in one pass each = each alone: "
+           "residuals and committed states bit for bit\n", B, STEPS, masked, commits);
+    free(ka);
+    free(kb);
+    for (int i = 0; i < B; i++) {
+        engram_session_close(sa[i]);
+        engram_session_close(sb[i]);
+    }
+    engram_applier_free(a);
+    engram_layer_close(L);
+}
+
 static int fill_tensor(void *ctx, int fd, uint64_t off, uint64_t bytes)
 {
     const struct fill *f = ctx;
@@ -950,9 +1044,24 @@ static void v41(void)
         CHECK_ERR(engram_step_apply(s, a[1], x, ENGRAM_F32, &err), err, -EINVAL, "table 1");
         for (int t = 0; t < 2; t++) {
             CHECK_EQ(engram_step_wait(s, t, &err), 0);
-            CHECK_EQ(engram_step_apply(s, a[t], x, ENGRAM_F32, &err), 0);
-            CHECK_EQ(engram_apply_strided(a[t], out + (size_t)t * 24 * 256 * es, d, 48 * 256 * es, y, ENGRAM_F32,
-                                          sw * 4, mb, k, &err), 0);
+            if (it % 2) { /* the batch call, V4.1: engram_step_apply per session */
+                void *xv[1] = {x};
+                CHECK_EQ(engram_step_apply_batch(&s, 1, a[t], xv, ENGRAM_F32, &err), 0);
+            } else {
+                CHECK_EQ(engram_step_apply(s, a[t], x, ENGRAM_F32, &err), 0);
+            }
+            if (it % 3 == 0) { /* engram_apply_seqs, V4.1: one engram_apply per token */
+                const void *rv[ENGRAM_MAX_DRAFT];
+                void *yv[ENGRAM_MAX_DRAFT];
+                for (unsigned i = 0; i < k; i++) {
+                    rv[i] = out + ((size_t)i * 48 + (size_t)t * 24) * 256 * es;
+                    yv[i] = y + i * sw;
+                }
+                CHECK_EQ(engram_apply_seqs(a[t], k, rv, d, yv, ENGRAM_F32, mb, NULL, &err), 0);
+            } else {
+                CHECK_EQ(engram_apply_strided(a[t], out + (size_t)t * 24 * 256 * es, d, 48 * 256 * es, y,
+                                              ENGRAM_F32, sw * 4, mb, k, &err), 0);
+            }
         }
         same &= memcmp(x, y, k * sw * 4) == 0;
         CHECK_EQ(engram_step_commit(s, rnd(k + 1), &err), 0);
@@ -1053,6 +1162,7 @@ int main(void)
         history(p);
         snapshots(p);
         conv_state(p, NULL);
+        apply_batch(p);
         engram_pool_close(p);
     }
     short_kernel();

@@ -447,3 +447,36 @@ int engram_apply_seq(engram_applier *a, const void *rows, engram_dtype rows_dtyp
                        (int)rows_dtype);
     return ple_apply(a->ple, rows, residual, resid_dtype, mask, n, state, err);
 }
+
+int engram_apply_seqs(engram_applier *a, size_t n, const void *const *rows, engram_dtype rows_dtype,
+                      void *const *residuals, engram_dtype resid_dtype, const uint8_t *mask,
+                      float *const *states, engram_error *err)
+{
+    if (!a || (n > 0 && (!rows || !residuals)))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if (!a->ple) { /* V4.1: no state; one call per token */
+        for (size_t i = 0; i < n; i++) {
+            int rc = engram_apply(a, rows[i], rows_dtype, residuals[i], resid_dtype, mask ? mask + i : NULL,
+                                  1, err);
+            if (rc < 0)
+                return rc;
+        }
+        return 0;
+    }
+    if (rows_dtype != ENGRAM_BF16)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "rows of type %d: a PLE layer takes its rows as BF16 (as stored)", (int)rows_dtype);
+    return ple_apply_many(a->ple, n, (const uint16_t *const *)rows, residuals, resid_dtype, mask, states,
+                          err);
+}
+
+int applier_seqs_done(engram_applier *a, size_t n, const void *const *rows, void *const *residuals,
+                      engram_dtype resid_dtype, const uint8_t *mask, float *const *states, size_t *done,
+                      engram_error *err)
+{
+    *done = 0;
+    if (!a || !a->ple)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "not a PLE applier");
+    return ple_apply_many_done(a->ple, n, (const uint16_t *const *)rows, residuals, resid_dtype, mask,
+                               states, done, err);
+}

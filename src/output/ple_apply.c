@@ -58,6 +58,11 @@ struct ple_applier {
     size_t first;          /* the block's first position in the call        */
     const uint16_t *rows;
     uint8_t *res;
+    /* ple_apply_many: position i of the call is sequence i's one position,
+     * its rows, residual and state through these (NULL in ple_apply) */
+    const uint16_t *const *rows_v;
+    void *const *res_v;
+    float *const *state_v;
     engram_dtype res_dtype;
 };
 
@@ -79,7 +84,8 @@ static void share(unsigned n, unsigned w, unsigned nw, unsigned *lo, unsigned *h
 static const float *resid_f32(const struct ple_applier *a, unsigned j, float *buf)
 {
     const struct ple_layer *L = a->L;
-    const uint8_t *x = a->res + (a->first + j) * L->C * xsize(a->res_dtype);
+    const uint8_t *x = a->res_v ? (const uint8_t *)a->res_v[a->first + j]
+                                : a->res + (a->first + j) * L->C * xsize(a->res_dtype);
     if (a->res_dtype == ENGRAM_F32)
         return (const float *)x;
     for (uint32_t c = 0; c < L->C; c++)
@@ -126,8 +132,13 @@ static void conv_position(struct ple_applier *a, unsigned j, float *scratch)
     if (a->slot[j] < 0 || !a->ok[j])
         return;
     const float *tap[PLE_MAX_KERNEL];
-    for (uint32_t k = 0; k < L->kernel; k++)
-        tap[k] = a->win + (size_t)(L->frames + j - PLE_DILATION * (L->kernel - 1 - k)) * L->C;
+    for (uint32_t k = 0; k < L->kernel; k++) {
+        size_t d = PLE_DILATION * (L->kernel - 1 - k); /* frames back */
+        if (a->state_v && d > 0) /* its own sequence's earlier frames */
+            tap[k] = a->state_v[a->first + j] + (L->frames - d) * L->C;
+        else
+            tap[k] = a->win + (L->frames + j - d) * L->C;
+    }
     float *y = scratch + L->C;
     a->k->conv(tap, L->conv, L->kernel, L->C, y);
     const float *x = resid_f32(a, j, scratch);
@@ -147,7 +158,8 @@ static void write_position(struct ple_applier *a, unsigned j)
     if (a->slot[j] < 0)
         return;
     const float *out = a->out + (size_t)j * L->C;
-    uint8_t *x = a->res + (a->first + j) * L->C * xsize(a->res_dtype);
+    uint8_t *x = a->res_v ? (uint8_t *)a->res_v[a->first + j]
+                          : a->res + (a->first + j) * L->C * xsize(a->res_dtype);
     if (a->res_dtype == ENGRAM_F32) {
         memcpy(x, out, (size_t)L->C * sizeof *out);
         return;
@@ -166,7 +178,8 @@ static void work(void *arg, unsigned w)
     case PH_CONVERT:
         share(a->nt, w, a->workers, &lo, &hi);
         for (unsigned u = lo; u < hi; u++) {
-            const uint16_t *src = a->rows + (a->first + a->tok[u]) * PLE_K;
+            const uint16_t *src = a->rows_v ? a->rows_v[a->first + a->tok[u]]
+                                            : a->rows + (a->first + a->tok[u]) * PLE_K;
             float *dst = a->e32 + (size_t)u * PLE_K;
             for (unsigned i = 0; i < PLE_K; i++)
                 dst[i] = bf16_to_f32(src[i]);
@@ -308,36 +321,52 @@ uint64_t ple_applier_bytes(const struct ple_applier *a)
 
 /* ------------------------------------------------------------ the call */
 
+/* Sequence `seq`'s state (ple_apply_many: seq >= 0 names it) is finite. */
+static int check_state(const struct ple_layer *L, const float *state, long seq, engram_error *err)
+{
+    const size_t C = L->C;
+    for (size_t f = 0; f < L->frames; f++)
+        for (size_t c = 0; c < C; c++)
+            if (!isfinite(state[f * C + c])) {
+                if (seq >= 0)
+                    return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
+                                   "sequence %ld: the state's frame %zu channel %zu is %s", seq, f, c,
+                                   isnan(state[f * C + c]) ? "NaN" : "infinite");
+                return err_set(err, -EDOM, ENGRAM_NO_OFFSET, "the state's frame %zu channel %zu is %s", f,
+                               c, isnan(state[f * C + c]) ? "NaN" : "infinite");
+            }
+    return 0;
+}
+
+/* One unmasked token's rows and residual are finite; t names it. */
+static int check_token(const struct ple_layer *L, const uint16_t *r, const void *x, engram_dtype rd,
+                       size_t t, engram_error *err)
+{
+    for (unsigned i = 0; i < PLE_K; i++)
+        if ((r[i] & 0x7f80u) == 0x7f80u)
+            return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
+                           "token %zu: row %u value %u is %s (rows must be finite)", t,
+                           i / PLE_ROW_VALUES, i % PLE_ROW_VALUES, (r[i] & 0x7fu) ? "NaN" : "infinite");
+    for (size_t c = 0; c < L->C; c++) {
+        float v = rd == ENGRAM_F32 ? ((const float *)x)[c] : bf16_to_f32(((const uint16_t *)x)[c]);
+        if (!isfinite(v))
+            return err_set(err, -EDOM, ENGRAM_NO_OFFSET, "token %zu stream %zu index %zu: the residual is %s",
+                           t, c / L->W, c % L->W, isnan(v) ? "NaN" : "infinite");
+    }
+    return 0;
+}
+
 static int check_inputs(const struct ple_applier *a, const uint16_t *rows, const void *residual,
                         engram_dtype rd, const uint8_t *mask, size_t n, const float *state,
                         engram_error *err)
 {
     const struct ple_layer *L = a->L;
-    const size_t C = L->C;
-    for (size_t f = 0; f < L->frames; f++)
-        for (size_t c = 0; c < C; c++)
-            if (!isfinite(state[f * C + c]))
-                return err_set(err, -EDOM, ENGRAM_NO_OFFSET, "the state's frame %zu channel %zu is %s", f,
-                               c, isnan(state[f * C + c]) ? "NaN" : "infinite");
-    for (size_t t = 0; t < n; t++) {
-        if (mask && !mask[t])
-            continue;
-        const uint16_t *r = rows + t * PLE_K;
-        for (unsigned i = 0; i < PLE_K; i++)
-            if ((r[i] & 0x7f80u) == 0x7f80u)
-                return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
-                               "token %zu: row %u value %u is %s (rows must be finite)", t,
-                               i / PLE_ROW_VALUES, i % PLE_ROW_VALUES, (r[i] & 0x7fu) ? "NaN" : "infinite");
-        for (size_t c = 0; c < C; c++) {
-            float v = rd == ENGRAM_F32 ? ((const float *)residual)[t * C + c]
-                                       : bf16_to_f32(((const uint16_t *)residual)[t * C + c]);
-            if (!isfinite(v))
-                return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
-                               "token %zu stream %zu index %zu: the residual is %s", t, c / L->W,
-                               c % L->W, isnan(v) ? "NaN" : "infinite");
-        }
-    }
-    return 0;
+    int rc = check_state(L, state, -1, err);
+    for (size_t t = 0; t < n && rc == 0; t++)
+        if (!mask || mask[t])
+            rc = check_token(L, rows + t * PLE_K, (const uint8_t *)residual + t * L->C * xsize(rd), rd, t,
+                             err);
+    return rc;
 }
 
 int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engram_dtype resid_dtype,
@@ -355,6 +384,9 @@ int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engra
     a->rows = rows;
     a->res = residual;
     a->res_dtype = resid_dtype;
+    a->rows_v = NULL;
+    a->res_v = NULL;
+    a->state_v = NULL;
     if (F > 0)
         memcpy(a->win, state, F * C * sizeof(float));
     for (size_t t0 = 0; t0 < n; t0 += a->np) {
@@ -392,5 +424,85 @@ int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engra
     }
     if (F > 0)
         memcpy(state, a->win, F * C * sizeof(float));
+    return 0;
+}
+
+int ple_apply_many(struct ple_applier *a, size_t n, const uint16_t *const *rows, void *const *residual,
+                   engram_dtype resid_dtype, const uint8_t *mask, float *const *state, engram_error *err)
+{
+    return ple_apply_many_done(a, n, rows, residual, resid_dtype, mask, state, NULL, err);
+}
+
+int ple_apply_many_done(struct ple_applier *a, size_t n, const uint16_t *const *rows,
+                        void *const *residual, engram_dtype resid_dtype, const uint8_t *mask,
+                        float *const *state, size_t *done, engram_error *err)
+{
+    size_t dummy;
+    if (!done)
+        done = &dummy;
+    *done = 0;
+    if (!a || (n > 0 && (!rows || !residual || (!state && a->L->frames > 0))))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if (resid_dtype != ENGRAM_F32 && resid_dtype != ENGRAM_BF16)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "residual type %d: F32 or BF16 only", (int)resid_dtype);
+    const struct ple_layer *L = a->L;
+    const size_t C = L->C, F = L->frames;
+    for (size_t i = 0; i < n; i++)
+        if ((!mask || mask[i]) && (!rows[i] || !residual[i]))
+            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "sequence %zu: NULL %s", i,
+                           !rows[i] ? "rows" : "residual");
+        else if (F > 0 && !state[i])
+            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "sequence %zu: NULL state", i);
+    for (size_t i = 0; i < n; i++) {
+        int rc = F > 0 ? check_state(L, state[i], (long)i, err) : 0;
+        if (rc == 0 && (!mask || mask[i]))
+            rc = check_token(L, rows[i], residual[i], resid_dtype, i, err);
+        if (rc < 0)
+            return rc;
+    }
+    a->rows = NULL;
+    a->res = NULL;
+    a->res_dtype = resid_dtype;
+    a->rows_v = rows;
+    a->res_v = residual;
+    a->state_v = state;
+    for (size_t t0 = 0; t0 < n; t0 += a->np) {
+        a->first = t0;
+        a->np = n - t0 < a->tb ? (unsigned)(n - t0) : a->tb;
+        a->nt = 0;
+        for (unsigned j = 0; j < a->np; j++) {
+            a->slot[j] = -1;
+            if (!mask || mask[t0 + j]) {
+                a->slot[j] = (int)a->nt;
+                a->tok[a->nt++] = j;
+            }
+        }
+        if (a->nt > 0) {
+            run_phase(a, PH_CONVERT, a->nt);
+            run_phase(a, PH_PROJECT, L->panels);
+        }
+        run_phase(a, PH_GATE, a->np);
+        run_phase(a, PH_CONV, a->np);
+        unsigned bad = 0;
+        while (bad < a->np && a->ok[bad])
+            bad++;
+        a->n_write = bad;
+        run_phase(a, PH_WRITE, bad);
+        /* each written sequence's state moves one frame: its new one last */
+        for (unsigned j = 0; j < bad && F > 0; j++) {
+            float *st = state[t0 + j];
+            memmove(st, st + C, (F - 1) * C * sizeof *st);
+            memcpy(st + (F - 1) * C, a->win + (F + j) * C, C * sizeof *st);
+        }
+        *done = t0 + bad;
+        if (bad < a->np) {
+            a->rows_v = NULL, a->res_v = NULL, a->state_v = NULL;
+            return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
+                           "sequence %zu: the projection, gate, frame or output is not finite (F32 "
+                           "overflow); the sequences before it were updated, it and later ones were not",
+                           t0 + bad);
+        }
+    }
+    a->rows_v = NULL, a->res_v = NULL, a->state_v = NULL;
     return 0;
 }

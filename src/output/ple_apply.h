@@ -173,4 +173,21 @@ uint64_t ple_applier_bytes(const struct ple_applier *a);
 int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engram_dtype resid_dtype,
               const uint8_t *mask, size_t n, float *state, engram_error *err);
 
+/* One position each of n sequences (batched decode: one pass over the
+ * weights for all): sequence i's rows rows[i] [K] BF16, residual
+ * residual[i] [4][W] of resid_dtype, mask NULL or [n], state state[i] (as
+ * ple_state_floats, advanced by one frame).  Sequence i's result is the
+ * bits ple_apply(a, rows[i], residual[i], ., &mask[i], 1, state[i]) gives
+ * (the batch invariance): its taps read its own state's frames.  The
+ * states must not overlap.  Errors as ple_apply, naming the sequence: the
+ * inputs are checked first (nothing written); a computed overflow leaves
+ * the sequences before it updated (residual and state), it and the later
+ * ones untouched. */
+int ple_apply_many(struct ple_applier *a, size_t n, const uint16_t *const *rows, void *const *residual,
+                   engram_dtype resid_dtype, const uint8_t *mask, float *const *state, engram_error *err);
+/* The same, with *done (if not NULL) = the sequences applied whole. */
+int ple_apply_many_done(struct ple_applier *a, size_t n, const uint16_t *const *rows,
+                        void *const *residual, engram_dtype resid_dtype, const uint8_t *mask,
+                        float *const *state, size_t *done, engram_error *err);
+
 #endif

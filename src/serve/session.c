@@ -606,6 +606,98 @@ int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engr
     return rc;
 }
 
+/* Decode of many sessions, one token each: their steps' rows applied in
+ * one pass over the weights (engram_apply_seqs), each from its own
+ * committed state into its tentative one, as engram_step_apply would. */
+#define APPLY_GROUP 64u
+int engram_step_apply_batch(engram_session *const *ss, size_t n, engram_applier *a,
+                            void *const *residuals, engram_dtype resid_dtype, engram_error *err)
+{
+    if ((n > 0 && (!ss || !residuals)) || !a)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    if (n == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!ss[i] || !residuals[i])
+            return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "request %zu: NULL %s", i,
+                           !ss[i] ? "session" : "residual");
+    engram_pool *p = ss[0]->p;
+    if (!p->ple) { /* V4.1: each its own (its rows strided in its step's out) */
+        for (size_t i = 0; i < n; i++) {
+            int rc = engram_step_apply(ss[i], a, residuals[i], resid_dtype, err);
+            if (rc < 0)
+                return rc;
+        }
+        return 0;
+    }
+    if (resid_dtype != ENGRAM_F32 && resid_dtype != ENGRAM_BF16)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "residual type %d: F32 or BF16 only",
+                       (int)resid_dtype);
+    engram_layer_info li;
+    engram_layer_get_info(applier_layer(a), &li);
+    if (li.member != p->fam.member || li.width != p->width || li.streams != p->streams ||
+        li.state_floats != p->frames * p->frame_floats)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "the applier's layer (member %d, %u wide, %u streams, %zu state floats) is not of "
+                       "the pool's model", (int)li.member, li.width, li.streams, li.state_floats);
+    /* every request checked before any state is touched */
+    for (size_t i = 0; i < n; i++) {
+        engram_session *s = ss[i];
+        pthread_mutex_lock(&s->mu);
+        int rc = s->p != p ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "request %zu: a session of another pool", i)
+                 : s->state != S_STEP ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "request %zu: no step in progress", i)
+                 : s->k != 1 ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                                       "request %zu: a step of %u tokens (one each here; engram_step_apply "
+                                       "applies drafts)", i, s->k)
+                 : !s->waited[0] ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                                           "request %zu: table 0's rows of the step were not waited for", i)
+                 : s->dtype == ENGRAM_F32 ? err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                                                    "request %zu: the step's rows are F32: the PLE member "
+                                                    "applies BF16 (or RAW) rows", i)
+                                          : 0;
+        for (size_t j = 0; j < i && rc == 0; j++)
+            if (ss[j] == s)
+                rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "requests %zu and %zu: the same session", j, i);
+        pthread_mutex_unlock(&s->mu);
+        if (rc < 0)
+            return rc;
+    }
+    const size_t C = p->frame_floats, F = p->frames;
+    for (size_t g = 0; g < n; g += APPLY_GROUP) {
+        size_t m = n - g < APPLY_GROUP ? n - g : APPLY_GROUP, done = 0;
+        const void *rows[APPLY_GROUP];
+        float *states[APPLY_GROUP];
+        uint8_t mask[APPLY_GROUP];
+        for (size_t i = 0; i < m; i++) {
+            engram_session *s = ss[g + i];
+            pthread_mutex_lock(&s->mu);
+            s->applied = 0; /* the tentative state is rebuilt from the committed one */
+            rows[i] = s->out;
+            mask[i] = !s->masked[0];
+            pthread_mutex_unlock(&s->mu);
+            if (F)
+                memcpy(s->conv_tent, s->conv, F * C * sizeof *s->conv_tent);
+            states[i] = s->conv_tent;
+        }
+        int rc = applier_seqs_done(a, m, rows, residuals + g, resid_dtype, mask, F ? states : NULL, &done,
+                                   err);
+        for (size_t i = 0; i < done; i++) { /* those applied whole commit with their token */
+            pthread_mutex_lock(&ss[g + i]->mu);
+            ss[g + i]->applied = 1;
+            pthread_mutex_unlock(&ss[g + i]->mu);
+        }
+        if (rc < 0) {
+            if (rc == -EDOM && err) {
+                char inner[sizeof err->msg];
+                snprintf(inner, sizeof inner, "%s", err->msg);
+                snprintf(err->msg, sizeof err->msg, "requests from %zu: %.200s", g, inner);
+            }
+            return rc;
+        }
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------ snapshots */
 
 /* The snapshot's header, in the host's byte order; the history follows in
