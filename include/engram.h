@@ -1065,9 +1065,13 @@ int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engr
  * residual, and its state at commit, are the bits engram_step_apply gives
  * it alone.  Every request is checked first (NULLs, sessions of one pool,
  * each once, a step of one token whose table 0 was waited for, BF16/RAW
- * rows; -EINVAL naming the request, nothing touched); an apply that fails
- * (-EDOM) leaves the sessions before the failing one applied (they commit
- * as after engram_step_apply), it and the later ones not.  V4.1:
+ * rows; -EINVAL naming the request), then every request's inputs (rows,
+ * residual and committed state finite: -EDOM naming the request); a
+ * refused batch touches nothing (an earlier engram_step_apply of a session
+ * stays in force).  A computed overflow (-EDOM, F32 overflow from extreme
+ * inputs) leaves the requests before the failing one applied (they commit
+ * as after engram_step_apply) and it and every later one not applied
+ * (their residuals untouched; an earlier apply of theirs discarded).  V4.1:
  * engram_step_apply per session in order.  Threads: as engram_step_apply,
  * for every session named.  No memory allocated.
  */

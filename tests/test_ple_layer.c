@@ -182,7 +182,7 @@ int main(void)
             memcpy(xb, xa, NS * 4 * W * 4);
             memcpy(sb, sa, NS * nf * 4);
             CHECK_ERR(engram_apply_seqs(a, NS, rv, ENGRAM_BF16, xv, ENGRAM_F32, ms, sv, &err), err, -EDOM,
-                      "token 3 stream 0 index 5");
+                      "sequence 3 stream 0 index 5");
             CHECK(memcmp(xa, xb, NS * 4 * W * 4) == 0 && memcmp(sa, sb, NS * nf * 4) == 0);
             xa[3 * 4 * W + 5] = keep;
             memcpy(xb, xa, NS * 4 * W * 4);

@@ -853,6 +853,76 @@ static void apply_batch(engram_pool *p)
     engram_layer_close(L);
 }
 
+/* More requests than one group (64): a NaN residual at request 66 refuses
+ * the batch as a whole (nothing written), then the batch = twins for all
+ * 70 (request 0 applied alone first, on a copy: the same bits). */
+static void big_batch(engram_pool *p)
+{
+    engram_error err;
+    engram_layer *L = NULL;
+    engram_applier *a = NULL;
+    CHECK_EQ(engram_layer_open(M, 0, &L, &err), 0);
+    CHECK_EQ(engram_applier_new(L, NULL, &a, &err), 0);
+    enum { B = 70 };
+    engram_session *sa[B], *sb[B];
+    static uint8_t outa[B][ROWS * RB], outb[B][ROWS * RB];
+    static float xa[B][SW], xb[B][SW], x0[SW];
+    void *xv[B], *outs[B];
+    uint32_t tok[B];
+    for (int i = 0; i < B; i++) {
+        CHECK_EQ(engram_session_open(p, &sa[i], NULL), 0);
+        CHECK_EQ(engram_session_open(p, &sb[i], NULL), 0);
+        tok[i] = rtoken();
+        outs[i] = outa[i];
+        resid_at(1000 + (size_t)i, xa[i]);
+        memcpy(xb[i], xa[i], sizeof xb[i]);
+        xv[i] = xa[i];
+    }
+    CHECK_EQ(engram_step_begin_batch(sa, tok, NULL, B, ENGRAM_BF16, outs, &err), 0);
+    for (int i = 0; i < B; i++) {
+        CHECK_EQ(engram_step_begin(sb[i], tok + i, NULL, 1, ENGRAM_BF16, outb[i], &err), 0);
+        CHECK_EQ(engram_step_wait(sa[i], 0, &err), 0);
+        CHECK_EQ(engram_step_wait(sb[i], 0, &err), 0);
+    }
+    /* request 0 applied alone first, on a copy */
+    memcpy(x0, xa[0], sizeof x0);
+    CHECK_EQ(engram_step_apply(sa[0], a, x0, ENGRAM_F32, &err), 0);
+    float keep = xa[66][7];
+    xa[66][7] = NAN;
+    static float before[B][SW];
+    memcpy(before, xa, sizeof xa);
+    CHECK_ERR(engram_step_apply_batch(sa, B, a, xv, ENGRAM_F32, &err), err, -EDOM, "request 66 (nothing applied)");
+    CHECK(memcmp(before, xa, sizeof xa) == 0);
+    xa[66][7] = keep;
+    size_t nb = engram_session_state_bytes(sa[0]);
+    uint8_t *k0 = malloc(nb), *k1 = malloc(nb);
+    /* the batch proper, then each twin alone */
+    CHECK_EQ(engram_step_apply_batch(sa, B, a, xv, ENGRAM_F32, &err), 0);
+    for (int i = 0; i < B; i++)
+        CHECK_EQ(engram_step_apply(sb[i], a, xb[i], ENGRAM_F32, &err), 0);
+    CHECK(memcmp(xa, xb, sizeof xa) == 0);
+    CHECK(memcmp(x0, xa[0], sizeof x0) == 0);
+    int same = 1;
+    for (int i = 0; i < B; i++) {
+        CHECK_EQ(engram_step_commit(sa[i], 1, &err), 0);
+        CHECK_EQ(engram_step_commit(sb[i], 1, &err), 0);
+        CHECK_EQ(engram_session_save(sa[i], k0, nb, &err), 0);
+        CHECK_EQ(engram_session_save(sb[i], k1, nb, &err), 0);
+        same &= memcmp(k0, k1, nb) == 0;
+    }
+    CHECK(same);
+    printf("apply batch: %d requests (two groups) = each alone; a NaN at request 66 refused the whole "
+           "batch with nothing written\n", B);
+    free(k0);
+    free(k1);
+    for (int i = 0; i < B; i++) {
+        engram_session_close(sa[i]);
+        engram_session_close(sb[i]);
+    }
+    engram_applier_free(a);
+    engram_layer_close(L);
+}
+
 static int fill_tensor(void *ctx, int fd, uint64_t off, uint64_t bytes)
 {
     const struct fill *f = ctx;
@@ -1163,6 +1233,7 @@ int main(void)
         snapshots(p);
         conv_state(p, NULL);
         apply_batch(p);
+        big_batch(p);
         engram_pool_close(p);
     }
     short_kernel();

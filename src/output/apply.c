@@ -480,3 +480,14 @@ int applier_seqs_done(engram_applier *a, size_t n, const void *const *rows, void
     return ple_apply_many_done(a->ple, n, (const uint16_t *const *)rows, residuals, resid_dtype, mask,
                                states, done, err);
 }
+
+int applier_seqs_check(engram_applier *a, size_t n, const void *const *rows, void *const *residuals,
+                       engram_dtype resid_dtype, const uint8_t *mask, float *const *states, size_t *bad,
+                       engram_error *err)
+{
+    *bad = 0;
+    if (!a || !a->ple)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "not a PLE applier");
+    return ple_check_many(a->ple, n, (const uint16_t *const *)rows, residuals, resid_dtype, mask, states,
+                          bad, err);
+}

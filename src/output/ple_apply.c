@@ -16,6 +16,14 @@
  * checked before any is written: that is what keeps the promise that a
  * failing token, the tokens after it and the state past it are left as
  * they were.
+ *
+ * ple_apply_many takes one position of each of n sequences instead (a
+ * batched decode): the projection and gate are the same per token; a
+ * position's taps d > 0 frames back read its own sequence's state
+ * (state[i] + (F - d) C), its tap d = 0 its new frame in the window (whose
+ * first F frames are then unused); each written sequence's state then
+ * moves one frame.  So a sequence's result is the bits ple_apply gives it
+ * alone.
  */
 #include <errno.h>
 #include <math.h>
@@ -340,18 +348,18 @@ static int check_state(const struct ple_layer *L, const float *state, long seq, 
 
 /* One unmasked token's rows and residual are finite; t names it. */
 static int check_token(const struct ple_layer *L, const uint16_t *r, const void *x, engram_dtype rd,
-                       size_t t, engram_error *err)
+                       const char *what, size_t t, engram_error *err)
 {
     for (unsigned i = 0; i < PLE_K; i++)
         if ((r[i] & 0x7f80u) == 0x7f80u)
             return err_set(err, -EDOM, ENGRAM_NO_OFFSET,
-                           "token %zu: row %u value %u is %s (rows must be finite)", t,
+                           "%s %zu: row %u value %u is %s (rows must be finite)", what, t,
                            i / PLE_ROW_VALUES, i % PLE_ROW_VALUES, (r[i] & 0x7fu) ? "NaN" : "infinite");
     for (size_t c = 0; c < L->C; c++) {
         float v = rd == ENGRAM_F32 ? ((const float *)x)[c] : bf16_to_f32(((const uint16_t *)x)[c]);
         if (!isfinite(v))
-            return err_set(err, -EDOM, ENGRAM_NO_OFFSET, "token %zu stream %zu index %zu: the residual is %s",
-                           t, c / L->W, c % L->W, isnan(v) ? "NaN" : "infinite");
+            return err_set(err, -EDOM, ENGRAM_NO_OFFSET, "%s %zu stream %zu index %zu: the residual is %s",
+                           what, t, c / L->W, c % L->W, isnan(v) ? "NaN" : "infinite");
     }
     return 0;
 }
@@ -364,7 +372,8 @@ static int check_inputs(const struct ple_applier *a, const uint16_t *rows, const
     int rc = check_state(L, state, -1, err);
     for (size_t t = 0; t < n && rc == 0; t++)
         if (!mask || mask[t])
-            rc = check_token(L, rows + t * PLE_K, (const uint8_t *)residual + t * L->C * xsize(rd), rd, t,
+            rc = check_token(L, rows + t * PLE_K, (const uint8_t *)residual + t * L->C * xsize(rd), rd,
+                             "token", t,
                              err);
     return rc;
 }
@@ -427,6 +436,22 @@ int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engra
     return 0;
 }
 
+int ple_check_many(const struct ple_applier *a, size_t n, const uint16_t *const *rows,
+                   void *const *residual, engram_dtype resid_dtype, const uint8_t *mask,
+                   float *const *state, size_t *bad, engram_error *err)
+{
+    const struct ple_layer *L = a->L;
+    for (size_t i = 0; i < n; i++) {
+        *bad = i;
+        int rc = L->frames > 0 ? check_state(L, state[i], (long)i, err) : 0;
+        if (rc == 0 && (!mask || mask[i]))
+            rc = check_token(L, rows[i], residual[i], resid_dtype, "sequence", i, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 int ple_apply_many(struct ple_applier *a, size_t n, const uint16_t *const *rows, void *const *residual,
                    engram_dtype resid_dtype, const uint8_t *mask, float *const *state, engram_error *err)
 {
@@ -456,7 +481,7 @@ int ple_apply_many_done(struct ple_applier *a, size_t n, const uint16_t *const *
     for (size_t i = 0; i < n; i++) {
         int rc = F > 0 ? check_state(L, state[i], (long)i, err) : 0;
         if (rc == 0 && (!mask || mask[i]))
-            rc = check_token(L, rows[i], residual[i], resid_dtype, i, err);
+            rc = check_token(L, rows[i], residual[i], resid_dtype, "sequence", i, err);
         if (rc < 0)
             return rc;
     }

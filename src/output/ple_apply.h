@@ -185,6 +185,12 @@ int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engra
  * ones untouched. */
 int ple_apply_many(struct ple_applier *a, size_t n, const uint16_t *const *rows, void *const *residual,
                    engram_dtype resid_dtype, const uint8_t *mask, float *const *state, engram_error *err);
+/* ple_apply_many's input checks alone (states, and the unmasked
+ * sequences' rows and residuals finite; nothing written): 0, or -EDOM
+ * naming the sequence, *bad its index. */
+int ple_check_many(const struct ple_applier *a, size_t n, const uint16_t *const *rows,
+                   void *const *residual, engram_dtype resid_dtype, const uint8_t *mask,
+                   float *const *state, size_t *bad, engram_error *err);
 /* The same, with *done (if not NULL) = the sequences applied whole. */
 int ple_apply_many_done(struct ple_applier *a, size_t n, const uint16_t *const *rows,
                         void *const *residual, engram_dtype resid_dtype, const uint8_t *mask,

@@ -663,11 +663,34 @@ int engram_step_apply_batch(engram_session *const *ss, size_t n, engram_applier 
             return rc;
     }
     const size_t C = p->frame_floats, F = p->frames;
+    const void *rows[APPLY_GROUP];
+    float *states[APPLY_GROUP];
+    uint8_t mask[APPLY_GROUP];
+    /* the inputs of every request (rows, residual, committed state) checked
+     * before any is touched: a non-finite one fails the batch as a whole */
+    for (size_t g = 0; g < n; g += APPLY_GROUP) {
+        size_t m = n - g < APPLY_GROUP ? n - g : APPLY_GROUP, bad = 0;
+        for (size_t i = 0; i < m; i++) {
+            engram_session *s = ss[g + i];
+            pthread_mutex_lock(&s->mu);
+            rows[i] = s->out;
+            mask[i] = !s->masked[0];
+            pthread_mutex_unlock(&s->mu);
+            states[i] = s->conv;
+        }
+        int rc = applier_seqs_check(a, m, rows, residuals + g, resid_dtype, mask, F ? states : NULL, &bad,
+                                    err);
+        if (rc < 0) {
+            if (err) {
+                char inner[sizeof err->msg];
+                snprintf(inner, sizeof inner, "%s", err->msg);
+                snprintf(err->msg, sizeof err->msg, "request %zu (nothing applied): %.200s", g + bad, inner);
+            }
+            return rc;
+        }
+    }
     for (size_t g = 0; g < n; g += APPLY_GROUP) {
         size_t m = n - g < APPLY_GROUP ? n - g : APPLY_GROUP, done = 0;
-        const void *rows[APPLY_GROUP];
-        float *states[APPLY_GROUP];
-        uint8_t mask[APPLY_GROUP];
         for (size_t i = 0; i < m; i++) {
             engram_session *s = ss[g + i];
             pthread_mutex_lock(&s->mu);
@@ -687,10 +710,18 @@ int engram_step_apply_batch(engram_session *const *ss, size_t n, engram_applier 
             pthread_mutex_unlock(&ss[g + i]->mu);
         }
         if (rc < 0) {
-            if (rc == -EDOM && err) {
+            /* a computed overflow: the requests from the failing one on are
+             * not applied (an earlier engram_step_apply of theirs neither) */
+            for (size_t i = g + done + 1; i < n; i++) {
+                pthread_mutex_lock(&ss[i]->mu);
+                ss[i]->applied = 0;
+                pthread_mutex_unlock(&ss[i]->mu);
+            }
+            if (err) {
                 char inner[sizeof err->msg];
                 snprintf(inner, sizeof inner, "%s", err->msg);
-                snprintf(err->msg, sizeof err->msg, "requests from %zu: %.200s", g, inner);
+                snprintf(err->msg, sizeof err->msg, "request %zu (the requests before it applied): %.180s",
+                         g + done, inner);
             }
             return rc;
         }
