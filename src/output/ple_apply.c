@@ -378,6 +378,35 @@ static int check_inputs(const struct ple_applier *a, const uint16_t *rows, const
     return rc;
 }
 
+/* The block of positions from t0 (at most tb of the call's n): project
+ * the unmasked ones, gate, convolve, and write the positions before the
+ * first that failed; returns how many were written (a->np if all). */
+static unsigned run_block(struct ple_applier *a, const uint8_t *mask, size_t t0, size_t n)
+{
+    a->first = t0;
+    a->np = n - t0 < a->tb ? (unsigned)(n - t0) : a->tb;
+    a->nt = 0;
+    for (unsigned j = 0; j < a->np; j++) {
+        a->slot[j] = -1;
+        if (!mask || mask[t0 + j]) {
+            a->slot[j] = (int)a->nt;
+            a->tok[a->nt++] = j;
+        }
+    }
+    if (a->nt > 0) {
+        run_phase(a, PH_CONVERT, a->nt);
+        run_phase(a, PH_PROJECT, a->L->panels);
+    }
+    run_phase(a, PH_GATE, a->np);
+    run_phase(a, PH_CONV, a->np);
+    unsigned bad = 0;
+    while (bad < a->np && a->ok[bad])
+        bad++;
+    a->n_write = bad;
+    run_phase(a, PH_WRITE, bad);
+    return bad;
+}
+
 int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engram_dtype resid_dtype,
               const uint8_t *mask, size_t n, float *state, engram_error *err)
 {
@@ -399,27 +428,7 @@ int ple_apply(struct ple_applier *a, const uint16_t *rows, void *residual, engra
     if (F > 0)
         memcpy(a->win, state, F * C * sizeof(float));
     for (size_t t0 = 0; t0 < n; t0 += a->np) {
-        a->first = t0;
-        a->np = n - t0 < a->tb ? (unsigned)(n - t0) : a->tb;
-        a->nt = 0;
-        for (unsigned j = 0; j < a->np; j++) {
-            a->slot[j] = -1;
-            if (!mask || mask[t0 + j]) {
-                a->slot[j] = (int)a->nt;
-                a->tok[a->nt++] = j;
-            }
-        }
-        if (a->nt > 0) {
-            run_phase(a, PH_CONVERT, a->nt);
-            run_phase(a, PH_PROJECT, L->panels);
-        }
-        run_phase(a, PH_GATE, a->np);
-        run_phase(a, PH_CONV, a->np);
-        unsigned bad = 0;
-        while (bad < a->np && a->ok[bad])
-            bad++;
-        a->n_write = bad;
-        run_phase(a, PH_WRITE, bad);
+        unsigned bad = run_block(a, mask, t0, n);
         if (bad < a->np) {
             /* the state after the last token written: the F frames before it */
             if (F > 0)
@@ -478,13 +487,10 @@ int ple_apply_many_done(struct ple_applier *a, size_t n, const uint16_t *const *
                            !rows[i] ? "rows" : "residual");
         else if (F > 0 && !state[i])
             return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "sequence %zu: NULL state", i);
-    for (size_t i = 0; i < n; i++) {
-        int rc = F > 0 ? check_state(L, state[i], (long)i, err) : 0;
-        if (rc == 0 && (!mask || mask[i]))
-            rc = check_token(L, rows[i], residual[i], resid_dtype, "sequence", i, err);
-        if (rc < 0)
-            return rc;
-    }
+    size_t bad_seq;
+    int rc = ple_check_many(a, n, rows, residual, resid_dtype, mask, state, &bad_seq, err);
+    if (rc < 0)
+        return rc;
     a->rows = NULL;
     a->res = NULL;
     a->res_dtype = resid_dtype;
@@ -492,27 +498,7 @@ int ple_apply_many_done(struct ple_applier *a, size_t n, const uint16_t *const *
     a->res_v = residual;
     a->state_v = state;
     for (size_t t0 = 0; t0 < n; t0 += a->np) {
-        a->first = t0;
-        a->np = n - t0 < a->tb ? (unsigned)(n - t0) : a->tb;
-        a->nt = 0;
-        for (unsigned j = 0; j < a->np; j++) {
-            a->slot[j] = -1;
-            if (!mask || mask[t0 + j]) {
-                a->slot[j] = (int)a->nt;
-                a->tok[a->nt++] = j;
-            }
-        }
-        if (a->nt > 0) {
-            run_phase(a, PH_CONVERT, a->nt);
-            run_phase(a, PH_PROJECT, L->panels);
-        }
-        run_phase(a, PH_GATE, a->np);
-        run_phase(a, PH_CONV, a->np);
-        unsigned bad = 0;
-        while (bad < a->np && a->ok[bad])
-            bad++;
-        a->n_write = bad;
-        run_phase(a, PH_WRITE, bad);
+        unsigned bad = run_block(a, mask, t0, n);
         /* each written sequence's state moves one frame: its new one last */
         for (unsigned j = 0; j < bad && F > 0; j++) {
             float *st = state[t0 + j];

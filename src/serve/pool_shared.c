@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "serve_int.h"
+#include "output/applier.h"
 #include "common/util.h"
 
 struct timespec pool_deadline(uint64_t timeout_ns)
@@ -160,5 +161,19 @@ int pool_refuses(const engram_pool *p, engram_error *err)
             *err = p->broken_err;
         return -EIO;
     }
+    return 0;
+}
+
+int pool_applier_layer(const engram_pool *p, engram_applier *a, engram_layer_info *li,
+                       engram_error *err)
+{
+    engram_layer_get_info(applier_layer(a), li);
+    if (li->member != p->fam.member || li->width != p->width || li->streams != p->streams ||
+        li->state_floats != p->frames * p->frame_floats)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "the applier's layer (member %d, %u wide, %u streams, %zu state floats) is not of "
+                       "the pool's model (member %d, %u, %u, %zu)",
+                       (int)li->member, li->width, li->streams, li->state_floats, (int)p->fam.member,
+                       p->width, p->streams, p->frames * p->frame_floats);
     return 0;
 }

@@ -19,7 +19,6 @@
 
 #include "serve_int.h"
 #include "common/util.h"
-#include "output/applier.h"
 
 static size_t chunk_bytes(const engram_prefill *pf)
 {
@@ -358,15 +357,10 @@ int engram_prefill_apply(engram_prefill *pf, size_t c, engram_applier *a, void *
                        !pf ? "prefill" : !a ? "applier" : "residual");
     engram_pool *p = pf->p;
     engram_layer_info li;
-    engram_layer_get_info(applier_layer(a), &li);
+    int rc_fit = pool_applier_layer(p, a, &li, err);
+    if (rc_fit < 0)
+        return rc_fit;
     int t = li.table;
-    if (li.member != p->fam.member || li.width != p->width || li.streams != p->streams ||
-        li.state_floats != p->frames * p->frame_floats)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
-                       "the applier's layer (member %d, %u wide, %u streams, %zu state floats) is not of "
-                       "the pool's model (member %d, %u, %u, %zu)",
-                       (int)li.member, li.width, li.streams, li.state_floats, (int)p->fam.member, p->width,
-                       p->streams, p->frames * p->frame_floats);
     if (t < 0 || (unsigned)t >= pf->tables)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "the applier's table %d is not one of the model's", t);
     if ((!p->ple && pf->dtype == ENGRAM_RAW) || (p->ple && pf->dtype == ENGRAM_F32))

@@ -189,6 +189,10 @@ void pool_wake_locked(engram_pool *p);
 /* Under p->mu: 0, or why the pool takes no new work (-ESHUTDOWN, -EIO
  * with the broken reader's error). */
 int pool_refuses(const engram_pool *p, engram_error *err);
+/* The applier's layer info into *li, if it is a layer of the pool's model
+ * (member, width, streams, state): 0, else -EINVAL naming both. */
+int pool_applier_layer(const engram_pool *p, engram_applier *a, engram_layer_info *li,
+                       engram_error *err);
 /* Tells the I/O thread there is work (any thread, no lock held). */
 void pool_kick(engram_pool *p);
 /* Drops a handle (a session or a prefill) of a closed pool; frees the

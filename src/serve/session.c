@@ -531,14 +531,9 @@ int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engr
                        !s ? "session" : !a ? "applier" : "residual");
     engram_pool *p = s->p;
     engram_layer_info li;
-    engram_layer_get_info(applier_layer(a), &li);
-    if (li.member != p->fam.member || li.width != p->width || li.streams != p->streams ||
-        li.state_floats != p->frames * p->frame_floats)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
-                       "the applier's layer (member %d, %u wide, %u streams, %zu state floats) is not of "
-                       "the pool's model (member %d, %u, %u, %zu)",
-                       (int)li.member, li.width, li.streams, li.state_floats, (int)p->fam.member, p->width,
-                       p->streams, p->frames * p->frame_floats);
+    int rc_fit = pool_applier_layer(p, a, &li, err);
+    if (rc_fit < 0)
+        return rc_fit;
     int t = li.table;
     if (resid_dtype != ENGRAM_F32 && resid_dtype != ENGRAM_BF16)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "residual type %d: F32 or BF16 only",
@@ -634,12 +629,9 @@ int engram_step_apply_batch(engram_session *const *ss, size_t n, engram_applier 
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "residual type %d: F32 or BF16 only",
                        (int)resid_dtype);
     engram_layer_info li;
-    engram_layer_get_info(applier_layer(a), &li);
-    if (li.member != p->fam.member || li.width != p->width || li.streams != p->streams ||
-        li.state_floats != p->frames * p->frame_floats)
-        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
-                       "the applier's layer (member %d, %u wide, %u streams, %zu state floats) is not of "
-                       "the pool's model", (int)li.member, li.width, li.streams, li.state_floats);
+    int rc_fit = pool_applier_layer(p, a, &li, err);
+    if (rc_fit < 0)
+        return rc_fit;
     /* every request checked before any state is touched */
     for (size_t i = 0; i < n; i++) {
         engram_session *s = ss[i];
