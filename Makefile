@@ -100,7 +100,7 @@ CUDA_TARGETS = $(CUDA_LIB) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda $(BU
 CLI_CUDA = -DENGRAM_HAVE_CUDA -I$(CUDA_HOME)/include
 endif
 
-.PHONY: all lib test run bench clean deps fuzz install
+.PHONY: all lib test run bench clean deps fuzz install python
 all: lib $(BUILD)/engram $(TESTS) $(BENCHES) $(BUILD)/tests/fuzz_model_replay \
      $(BUILD)/tests/fuzz_tokmap_replay $(BUILD)/tests/fuzz_cli_replay \
      $(BUILD)/tests/fuzz_residual_replay $(BUILD)/tests/fuzz_ple_replay $(BUILD)/tests/seccomp_run \
@@ -286,6 +286,28 @@ fuzz:
 $(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $< $(LIBS) $(LDLIBS_ALL)
+
+# The Python module (python/): engram._engram against CPython's limited API
+# of 3.8 (one abi3 build for every Python >= 3.8), libengram linked in
+# statically (at run time it needs liburing only), into build/python/ with
+# the package's Python files.  PYTHON names the interpreter whose headers it
+# is built with (Debian's: python3-dev); `pip install ./python` builds the
+# same through python/setup.py.
+PYTHON ?= /usr/bin/python3
+PY_INC = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+PY_SRC = $(wildcard python/src/*.c)
+PY_FILES = $(wildcard python/engram/*.py python/engram/*.pyi python/engram/py.typed)
+PY_MOD = $(BUILD)/python/engram/_engram.abi3.so
+.PHONY: python
+python: $(PY_MOD) $(patsubst python/engram/%,$(BUILD)/python/engram/%,$(PY_FILES))
+$(PY_MOD): $(PY_SRC) python/src/ext.h include/engram.h $(BUILD)/libengram.a Makefile
+	@test -f "$(PY_INC)/Python.h" || { echo "make python: no Python.h for $(PYTHON) (install python3-dev)"; exit 1; }
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -Wpedantic -Wcast-qual -Wwrite-strings,$(CFLAGS_ALL)) -Wno-missing-field-initializers -isystem $(PY_INC) \
+	    -DPy_LIMITED_API=0x03080000 -shared $(LDFLAGS) -o $@ $(PY_SRC) $(BUILD)/libengram.a $(LDLIBS_CORE)
+$(BUILD)/python/engram/%: python/engram/%
+	@mkdir -p $(dir $@)
+	cp $< $@
 
 deps:
 	@sh tools/deps.sh
