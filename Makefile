@@ -304,7 +304,8 @@ $(PY_MOD): $(PY_SRC) python/src/ext.h include/engram.h $(BUILD)/libengram.a Make
 	@test -f "$(PY_INC)/Python.h" || { echo "make python: no Python.h for $(PYTHON) (install python3-dev)"; exit 1; }
 	@mkdir -p $(dir $@)
 	$(CC) $(filter-out -Wpedantic -Wcast-qual -Wwrite-strings,$(CFLAGS_ALL)) -Wno-missing-field-initializers -isystem $(PY_INC) \
-	    -DPy_LIMITED_API=0x03080000 -shared $(LDFLAGS) -o $@ $(PY_SRC) $(BUILD)/libengram.a $(LDLIBS_CORE)
+	    -DPy_LIMITED_API=0x03080000 -shared $(LDFLAGS) -Wl,--exclude-libs,ALL -o $@ $(PY_SRC) $(BUILD)/libengram.a \
+	    $(LDLIBS_CORE)
 $(BUILD)/python/engram/%: python/engram/%
 	@mkdir -p $(dir $@)
 	cp $< $@

@@ -121,6 +121,12 @@ build "gcc -O2" && {
         run "test_ple_cuda (PLE GPU checks, or no-GPU)" build/cuda/test_ple_cuda
     fi
     run "emulate_ple (PLE kernels on the host vs CPU)" build/cuda/emulate_ple
+    # the Python binding (Debian's /usr/bin/python3: numpy, torch, pytest)
+    if run "build: python module (make python)" make -j"$JOBS" WERROR=1 python; then
+        run "pytest tests/python (binding vs CLI and C API)" env ENGRAM_BUILD=build \
+            /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
+    fi
+    run "test_pip.sh (pip install ./python: one abi3 wheel, static)" sh tests/test_pip.sh
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }
 build "asan+ubsan" SANITIZE=address,undefined && {

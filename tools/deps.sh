@@ -24,6 +24,14 @@ want npm npm
 want clang clang
 [ -x /usr/bin/python3 ] || need="$need python3"
 /usr/bin/python3 -c "import numpy" 2>/dev/null || need="$need python3-numpy"  # quantizer reference (tests/quant_ref.py)
+# the Python binding (make python, tests/python): Debian's Python 3 headers,
+# pytest, PyTorch (CPU) for the DLPack and example tests, setuptools and pip
+# for `pip install ./python`
+[ -f /usr/include/python3.11/Python.h ] || ls /usr/include/python3*/Python.h >/dev/null 2>&1 || need="$need python3-dev"
+/usr/bin/python3 -c "import pytest" 2>/dev/null || need="$need python3-pytest"
+/usr/bin/python3 -c "import torch" 2>/dev/null || need="$need python3-torch"
+/usr/bin/python3 -c "import setuptools" 2>/dev/null || need="$need python3-setuptools"
+/usr/bin/python3 -m pip --version >/dev/null 2>&1 || need="$need python3-pip"
 # libFuzzer and the sanitizer runtimes for clang (make fuzz)
 dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need="$need libclang-rt-14-dev"
 want fio fio   # the device's limit in engram bench io
