@@ -125,6 +125,7 @@ build "gcc -O2" && {
     if run "build: python module (make python)" make -j"$JOBS" WERROR=1 python; then
         run "pytest tests/python (binding vs CLI and C API)" env ENGRAM_BUILD=build \
             /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
+        run "test_abi3.sh (the one module under every Python 3.8+ here)" sh tests/test_abi3.sh build
     fi
     run "test_pip.sh (pip install ./python: one abi3 wheel, static)" sh tests/test_pip.sh
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
