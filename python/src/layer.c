@@ -88,7 +88,8 @@ PyObject *eg_layer_open(eg_model *m, int layer, unsigned threads)
     return (PyObject *)self;
 }
 
-static void layer_release(eg_layer *self)
+/* Frees the C objects; the caller holds mu (or is the last reference). */
+static void layer_free_c(eg_layer *self)
 {
     engram_reader_close(self->rd);
     self->rd = NULL;
@@ -100,6 +101,12 @@ static void layer_release(eg_layer *self)
     free(self->rows);
     self->ids = NULL;
     self->rows = NULL;
+}
+
+/* With the GIL: drops the model once the C objects are gone. */
+static void layer_release(eg_layer *self)
+{
+    layer_free_c(self);
     if (self->model) {
         self->model->users--;
         Py_CLEAR(self->model);
@@ -175,11 +182,65 @@ static int apply_rows(struct apply_call *c, const void *rows, size_t rows_stride
                                 k, &c->err);
 }
 
+static float value_at(const char *p, engram_dtype dt)
+{
+    if (dt == ENGRAM_F32) {
+        float v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    uint16_t b;
+    memcpy(&b, p, 2);
+    uint32_t u = (uint32_t)b << 16;
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+/* Every unmasked residual value finite, checked before any chunk is
+ * applied (the library checks per call; a tokens apply makes several). */
+static int check_finite(struct apply_call *c)
+{
+    size_t elem = c->resid_dtype == ENGRAM_F32 ? 4 : 2;
+    size_t per = c->resid_token / elem;
+    for (size_t i = 0; i < c->n; i++) {
+        if (c->mask && c->mask[i] == 0)
+            continue;
+        const char *p = c->resid + i * c->resid_token;
+        for (size_t j = 0; j < per; j++) {
+            if (!isfinite(value_at(p + j * elem, c->resid_dtype))) {
+                memset(&c->err, 0, sizeof c->err);
+                c->err.code = -EDOM;
+                c->err.offset = ENGRAM_NO_OFFSET;
+                c->err.row = ENGRAM_NO_ROW;
+                size_t W = c->self->info.width;
+                snprintf(c->err.msg, sizeof c->err.msg,
+                         "token %zu, stream %zu, index %zu: residual value is not finite", i, j / W, j % W);
+                c->what = "apply";
+                return -EDOM;
+            }
+        }
+    }
+    return 0;
+}
+
 /* Runs without the GIL: the layer's lock held. */
 static int apply_run(struct apply_call *c)
 {
     eg_layer *self = c->self;
-    int rc = retarget_threads(self, c->threads, &c->err);
+    if (!self->L) { /* closed by another thread while this call waited for the lock */
+        memset(&c->err, 0, sizeof c->err);
+        c->err.code = -EBADF;
+        c->err.offset = ENGRAM_NO_OFFSET;
+        c->err.row = ENGRAM_NO_ROW;
+        snprintf(c->err.msg, sizeof c->err.msg, "the layer was closed");
+        c->what = "apply";
+        return -EBADF;
+    }
+    int rc = check_finite(c);
+    if (rc < 0)
+        return rc;
+    rc = retarget_threads(self, c->threads, &c->err);
     if (rc < 0) {
         c->what = "threads";
         return rc;
@@ -233,48 +294,6 @@ static int apply_run(struct apply_call *c)
         rc = apply_rows(c, self->rows, cols * rowb, ENGRAM_BF16, at, k);
         if (rc < 0)
             return rc;
-    }
-    return 0;
-}
-
-static float value_at(const char *p, engram_dtype dt)
-{
-    if (dt == ENGRAM_F32) {
-        float v;
-        memcpy(&v, p, 4);
-        return v;
-    }
-    uint16_t b;
-    memcpy(&b, p, 2);
-    uint32_t u = (uint32_t)b << 16;
-    float v;
-    memcpy(&v, &u, 4);
-    return v;
-}
-
-/* Every unmasked residual value finite, checked before any chunk is
- * applied (the library checks per call; a tokens apply makes several). */
-static int check_finite(struct apply_call *c)
-{
-    size_t elem = c->resid_dtype == ENGRAM_F32 ? 4 : 2;
-    size_t per = c->resid_token / elem;
-    for (size_t i = 0; i < c->n; i++) {
-        if (c->mask && c->mask[i] == 0)
-            continue;
-        const char *p = c->resid + i * c->resid_token;
-        for (size_t j = 0; j < per; j++) {
-            if (!isfinite(value_at(p + j * elem, c->resid_dtype))) {
-                memset(&c->err, 0, sizeof c->err);
-                c->err.code = -EDOM;
-                c->err.offset = ENGRAM_NO_OFFSET;
-                c->err.row = ENGRAM_NO_ROW;
-                size_t W = c->self->info.width;
-                snprintf(c->err.msg, sizeof c->err.msg,
-                         "token %zu, stream %zu, index %zu: residual value is not finite", i, j / W, j % W);
-                c->what = "apply";
-                return -EDOM;
-            }
-        }
     }
     return 0;
 }
@@ -443,9 +462,7 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
     int rc;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mu);
-    rc = check_finite(&c);
-    if (rc == 0)
-        rc = apply_run(&c);
+    rc = apply_run(&c);
     pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
@@ -499,6 +516,7 @@ static PyObject *layer_close(PyObject *o, PyObject *args)
     eg_layer *self = (eg_layer *)o;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mu); /* an apply on another thread finishes first */
+    layer_free_c(self);            /* and one waiting for the lock finds it closed */
     pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
     layer_release(self);
