@@ -396,7 +396,8 @@ def test_refusals():
     _raises(ValueError, ["residual"], g.apply, x0.numpy().copy(), tokens=tokens)       # a NumPy array
     _raises(TypeError, ["residual", "float16"], g.apply, xg.half(), tokens=tokens)
     _raises(ValueError, ["residual", "shape"], g.apply, xg.reshape(n, S * W), tokens=tokens)
-    _raises(ValueError, ["residual", "contiguous"], g.apply, xg.transpose(1, 2), tokens=tokens)
+    _raises(ValueError, ["residual", "contiguous"], g.apply, torch.zeros(n, S, 2 * W, device="cuda")[:, :, :W],
+            tokens=tokens)
     _raises(TypeError, ["rows", "tokens"], g.apply, xg)
     _raises(ValueError, ["tokens"], g.apply, xg, tokens=tokens[:3])
     _raises(ValueError, ["mask"], g.apply, xg, tokens=tokens, mask=[1, 1])
