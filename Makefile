@@ -295,7 +295,7 @@ $(BUILD)/bench/%: bench/%.c $(LIBS)
 # same through python/setup.py.
 PYTHON ?= /usr/bin/python3
 PY_INC = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
-PY_SRC = $(wildcard python/src/*.c)
+PY_SRC = $(filter-out python/src/cuda.c,$(wildcard python/src/*.c))
 PY_FILES = $(wildcard python/engram/*.py python/engram/*.pyi python/engram/py.typed)
 PY_MOD = $(BUILD)/python/engram/_engram.abi3.so
 .PHONY: python
@@ -306,6 +306,19 @@ $(PY_MOD): $(PY_SRC) python/src/ext.h include/engram.h $(BUILD)/libengram.a Make
 	$(CC) $(filter-out -Wpedantic -Wcast-qual -Wwrite-strings,$(CFLAGS_ALL)) -Wno-missing-field-initializers -isystem $(PY_INC) \
 	    -DPy_LIMITED_API=0x03080000 -shared $(LDFLAGS) -Wl,--exclude-libs,ALL -o $@ $(PY_SRC) $(BUILD)/libengram.a \
 	    $(LDLIBS_CORE)
+# engram._engram_cuda (engram.cuda, python/src/cuda.c with ext.c's helpers),
+# where nvcc is found: libengram-cuda, cuBLAS (dynamic), the CUDA runtime (static)
+ifneq ($(NVCC),)
+PY_CUDA_MOD = $(BUILD)/python/engram/_engram_cuda.abi3.so
+python: $(PY_CUDA_MOD)
+$(PY_CUDA_MOD): python/src/cuda.c python/src/ext.c python/src/ext.h include/engram_cuda.h include/engram.h \
+                $(CUDA_LIB) $(BUILD)/libengram.a Makefile
+	@test -f "$(PY_INC)/Python.h" || { echo "make python: no Python.h for $(PYTHON) (install python3-dev)"; exit 1; }
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -Wpedantic -Wcast-qual -Wwrite-strings,$(CFLAGS_ALL)) -Wno-missing-field-initializers \
+	    -isystem $(PY_INC) -isystem $(CUDA_HOME)/include -DPy_LIMITED_API=0x03080000 -shared $(LDFLAGS) -Wl,--exclude-libs,ALL -o $@ \
+	    python/src/cuda.c python/src/ext.c $(CUDA_LIB) $(BUILD)/libengram.a $(LDLIBS_CORE) $(CUDA_LIBS) -lstdc++
+endif
 $(BUILD)/python/engram/%: python/engram/%
 	@mkdir -p $(dir $@)
 	cp $< $@

@@ -560,11 +560,23 @@ static PyObject *layer_handle(PyObject *o, void *cl)
     return PyLong_FromVoidPtr(self->L);
 }
 
+/* the Model it was made from (engram.cuda reads its path) */
+static PyObject *layer_model(PyObject *o, void *cl)
+{
+    (void)cl;
+    eg_layer *self = (eg_layer *)o;
+    if (layer_live(self) < 0)
+        return NULL;
+    Py_INCREF(self->model);
+    return (PyObject *)self->model;
+}
+
 static PyGetSetDef layer_getset[] = {
     {"info", layer_info, NULL,
      "A dict: table, layer (0-based model layer), width, streams, bytes (the weights held), "
      "state_floats (PLE's per-sequence state; 0 for V4.1), threads, applier_bytes, member.",
      NULL},
+    {"model", layer_model, NULL, "The engram.Model this layer was made from.", NULL},
     {"_handle", layer_handle, NULL, "The engram_layer * (for engram.cuda, in this process).", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
