@@ -6,6 +6,7 @@
  *   bench_steps [MODEL] [--threads 8] [--seconds 3] [--depth 64]
  *               [--cache-rows 0] [--tokens 65536] [--seed 1]
  *               [--engine auto|uring|threads|buffered]
+ *   bench_steps [MODEL] --dump-tokens N [--tokens K] [--seed 1]
  *   bench_steps [MODEL] --single [--steps 20000] [--warmup 2000]
  *               [--cache-rows 65536] [--tokens 16] ...
  *
@@ -26,7 +27,9 @@
  *   mix((seed << 40) ^ (i << 32) ^ (j mod tokens)) mod vocab
  * with mix splitmix64's finalizer (after adding its golden-ratio constant);
  * bench_python.py generates the same streams.  Tokens are generated before
- * the clock starts.
+ * the clock starts.  --dump-tokens N prints stream 0's first N tokens (one
+ * line, space-separated) and exits: bench_python.py checks its generator
+ * against it.
  *
  * The last line is machine-readable:
  *   result mode=threads threads=8 steps=N seconds=S steps_per_s=X
@@ -65,7 +68,7 @@ struct opts {
     const char *model;
     unsigned threads, depth, tokens;
     double seconds;
-    uint64_t cache_rows, seed, steps, warmup;
+    uint64_t cache_rows, seed, steps, warmup, dump;
     int single;
     engram_io_engine engine;
 };
@@ -165,7 +168,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: bench_steps [MODEL] [--threads 8] [--seconds 3] [--depth 64] [--cache-rows N]\n"
                    "                   [--tokens K] [--seed 1] [--engine auto|uring|threads|buffered]\n"
-                   "       bench_steps [MODEL] --single [--steps 20000] [--warmup 2000] ...\n");
+                   "       bench_steps [MODEL] --single [--steps 20000] [--warmup 2000] ...\n"
+                   "       bench_steps [MODEL] --dump-tokens N [--tokens K] [--seed 1]\n");
             exit(0);
         } else if (!strcmp(a, "--single")) {
             o->single = 1;
@@ -197,6 +201,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                 return -1;
         } else if (!strcmp(a, "--steps")) {
             if (parse_u64(a, v, 1, 1ull << 40, &o->steps) < 0)
+                return -1;
+        } else if (!strcmp(a, "--dump-tokens")) {
+            if (parse_u64(a, v, 1, 1u << 20, &o->dump) < 0)
                 return -1;
         } else if (!strcmp(a, "--warmup")) {
             if (parse_u64(a, v, 0, 1ull << 40, &o->warmup) < 0)
@@ -251,6 +258,20 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_steps: %s: a DeepSeek V4.1 model is needed (two tables)\n", o.model);
         engram_model_close(m);
         return 2;
+    }
+    if (o.dump) {
+        uint32_t *t;
+        if (fill_tokens(&o, 0, mi.family.vocab, &t) < 0) {
+            fprintf(stderr, "bench_steps: out of memory\n");
+            engram_model_close(m);
+            return 1;
+        }
+        for (uint64_t j = 0; j < o.dump; j++)
+            printf("%s%" PRIu32, j ? " " : "", t[j % o.tokens]);
+        printf("\n");
+        free(t);
+        engram_model_close(m);
+        return 0;
     }
     struct shared sh = {.o = &o, .vocab = mi.family.vocab};
     atomic_init(&sh.ready, 0);
