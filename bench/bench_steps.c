@@ -11,15 +11,18 @@
  *               [--cache-rows 65536] [--tokens 16] ...
  *
  * MODEL defaults to build/demo.gguf.  One pool (reader depth --depth, row
- * cache of --cache-rows rows, 288 bytes a row as the binding counts them).
+ * cache of --cache-rows rows: cache_bytes (rows + 8) x (row_bytes + 9) + 64,
+ * as engram.Pool(cache_rows=) sizes it).
  *
  * Threads mode: --threads pthreads, each with its own session, loop for
  * --seconds: engram_step_begin(1 token, BF16) -> wait(0) -> wait(1) ->
  * commit(1).  Prints the steps of all threads per second of wall time.
  *
  * Single mode: one session on the calling thread, --warmup steps, then
- * --steps steps of the same loop, timed as a whole; prints microseconds
- * per step.  With a small --tokens set and a row cache every read is served
+ * --steps steps of the same loop in batches of 100, each batch timed; prints
+ * the mean microseconds per step and the median of the batches' means (on
+ * a shared machine, interference only adds time and comes in bursts: the
+ * median of short batches is the steadier figure).  With a small --tokens set and a row cache every read is served
  * from memory after the first cycle, so what is left is the library's
  * path (the pool's I/O thread handing the rows over) plus the caller's.
  *
@@ -33,7 +36,7 @@
  *
  * The last line is machine-readable:
  *   result mode=threads threads=8 steps=N seconds=S steps_per_s=X
- *   result mode=single steps=N seconds=S us_per_step=X
+ *   result mode=single steps=N seconds=S us_per_step=X us_per_step_median=Y
  * Exit 0, 1 on any library error (named on stderr), 2 on bad arguments.
  */
 #include <errno.h>
@@ -47,13 +50,20 @@
 
 #include "engram.h"
 
-#define ROW_CACHE_BYTES 288u /* per row, as engram.Pool(cache_rows=) counts */
 
 static uint64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#define SINGLE_BATCH 100u /* steps per timed batch in --single */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
 }
 
 static uint64_t mix(uint64_t z)
@@ -291,7 +301,7 @@ int main(int argc, char **argv)
     popts.reader.engine = o.engine;
     popts.reader.depth = o.depth;
     if (o.cache_rows) {
-        popts.reader.cache_bytes = o.cache_rows * ROW_CACHE_BYTES;
+        popts.reader.cache_bytes = (o.cache_rows + 8) * (mi.family.row_bytes + 9ull) + 64;
         if (popts.reader.cache_bytes < ENGRAM_READER_MIN_CACHE)
             popts.reader.cache_bytes = ENGRAM_READER_MIN_CACHE;
     }
@@ -318,13 +328,30 @@ int main(int argc, char **argv)
         for (; j < o.warmup; j++)
             if (one_step(x, x->tok[j % o.tokens]) < 0)
                 goto done;
-        uint64_t t0 = now_ns();
-        for (uint64_t k = 0; k < o.steps; k++, j++)
-            if (one_step(x, x->tok[j % o.tokens]) < 0)
-                goto done;
-        double s = (double)(now_ns() - t0) / 1e9;
-        printf("result mode=single steps=%" PRIu64 " seconds=%.6f us_per_step=%.3f\n", o.steps, s,
-               s * 1e6 / (double)o.steps);
+        size_t nb = (size_t)((o.steps + SINGLE_BATCH - 1) / SINGLE_BATCH);
+        uint64_t *bt = malloc(nb * sizeof *bt), total = 0, steps = 0;
+        if (!bt) {
+            fprintf(stderr, "bench_steps: out of memory\n");
+            goto done;
+        }
+        for (size_t b = 0; b < nb; b++) {
+            uint64_t n = o.steps - steps < SINGLE_BATCH ? o.steps - steps : SINGLE_BATCH;
+            uint64_t t0 = now_ns();
+            for (uint64_t k = 0; k < n; k++, j++)
+                if (one_step(x, x->tok[j % o.tokens]) < 0) {
+                    free(bt);
+                    goto done;
+                }
+            uint64_t dt = now_ns() - t0;
+            total += dt;
+            steps += n;
+            bt[b] = dt * SINGLE_BATCH / n; /* per SINGLE_BATCH steps */
+        }
+        qsort(bt, nb, sizeof *bt, cmp_u64);
+        double med = (double)(bt[(nb - 1) / 2] + bt[nb / 2]) / 2 / 1e3 / SINGLE_BATCH;
+        free(bt);
+        printf("result mode=single steps=%" PRIu64 " seconds=%.6f us_per_step=%.3f us_per_step_median=%.3f\n",
+               o.steps, (double)total / 1e9, (double)total / 1e3 / (double)o.steps, med);
         exit_rc = 0;
         goto done;
     }

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 pytest.importorskip("torch")
+engram = pytest.importorskip("engram")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "torch_engram.py")
@@ -31,9 +32,10 @@ def model(tmp_path_factory):
 
 
 def run_example(*args):
+    # the example imports the same engram package as this test
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(ROOT, "build", "python"),
-                                                    env.get("PYTHONPATH")) if p)
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(engram.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg, env.get("PYTHONPATH")) if p)
     p = subprocess.run([sys.executable, EXAMPLE] + list(args), capture_output=True, text=True,
                        env=env, timeout=120)
     return p
