@@ -497,12 +497,40 @@ static PyObject *layer_close(PyObject *o, PyObject *args)
 {
     (void)args;
     eg_layer *self = (eg_layer *)o;
+    /* an apply on another thread finishes first; the release runs under the
+     * lock so that pool.c's applies (which re-read the applier under it) see
+     * either the applier or NULL.  Taking the GIL back with mu held cannot
+     * deadlock: mu is only ever taken with the GIL released. */
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mu); /* an apply on another thread finishes first */
-    pthread_mutex_unlock(&self->mu);
+    pthread_mutex_lock(&self->mu);
     Py_END_ALLOW_THREADS
     layer_release(self);
+    pthread_mutex_unlock(&self->mu);
     Py_RETURN_NONE;
+}
+
+/* For pool.c (Step.apply, Prefill.apply).  With the GIL: checks that layer
+ * is an open Layer (TypeError / ClosedError set, NULL returned otherwise)
+ * and gives its mutex, which the caller locks with the GIL released; under
+ * it, eg_layer_applier_held gives the applier to use (NULL: the layer was
+ * closed meanwhile; Layer.apply(threads=) may also have replaced it). */
+pthread_mutex_t *eg_layer_mutex(PyObject *layer);
+pthread_mutex_t *eg_layer_mutex(PyObject *layer)
+{
+    if (!PyObject_TypeCheck(layer, (PyTypeObject *)eg_LayerType)) {
+        PyErr_SetString(PyExc_TypeError, "layer: an engram.Layer is needed (Model.layer(n))");
+        return NULL;
+    }
+    eg_layer *self = (eg_layer *)layer;
+    if (layer_live(self) < 0)
+        return NULL;
+    return &self->mu;
+}
+
+engram_applier *eg_layer_applier_held(PyObject *layer);
+engram_applier *eg_layer_applier_held(PyObject *layer)
+{
+    return ((eg_layer *)layer)->a;
 }
 
 static PyObject *layer_enter(PyObject *o, PyObject *args)
