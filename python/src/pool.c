@@ -852,8 +852,9 @@ static PyObject *steps_begin_many(eg_pool *po, PyObject *requests, const char *d
     PyObject *list = PyList_New(n), *ret = NULL;
     engram_step_req *reqs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *reqs);
     eg_session **locks = PyMem_Calloc((size_t)(n ? n : 1), sizeof *locks);
-    if (!list || !reqs || !locks) {
-        if (list && (!reqs || !locks))
+    eg_step **steps = PyMem_Calloc((size_t)(n ? n : 1), sizeof *steps); /* borrowed from list */
+    if (!list || !reqs || !locks || !steps) {
+        if (list)
             PyErr_NoMemory();
         goto done;
     }
@@ -926,6 +927,7 @@ static PyObject *steps_begin_many(eg_pool *po, PyObject *requests, const char *d
         if (!st)
             goto done;
         reqs[i].out = st->arr.data;
+        steps[i] = st;
         PyList_SetItem(list, i, (PyObject *)st);
     }
     /* every session's lock, in address order (two batches never deadlock) */
@@ -937,19 +939,18 @@ static PyObject *steps_begin_many(eg_pool *po, PyObject *requests, const char *d
     for (Py_ssize_t i = 0; i < n; i++)
         pthread_mutex_lock(&locks[i]->mu);
     for (Py_ssize_t i = 0; i < n && bad < 0; i++)
-        if (!((eg_step *)PyList_GetItem(list, i))->sess->s)
+        if (!steps[i]->sess->s)
             bad = i;
     if (bad >= 0) {
         rc = set_err(&err, -EBADF, "the session is closed");
     } else {
         /* closed sessions' handles are never passed: each s was re-read */
         for (Py_ssize_t i = 0; i < n; i++)
-            reqs[i].s = ((eg_step *)PyList_GetItem(list, i))->sess->s;
+            reqs[i].s = steps[i]->sess->s;
         rc = engram_step_begin_many(reqs, (size_t)n, dt, &err);
         for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
-            eg_step *st = (eg_step *)PyList_GetItem(list, i);
-            st->sess->cur = st;
-            st->gen = ++st->sess->gen;
+            steps[i]->sess->cur = steps[i];
+            steps[i]->gen = ++steps[i]->sess->gen;
         }
     }
     for (Py_ssize_t i = n - 1; i >= 0; i--)
@@ -965,7 +966,7 @@ static PyObject *steps_begin_many(eg_pool *po, PyObject *requests, const char *d
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        ((eg_step *)PyList_GetItem(list, i))->state = ST_LIVE;
+        steps[i]->state = ST_LIVE;
     ret = list;
     list = NULL;
 done:
@@ -975,6 +976,7 @@ done:
     }
     PyMem_Free(reqs);
     PyMem_Free(locks);
+    PyMem_Free(steps);
     Py_XDECREF(list);
     Py_DECREF(seq);
     return ret;
