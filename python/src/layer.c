@@ -514,13 +514,40 @@ static PyObject *layer_close(PyObject *o, PyObject *args)
 {
     (void)args;
     eg_layer *self = (eg_layer *)o;
+    /* an apply on another thread finishes first; the C objects are freed
+     * under the lock, so an apply waiting for it (Layer.apply, or pool.c's,
+     * which re-read the applier under it) finds the layer closed */
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mu); /* an apply on another thread finishes first */
-    layer_free_c(self);            /* and one waiting for the lock finds it closed */
+    pthread_mutex_lock(&self->mu);
+    layer_free_c(self);
     pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
     layer_release(self);
     Py_RETURN_NONE;
+}
+
+/* For pool.c (Step.apply, Prefill.apply).  With the GIL: checks that layer
+ * is an open Layer (TypeError / ClosedError set, NULL returned otherwise)
+ * and gives its mutex, which the caller locks with the GIL released; under
+ * it, eg_layer_applier_held gives the applier to use (NULL: the layer was
+ * closed meanwhile; Layer.apply(threads=) may also have replaced it). */
+pthread_mutex_t *eg_layer_mutex(PyObject *layer);
+pthread_mutex_t *eg_layer_mutex(PyObject *layer)
+{
+    if (!PyObject_TypeCheck(layer, (PyTypeObject *)eg_LayerType)) {
+        PyErr_SetString(PyExc_TypeError, "layer: an engram.Layer is needed (Model.layer(n))");
+        return NULL;
+    }
+    eg_layer *self = (eg_layer *)layer;
+    if (layer_live(self) < 0)
+        return NULL;
+    return &self->mu;
+}
+
+engram_applier *eg_layer_applier_held(PyObject *layer);
+engram_applier *eg_layer_applier_held(PyObject *layer)
+{
+    return ((eg_layer *)layer)->a;
 }
 
 static PyObject *layer_enter(PyObject *o, PyObject *args)
