@@ -57,6 +57,7 @@ class Model:
 
 class Layer:
     info: Dict[str, Any]
+    model: Model
     def apply(self, tokens: Optional[Tokens], residual: ArrayLike, mask: Optional[ArrayLike] = ...,
               history: Optional[History] = ..., threads: Optional[int] = ...,
               rows: Optional[ArrayLike] = ..., state: Optional[ArrayLike] = ...) -> ArrayLike: ...
@@ -70,6 +71,7 @@ class Step:
     k: int
     out: ArrayLike
     info: Dict[str, Any]
+    state: str
     def wait(self, table: int, timeout: Optional[float] = ...) -> np.ndarray: ...
     def poll(self, table: int) -> bool: ...
     def commit(self, j: Optional[int] = ...) -> None: ...
@@ -82,6 +84,8 @@ class Step:
 class Prefill:
     first: int
     n_tokens: int
+    chunks: int
+    info: Dict[str, Any]
     def __iter__(self) -> Iterator[Tuple[int, int, np.ndarray]]: ...
     def __next__(self) -> Tuple[int, int, np.ndarray]: ...
     def apply(self, layer: Layer, residual: ArrayLike) -> None: ...
@@ -96,6 +100,8 @@ StepRequest = Union[Tuple["Session", Tokens], Tuple["Session", Tokens, Optional[
 
 class Session:
     history: Tuple[int, int, int]
+    closed: bool
+    pool: "Pool"
     def step(self, tokens: Tokens, mask: Optional[ArrayLike] = ..., dtype: str = ...,
              out: Optional[ArrayLike] = ...) -> Step: ...
     def step_batch(self, requests: Sequence[StepRequest], dtype: str = ...) -> List[Step]: ...
@@ -111,6 +117,8 @@ class Session:
 
 class Pool:
     stats: Dict[str, Any]
+    closed: bool
+    model: Model
     def __init__(self, model: Model, threads: Optional[int] = ..., cache_rows: int = ...,
                  engine: Optional[str] = ...) -> None: ...
     def session(self) -> Session: ...
