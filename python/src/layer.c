@@ -313,13 +313,9 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
     PyObject *ret = NULL;
     char b[128];
     if (thr_o != Py_None) {
-        long t = PyLong_AsLong(thr_o);
-        if (t == -1 && PyErr_Occurred())
+        long t;
+        if (eg_long_arg(thr_o, "threads", 1, (long)ENGRAM_APPLY_MAX_THREADS, &t) < 0)
             return NULL;
-        if (t < 1 || t > (long)ENGRAM_APPLY_MAX_THREADS) {
-            PyErr_Format(PyExc_ValueError, "threads: %ld; 1 .. %u", t, ENGRAM_APPLY_MAX_THREADS);
-            return NULL;
-        }
         c.threads = (unsigned)t;
     }
     if ((tok_o == Py_None) == (rows_o == Py_None)) {
