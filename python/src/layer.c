@@ -388,7 +388,7 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
         }
         c.rows = rows.data;
         c.rows_stride = c.n > 1 ? (size_t)rows.strides[0] : (size_t)(rows.shape[1] * rows.shape[2] * rows.itemsize);
-        if ((const char *)c.rows < c.resid + c.n * c.resid_token &&
+        if (c.n > 0 && (const char *)c.rows < c.resid + c.n * c.resid_token &&
             c.resid < (const char *)c.rows + (c.n ? (c.n - 1) * c.rows_stride : 0) +
                           (size_t)(rows.shape[1] * rows.shape[2] * rows.itemsize)) {
             PyErr_SetString(PyExc_ValueError, "rows: overlaps residual");
