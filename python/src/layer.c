@@ -439,7 +439,13 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
     int rc;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mu);
-    rc = check_finite(&c);
+    /* closed by another thread while this call waited for the lock */
+    if (!self->L) {
+        rc = -EBADF;
+        c.what = "apply: the layer was closed";
+    } else {
+        rc = check_finite(&c);
+    }
     if (rc == 0)
         rc = apply_run(&c);
     pthread_mutex_unlock(&self->mu);
@@ -493,11 +499,14 @@ static PyObject *layer_close(PyObject *o, PyObject *args)
 {
     (void)args;
     eg_layer *self = (eg_layer *)o;
+    /* an apply on another thread finishes first; the lock is held while
+     * the layer is freed, so that an apply waiting for it finds it closed
+     * (no thread waits for the lock holding the GIL) */
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mu); /* an apply on another thread finishes first */
-    pthread_mutex_unlock(&self->mu);
+    pthread_mutex_lock(&self->mu);
     Py_END_ALLOW_THREADS
     layer_release(self);
+    pthread_mutex_unlock(&self->mu);
     Py_RETURN_NONE;
 }
 
