@@ -242,3 +242,40 @@ def test_failing_calls_balance(v41_path):
     # and a successful call still works, the objects untouched
     assert (x == 0).all() and h.ids == (-1, -1, -1)
     layer.apply(tokens, x)
+
+
+def test_close_while_applies_wait(v41_path):
+    """Layer.close() on one thread while an apply runs and another waits:
+    the waiting one either runs first or raises ClosedError (it ran on the
+    freed layer and crashed before)"""
+    import threading
+    import time
+    m = engram.Model(v41_path)
+    n = 1500
+    tok = np.arange(n) % 997
+    for trial in range(3):
+        layer = m.layer(1, threads=1)
+        got = {}
+
+        def run(key, x):
+            try:
+                layer.apply(tok, x)
+                got[key] = "ok"
+            except engram.ClosedError:
+                got[key] = "closed"
+            except BaseException as e:  # noqa: B902 - recorded, asserted below
+                got[key] = repr(e)
+        a = threading.Thread(target=run, args=("a", np.zeros((n, 4, 64), np.float32)))
+        a.start()
+        time.sleep(0.1)
+        c = threading.Thread(target=layer.close)
+        c.start()
+        time.sleep(0.1)
+        b = threading.Thread(target=run, args=("b", np.zeros((n, 4, 64), np.float32)))
+        b.start()
+        for t in (a, b, c):
+            t.join()
+        assert got["a"] in ("ok", "closed") and got["b"] in ("ok", "closed"), got
+        with pytest.raises(engram.ClosedError):
+            layer.apply([1], np.zeros((1, 4, 64), np.float32))
+    m.close()
