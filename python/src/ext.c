@@ -183,10 +183,32 @@ void eg_array_release(eg_array *a)
     Py_CLEAR(a->capsule);
 }
 
+/* Replaces the pending exception by cls("arg: what: <its message>"). */
+static void rename_error(PyObject *cls, const char *arg, const char *what)
+{
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyObject *s = v ? PyObject_Str(v) : NULL;
+    PyObject *u = s ? PyUnicode_AsEncodedString(s, "utf-8", "replace") : NULL;
+    const char *txt = u ? PyBytes_AsString(u) : NULL;
+    PyErr_Format(cls, "%s: %s: %s", arg, what, txt ? txt : "(no message)");
+    Py_XDECREF(u);
+    Py_XDECREF(s);
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+}
+
 static int from_buffer(PyObject *obj, const char *arg, unsigned flags, eg_array *a)
 {
-    if (PyObject_GetBuffer(obj, &a->view, PyBUF_RECORDS_RO) < 0)
+    if (PyObject_GetBuffer(obj, &a->view, PyBUF_RECORDS_RO) < 0) {
+        /* NumPy refuses some dtypes (datetime64, ...) with a ValueError
+         * or BufferError: name the argument (TypeError: no buffer, try
+         * DLPack) */
+        if (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_BufferError))
+            rename_error(PyExc_ValueError, arg, "its buffer export failed");
         return -1;
+    }
     a->has_view = 1;
     a->via = "buffer";
     Py_buffer *v = &a->view;
@@ -286,18 +308,7 @@ static int from_dlpack(PyObject *obj, const char *arg, unsigned flags, PyObject 
     if (!cap) {
         /* NumPy refuses to export read-only arrays, torch tensors that
          * require grad: name the argument */
-        PyObject *t, *v, *tb;
-        PyErr_Fetch(&t, &v, &tb);
-        PyObject *s = v ? PyObject_Str(v) : NULL;
-        PyObject *u = s ? PyUnicode_AsEncodedString(s, "utf-8", "replace") : NULL;
-        const char *txt = u ? PyBytes_AsString(u) : NULL;
-        PyErr_Format(PyExc_ValueError, "%s: its __dlpack__ refused the export: %s", arg,
-                     txt ? txt : "(no message)");
-        Py_XDECREF(u);
-        Py_XDECREF(s);
-        Py_XDECREF(t);
-        Py_XDECREF(v);
-        Py_XDECREF(tb);
+        rename_error(PyExc_ValueError, arg, "its __dlpack__ refused the export");
         return -1;
     }
     DLManagedTensor *mt = PyCapsule_IsValid(cap, "dltensor")
@@ -524,6 +535,32 @@ fail:
     Py_DECREF(seq);
     PyMem_Free(v);
     return -1;
+}
+
+int eg_long_arg(PyObject *obj, const char *arg, long lo, long hi, long *v)
+{
+    PyObject *i = PyNumber_Index(obj);
+    if (!i) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: an int is needed", arg);
+        }
+        return -1;
+    }
+    int ovf = 0;
+    long x = PyLong_AsLongAndOverflow(i, &ovf);
+    Py_DECREF(i);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (ovf || x < lo || x > hi) {
+        if (ovf)
+            PyErr_Format(PyExc_ValueError, "%s: out of range %ld .. %ld", arg, lo, hi);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: %ld; %ld .. %ld", arg, x, lo, hi);
+        return -1;
+    }
+    *v = x;
+    return 0;
 }
 
 int eg_tokens(PyObject *obj, const char *arg, uint32_t **out, size_t *n)

@@ -109,6 +109,10 @@ const char *eg_shape_str(const eg_array *a, char *buf, size_t len);
  * and < 2^32, into a new uint32 buffer (PyMem_Free).  0 or -1 with an
  * exception naming arg. */
 int eg_tokens(PyObject *obj, const char *arg, uint32_t **out, size_t *n);
+/* An integer argument (an int or any object with __index__) into *v:
+ * TypeError naming arg for anything else, ValueError naming arg when it
+ * does not fit in [lo, hi] (huge ints included).  0 or -1. */
+int eg_long_arg(PyObject *obj, const char *arg, long lo, long hi, long *v);
 /* A mask: None (*out = NULL), or n bytes (bool or integer 0..255 arrays, or
  * a sequence of ints) into a new buffer (PyMem_Free). */
 int eg_mask(PyObject *obj, const char *arg, size_t n, uint8_t **out);

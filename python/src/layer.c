@@ -332,13 +332,9 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
     PyObject *ret = NULL;
     char b[128];
     if (thr_o != Py_None) {
-        long t = PyLong_AsLong(thr_o);
-        if (t == -1 && PyErr_Occurred())
+        long t;
+        if (eg_long_arg(thr_o, "threads", 1, (long)ENGRAM_APPLY_MAX_THREADS, &t) < 0)
             return NULL;
-        if (t < 1 || t > (long)ENGRAM_APPLY_MAX_THREADS) {
-            PyErr_Format(PyExc_ValueError, "threads: %ld; 1 .. %u", t, ENGRAM_APPLY_MAX_THREADS);
-            return NULL;
-        }
         c.threads = (unsigned)t;
     }
     if ((tok_o == Py_None) == (rows_o == Py_None)) {
@@ -411,7 +407,7 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
         }
         c.rows = rows.data;
         c.rows_stride = c.n > 1 ? (size_t)rows.strides[0] : (size_t)(rows.shape[1] * rows.shape[2] * rows.itemsize);
-        if ((const char *)c.rows < c.resid + c.n * c.resid_token &&
+        if (c.n > 0 && (const char *)c.rows < c.resid + c.n * c.resid_token &&
             c.resid < (const char *)c.rows + (c.n ? (c.n - 1) * c.rows_stride : 0) +
                           (size_t)(rows.shape[1] * rows.shape[2] * rows.itemsize)) {
             PyErr_SetString(PyExc_ValueError, "rows: overlaps residual");

@@ -5,6 +5,7 @@
 #include "ext.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 
 PyObject *eg_ModelType, *eg_HistoryType;
@@ -78,9 +79,11 @@ static int history_set_ids(PyObject *self, PyObject *v, void *c)
     long long x[3] = {0, 0, 0};
     for (Py_ssize_t i = 0; i < want; i++) {
         PyObject *it = PySequence_GetItem(seq, i);
-        x[i] = it ? PyLong_AsLongLong(it) : -1;
+        long xi = -1;
+        int bad = !it || eg_long_arg(it, "ids", LONG_MIN, LONG_MAX, &xi) < 0;
+        x[i] = xi;
         Py_XDECREF(it);
-        if (PyErr_Occurred()) {
+        if (bad) {
             Py_DECREF(seq);
             return -1;
         }
@@ -438,26 +441,31 @@ done:
 static PyObject *model_rows(PyObject *o, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"table", "ids", "dtype", "out", NULL};
-    int table;
-    PyObject *ids_o, *out_o = Py_None;
-    const char *dtype = "float32";
+    long table;
+    PyObject *table_o, *ids_o, *dtype_o = NULL, *out_o = Py_None;
     eg_model *self = (eg_model *)o;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iO|sO:rows", kwl, &table, &ids_o, &dtype, &out_o))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:rows", kwl, &table_o, &ids_o, &dtype_o, &out_o))
         return NULL;
     if (model_open(self) < 0)
         return NULL;
-    int bf16;
-    if (!strcmp(dtype, "float32"))
-        bf16 = 0;
-    else if (!strcmp(dtype, "bfloat16"))
-        bf16 = 1;
-    else {
-        PyErr_Format(PyExc_ValueError, "dtype: '%s'; \"float32\" or \"bfloat16\"", dtype);
-        return NULL;
+    int bf16 = 0;
+    if (dtype_o) {
+        if (!PyUnicode_Check(dtype_o)) {
+            PyErr_SetString(PyExc_TypeError, "dtype: a str is needed: \"float32\" or \"bfloat16\"");
+            return NULL;
+        }
+        if (PyUnicode_CompareWithASCIIString(dtype_o, "bfloat16") == 0)
+            bf16 = 1;
+        else if (PyUnicode_CompareWithASCIIString(dtype_o, "float32") != 0) {
+            PyErr_Format(PyExc_ValueError, "dtype: %R; \"float32\" or \"bfloat16\"", dtype_o);
+            return NULL;
+        }
     }
     const engram_family *f = &self->info.family;
-    if (table < 0 || (uint32_t)table >= f->tables) {
-        PyErr_Format(PyExc_ValueError, "table: %d; this model has table%s 0%s", table,
+    if (eg_long_arg(table_o, "table", LONG_MIN, LONG_MAX, &table) < 0)
+        return NULL;
+    if (table < 0 || (unsigned long)table >= f->tables) {
+        PyErr_Format(PyExc_ValueError, "table: %ld; this model has table%s 0%s", table,
                      f->tables > 1 ? "s" : "", f->tables > 1 ? " and 1" : "");
         return NULL;
     }
@@ -489,8 +497,8 @@ static PyObject *model_rows(PyObject *o, PyObject *args, PyObject *kw)
     engram_error err;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = bf16 ? engram_model_read_bf16(self->m, table, ids, n, out.data, &err)
-              : engram_model_read_f32(self->m, table, ids, n, out.data, &err);
+    rc = bf16 ? engram_model_read_bf16(self->m, (uint32_t)table, ids, n, out.data, &err)
+              : engram_model_read_f32(self->m, (uint32_t)table, ids, n, out.data, &err);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         Py_CLEAR(res);
@@ -509,24 +517,22 @@ PyObject *eg_layer_open(eg_model *m, int layer, unsigned threads);
 static PyObject *model_layer(PyObject *o, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"layer", "threads", NULL};
-    int layer;
-    PyObject *thr = Py_None;
+    long layer;
+    PyObject *layer_o, *thr = Py_None;
     eg_model *self = (eg_model *)o;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|O:layer", kwl, &layer, &thr))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:layer", kwl, &layer_o, &thr))
         return NULL;
     if (model_open(self) < 0)
         return NULL;
+    /* out of int's range: -1, refused by eg_layer_open naming the layers */
+    if (eg_long_arg(layer_o, "layer", LONG_MIN, LONG_MAX, &layer) < 0)
+        return NULL;
+    if (layer < INT_MIN || layer > INT_MAX)
+        layer = -1;
     long t = 0;
-    if (thr != Py_None) {
-        t = PyLong_AsLong(thr);
-        if (t == -1 && PyErr_Occurred())
-            return NULL;
-        if (t < 1 || t > (long)ENGRAM_APPLY_MAX_THREADS) {
-            PyErr_Format(PyExc_ValueError, "threads: %ld; 1 .. %u", t, ENGRAM_APPLY_MAX_THREADS);
-            return NULL;
-        }
-    }
-    return eg_layer_open(self, layer, (unsigned)t);
+    if (thr != Py_None && eg_long_arg(thr, "threads", 1, (long)ENGRAM_APPLY_MAX_THREADS, &t) < 0)
+        return NULL;
+    return eg_layer_open(self, (int)layer, (unsigned)t);
 }
 
 static PyObject *model_close(PyObject *o, PyObject *args)
