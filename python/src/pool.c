@@ -260,25 +260,6 @@ static PyObject *numpy_view(PyObject *buf, eg_kind kind, Py_ssize_t offset, size
     return r;
 }
 
-/* A new zero-filled NumPy array (masked tokens' rows stay 0). */
-static PyObject *zeros(int ndim, const int64_t *shape, eg_kind kind)
-{
-    PyObject *r = eg_numpy_empty(ndim, shape, kind);
-    if (!r)
-        return NULL;
-    eg_array a;
-    if (eg_array_get(r, "out", EG_WRITABLE, NULL, &a) < 0) {
-        Py_DECREF(r);
-        return NULL;
-    }
-    size_t bytes = (size_t)a.itemsize;
-    for (int i = 0; i < ndim; i++)
-        bytes *= (size_t)shape[i];
-    memset(a.data, 0, bytes);
-    eg_array_release(&a);
-    return r;
-}
-
 static int dict_put(PyObject *d, const char *k, PyObject *v)
 {
     if (!v)
@@ -621,7 +602,7 @@ static PyMethodDef pool_methods[] = {
      "step_batch(requests, dtype=\"bfloat16\") -> list of Step\n\n"
      "Begins steps of several sessions at once (engram_step_begin_many): requests is a sequence "
      "of (session, tokens) or (session, tokens, mask), each as Session.step takes them (1 .. "
-     "MAX_DRAFT tokens, a new zero-filled out array each), sessions of this pool, each once.  "
+     "MAX_DRAFT tokens, a new out array each, masked tokens' rows zero), sessions of this pool, each once.  "
      "Validated as a whole first: nothing begins unless every session can (a bad token is named "
      "by its position in the requests' tokens taken in order); then queued together, so rows "
      "wanted by several sessions are read once.  Raises TypeError / ValueError naming the "
@@ -724,8 +705,13 @@ static PyObject *session_exit(PyObject *o, PyObject *args)
     return session_close(o, NULL);
 }
 
-/* A Step not yet begun: out made (zero-filled) or the caller's checked. */
-static eg_step *step_prepare(eg_session *se, unsigned k, engram_dtype dt, PyObject *out_o, const char *arg)
+/* A Step not yet begun: out made (the rows of masked tokens, which the
+ * library leaves as they are, zero-filled; nothing else: the library
+ * writes every other row, and a fill by this thread would only make the
+ * I/O thread fetch the lines back) or the caller's checked.  mask: NULL or
+ * [k] (0: masked / padding). */
+static eg_step *step_prepare(eg_session *se, unsigned k, engram_dtype dt, PyObject *out_o, const char *arg,
+                             const uint8_t *mask)
 {
     eg_pool *po = se->pool;
     eg_kind kind;
@@ -767,11 +753,15 @@ static eg_step *step_prepare(eg_session *se, unsigned k, engram_dtype dt, PyObje
         Py_INCREF(out_o);
         st->out = out_o;
     } else {
-        if (!(st->out = zeros(3, shape, kind)))
+        if (!(st->out = eg_numpy_empty(3, shape, kind)))
             goto fail;
         if (eg_array_get(st->out, arg, EG_WRITABLE, NULL, &st->arr) < 0)
             goto fail;
         st->have_arr = 1;
+        size_t tok_bytes = (size_t)shape[1] * (size_t)shape[2] * (size_t)st->arr.itemsize;
+        for (unsigned i = 0; mask && i < k; i++)
+            if (mask[i] == 0)
+                memset((char *)st->arr.data + i * tok_bytes, 0, tok_bytes);
     }
     return st;
 fail:
@@ -805,7 +795,7 @@ static PyObject *session_step(PyObject *o, PyObject *args, PyObject *kw)
     }
     if (eg_mask(mask_o, "mask", k, &mask) < 0)
         goto done;
-    if (!(st = step_prepare(se, (unsigned)k, dt, out_o, "out")))
+    if (!(st = step_prepare(se, (unsigned)k, dt, out_o, "out", mask)))
         goto done;
     engram_error err;
     int rc;
@@ -923,7 +913,7 @@ static PyObject *steps_begin_many(eg_pool *po, PyObject *requests, const char *d
             goto done;
         reqs[i].mask = mask;
         snprintf(arg, sizeof arg, "requests[%zd] out", i);
-        eg_step *st = step_prepare(se, (unsigned)k, dt, NULL, arg);
+        eg_step *st = step_prepare(se, (unsigned)k, dt, NULL, arg, mask);
         if (!st)
             goto done;
         reqs[i].out = st->arr.data;
@@ -1139,7 +1129,7 @@ static PyMethodDef session_methods[] = {
      "dtype \"bfloat16\": uint16 (BF16 bits) (k, 48, 256); \"float32\": float32 (k, 48, 256); "
      "\"raw\": uint8 (k, 48, 264) (the file's bytes).  PLE: (k, 16, 160) uint16 for "
      "\"bfloat16\" and \"raw\" (the same bytes), float32 for \"float32\".  By default a new "
-     "zero-filled NumPy array (masked tokens' rows stay zero); out=: the caller's C-contiguous, "
+     "NumPy array (the rows of masked tokens, which are not read, zero); out=: the caller's C-contiguous, "
      "writable host array of that dtype (uint16 or torch.bfloat16 for BF16) and shape, e.g. a "
      "pinned torch tensor, written in place and never copied; the Step keeps it alive until it "
      "goes, and nothing is written into it after the step ends.\n\n"

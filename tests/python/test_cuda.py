@@ -452,5 +452,43 @@ def _main():
     return 1 if failed else 0
 
 
+def test_pool_raw_steps():
+    """Rows as engram.Pool delivers them (dtype "raw": [k][48][264] in host
+    memory, each table's rows a strided view) and the same uploaded to the
+    device, applied on the GPU: the tokens= path's bits, step by step, for
+    a session decoding a stream (history carried by the session and by a
+    History beside it)."""
+    need_gpu()
+    path = model_path("m64")
+    m = engram.Model(path)
+    L = m.layer(14)
+    S, W = L.info["streams"], L.info["width"]
+    rng = np.random.default_rng(11)
+    tokens = rng.integers(0, m.info["vocab"], 40).astype(np.int64)
+    h = m.history()
+    with engram.Pool(m) as pool, pool.session() as s, engram.cuda.Layer(L) as g:
+        at = 0
+        while at < len(tokens):
+            k = min(1 + at % engram.MAX_DRAFT, len(tokens) - at)
+            tok = tokens[at:at + k]
+            x0 = inputs(k, S, W, torch.bfloat16, at)
+            ref = x0.cuda()
+            g.apply(ref, tokens=tok, history=h.copy(), sync=True)
+            with s.step(tok, dtype="raw") as st:
+                view = st.wait(1)                       # (k, 24, 264) host, token stride 48 x 264
+                assert view.shape == (k, 24, 264) and view.strides[0] == 48 * 264
+                xh = x0.cuda()
+                g.apply(xh, rows=view, sync=True)      # uploaded by the module
+                xd = x0.cuda()
+                dev = torch.from_numpy(np.ascontiguousarray(st.out)).cuda()
+                g.apply(xd, rows=dev[:, 24:48], sync=True)
+                st.commit()
+            m.hash(tok, history=h)                      # h follows the session
+            assert (bits(xh) == bits(ref)).all(), "host step rows differ from tokens= at %d" % at
+            assert (bits(xd) == bits(ref)).all(), "device step rows differ from tokens= at %d" % at
+            at += k
+    L.close()
+
+
 if __name__ == "__main__":
     sys.exit(_main())
