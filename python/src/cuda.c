@@ -266,6 +266,17 @@ static PyObject *attr_str_fs(PyObject *o, const char *name)
     return b;
 }
 
+/* Ends the layer's _pin(), an exception being raised kept as it is. */
+static void unpin(PyObject *lay)
+{
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyObject *r = PyObject_CallMethod(lay, "_unpin", NULL);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    PyErr_Restore(t, v, tb);
+}
+
 static PyObject *cl_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"layer", "device", NULL};
@@ -313,7 +324,9 @@ static PyObject *cl_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
         PyErr_Format(PyExc_ValueError, "device: %d; this machine has CUDA devices 0 .. %d", device, count - 1);
         return NULL;
     }
-    PyObject *h = PyObject_GetAttrString(lay, "_handle");
+    /* the weights are read without the GIL: the layer is pinned (its close
+     * refused) from here until the upload returns */
+    PyObject *h = PyObject_CallMethod(lay, "_pin", NULL);
     if (!h)
         return NULL;
     const engram_layer *L = PyLong_AsVoidPtr(h);
@@ -321,17 +334,21 @@ static PyObject *cl_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     if (!L) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "layer: no handle");
+        unpin(lay);
         return NULL;
     }
     PyObject *model = PyObject_GetAttrString(lay, "model");
     PyObject *path = model ? attr_str_fs(model, "path") : NULL;
     Py_XDECREF(model);
-    if (!path)
+    if (!path) {
+        unpin(lay);
         return NULL;
+    }
     allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
     cu_layer *s = (cu_layer *)alloc(tp, 0);
     if (!s) {
         Py_DECREF(path);
+        unpin(lay);
         return NULL;
     }
     pthread_mutex_init(&s->mu, NULL);
@@ -341,6 +358,7 @@ static PyObject *cl_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     Py_INCREF(lay);
     s->layer = lay;
     if (!s->path) {
+        unpin(lay);
         Py_DECREF(s);
         return PyErr_NoMemory();
     }
@@ -360,6 +378,7 @@ static PyObject *cl_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     }
     dev_leave(prev);
     Py_END_ALLOW_THREADS
+    unpin(lay);
     if (rc < 0) {
         Py_DECREF(s);
         return eg_raise(rc, &err, what);

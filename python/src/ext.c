@@ -64,7 +64,13 @@ PyObject *eg_raise(int code, const engram_error *err, const char *what)
     else
         snprintf(msg, sizeof msg, "%s", text);
     PyObject *cls = error_class(code);
-    PyObject *e = PyObject_CallFunction(cls, "is", -code, msg);
+    /* paths in messages are bytes, and snprintf may cut a character: never
+     * let the message's decoding replace the error */
+    PyObject *m = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    if (!m)
+        return NULL;
+    PyObject *e = PyObject_CallFunction(cls, "iO", -code, m);
+    Py_DECREF(m);
     if (!e)
         return NULL;
     if (set_attrs(e, code, err) == 0)
@@ -510,14 +516,18 @@ static int int_values(PyObject *obj, const char *arg, int64_t lo, int64_t hi, in
         PyObject *it = PySequence_GetItem(seq, i);
         if (!it)
             goto fail;
-        if (!PyLong_Check(it)) {
+        /* ints and what stands for one (NumPy's integer scalars:
+         * list(np_array)); not floats or bools' look-alikes of other kinds */
+        PyObject *iv = PyNumber_Index(it);
+        Py_DECREF(it);
+        if (!iv) {
+            PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "%s[%zd]: an int is needed", arg, i);
-            Py_DECREF(it);
             goto fail;
         }
         int ovf = 0;
-        long long x = PyLong_AsLongLongAndOverflow(it, &ovf);
-        Py_DECREF(it);
+        long long x = PyLong_AsLongLongAndOverflow(iv, &ovf);
+        Py_DECREF(iv);
         if (x == -1 && PyErr_Occurred())
             goto fail;
         if (ovf || x < lo || x > hi) {

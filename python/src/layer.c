@@ -30,6 +30,7 @@ typedef struct eg_layer {
     uint32_t *ids;              /* [READ_TOKENS][48 or 16]                   */
     uint16_t *rows;             /* [READ_TOKENS][24 or 16][256 or 160]       */
     pthread_mutex_t mu;         /* one apply at a time (the applier, reader) */
+    int pins;                   /* engram.cuda uploads in progress (_pin)    */
     int table;
     int ple;
 } eg_layer;
@@ -134,6 +135,7 @@ static int layer_live(const eg_layer *self)
 
 struct apply_call {
     eg_layer *self;
+    eg_model *model;            /* a reference held for the call             */
     uint32_t *tokens;           /* NULL: rows given                          */
     uint8_t *mask;              /* the caller's mask (NULL: none)            */
     size_t n;
@@ -146,7 +148,8 @@ struct apply_call {
     engram_history hist;        /* tokens: advanced here, copied back at 0   */
     engram_ple_history ph;
     float *state;               /* PLE: a working copy                        */
-    unsigned threads;
+    unsigned threads;           /* 0: the layer's, read under its lock       */
+    size_t at;                  /* the first token of the round that failed  */
     engram_error err;
     const char *what;
 };
@@ -240,7 +243,7 @@ static int apply_run(struct apply_call *c)
     int rc = check_finite(c);
     if (rc < 0)
         return rc;
-    rc = retarget_threads(self, c->threads, &c->err);
+    rc = retarget_threads(self, c->threads ? c->threads : self->threads, &c->err);
     if (rc < 0) {
         c->what = "threads";
         return rc;
@@ -249,13 +252,13 @@ static int apply_run(struct apply_call *c)
         c->what = "apply";
         return apply_rows(c, c->rows, c->rows_stride, c->rows_dtype, 0, c->n);
     }
-    const engram_family *f = &self->model->info.family;
+    const engram_family *f = &c->model->info.family;
     size_t per = f->rows_per_token * f->tables; /* ids per token */
     size_t cols = f->rows_per_token;            /* rows per token of the table */
     size_t rowb = (size_t)f->row_values * 2;
     if (!self->rd) {
         c->what = "opening the reader";
-        if ((rc = engram_reader_open(self->model->m, NULL, &self->rd, &c->err)) < 0)
+        if ((rc = engram_reader_open(c->model->m, NULL, &self->rd, &c->err)) < 0)
             return rc;
     }
     if (!self->ids) {
@@ -274,14 +277,15 @@ static int apply_run(struct apply_call *c)
     for (size_t at = 0; at < c->n; at += READ_TOKENS) {
         size_t k = c->n - at < READ_TOKENS ? c->n - at : READ_TOKENS;
         c->what = "hash";
+        c->at = at;
         if (self->ple) {
             for (size_t i = 0; c->mask && i < k; i++)
                 kinds[i] = c->mask[at + i] == ENGRAM_MASK_PAD ? ENGRAM_PLE_PAD
                            : c->mask[at + i] == ENGRAM_MASK_IMAGE ? ENGRAM_PLE_IMAGE : ENGRAM_PLE_TEXT;
-            rc = engram_ple_hash(self->model->m, &c->ph, c->tokens + at, c->mask ? kinds : NULL, k,
+            rc = engram_ple_hash(c->model->m, &c->ph, c->tokens + at, c->mask ? kinds : NULL, k,
                                  self->ids, &c->err);
         } else {
-            rc = engram_hash_tokens(engram_model_hasher(self->model->m), &c->hist, c->tokens + at,
+            rc = engram_hash_tokens(engram_model_hasher(c->model->m), &c->hist, c->tokens + at,
                                     c->mask ? c->mask + at : NULL, k, self->ids, &c->err);
         }
         if (rc < 0)
@@ -325,7 +329,11 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
     struct apply_call c;
     memset(&c, 0, sizeof c);
     c.self = self;
-    c.threads = self->threads;
+    /* argument conversion may run Python code (a __dlpack__) that closes
+     * the layer: everything below reads the model through this reference,
+     * and the locked part checks the layer again */
+    c.model = self->model;
+    Py_INCREF(c.model);
     eg_array res, rows, st;
     int have_res = 0, have_rows = 0, have_st = 0;
     eg_history *h = NULL;
@@ -334,18 +342,18 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
     if (thr_o != Py_None) {
         long t;
         if (eg_long_arg(thr_o, "threads", 1, (long)ENGRAM_APPLY_MAX_THREADS, &t) < 0)
-            return NULL;
+            goto done;
         c.threads = (unsigned)t;
     }
     if ((tok_o == Py_None) == (rows_o == Py_None)) {
         PyErr_SetString(PyExc_TypeError, "apply: give tokens or rows= (one of them)");
-        return NULL;
+        goto done;
     }
-    if (eg_history_arg(hist_o, self->model, &h) < 0)
-        return NULL;
+    if (eg_history_arg(hist_o, c.model, &h) < 0)
+        goto done;
     if (h && tok_o == Py_None) {
         PyErr_SetString(PyExc_TypeError, "history: only with tokens (rows were hashed already)");
-        return NULL;
+        goto done;
     }
     /* residual: (n, S, W), C-contiguous, writable host memory */
     if (eg_array_get(res_o, "residual", EG_WRITABLE, NULL, &res) < 0)
@@ -378,6 +386,23 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
             PyErr_Format(PyExc_ValueError, "tokens: %zu tokens for a residual of %zu", nt, c.n);
             goto done;
         }
+        /* every token checked before any is applied: the work goes in
+         * rounds of READ_TOKENS, and a bad token in a later round must not
+         * find the earlier ones updated */
+        uint32_t vocab = c.model->info.family.vocab;
+        for (size_t i = 0; i < nt; i++) {
+            if (c.tokens[i] >= vocab) {
+                engram_error e;
+                memset(&e, 0, sizeof e);
+                e.code = -EINVAL;
+                e.offset = ENGRAM_NO_OFFSET;
+                e.row = ENGRAM_NO_ROW;
+                snprintf(e.msg, sizeof e.msg, "token %u at position %zu is not < vocab %u", c.tokens[i], i,
+                         vocab);
+                eg_raise(-EINVAL, &e, "tokens");
+                goto done;
+            }
+        }
     } else {
         if (eg_array_get(rows_o, "rows", 0, NULL, &rows) < 0)
             goto done;
@@ -389,7 +414,7 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
             PyErr_Format(PyExc_TypeError, "rows: %s; %s", eg_kind_name(rows.kind), why);
             goto done;
         }
-        const engram_family *f = &self->model->info.family;
+        const engram_family *f = &c.model->info.family;
         if (rows.ndim != 3 || (size_t)rows.shape[0] != c.n || rows.shape[1] != f->rows_per_token ||
             rows.shape[2] != f->row_values) {
             PyErr_Format(PyExc_ValueError, "rows: shape %s; (%zu, %u, %u) is needed", eg_shape_str(&rows, b, sizeof b),
@@ -453,7 +478,7 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
         c.ph = h->ph;
     } else {
         engram_history_reset(&c.hist);
-        engram_ple_history_reset(self->model->m, &c.ph);
+        engram_ple_history_reset(c.model->m, &c.ph); /* a closed model: nothing (the apply refuses) */
     }
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -462,7 +487,10 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
     pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
-        eg_raise(rc, &c.err, c.what);
+        char what[96];
+        if (c.at) /* the library names positions within the round */
+            snprintf(what, sizeof what, "%s (the round from token %zu)", c.what, c.at);
+        eg_raise(rc, &c.err, c.at ? what : c.what);
         goto done;
     }
     if (h) {
@@ -483,6 +511,7 @@ done:
     PyMem_Free(c.tokens);
     PyMem_Free(c.mask);
     PyMem_Free(c.state);
+    Py_XDECREF(c.model);
     return ret;
 }
 
@@ -510,6 +539,11 @@ static PyObject *layer_close(PyObject *o, PyObject *args)
 {
     (void)args;
     eg_layer *self = (eg_layer *)o;
+    if (self->pins > 0) {
+        PyErr_SetString(eg_BusyError, "the layer's weights are being uploaded by engram.cuda.Layer: close it "
+                                      "after that returns");
+        return NULL;
+    }
     /* an apply on another thread finishes first; the C objects are freed
      * under the lock, so an apply waiting for it (Layer.apply, or pool.c's,
      * which re-read the applier under it) finds the layer closed */
@@ -546,6 +580,34 @@ engram_applier *eg_layer_applier_held(PyObject *layer)
     return ((eg_layer *)layer)->a;
 }
 
+/* engram.cuda reads the weights without the GIL: it pins the layer (close
+ * refused meanwhile) around the upload; with the GIL held, so a plain int */
+static PyObject *layer_pin(PyObject *o, PyObject *args)
+{
+    (void)args;
+    eg_layer *self = (eg_layer *)o;
+    if (layer_live(self) < 0)
+        return NULL;
+    self->pins++;
+    return PyLong_FromVoidPtr(self->L);
+}
+
+static PyObject *layer_unpin(PyObject *o, PyObject *args)
+{
+    (void)args;
+    eg_layer *self = (eg_layer *)o;
+    if (self->pins > 0)
+        self->pins--;
+    Py_RETURN_NONE;
+}
+
+/* the Model a Layer was made from (pool.c refuses another model's layer) */
+eg_model *eg_layer_model_of(PyObject *layer);
+eg_model *eg_layer_model_of(PyObject *layer)
+{
+    return ((eg_layer *)layer)->model;
+}
+
 static PyObject *layer_enter(PyObject *o, PyObject *args)
 {
     (void)args;
@@ -573,17 +635,6 @@ static PyObject *layer_info(PyObject *o, void *cl)
                          self->ple ? "qwen3.8-ple" : "deepseek-v4.1-engram");
 }
 
-/* the C handle, for engram.cuda (same process) */
-static PyObject *layer_handle(PyObject *o, void *cl)
-{
-    (void)cl;
-    eg_layer *self = (eg_layer *)o;
-    if (layer_live(self) < 0)
-        return NULL;
-    return PyLong_FromVoidPtr(self->L);
-}
-
-/* the Model it was made from (engram.cuda reads its path) */
 static PyObject *layer_model(PyObject *o, void *cl)
 {
     (void)cl;
@@ -600,7 +651,6 @@ static PyGetSetDef layer_getset[] = {
      "state_floats (PLE's per-sequence state; 0 for V4.1), threads, applier_bytes, member.",
      NULL},
     {"model", layer_model, NULL, "The engram.Model this layer was made from.", NULL},
-    {"_handle", layer_handle, NULL, "The engram_layer * (for engram.cuda, in this process).", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyMethodDef layer_methods[] = {
@@ -627,6 +677,9 @@ static PyMethodDef layer_methods[] = {
     {"new_state", layer_new_state, METH_NOARGS,
      "new_state() -> numpy.ndarray\n\nA zero float32 convolution state (state_floats values; "
      "empty for V4.1): a PLE sequence's start."},
+    {"_pin", layer_pin, METH_NOARGS,
+     "_pin() -> int\n\nFor engram.cuda: the engram_layer * (as an int), and close() refused until _unpin()."},
+    {"_unpin", layer_unpin, METH_NOARGS, "_unpin()\n\nEnds a _pin()."},
     {"close", layer_close, METH_NOARGS, "close()\n\nFrees the weights now (after an apply in progress)."},
     {"__enter__", layer_enter, METH_NOARGS, NULL},
     {"__exit__", layer_exit, METH_VARARGS, NULL},

@@ -211,8 +211,9 @@ static PyObject *model_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     rc = engram_model_open(p, &self->m, &err);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
+        eg_raise(rc, &err, p); /* p points into self->path: raise before self goes */
         Py_DECREF(self);
-        return eg_raise(rc, &err, p);
+        return NULL;
     }
     engram_model_get_info(self->m, &self->info);
     return (PyObject *)self;
@@ -300,9 +301,11 @@ static PyObject *model_info(PyObject *o, void *c)
         engram_reader *r = NULL;
         engram_error err;
         int rc;
+        self->users++; /* Model.close() on another thread waits its turn */
         Py_BEGIN_ALLOW_THREADS
         rc = engram_reader_open(self->m, NULL, &r, &err);
         Py_END_ALLOW_THREADS
+        self->users--;
         if (rc == 0) {
             engram_io_stats st;
             engram_reader_get_stats(r, &st);
@@ -420,12 +423,14 @@ static PyObject *model_hash(PyObject *o, PyObject *args, PyObject *kw)
     engram_ple_history *php = h ? &h->ph : &ptmp;
     engram_error err;
     int rc;
+    self->users++; /* Model.close() on another thread is refused meanwhile */
     Py_BEGIN_ALLOW_THREADS
     if (is_ple(self))
         rc = engram_ple_hash(self->m, php, tokens, mask, n, out.data, &err);
     else
         rc = engram_hash_tokens(engram_model_hasher(self->m), hp, tokens, mask, n, out.data, &err);
     Py_END_ALLOW_THREADS
+    self->users--;
     if (rc < 0) {
         Py_CLEAR(res);
         eg_raise(rc, &err, "hash");
@@ -496,10 +501,12 @@ static PyObject *model_rows(PyObject *o, PyObject *args, PyObject *kw)
     }
     engram_error err;
     int rc;
+    self->users++; /* Model.close() on another thread is refused meanwhile */
     Py_BEGIN_ALLOW_THREADS
     rc = bf16 ? engram_model_read_bf16(self->m, (uint32_t)table, ids, n, out.data, &err)
               : engram_model_read_f32(self->m, (uint32_t)table, ids, n, out.data, &err);
     Py_END_ALLOW_THREADS
+    self->users--;
     if (rc < 0) {
         Py_CLEAR(res);
         eg_raise(rc, &err, "rows");
@@ -540,7 +547,8 @@ static PyObject *model_close(PyObject *o, PyObject *args)
     (void)args;
     eg_model *self = (eg_model *)o;
     if (self->users > 0) {
-        PyErr_Format(eg_BusyError, "the model is in use by %d layer(s) or pool(s): close them first",
+        PyErr_Format(eg_BusyError,
+                     "the model is in use (%d layer(s), pool(s) or calls in progress): close them first",
                      self->users);
         return NULL;
     }

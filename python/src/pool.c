@@ -42,6 +42,7 @@
 /* layer.c */
 pthread_mutex_t *eg_layer_mutex(PyObject *layer);
 engram_applier *eg_layer_applier_held(PyObject *layer);
+eg_model *eg_layer_model_of(PyObject *layer);
 
 static PyObject *PoolType, *SessionType, *StepType, *PrefillType;
 
@@ -147,9 +148,16 @@ static int timeout_arg(PyObject *o, uint64_t *ns)
         *ns = ENGRAM_FOREVER;
         return 0;
     }
-    double d = PyFloat_AsDouble(o);
-    if (d == -1.0 && PyErr_Occurred())
+    if (!PyNumber_Check(o) || PyBool_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "timeout: seconds (a number) or None");
         return -1;
+    }
+    double d = PyFloat_AsDouble(o);
+    if (d == -1.0 && PyErr_Occurred()) { /* an int too large for a double */
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "timeout: seconds out of range (None: no limit)");
+        return -1;
+    }
     if (!(d >= 0)) {
         PyErr_SetString(PyExc_ValueError, "timeout: seconds >= 0, or None (no limit)");
         return -1;
@@ -200,6 +208,17 @@ static int kind_fits(eg_kind want, eg_kind have)
 
 /* A residual for an apply: (n, S, W), float32 or BF16, C-contiguous,
  * writable host memory. */
+/* A Layer made from another Model (perhaps of the same shape) would apply
+ * the wrong weights without an error: refused.  0 or -1. */
+static int layer_of_pool(PyObject *layer, const eg_pool *po)
+{
+    if (eg_layer_model_of(layer) != po->model) {
+        PyErr_SetString(PyExc_ValueError, "layer: a Layer of another Model (use this pool's model's layer)");
+        return -1;
+    }
+    return 0;
+}
+
 static int residual_arg(const eg_pool *po, PyObject *o, size_t n, eg_array *a, engram_dtype *dt)
 {
     char b[128];
@@ -407,16 +426,17 @@ static PyObject *pool_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     self->cache_bytes = o.reader.cache_bytes;
     engram_error err;
     int rc;
+    m->users++; /* before the GIL goes: Model.close() is refused from here on */
+    self->user = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = engram_pool_open(m->m, &o, &self->p, &err);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         self->p = NULL;
+        eg_raise(rc, &err, "Pool");
         Py_DECREF(self);
-        return eg_raise(rc, &err, "Pool");
+        return NULL;
     }
-    m->users++;
-    self->user = 1;
     return (PyObject *)self;
 }
 
@@ -1429,7 +1449,7 @@ static PyObject *step_apply(PyObject *o, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:apply", kwl, &layer, &res_o))
         return NULL;
     pthread_mutex_t *lmu = eg_layer_mutex(layer);
-    if (!lmu)
+    if (!lmu || layer_of_pool(layer, se->pool) < 0)
         return NULL;
     eg_array res;
     engram_dtype rdt;
@@ -1930,17 +1950,22 @@ static PyObject *prefill_apply(PyObject *o, PyObject *args, PyObject *kw)
         return NULL;
     }
     pthread_mutex_t *lmu = eg_layer_mutex(layer);
-    if (!lmu)
+    if (!lmu || layer_of_pool(layer, se->pool) < 0)
         return NULL;
+    /* busy before the residual's conversion, which may run Python code (a
+     * __dlpack__) during which another thread could move the iteration on
+     * and release this chunk */
+    pf->busy = 1;
     eg_array res;
     engram_dtype rdt;
-    if (residual_arg(se->pool, res_o, pf->cur_n, &res, &rdt) < 0)
+    if (residual_arg(se->pool, res_o, pf->cur_n, &res, &rdt) < 0) {
+        pf->busy = 0;
         return NULL;
+    }
     engram_error err;
     int rc;
     engram_prefill *h = pf->pf;
     size_t c = pf->cur_chunk;
-    pf->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&se->mu);
     pthread_mutex_lock(lmu);

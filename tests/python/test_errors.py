@@ -158,7 +158,7 @@ def test_closed_and_busy(v41_path):
     layer.close()
     layer.close()  # twice: fine
     for call in (lambda: layer.apply([1], x), lambda: layer.info, lambda: layer.new_state(),
-                 lambda: layer._handle):
+                 lambda: layer._pin()):
         with pytest.raises(engram.ClosedError) as e:
             call()
         assert isinstance(e.value, ValueError)
