@@ -225,7 +225,9 @@ def test_absent_when_extension_missing():
         "else:\n"
         "    raise SystemExit('no RuntimeError')\n"
         "print('ok', w)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    # the child finds engram where this process did (conftest may have put it on sys.path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr
 
 
