@@ -59,7 +59,10 @@
  *    temporary memory of about B + B/N) and needs the owner of every
  *    position, which TP ranks know alike (they hash the same tokens).
  *    The choice for prefill chunks, where bandwidth is the cost.
- * The measured figures are in BENCHMARKS.md / the helper's report.
+ * Measured (tests/mpi/test_mpi_combine --bench, Open MPI 4.1.4 shared
+ * memory, a 2-core VM, 4 ranks oversubscribed, blocking wait, p50): a step
+ * 4.2 us combine / 3.0 us gather at 2 ranks; a chunk 15.8 / 15.6 ms at 2
+ * ranks, 60 / 33 ms at 4.  One machine's shared memory: not a network.
  */
 #ifndef ENGRAM_MPI_H
 #define ENGRAM_MPI_H
