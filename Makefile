@@ -323,6 +323,62 @@ $(BUILD)/python/engram/%: python/engram/%
 	@mkdir -p $(dir $@)
 	cp $< $@
 
+# ---- libengram-mpi (src/mpi/, include/engram_mpi.h; issue #24) ----
+# The ranks' shares of a sharded pool combined over MPI: a library of its own,
+# built only when mpicc is found (MPI=0 turns it off) and only in builds
+# without sanitizers; libengram itself never sees mpi.h.  Compiled with $(CC)
+# and the flags Open MPI's wrapper names (--showme:compile / :link), its
+# include directories as -isystem (mpi.h is not written for our warnings).
+# Its test, tests/mpi/test_mpi_combine.c, goes to build/tests/mpi/ (not
+# build/tests/test_*: the suite runs it under mpirun, tests/test_mpi.sh).
+MPI ?= auto
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+ifeq ($(MPI),0)
+override MPICC :=
+endif
+ifneq ($(SANITIZE),)
+override MPICC :=
+endif
+ifneq ($(MPICC),)
+MPI_CFLAGS := $(patsubst -I%,-isystem %,$(shell $(MPICC) --showme:compile 2>/dev/null))
+MPI_LIBS := $(shell $(MPICC) --showme:link 2>/dev/null)
+ifeq ($(MPI_LIBS),)
+$(warning mpicc ($(MPICC)) found but it does not answer --showme:link (not Open MPI?): libengram-mpi is not built)
+override MPICC :=
+endif
+endif
+ifneq ($(MPICC),)
+MPI_TARGETS = $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so $(BUILD)/tests/mpi/test_mpi_combine
+all: $(MPI_TARGETS)
+$(BUILD)/obj/mpi/engram_mpi.o: src/mpi/engram_mpi.c include/engram_mpi.h include/engram.h Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(MPI_CFLAGS) -DENGRAM_BUILDING -c $< -o $@
+$(BUILD)/libengram-mpi.a: $(BUILD)/obj/mpi/engram_mpi.o
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/libengram-mpi.so: $(BUILD)/obj/mpi/engram_mpi.o $(BUILD)/libengram.so
+	$(CC) -shared -Wl,-soname,libengram-mpi.so.0 $(SO_CHECK) $(LDFLAGS) -o $@ $< -L$(BUILD) -lengram \
+	    $(MPI_LIBS) -lpthread
+$(BUILD)/tests/mpi/test_mpi_combine: tests/mpi/test_mpi_combine.c tests/testutil.h include/engram_mpi.h \
+    $(BUILD)/libengram-mpi.a $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(MPI_CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libengram-mpi.a $(LIBS) $(LDLIBS_ALL) \
+	    $(MPI_LIBS)
+# make install adds the header, both libraries and engram-mpi.pc
+.PHONY: install-mpi
+install: install-mpi
+install-mpi: $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so
+	@d="$(DESTDIR)$(PREFIX)"; set -e; \
+	mkdir -p "$$d/include" "$$d/lib/pkgconfig"; \
+	cp include/engram_mpi.h "$$d/include/"; \
+	cp $(BUILD)/libengram-mpi.a "$$d/lib/"; \
+	cp $(BUILD)/libengram-mpi.so "$$d/lib/libengram-mpi.so.0"; \
+	ln -sf libengram-mpi.so.0 "$$d/lib/libengram-mpi.so"; \
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@MPI_CFLAGS@|$(MPI_CFLAGS)|' \
+	    -e 's|@MPI_LIBS@|$(MPI_LIBS)|' tools/pkgconfig/engram-mpi.pc.in > "$$d/lib/pkgconfig/engram-mpi.pc"
+endif
+# ---- end of libengram-mpi ----
+
 deps:
 	@sh tools/deps.sh
 

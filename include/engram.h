@@ -931,6 +931,7 @@ typedef struct engram_session engram_session;
 #define ENGRAM_ROUND_TOKENS 512u          /* tokens the I/O thread merges into one round of reads */
 #define ENGRAM_FOREVER UINT64_MAX         /* timeout_ns: no limit           */
 #define ENGRAM_RING_CACHE_DEFAULT (256ull << 20) /* bytes of free prefill rings a pool keeps */
+#define ENGRAM_MAX_SHARDS 65536u          /* shard_world accepted            */
 
 typedef struct engram_pool_opts {
     engram_reader_opts reader;   /* engine, depth, row cache of the pool's reader */
@@ -945,6 +946,30 @@ typedef struct engram_pool_opts {
      * steps come first, but a decode load that would take every slot
      * cannot starve a prompt's first chunk. */
     unsigned prefill_min_slots;
+    /* Row-block shards (issue #24): with shard_world > 1 this pool serves
+     * rank shard_rank's block of every table: of a table's R rows it reads
+     * only rows [floor(rank * R / world), floor((rank + 1) * R / world))
+     * (the reference's ParallelEngramEmbedding partition), and a step's or
+     * prefill chunk's other rows are delivered as zero bytes (BF16 +0, F32
+     * +0, RAW all-zero 264/320 bytes): the bitwise OR (or the sum) of the
+     * world's outputs is the unsharded output, bit for bit.  0 or 1: the
+     * whole table.  shard_rank < shard_world <= 65536 (-EINVAL otherwise).
+     * What changes with shards: a step (begin, _many, _batch) requests only
+     * its block's rows, and begin writes the zeros of the others into out
+     * before anything is queued (under the pool's lock: nothing of a step
+     * is written after it ends, as unsharded); a wait for table t returns
+     * once the block's rows of t are in (a step with none is ready at
+     * once), and engram_step_info.rows counts them.  A prefill's chunks:
+     * the same in the ring, each chunk de-duplicated as unsharded.  Masked
+     * tokens (PLE: padding) stay untouched.  Rows are checked to decode
+     * (RAW too) as unsharded, the block's only.  The pool's counters
+     * (engram_pool_stats) count this rank's requests and reads: over the
+     * world they add up to the unsharded pool's for the same work, each
+     * distinct row being one rank's.  engram_step_apply, _apply_batch and
+     * engram_prefill_apply refuse a sharded pool (-EINVAL: partial rows):
+     * combine the ranks' rows first (libengram-mpi), then apply them with
+     * engram_apply_strided / engram_apply_seq.  Memory: none more. */
+    unsigned shard_rank, shard_world;
 } engram_pool_opts;
 
 /* Failures: a read that fails fails only the step or prefill chunk that
@@ -959,7 +984,8 @@ typedef struct engram_pool_opts {
  * Opens the pool (its reader, the I/O thread).  Memory: the reader's
  * (ENGRAM_READER_MAX_BYTES + its cache) + 4 rounds of ENGRAM_ROUND_TOKENS
  * tokens' requests (about 1.2 MiB) + a 256 KiB stack + the ring cache
- * (above).  The model must outlive the pool.  Errors as
+ * (above).  The model must outlive the pool.  Errors: -EINVAL naming
+ * shard_rank or shard_world (checked first, nothing opened), as
  * engram_reader_open, -ENOMEM, -EAGAIN (thread). */
 int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram_pool **out,
                      engram_error *err);
@@ -1083,8 +1109,9 @@ void engram_step_get_info(const engram_session *s, engram_step_info *info);
  *    same step starts again from the committed state (the residual is the
  *    caller's: pass the original).  The result is the same bits as one
  *    engram_apply_seq over the committed tokens (the batch invariance).
- * Errors: -EINVAL (no step, a table not waited for, a layer of another
- * width or streams, dtypes), engram_apply_strided's / engram_apply_seq's
+ * Errors: -EINVAL (a sharded pool, see engram_pool_opts; no step, a
+ * table not waited for, a layer of another width or streams, dtypes),
+ * engram_apply_strided's / engram_apply_seq's
  * (-EDOM: residuals of the tokens before the failing one updated; the
  * state is then not committed by this step).  Threads: a call that
  * starts or ends something (see "Threads" above): not concurrently with
@@ -1219,7 +1246,8 @@ void engram_prefill_start_table1(engram_prefill *pf);
 
 /*
  * Applies chunk c's rows of the table of a's layer (after a wait for it
- * returned 0, before its release: -EINVAL otherwise) to that chunk's
+ * returned 0, before its release: -EINVAL otherwise; a sharded pool's
+ * prefill: -EINVAL, see engram_pool_opts) to that chunk's
  * residual [chunk tokens][S][W] of resid_dtype, with the prompt's mask.
  * A table's chunks are applied in order from 0 (-EINVAL naming the next
  * one otherwise), by the thread that waits for them.  V4.1: engram_apply

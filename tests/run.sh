@@ -128,6 +128,10 @@ build "gcc -O2" && {
         run "test_abi3.sh (the one module under every Python 3.8+ here)" sh tests/test_abi3.sh build
     fi
     run "test_pip.sh (pip install ./python: one abi3 wheel, static)" sh tests/test_pip.sh
+    # libengram-mpi (built where mpicc is found; deps.sh installs Open MPI)
+    if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+        run "test_mpi.sh (mpirun -np 2 and 4)" sh tests/test_mpi.sh build
+    fi
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }
 build "asan+ubsan" SANITIZE=address,undefined && {

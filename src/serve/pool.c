@@ -165,6 +165,13 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
 {
     if (!m || !out)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL argument");
+    unsigned rank = opts ? opts->shard_rank : 0, world = opts ? opts->shard_world : 0;
+    if (world > ENGRAM_MAX_SHARDS)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "pool option shard_world %u is above %u", world,
+                       ENGRAM_MAX_SHARDS);
+    if (rank >= (world ? world : 1))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "pool option shard_rank %u is not < shard_world %u%s",
+                       rank, world, world ? "" : " (0: unsharded, rank 0)");
     engram_pool *p = calloc(1, sizeof *p);
     if (!p || !(p->rounds = calloc(ROUNDS, sizeof *p->rounds))) {
         free(p);
@@ -182,6 +189,15 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
     p->vocab = mi.family.vocab;
     p->width = mi.width;
     p->streams = mi.streams;
+    p->shard_rank = rank;
+    p->shard_world = world;
+    p->sharded = world > 1;
+    for (unsigned t = 0; t < p->tables && p->sharded; t++) {
+        /* the reference's ParallelEngramEmbedding blocks: [rank R / N, (rank + 1) R / N) */
+        uint64_t R = mi.table[t].rows, lo = rank * R / world, hi = (rank + 1) * R / world;
+        p->shard_lo[t] = (uint32_t)lo;
+        p->shard_n[t] = (uint32_t)(hi - lo);
+    }
     if (p->ple) {
         p->frame_floats = (size_t)mi.streams * mi.width;
         p->frames = p->frame_floats ? mi.family.state_floats / p->frame_floats : 0;

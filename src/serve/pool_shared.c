@@ -177,3 +177,14 @@ int pool_applier_layer(const engram_pool *p, engram_applier *a, engram_layer_inf
                        p->width, p->streams, p->frames * p->frame_floats);
     return 0;
 }
+
+int pool_refuse_sharded_apply(const engram_pool *p, const char *what, engram_error *err)
+{
+    /* each rank holds only its block: applying them would add a part of
+     * every token's sum, a wrong residual */
+    return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                   "%s on a sharded pool (shard_rank %u, shard_world %u): a sharded pool's rows are "
+                   "partial: combine them first (libengram-mpi), then apply with engram_apply_strided / "
+                   "engram_apply_seq",
+                   what, p->shard_rank, p->shard_world);
+}

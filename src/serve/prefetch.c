@@ -356,6 +356,8 @@ int engram_prefill_apply(engram_prefill *pf, size_t c, engram_applier *a, void *
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s",
                        !pf ? "prefill" : !a ? "applier" : "residual");
     engram_pool *p = pf->p;
+    if (p->sharded)
+        return pool_refuse_sharded_apply(p, "engram_prefill_apply", err);
     engram_layer_info li;
     int rc_fit = pool_applier_layer(p, a, &li, err);
     if (rc_fit < 0)
@@ -528,9 +530,23 @@ static void start_chunk(engram_pool *p, engram_prefill *pf, int t)
                            pf->rows48, NULL);
     }
     size_t nreq = 0, cols = p->cols, rpt = p->rpt;
+    /* a sharded pool reads its block's rows and zeroes the others in the
+     * chunk's buffer: free (c < released + ring), and only this thread
+     * writes it until the chunk is published */
+    uint8_t *zero = p->sharded ? pf->buf[t] + (c % pf->ring) * chunk_bytes(pf) : NULL;
     for (size_t i = 0; i < k; i++) {
         if (pf->mask && !pf->mask[at + i])
             continue; /* masked tokens (PLE: padding) read nothing */
+        if (zero) {
+            for (size_t col = 0; col < cols; col++) {
+                uint32_t row = pf->rows48[i * rpt + (size_t)t * cols + col];
+                if (pool_owns(p, (unsigned)t, row))
+                    pf->reqs[t][nreq++] = (uint64_t)row << 32 | (uint64_t)(i * cols + col);
+                else
+                    memset(zero + (i * cols + col) * pf->row_bytes, 0, pf->row_bytes);
+            }
+            continue;
+        }
         for (size_t col = 0; col < cols; col++)
             pf->reqs[t][nreq++] = (uint64_t)pf->rows48[i * rpt + (size_t)t * cols + col] << 32 |
                                   (uint64_t)(i * cols + col);

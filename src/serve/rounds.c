@@ -142,6 +142,24 @@ void rounds_queue_remove(engram_pool *p, engram_session *s)
     s->queued = 0;
 }
 
+/* A sharded pool: token i's requests for the rows of the pool's block
+ * (install_step zeroed the others in out), appended to the round's; how
+ * many. */
+static unsigned block_reqs(const engram_pool *p, struct round *rd, const engram_session *s, unsigned e,
+                           unsigned i, size_t *n)
+{
+    unsigned own = 0;
+    for (unsigned t = 0; t < p->tables; t++)
+        for (unsigned c = 0; c < p->cols; c++) {
+            uint32_t row = s->rows[i][t * p->cols + c];
+            if (pool_owns(p, t, row)) {
+                rd->reqs[t][n[t]++] = (uint64_t)row << 32 | IDX(e, i, c);
+                own++;
+            }
+        }
+    return own;
+}
+
 /* Moves queued steps into free rounds and starts their jobs.  Under p->mu. */
 void rounds_intake(engram_pool *p)
 {
@@ -169,6 +187,10 @@ void rounds_intake(engram_pool *p)
                 for (unsigned i = 0; i < s->k; i++) {
                     if (s->masked[i])
                         continue;
+                    if (p->sharded) {
+                        rd->e[e].left += block_reqs(p, rd, s, e, i, n);
+                        continue;
+                    }
                     for (unsigned t = 0; t < p->tables; t++)
                         for (unsigned c = 0; c < p->cols; c++)
                             rd->reqs[t][n[t]++] =

@@ -115,6 +115,12 @@ struct engram_pool {
     int ple;                      /* fam.member == ENGRAM_MEMBER_PLE       */
     unsigned tables, cols, rpt;   /* tables, rows per table and token, rows per token */
     uint32_t vocab, width, streams;
+    /* row-block shards (opts.shard_world > 1): table t's rows [shard_lo[t],
+     * shard_lo[t] + shard_n[t]) are this pool's; the others are delivered
+     * as zeros.  0: the whole tables (and the arrays unused). */
+    int sharded;
+    unsigned shard_rank, shard_world;
+    uint32_t shard_lo[ENGRAM_TABLES], shard_n[ENGRAM_TABLES];
     size_t frame_floats;          /* PLE: one frame of the state, streams x W */
     size_t frames;                /* PLE: frames of the state, 3 (T - 1)   */
     size_t tent_floats;           /* a session's tentative buffer          */
@@ -193,6 +199,15 @@ int pool_refuses(const engram_pool *p, engram_error *err);
  * (member, width, streams, state): 0, else -EINVAL naming both. */
 int pool_applier_layer(const engram_pool *p, engram_applier *a, engram_layer_info *li,
                        engram_error *err);
+/* A sharded pool's: whether row `row` of table t is in this pool's block
+ * (one unsigned compare: rows below the block wrap above it). */
+static inline int pool_owns(const engram_pool *p, unsigned t, uint32_t row)
+{
+    return row - p->shard_lo[t] < p->shard_n[t];
+}
+/* The refusal of an apply on a sharded pool (-EINVAL), whose rows are
+ * only this rank's block. */
+int pool_refuse_sharded_apply(const engram_pool *p, const char *what, engram_error *err);
 /* Tells the I/O thread there is work (any thread, no lock held). */
 void pool_kick(engram_pool *p);
 /* Drops a handle (a session or a prefill) of a closed pool; frees the

@@ -218,6 +218,24 @@ int serve_check_tokens(const engram_pool *p, const uint32_t *tokens, const uint8
     return 0;
 }
 
+/* A sharded pool: token i's request bits for the rows of its block, and
+ * zeros in out for the others (before the step is queued: nothing of the
+ * step is written after it ends); counts the requests per table into own. */
+static void want_block(const engram_pool *p, engram_session *s, unsigned i, size_t rb, unsigned *own)
+{
+    uint8_t *tok = (uint8_t *)s->out + (size_t)i * p->rpt * rb;
+    for (unsigned t = 0; t < p->tables; t++)
+        for (unsigned c = 0; c < p->cols; c++) {
+            if (!pool_owns(p, t, s->rows[i][t * p->cols + c])) {
+                memset(tok + (size_t)(t * p->cols + c) * rb, 0, rb);
+                continue;
+            }
+            unsigned bit = i * ENGRAM_COLUMNS + c;
+            s->want[t][bit >> 6] |= 1ull << (bit & 63);
+            own[t]++;
+        }
+}
+
 /* Installs a validated step in an idle session and queues it.  Under p->mu
  * (so that the I/O thread sees the step and the queue change together). */
 static void install_step(engram_pool *p, const engram_step_req *q, engram_dtype dtype)
@@ -231,7 +249,8 @@ static void install_step(engram_pool *p, const engram_step_req *q, engram_dtype 
     s->out = q->out;
     engram_history h = s->hist;
     engram_ple_history ph = serve_ple_of_hist(&h);
-    unsigned live = 0;
+    unsigned live = 0, own[ENGRAM_TABLES] = {0, 0};
+    size_t rb = family_row_out_bytes(&p->fam, dtype);
     memset(s->want, 0, sizeof s->want);
     for (unsigned i = 0; i < q->k; i++) {
         int masked;
@@ -247,7 +266,9 @@ static void install_step(engram_pool *p, const engram_step_req *q, engram_dtype 
         }
         s->masked[i] = (uint8_t)masked;
         live += !masked;
-        if (!masked) /* request bits: token * 24 + column, whatever the family */
+        if (!masked && p->sharded)
+            want_block(p, s, i, rb, own);
+        else if (!masked) /* request bits: token * 24 + column, whatever the family */
             for (unsigned t = 0; t < p->tables; t++)
                 for (unsigned c = 0; c < p->cols; c++) {
                     unsigned bit = i * ENGRAM_COLUMNS + c;
@@ -257,16 +278,17 @@ static void install_step(engram_pool *p, const engram_step_req *q, engram_dtype 
     s->begin_ns = util_now_ns();
     for (unsigned t = 0; t < ENGRAM_TABLES; t++) {
         int has = t < p->tables;
-        s->remaining[t] = s->nrows[t] = has ? live * p->cols : 0;
+        s->remaining[t] = s->nrows[t] = !has ? 0 : p->sharded ? own[t] : live * p->cols;
         s->rc[t] = 0;
-        s->ready_ns[t] = has && !live ? s->begin_ns : 0;
+        /* nothing to read (every token masked, or every row foreign): in */
+        s->ready_ns[t] = has && !s->remaining[t] ? s->begin_ns : 0;
         s->waited[t] = 0;
     }
     s->applied = 0;
     s->err.code = 0;
     s->state = S_STEP;
     p->steps++;
-    if (live && !s->queued)
+    if (s->remaining[0] + s->remaining[1] > 0 && !s->queued)
         rounds_queue_add(p, s);
     pthread_mutex_unlock(&s->mu);
 }
@@ -530,6 +552,8 @@ int engram_step_apply(engram_session *s, engram_applier *a, void *residual, engr
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "NULL %s",
                        !s ? "session" : !a ? "applier" : "residual");
     engram_pool *p = s->p;
+    if (p->sharded)
+        return pool_refuse_sharded_apply(p, "engram_step_apply", err);
     engram_layer_info li;
     int rc_fit = pool_applier_layer(p, a, &li, err);
     if (rc_fit < 0)
@@ -617,6 +641,8 @@ int engram_step_apply_batch(engram_session *const *ss, size_t n, engram_applier 
             return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "request %zu: NULL %s", i,
                            !ss[i] ? "session" : "residual");
     engram_pool *p = ss[0]->p;
+    if (p->sharded)
+        return pool_refuse_sharded_apply(p, "engram_step_apply_batch", err);
     if (!p->ple) { /* V4.1: each its own (its rows strided in its step's out) */
         for (size_t i = 0; i < n; i++) {
             int rc = engram_step_apply(ss[i], a, residuals[i], resid_dtype, err);

@@ -1,0 +1,38 @@
+#!/bin/sh
+# test_mpi.sh BUILD_DIR - libengram-mpi under mpirun (issue #24): the
+# combine of a sharded pool's shares at -np 2 and 4 (oversubscribed on a
+# small machine), and a rank that exits without joining.  Needs mpirun and
+# BUILD_DIR/tests/mpi/test_mpi_combine (built where mpicc is found).
+# Ends with "test_mpi: N passed, N failed".
+set -u
+. "$(dirname "$0")/lib.sh"
+B=${1:-build}
+P=$B/tests/mpi/test_mpi_combine
+tmpdir mpi
+[ -x "$P" ] || { echo "test_mpi: $P not built (no mpicc?)"; echo "test_mpi: 0 passed, 1 failed"; exit 1; }
+command -v mpirun >/dev/null 2>&1 || { echo "test_mpi: no mpirun"; echo "test_mpi: 0 passed, 1 failed"; exit 1; }
+# In a container: root allowed, no CMA/ptrace single copy (vader's default
+# needs ptrace rights containers lack), shared memory and self only, no
+# session directory trouble in a private TMPDIR.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader \
+    OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    TMPDIR="$T"
+MPIRUN="mpirun --oversubscribe --allow-run-as-root -q"
+
+for np in 2 4; do
+    # the checks: every rank prints "... N checks, 0 failed"
+    timeout 300 $MPIRUN -np $np "$P" >"$T/out$np" 2>&1
+    rc=$?
+    good=$(grep -c "checks, 0 failed" "$T/out$np")
+    if [ "$rc" -eq 0 ] && [ "$good" -eq "$np" ] && ! grep -q "WRONG ROWS" "$T/out$np"; then ok; else
+        bad "-np $np: rc $rc, $good of $np ranks passed"; tail -20 "$T/out$np" >&2; fi
+    grep "rows read" "$T/out$np" | head -1
+    # a rank exits without joining: the job ends non-zero within the bound
+    # (not killed by timeout: 124), and no rank reports wrong rows
+    timeout 120 $MPIRUN -np $np "$P" --exit >"$T/exit$np" 2>&1
+    rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && ! grep -q "WRONG ROWS" "$T/exit$np"; then ok; else
+        bad "-np $np, a rank exits without joining: rc $rc (0: success without it; 124: a hang)"
+        tail -20 "$T/exit$np" >&2; fi
+done
+finish test_mpi
