@@ -968,7 +968,11 @@ typedef struct engram_pool_opts {
      * distinct row being one rank's.  engram_step_apply, _apply_batch and
      * engram_prefill_apply refuse a sharded pool (-EINVAL: partial rows):
      * combine the ranks' rows first (libengram-mpi), then apply them with
-     * engram_apply_strided / engram_apply_seq.  Memory: none more. */
+     * engram_apply_strided / engram_apply_seq.  Memory: none more.
+     * On a shard file (engram_model_info.shard.world > 1, `engram shard`)
+     * shard_rank and shard_world must be the file's (-EINVAL naming both
+     * otherwise): the pool then reads the file's block, the very rows a
+     * pool of that rank reads of the whole file. */
     unsigned shard_rank, shard_world;
 } engram_pool_opts;
 
