@@ -263,11 +263,36 @@ typedef struct engram_model engram_model;
 typedef struct engram_table_info {
     const char *name;     /* tensor name, e.g. "blk.1.engram_embd.weight"   */
     int layer;            /* model layer index (1 or 14)                    */
-    uint64_t rows;
-    uint64_t offset;      /* absolute byte offset of row 0 in the file      */
-    uint64_t bytes;       /* rows * 264                                     */
+    uint64_t rows;        /* the table's rows R (a shard file: the whole
+                             table's, of which it holds a block)           */
+    uint64_t offset;      /* absolute byte offset in the file of the first
+                             row it holds (row 0; a shard: its first_row)  */
+    uint64_t bytes;       /* bytes of rows it holds: rows * 264 (a shard:
+                             its block's rows * 264)                       */
     int has_projection;   /* this layer's engram_kv / q_norm / k_norm exist */
 } engram_table_info;
+
+/*
+ * Row-block shard files (issue #24, docs/shards.md): `engram shard` writes
+ * rank r of N a V4.1 file whose tables hold only rows [first_row, first_row
+ * + rows) of each, first_row = floor(r R / N) and first_row + rows =
+ * floor((r + 1) R / N), the block a pool with shard_rank r and shard_world
+ * N reads.  Row ids stay table-global everywhere: reading row g of such a
+ * file reads its local row g - first_row, and an id outside the block is
+ * -EINVAL naming the block (engram_model_read_*, the reader, the pool).
+ */
+#define ENGRAM_SHARD_ID_HEX 64  /* hex digits of a model identity (SHA-256) */
+typedef struct engram_shard_info {
+    uint32_t rank, world;               /* world 0: not a shard file        */
+    uint64_t first_row[ENGRAM_TABLES];  /* table-global id of the first row
+                                           held (0 for an unsharded file)  */
+    uint64_t rows[ENGRAM_TABLES];       /* rows held (the whole R unsharded) */
+    uint64_t total_rows[ENGRAM_TABLES]; /* the unsharded table's R          */
+    /* The identity of the unsharded model the shard was cut from (SHA-256
+     * over its layout, tensor shapes and the first and last rows of each
+     * table, docs/shards.md), lowercase hex; "" for an unsharded file. */
+    char model_id[ENGRAM_SHARD_ID_HEX + 1];
+} engram_shard_info;
 
 /*
  * The family.  engram serves the hashed n-gram memories of a family of
@@ -338,6 +363,7 @@ typedef struct engram_model_info {
      * tensors of the file, table 0 first, table 0 at a page-aligned offset. */
     int tables_last, table0_page_aligned;
     engram_family family;       /* which member, and its numbers            */
+    engram_shard_info shard;    /* a shard file's block (world 0: the whole) */
 } engram_model_info;
 
 /*
@@ -353,6 +379,17 @@ typedef struct engram_model_info {
  */
 int engram_model_open(const char *path, engram_model **out, engram_error *err);
 void engram_model_close(engram_model *m);
+
+/*
+ * Whether n shard files' infos (engram_model_info.shard, e.g. gathered
+ * from every rank) form one whole set: every one a shard (world > 0) of the
+ * same model identity, world and total rows, n == world, each rank exactly
+ * once, and the blocks tiling every table's [0, R) with no overlap or gap.
+ * 0, or -EINVAL with err naming the first shard (names[i] if names is not
+ * NULL, else "shard i") and why.  No heap memory beyond n bytes.
+ */
+int engram_shard_set_check(const engram_shard_info *shards, size_t n, const char *const *names,
+                           engram_error *err);
 
 /* V4.1's layout and hasher; NULL for another member (and for NULL). */
 const engram_layout *engram_model_layout(const engram_model *m);
@@ -931,7 +968,11 @@ typedef struct engram_pool_opts {
      * distinct row being one rank's.  engram_step_apply, _apply_batch and
      * engram_prefill_apply refuse a sharded pool (-EINVAL: partial rows):
      * combine the ranks' rows first (libengram-mpi), then apply them with
-     * engram_apply_strided / engram_apply_seq.  Memory: none more. */
+     * engram_apply_strided / engram_apply_seq.  Memory: none more.
+     * On a shard file (engram_model_info.shard.world > 1, `engram shard`)
+     * shard_rank and shard_world must be the file's (-EINVAL naming both
+     * otherwise): the pool then reads the file's block, the very rows a
+     * pool of that rank reads of the whole file. */
     unsigned shard_rank, shard_world;
 } engram_pool_opts;
 

@@ -198,6 +198,44 @@ typedef struct engram_ple_build_opts {
 int engram_build_ple_model(const char *path, const engram_ple_build_opts *opts,
                            engram_error *err);
 
+/* ------------------------------------------------------------------ shards */
+
+/*
+ * The identity of a V4.1 model that its shard files carry
+ * (deepseek41.engram.shard.model_id, docs/shards.md): SHA-256 over the
+ * layout (V', pad id, rows, primes, multipliers, token map), every
+ * tensor's name, type and shape, the first 4 KiB of every non-table tensor
+ * and the first and last rows of each table, as 64 lowercase hex digits
+ * and a NUL.  Reads those few bytes only.  0, or engram_model_open's
+ * errors, -ENOTSUP (a PLE model), -EINVAL (a shard file, or NULL).
+ */
+int engram_model_identity(const char *path, char out[ENGRAM_SHARD_ID_HEX + 1], engram_error *err);
+
+typedef struct engram_shard_write_opts {
+    /* Progress callback (may be NULL): bytes of tensor data done / total. */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
+} engram_shard_write_opts;
+
+/*
+ * Writes rank `rank` of `world` of the V4.1 model at path `model` to `out`
+ * (docs/shards.md): every key of the model copied as it is plus the five
+ * shard keys, every non-table tensor whole in its order, then each table's
+ * block of rows [floor(rank R / world), floor((rank + 1) R / world)), last,
+ * table 0 page aligned.  model_id: the model's identity as
+ * engram_model_identity gives it (to compute it once for a set), or NULL
+ * to compute it here.  Rows are copied with plain reads, 4.3 MB at a time
+ * (memory: that chunk, the metadata and the header); all-zero chunks stay
+ * holes.  Written through engram_output (temporary + rename): out holds
+ * the whole shard or what it held before.  0; -EINVAL (rank >= world,
+ * world 0 or above 65536, a world larger than a table, the model already a
+ * shard, a malformed model_id: nothing written); -ENOTSUP (a PLE model);
+ * engram_model_open's errors; -ENOMEM; an output's or a read's or write's
+ * -errno (err names the path or the tensor).
+ */
+int engram_shard_write(const char *model, const char *model_id, unsigned rank, unsigned world,
+                       const char *out, const engram_shard_write_opts *opts, engram_error *err);
+
 /* After renaming a finished file into place: fsyncs the directory that
  * holds path, so the new name survives a power cut too.  Best effort (some
  * filesystems refuse fsync on a directory; the file is complete under its

@@ -178,6 +178,8 @@ extern const size_t engram_bundled_tokens_n;
 int cmd_tools(const char *name, int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_dequantize(int argc, char **argv);
+/* programs/shard.c: `engram shard` (row-block shard files, docs/shards.md) */
+int cmd_shard(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
 #endif

@@ -114,6 +114,14 @@ static void info_json(const engram_model_info *in, const engram_layout *l, const
     printf(",\"placement\":{\"tables_last\":%s,\"table0_page_aligned\":%s,\"reference_ok\":%s}",
            in->tables_last ? "true" : "false", in->table0_page_aligned ? "true" : "false",
            placement ? "true" : "false");
+    const engram_shard_info *sh = &in->shard;
+    if (sh->world)
+        printf(",\"shard\":{\"rank\":%u,\"world\":%u,\"model_id\":\"%s\",\"first_row\":[%" PRIu64 ",%" PRIu64
+               "],\"rows\":[%" PRIu64 ",%" PRIu64 "],\"total_rows\":[%" PRIu64 ",%" PRIu64 "]}",
+               sh->rank, sh->world, sh->model_id, sh->first_row[0], sh->first_row[1], sh->rows[0], sh->rows[1],
+               sh->total_rows[0], sh->total_rows[1]);
+    else
+        printf(",\"shard\":null");
     printf(",\"simd\":");
     json_str(engram_simd_name(engram_simd_selected()));
     printf(",\"io\":{\"engine\":");
@@ -178,14 +186,25 @@ static void info_text(const engram_model_info *in, const engram_layout *l, const
     printf("architecture:    %s (encoding e4m3_e8m0_32_row264)\n", in->architecture);
     printf("vocab:           %u raw ids -> %u compressed ids, pad_id %u\n", l->vocab,
            l->compressed_vocab, l->pad_id);
+    const engram_shard_info *sh = &in->shard;
+    if (sh->world)
+        printf("shard:           rank %u of %u of model %s: table 0 rows [%" PRIu64 ", %" PRIu64
+               ") of %" PRIu64 ", table 1 rows [%" PRIu64 ", %" PRIu64 ") of %" PRIu64 "\n",
+               sh->rank, sh->world, sh->model_id, sh->first_row[0], sh->first_row[0] + sh->rows[0],
+               sh->total_rows[0], sh->first_row[1], sh->first_row[1] + sh->rows[1], sh->total_rows[1]);
     for (int t = 0; t < ENGRAM_TABLES; t++) {
         const engram_table_info *ti = &in->table[t];
         uint32_t mn, mx;
         uint64_t sum;
         primes_summary(l->primes[t], &mn, &mx, &sum);
         printf("table %d:         layer %d, %s\n", t, ti->layer, ti->name);
-        printf("  rows:          %" PRIu64 " (%" PRIu64 " bytes, %.2f GiB) at offset %" PRIu64 "\n",
-               ti->rows, ti->bytes, (double)ti->bytes / (1024.0 * 1024 * 1024), ti->offset);
+        if (sh->world)
+            printf("  rows:          %" PRIu64 " of %" PRIu64 " held (%" PRIu64 " bytes, %.2f GiB) at offset %"
+                   PRIu64 "\n", sh->rows[t], ti->rows, ti->bytes, (double)ti->bytes / (1024.0 * 1024 * 1024),
+                   ti->offset);
+        else
+            printf("  rows:          %" PRIu64 " (%" PRIu64 " bytes, %.2f GiB) at offset %" PRIu64 "\n",
+                   ti->rows, ti->bytes, (double)ti->bytes / (1024.0 * 1024 * 1024), ti->offset);
         printf("  primes:        24 columns, %u .. %u, first %u %u %u, sum %" PRIu64 "\n", mn, mx,
                l->primes[t][0], l->primes[t][1], l->primes[t][2], sum);
         printf("  multipliers:   %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
@@ -572,9 +591,10 @@ static int print_rows(const engram_model *m, int t, const uint32_t *ids, size_t 
     }
     engram_error err = {0};
     int st = 0;
-    uint64_t rows = in.table[t].rows;
+    /* the rows the file holds: the table, or a shard file's block */
+    uint64_t first = in.shard.first_row[t], rows = in.shard.rows[t];
     for (size_t i = 0; i < n && !st; i++)
-        if (ids[i] >= rows) /* the library's message for it */
+        if (ids[i] - first >= rows) /* the library's message for it */
             st = fail_lib(engram_model_read_f32(m, t, ids + i, 1, vals, &err), &err, "rows");
     for (int pass = n > ROWS_CHUNK ? 0 : 1; pass < 2 && !st; pass++)
         for (size_t at = 0; at < n && !st; at += ROWS_CHUNK) {
@@ -729,8 +749,10 @@ static void report_bad_rows(int t, uint64_t row, const uint8_t *buf, size_t k,
     }
 }
 
-static int scan_table(int fd, int t, const engram_table_info *ti, const struct scan_rows *sr,
-                      uint8_t *buf, int tty, struct scan_stats *s)
+/* ti: the rows the file holds (a shard's block: rows counts them, and
+ * `first` is the table row id of the first, as rows are named) */
+static int scan_table(int fd, int t, const engram_table_info *ti, uint64_t first,
+                      const struct scan_rows *sr, uint8_t *buf, int tty, struct scan_stats *s)
 {
     const uint32_t rb = sr->bytes;
     uint64_t row = 0;
@@ -768,7 +790,7 @@ static int scan_table(int fd, int t, const engram_table_info *ti, const struct s
         }
         posix_fadvise(fd, (off_t)off, (off_t)bytes, POSIX_FADV_DONTNEED);
         s->read_bytes += bytes;
-        report_bad_rows(t, row, buf, (size_t)k, sr, tty, s);
+        report_bad_rows(t, first + row, buf, (size_t)k, sr, tty, s);
         row += k;
         if (tty && now_s() - last > 0.2) {
             last = now_s();
@@ -832,13 +854,19 @@ static int cmd_verify(int argc, char **argv)
             continue;
         struct scan_stats s = {0};
         double t0 = now_s();
-        st = scan_table(fd, t, &in.table[t], &sr, buf, tty, &s);
+        engram_table_info held = in.table[t];
+        held.rows = in.shard.rows[t];
+        st = scan_table(fd, t, &held, in.shard.first_row[t], &sr, buf, tty, &s);
         double dt = now_s() - t0;
         if (st)
             break;
         total_bad += s.bad;
+        if (in.shard.world)
+            printf("table %d: shard rank %u of %u: rows [%" PRIu64 ", %" PRIu64 ") of %" PRIu64 "\n", t,
+                   in.shard.rank, in.shard.world, in.shard.first_row[t], in.shard.first_row[t] + held.rows,
+                   in.table[t].rows);
         printf("table %d: %" PRIu64 " rows, %" PRIu64 " invalid; read %.3f GB in %.2f s (%.1f MB/s), %.3f GB of holes skipped\n",
-               t, in.table[t].rows, s.bad, (double)s.read_bytes / 1e9, dt,
+               t, held.rows, s.bad, (double)s.read_bytes / 1e9, dt,
                dt > 0 ? (double)s.read_bytes / dt / 1e6 : 0.0, (double)s.hole_bytes / 1e9);
     }
     if (fd >= 0)
@@ -862,6 +890,7 @@ static const char *main_help =
     "  apply MODEL --layer 1|14 [...]      an Engram layer on a token stream and a residual\n"
     "  run [MODEL] [...]                   sessions, prefill and decode in a simulated engine\n"
     "  build OUT.gguf [...]                write a complete V4.1-layout model\n"
+    "  shard MODEL --ranks N --out DIR     row-block shard files (and --check FILE...)\n"
     "  tokmap TOKENIZER.json [...]         token map of a tokenizer (V', SHA-256)\n"
     "  layout --vocab-size V' [...]        multipliers and primes of a layout\n"
     "  quantize IN OUT / dequantize IN OUT float rows <-> 264-byte rows\n"

@@ -579,5 +579,7 @@ int cmd_tools(const char *name, int argc, char **argv)
         return cmd_quantize(argc, argv);
     if (!strcmp(name, "dequantize"))
         return cmd_dequantize(argc, argv);
+    if (!strcmp(name, "shard"))
+        return cmd_shard(argc, argv);
     return -1;
 }

@@ -100,6 +100,7 @@ build "gcc -O2" && {
     run "test_apply.sh (numpy float64 reference)" sh tests/test_apply.sh build
     run "test_ple_apply.sh (PLE output stage vs numpy float64)" sh tests/test_ple_apply.sh build
     run "test_ple_cli.sh (info, hash, rows on a PLE model)" sh tests/test_ple_cli.sh build
+    run "test_shard_files.sh (engram shard: files, rows, --check, all-or-nothing)" sh tests/test_shard_files.sh build
     run "test_ple_build.sh (qwen4exp build vs @huggingface/gguf)" sh tests/test_ple_build.sh build
     run "test_run.sh (engram run vs serial apply)" sh tests/test_run.sh build
     run "test_ple_run.sh (engram run on a PLE model vs serial apply)" sh tests/test_ple_run.sh build
@@ -141,6 +142,7 @@ build "asan+ubsan" SANITIZE=address,undefined && {
     run "asan+ubsan: test_ple_apply.sh" sh tests/test_ple_apply.sh build-san-address,undefined
     run "asan+ubsan: test_ple_build.sh" sh tests/test_ple_build.sh build-san-address,undefined
     run "asan+ubsan: test_ple_cli.sh" sh tests/test_ple_cli.sh build-san-address,undefined
+    run "asan+ubsan: test_shard_files.sh" sh tests/test_shard_files.sh build-san-address,undefined
     run "asan+ubsan: test_run.sh" sh tests/test_run.sh build-san-address,undefined
     run "asan+ubsan: test_ple_run.sh" sh tests/test_ple_run.sh build-san-address,undefined
     run "asan+ubsan: test_files.sh" sh tests/test_files.sh build-san-address,undefined

@@ -106,6 +106,11 @@ int gguf_w_scalar(gguf_writer *w, const char *key, uint32_t type, const void *v)
 int gguf_w_array(gguf_writer *w, const char *key, uint32_t elem_type,
                  const void *data, uint64_t count);
 
+/* A key whose value is given as its serialized bytes (an array: its element
+ * type, count and elements), copied as they are: for copying keys of one
+ * file into another. */
+int gguf_w_raw(gguf_writer *w, const char *key, uint32_t type, const void *value, size_t n);
+
 int gguf_w_array_str(gguf_writer *w, const char *key, const char *const *strs, uint64_t count);
 
 /* A tensor; fill == NULL leaves its bytes as a hole (zeros).  align_to, if

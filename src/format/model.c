@@ -76,6 +76,7 @@ static int open_ple(struct engram_model *m, engram_error *err)
     i->table[0].rows = m->ple.layout.rows;
     i->table[0].offset = t->offset;
     i->table[0].bytes = t->bytes;
+    i->shard.rows[0] = i->shard.total_rows[0] = m->ple.layout.rows;
     i->has_projection = 1;
     i->width = m->ple.width;
     i->streams = PLE_STREAMS;
@@ -165,6 +166,84 @@ static int check_projection(struct engram_model *m, engram_error *err)
     return 0;
 }
 
+/* The shard keys (docs/shards.md): all or none; the block they name must
+ * be the floor formula's for (rank, world, R), R = the layout's rows (its
+ * primes' sum: a shard keeps the unsharded layout).  Fills info.shard
+ * (world 0 and the whole tables for a file without them). */
+static int check_shard(struct engram_model *m, engram_error *err)
+{
+    engram_shard_info *sh = &m->info.shard;
+    memset(sh, 0, sizeof *sh);
+    for (int t = 0; t < ENGRAM_TABLES; t++)
+        sh->rows[t] = sh->total_rows[t] = m->layout.rows[t];
+    static const char *const keys[5] = {
+        ENGRAM_SHARD_KEY "rank", ENGRAM_SHARD_KEY "world", ENGRAM_SHARD_KEY "first_row",
+        ENGRAM_SHARD_KEY "total_rows", ENGRAM_SHARD_KEY "model_id"};
+    static const uint32_t types[5] = {GGUF_U32, GGUF_U32, GGUF_ARRAY, GGUF_ARRAY, GGUF_STRING};
+    const gguf_kv *kv[5];
+    int present = 0;
+    for (int k = 0; k < 5; k++)
+        present += (kv[k] = gguf_find_kv(m->g, keys[k])) != NULL;
+    if (present == 0)
+        return 0;
+    for (int k = 0; k < 5; k++) {
+        if (!kv[k])
+            return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET,
+                           "shard file: missing key '%s' (a shard file has all five shard keys)", keys[k]);
+        if (kv[k]->type != types[k])
+            return err_set(err, -EBADMSG, kv[k]->key_offset, "key '%s' at offset %llu: type %s, expected %s",
+                           keys[k], (unsigned long long)kv[k]->key_offset, gguf_vtype_name(kv[k]->type),
+                           gguf_vtype_name(types[k]));
+    }
+    uint32_t first[ENGRAM_TABLES], total[ENGRAM_TABLES];
+    int rc;
+    if ((rc = gguf_read_array(m->g, kv[2], GGUF_U32, ENGRAM_TABLES, first, err)) < 0 ||
+        (rc = gguf_read_array(m->g, kv[3], GGUF_U32, ENGRAM_TABLES, total, err)) < 0)
+        return rc;
+    uint64_t rank = kv[0]->u, world = kv[1]->u;
+    if (world == 0 || world > ENGRAM_SHARD_MAX_WORLD || rank >= world)
+        return err_set(err, -EBADMSG, kv[0]->key_offset,
+                       "shard file: rank %llu of world %llu: the world must be 1..%u and the rank below it",
+                       (unsigned long long)rank, (unsigned long long)world, ENGRAM_SHARD_MAX_WORLD);
+    const char *id = kv[4]->str;
+    size_t idn = strlen(id);
+    int hex = idn == ENGRAM_SHARD_ID_HEX && (uint64_t)idn == kv[4]->str_len;
+    for (size_t i = 0; i < idn && hex; i++)
+        hex = (id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f');
+    if (!hex)
+        return err_set(err, -EBADMSG, kv[4]->key_offset,
+                       "key '%s' at offset %llu: not %d lowercase hex digits", keys[4],
+                       (unsigned long long)kv[4]->key_offset, ENGRAM_SHARD_ID_HEX);
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        uint64_t R = m->layout.rows[t];
+        if (total[t] != R)
+            return err_set(err, -EBADMSG, kv[3]->key_offset,
+                           "key '%s' at offset %llu: table %d: total_rows %u, but the layout's rows (sum of "
+                           "its primes) are %llu",
+                           keys[3], (unsigned long long)kv[3]->key_offset, t, total[t],
+                           (unsigned long long)R);
+        uint64_t lo = rank * R / world, hi = (rank + 1) * R / world;
+        if (first[t] != lo)
+            return err_set(err, -EBADMSG, kv[2]->key_offset,
+                           "key '%s' at offset %llu: table %d: first_row %u, but rank %llu of %llu owns rows "
+                           "[%llu, %llu) of %llu",
+                           keys[2], (unsigned long long)kv[2]->key_offset, t, first[t],
+                           (unsigned long long)rank, (unsigned long long)world, (unsigned long long)lo,
+                           (unsigned long long)hi, (unsigned long long)R);
+        if (hi == lo)
+            return err_set(err, -EBADMSG, kv[1]->key_offset,
+                           "shard file: rank %llu of %llu owns no row of table %d (%llu rows): a world "
+                           "larger than a table is refused",
+                           (unsigned long long)rank, (unsigned long long)world, t, (unsigned long long)R);
+        sh->first_row[t] = lo;
+        sh->rows[t] = hi - lo;
+    }
+    sh->rank = (uint32_t)rank;
+    sh->world = (uint32_t)world;
+    memcpy(sh->model_id, id, ENGRAM_SHARD_ID_HEX + 1);
+    return 0;
+}
+
 static int check_tables(struct engram_model *m, engram_error *err)
 {
     const gguf_tensor *tab[ENGRAM_TABLES];
@@ -175,7 +254,8 @@ static int check_tables(struct engram_model *m, engram_error *err)
         if (!tab[t])
             return err_set(err, -EBADMSG, ENGRAM_NO_OFFSET, "missing table tensor '%s'",
                            m->table_name[t]);
-        int rc = check_tensor(tab[t], GGML_I8, ENGRAM_ROW_BYTES, m->layout.rows[t], err);
+        /* a shard's tensor holds its block's rows (check_shard) */
+        int rc = check_tensor(tab[t], GGML_I8, ENGRAM_ROW_BYTES, m->info.shard.rows[t], err);
         if (rc < 0)
             return rc;
         engram_table_info *ti = &m->info.table[t];
@@ -217,6 +297,8 @@ int engram_model_open(const char *path, engram_model **out, engram_error *err)
     }
     if (rc == 0)
         rc = layout_from_gguf(m->g, &m->layout, &m->map, err);
+    if (rc == 0)
+        rc = check_shard(m, err);
     if (rc == 0)
         rc = check_tables(m, err);
     if (rc == 0)
@@ -322,11 +404,25 @@ static int check_rows(const engram_model *m, int t, const uint32_t *rows, size_t
     if (t < 0 || (uint32_t)t >= m->info.family.tables)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "table %d is not %s", t,
                        m->info.family.tables == 1 ? "0 (the only table)" : "0 or 1");
-    uint32_t have = (uint32_t)m->info.table[t].rows;
-    for (size_t i = 0; i < n; i++)
-        if (rows[i] >= have)
-            return err_set_row(err, -EINVAL, rows[i], "row %u of table %d: out of range (table has %u rows)",
-                               rows[i], t, have);
+    for (size_t i = 0; i < n; i++) {
+        int rc = model_row_check(&m->info, t, rows[i], err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int model_row_check(const engram_model_info *in, int t, uint32_t row, engram_error *err)
+{
+    const engram_shard_info *sh = &in->shard;
+    if (row >= in->table[t].rows)
+        return err_set_row(err, -EINVAL, row, "row %u of table %d: out of range (table has %llu rows)",
+                           row, t, (unsigned long long)in->table[t].rows);
+    if (row - sh->first_row[t] >= sh->rows[t]) /* unsigned: rows below the block wrap above it */
+        return err_set_row(err, -EINVAL, row,
+                           "row %u of table %d is not in this shard's block [%llu, %llu) (rank %u of %u)",
+                           row, t, (unsigned long long)sh->first_row[t],
+                           (unsigned long long)(sh->first_row[t] + sh->rows[t]), sh->rank, sh->world);
     return 0;
 }
 
@@ -339,7 +435,7 @@ int engram_model_read_raw(const engram_model *m, int t, const uint32_t *rows, si
     uint64_t base = m->info.table[t].offset;
     size_t rb = m->info.family.row_bytes;
     for (size_t i = 0; i < n; i++) {
-        uint64_t off = base + (uint64_t)rows[i] * rb;
+        uint64_t off = base + (rows[i] - m->info.shard.first_row[t]) * rb;
         /* Through a row-sized buffer, so a failing row leaves its part of
          * raw untouched (the documented promise). */
         uint8_t one[PLE_ROW_BYTES > ENGRAM_ROW_BYTES ? PLE_ROW_BYTES : ENGRAM_ROW_BYTES];

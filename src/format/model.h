@@ -25,4 +25,13 @@ const gguf_file *model_gguf(const engram_model *m);
  * V4.1's (0); for the functions that serve only V4.1 so far. */
 int model_v41_only(const engram_model *m, const char *what, engram_error *err);
 
+/* Whether row `row` of table t is one the file holds (in range and, in a
+ * shard file, in its block): 0, or -EINVAL with err naming the row and the
+ * block.  t must be a valid table. */
+int model_row_check(const engram_model_info *in, int t, uint32_t row, engram_error *err);
+
+/* The shard files' keys (docs/shards.md). */
+#define ENGRAM_SHARD_KEY "deepseek41.engram.shard."
+#define ENGRAM_SHARD_MAX_WORLD 65536u
+
 #endif

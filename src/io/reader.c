@@ -352,7 +352,8 @@ static unsigned take_slot(engram_reader *r, struct rjob *j, int table, uint32_t 
 {
     unsigned s = r->free_slots[--r->n_free];
     struct slot *sl = &r->slots[s];
-    uint64_t off = r->info.table[table].offset + (uint64_t)row * r->row_bytes;
+    /* a shard file holds rows [first_row, ...): its local row is row - first_row */
+    uint64_t off = r->info.table[table].offset + (row - r->info.shard.first_row[table]) * r->row_bytes;
     uint64_t start = off / r->align * r->align;
     uint64_t end = (off + r->row_bytes + r->align - 1) / r->align * r->align;
     sl->off = start;

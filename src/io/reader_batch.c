@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "reader_int.h"
+#include "format/model.h"
 #include "common/util.h"
 
 /* Runs jobs on this thread until all are finished or one fails; a failure
@@ -119,14 +120,17 @@ static int batch_run(engram_reader *r, int t, const uint32_t *rows, size_t n, en
         return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a decode step is in flight");
     if (bt->active) /* called from a stream's sink */
         return err_set(err, -EBUSY, ENGRAM_NO_OFFSET, "a batch is in progress");
-    const uint32_t limit = (uint32_t)reader_model_info(r)->table[t].rows;
+    const engram_model_info *in = reader_model_info(r);
+    /* the file's rows: the whole table, or a shard file's block */
+    const uint64_t first = in->shard.first_row[t], held = in->shard.rows[t];
     for (size_t i = 0; i < n; i++)
         for (size_t c = 0; c < cols; c++) {
             uint32_t row = rows[i * stride + (size_t)t * cols + c];
-            if (row >= limit)
-                return err_set_row(err, -EINVAL, row,
-                                   "token %zu column %zu: row %u of table %d is out of range (%u rows)",
-                                   i, c, row, t, limit);
+            if (row - first >= held) {
+                engram_error e;
+                model_row_check(in, t, row, &e);
+                return err_set_row(err, -EINVAL, row, "token %zu column %zu: %s", i, c, e.msg);
+            }
         }
     reader_stats(r)->batches++;
     struct rjob *j = &bt->job;

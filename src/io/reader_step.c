@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "reader_int.h"
+#include "format/model.h"
 #include "common/util.h"
 
 /* The step's jobs, one per table of the model (V4.1 two, PLE one):
@@ -101,9 +102,9 @@ int engram_reader_step_submit(engram_reader *r, const uint32_t *rows,
     const int cols = (int)fam->rows_per_token, tables = (int)fam->tables;
     for (int k = 0; k < tables * cols; k++) {
         int t = k / cols;
-        if (rows[k] >= reader_model_info(r)->table[t].rows)
-            return err_set_row(err, -EINVAL, rows[k], "column %d: row %u of table %d is out of range",
-                               k % cols, rows[k], t);
+        engram_error e;
+        if (model_row_check(reader_model_info(r), t, rows[k], &e) < 0)
+            return err_set_row(err, -EINVAL, rows[k], "column %d: %s", k % cols, e.msg);
     }
     st->active = 1;
     st->tables = tables;

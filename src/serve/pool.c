@@ -172,6 +172,18 @@ int engram_pool_open(const engram_model *m, const engram_pool_opts *opts, engram
     if (rank >= (world ? world : 1))
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "pool option shard_rank %u is not < shard_world %u%s",
                        rank, world, world ? "" : " (0: unsharded, rank 0)");
+    engram_model_info fi;
+    engram_model_get_info(m, &fi);
+    /* a shard file holds one rank's block only: a pool on it must be that
+     * rank's (a world-1 shard holds everything: any unsharded pool) */
+    if (fi.shard.world > 1 && (world != fi.shard.world || rank != fi.shard.rank))
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "pool options shard_rank %u, shard_world %u do not match the shard file '%s', rank %u of "
+                       "%u: a pool on a shard file reads its block, with its rank and world",
+                       rank, world, fi.path, fi.shard.rank, fi.shard.world);
+    if (fi.shard.world == 1 && world > 1)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
+                       "pool option shard_world %u on the shard file '%s', rank 0 of 1", world, fi.path);
     engram_pool *p = calloc(1, sizeof *p);
     if (!p || !(p->rounds = calloc(ROUNDS, sizeof *p->rounds))) {
         free(p);

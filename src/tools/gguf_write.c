@@ -137,6 +137,14 @@ int gguf_w_array(gguf_writer *w, const char *key, uint32_t elem_type,
     return rc;
 }
 
+int gguf_w_raw(gguf_writer *w, const char *key, uint32_t type, const void *value, size_t n)
+{
+    if (type >= GGUF_NTYPES)
+        return -EINVAL;
+    int rc = put_key(w, key, type);
+    return rc < 0 ? rc : put(w, value, n);
+}
+
 int gguf_w_array_str(gguf_writer *w, const char *key, const char *const *strs, uint64_t count)
 {
     int rc = put_key(w, key, GGUF_ARRAY);
