@@ -655,6 +655,12 @@ static void tools_calls(void)
     po.width = 4;
     REFUSED(engram_build_ple_model(NULL, &po, ep));
     REFUSED(engram_build_ple_model(path, NULL, ep));
+    /* shards (issue #24): the identity, the writer, the set check */
+    REFUSED(engram_model_identity(NULL, (char *)sent, ep));
+    REFUSED(engram_model_identity(model_path, NULL, ep));
+    REFUSED(engram_shard_write(NULL, NULL, 0, 2, path, NULL, ep));
+    REFUSED(engram_shard_write(model_path, NULL, 0, 2, NULL, NULL, ep));
+    REFUSED(engram_shard_set_check(NULL, 2, NULL, ep));
     CHECK(access(path, F_OK) != 0); /* nothing written */
     NOTHING(engram_sync_dir_of(NULL));
 
