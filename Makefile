@@ -348,7 +348,8 @@ override MPICC :=
 endif
 endif
 ifneq ($(MPICC),)
-MPI_TARGETS = $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so $(BUILD)/tests/mpi/test_mpi_combine
+MPI_TARGETS = $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so $(BUILD)/tests/mpi/test_mpi_combine \
+              $(BUILD)/bench/mpi/bench_mpi
 all: $(MPI_TARGETS)
 $(BUILD)/obj/mpi/engram_mpi.o: src/mpi/engram_mpi.c include/engram_mpi.h include/engram.h Makefile
 	@mkdir -p $(dir $@)
@@ -361,6 +362,11 @@ $(BUILD)/libengram-mpi.so: $(BUILD)/obj/mpi/engram_mpi.o $(BUILD)/libengram.so
 	    $(MPI_LIBS) -lpthread
 $(BUILD)/tests/mpi/test_mpi_combine: tests/mpi/test_mpi_combine.c tests/testutil.h include/engram_mpi.h \
     $(BUILD)/libengram-mpi.a $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(MPI_CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libengram-mpi.a $(LIBS) $(LDLIBS_ALL) \
+	    $(MPI_LIBS)
+# Issue #24's benchmark (run under mpirun: bench/mpi_bench.sh), in build/bench/mpi/.
+$(BUILD)/bench/mpi/bench_mpi: bench/mpi/bench_mpi.c include/engram_mpi.h $(BUILD)/libengram-mpi.a $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(MPI_CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libengram-mpi.a $(LIBS) $(LDLIBS_ALL) \
 	    $(MPI_LIBS)
