@@ -100,11 +100,15 @@ typedef struct engram_mpi_opts {
  * handle (a few hundred bytes) and MPI's for the duplicate.
  */
 int engram_mpi_open(MPI_Comm comm, const engram_mpi_opts *opts, engram_mpi **out, engram_error *err);
-/* Frees the duplicate communicator (MPI_Comm_free: collective, and it lets
- * MPI finish what is pending on it) and the handle, and the ops it kept
- * (see engram_mpi_combine_cancel): an op that is still incomplete then is
- * left to MPI, its buffers MPI's until MPI_Finalize.  Call it before
- * MPI_Finalize, with no other call on m or its ops running. */
+/* Frees the duplicate communicator (MPI_Comm_free: collective) and the
+ * handle, and the ops it kept (see engram_mpi_combine_cancel).  Free every
+ * op first (engram_mpi_combine_free).  If an op it kept is still
+ * incomplete (a cancelled op some rank never joined), nothing is freed:
+ * the handle, its communicator and that op stay MPI's until the process
+ * ends (a few hundred bytes; freeing the communicator under a pending
+ * collective crashes Open MPI), and the buffers the op names stay MPI's
+ * too.  Call it before MPI_Finalize, with no other call on m or its ops
+ * running. */
 void engram_mpi_close(engram_mpi *m);
 
 typedef struct engram_mpi_info {
@@ -138,9 +142,11 @@ void engram_mpi_get_info(engram_mpi *m, engram_mpi_info *info);
  * an error): not read or written by the caller meanwhile; after a failure
  * its contents are undefined.  bytes 0: an op that is complete at once (no
  * MPI call; every rank passes 0 alike).  Memory: the op (its requests,
- * one per piece).  Errors: -EINVAL, -ENOMEM, -EIO (MPI refused to start:
- * nothing is in flight on this rank, but other ranks may have started:
- * treat the communicator as broken).
+ * one per piece).  Errors: -EINVAL, -ENOMEM, -EIO (MPI refused to start
+ * a piece: the pieces before it may be in flight, handed to m as a
+ * cancelled op (engram_mpi_get_info's pending counts them), so buf stays
+ * MPI's until they complete; other ranks may have started: treat the
+ * communicator as broken and shut down).
  */
 int engram_mpi_combine_begin(engram_mpi *m, void *buf, size_t bytes, engram_mpi_op **out,
                              engram_error *err);

@@ -34,5 +34,14 @@ for np in 2 4; do
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && ! grep -q "WRONG ROWS" "$T/exit$np"; then ok; else
         bad "-np $np, a rank exits without joining: rc $rc (0: success without it; 124: a hang)"
         tail -20 "$T/exit$np" >&2; fi
+    # a rank that stalls (alive, never joining): every peer's timed wait
+    # times out 10 times (no hang), then rank 0 ends the job
+    timeout 120 $MPIRUN -np $np "$P" --stall >"$T/stall$np" 2>&1
+    rc=$?
+    peers=$(grep -c "stalled peer: 10 timeouts, then -110" "$T/stall$np")
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$peers" -ge 1 ] &&
+        grep -q "rank 0: stalled peer: 10 timeouts, then -110" "$T/stall$np" &&
+        ! grep -q "WRONG ROWS" "$T/stall$np"; then ok; else
+        bad "-np $np, a stalled rank: rc $rc, $peers peers timed out as expected"; tail -20 "$T/stall$np" >&2; fi
 done
 finish test_mpi

@@ -159,11 +159,17 @@ void engram_mpi_close(engram_mpi *m)
     if (!m)
         return;
     pthread_mutex_lock(&m->lock);
-    reap_parked(m);
-    /* Those still incomplete are left to MPI (their requests and buffers
-     * must stay valid for it): freeing an active collective request is
-     * erroneous, and waiting for it could block for ever. */
+    size_t left = reap_parked(m);
     pthread_mutex_unlock(&m->lock);
+    /* Ops still incomplete are left to MPI, and so are the communicator
+     * and this handle they use: freeing an active collective request is
+     * erroneous, waiting for it could block for ever, and Open MPI frees
+     * state a pending collective still reads when its communicator is
+     * freed (a review reproduced the crash).  So the handle, the duplicate
+     * and the parked ops are kept until the process ends (a few hundred
+     * bytes each); only a handle with nothing pending is freed. */
+    if (left > 0)
+        return;
     MPI_Comm_free(&m->comm);
     pthread_mutex_destroy(&m->lock);
     free(m);
