@@ -2,6 +2,7 @@
  * #24, docs/shards.md), and the check that a set of them belongs together. */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +20,9 @@ static const char *shard_help =
     "floor((R + 1) T / N)) only: the block a pool opened with shard_rank R and\n"
     "shard_world N reads.  Its keys deepseek41.engram.shard.* say so (rank, world,\n"
     "first_row, total_rows and model_id, the model's identity; docs/shards.md).\n"
-    "Each file is written whole or not at all (a temporary renamed into place); if\n"
-    "one fails, those this run wrote before it are removed too.  DIR is created if\n"
+    "The set is written whole or not at all: every shard first as NAME.new (itself\n"
+    "all or nothing), renamed into place once all N are written; if one fails, the\n"
+    "new files are removed and an earlier set is left as it was.  DIR is created if\n"
     "missing; an existing shard file is replaced only with --force.  Rows are\n"
     "copied with plain reads, 4.3 MB at a time.\n"
     "--check opens every FILE and exits 0 if they are one whole set: shards of the\n"
@@ -153,9 +155,19 @@ int cmd_shard(int argc, char **argv)
     }
     double t0 = now_s();
     engram_shard_write_opts o = {isatty(2) ? shard_progress : NULL, &t0};
+    /* Two phases, so that a set is whole or as it was: every shard is
+     * written (itself all or nothing) under NAME.new beside its final name,
+     * and only when all N are there are they renamed into place; a failure
+     * removes the .new files and leaves any previous set untouched. */
+    char(*tmp)[PATH_MAX + 8] = calloc(n, sizeof *tmp);
+    if (!tmp && !rc)
+        rc = fail_oom("shard: the temporary names", (uint64_t)n * sizeof *tmp);
+    for (unsigned r = 0; r < n && !rc; r++)
+        if ((size_t)snprintf(tmp[r], sizeof tmp[r], "%s.new", paths[r]) >= sizeof tmp[r])
+            rc = fail_usage("shard: '%s': name too long", paths[r]);
     unsigned written = 0;
     for (unsigned r = 0; r < n && !rc; r++) {
-        int lrc = engram_shard_write(model, id, r, n, paths[r], &o, &err);
+        int lrc = engram_shard_write(model, id, r, n, tmp[r], &o, &err);
         if (o.progress)
             fputc('\n', stderr);
         if (lrc < 0) {
@@ -164,24 +176,35 @@ int cmd_shard(int argc, char **argv)
         }
         written++;
         engram_model *m;
-        if (engram_model_open(paths[r], &m, &err) == 0) {
+        if (engram_model_open(tmp[r], &m, &err) == 0) {
             engram_model_info in;
             engram_model_get_info(m, &in);
             printf("wrote %s: rank %u of %u, table 0 rows [%" PRIu64 ", %" PRIu64 "), table 1 rows [%" PRIu64
                    ", %" PRIu64 "), %" PRIu64 " bytes\n",
-                   paths[r], r, n, in.shard.first_row[0], in.shard.first_row[0] + in.shard.rows[0],
+                   tmp[r], r, n, in.shard.first_row[0], in.shard.first_row[0] + in.shard.rows[0],
                    in.shard.first_row[1], in.shard.first_row[1] + in.shard.rows[1], in.file_bytes);
             engram_model_close(m);
         } else {
             rc = fail_lib(err.code, &err, paths[r]);
         }
     }
-    if (rc && written) { /* a set is whole or absent: never half of a new one */
+    if (rc && written) { /* the new set is not published; a previous one is untouched */
         for (unsigned r = 0; r < written; r++)
-            unlink(paths[r]);
-        fprintf(stderr, "%s: shard: removed the %u shard file%s written before the failure\n", prog, written,
-                written == 1 ? "" : "s");
+            unlink(tmp[r]);
+        fprintf(stderr, "%s: shard: removed the %u shard file%s written before the failure (any earlier set "
+                "is as it was)\n", prog, written, written == 1 ? "" : "s");
     }
+    for (unsigned r = 0; r < n && !rc; r++) {
+        if (rename(tmp[r], paths[r]) < 0) {
+            int e = errno;
+            fprintf(stderr, "%s: shard: renaming '%s' to '%s': %s (shards 0..%u are in place, the rest are "
+                    "still *.new)\n", prog, tmp[r], paths[r], strerror(e), r ? r - 1 : 0);
+            rc = EXIT_SYSTEM;
+        }
+    }
+    if (!rc)
+        engram_sync_dir_of(paths[0]);
+    free(tmp);
     if (!rc)
         printf("model %s: %u shards in %s (%.2f s)\n", id, n, dir, now_s() - t0);
     for (unsigned r = 0; r < n; r++)

@@ -115,7 +115,8 @@ expect_rc 1 "already a shard" "a shard is not a source" "$ENGRAM" shard "$D/M.sh
 [ -z "$(ls -A "$T/z" 2>/dev/null)" ] && ok || bad "a refused shard run left $(ls -A "$T/z")"
 
 # all-or-nothing: a full disk (RLIMIT_FSIZE) fails the first file, or the
-# second after the first (then the first is removed too); a read-only DIR
+# second after the first (then the first is removed too, and an earlier set
+# is as it was); a read-only DIR
 unit=512
 sh -c 'ulimit -f 2; head -c 1500 /dev/zero >"$1"' sh "$T/u" >/dev/null 2>&1 && unit=1024
 mkdir "$T/full"
@@ -128,6 +129,19 @@ if [ $((lim * unit)) -lt "$s1" ]; then # (N = 3: shard 0 is 256 bytes smaller)
     ( ulimit -f $lim; "$ENGRAM" shard "$M" --ranks 3 --out "$T/full" ) >"$T/out" 2>"$T/err"; rc=$?
     if [ $rc -eq 3 ] && [ -z "$(ls -A "$T/full")" ] && grep -q "removed the 1 shard file" "$T/err"; then ok; else
         bad "full disk at the second shard: exit $rc, left: $(ls -A "$T/full" | tr '\n' ' ')"; fi
+fi
+# --force over a whole set that fails at the second shard: the old set is
+# untouched (the new shards are written as NAME.new and renamed into place
+# only when all are there; a review found the old first shard replaced and
+# the set left broken)
+if [ $((lim * unit)) -lt "$s1" ]; then
+    cp -r "$T/s3" "$T/old3"
+    ( ulimit -f $lim; "$ENGRAM" shard "$M" --ranks 3 --out "$T/old3" --force ) >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -eq 3 ] && cmp -s "$T/s3/M.shard-0-of-3.gguf" "$T/old3/M.shard-0-of-3.gguf" &&
+        [ "$(ls "$T/old3")" = "$(ls "$T/s3")" ] &&
+        "$ENGRAM" shard --check "$T"/old3/M.shard-*-of-3.gguf >/dev/null 2>&1; then ok; else
+        bad "--force failing at the second shard: exit $rc, left: $(ls "$T/old3" | tr '\n' ' ')"; fi
+    rm -rf "$T/old3"
 fi
 if [ "$(id -u)" -ne 0 ]; then
     mkdir "$T/ro" && chmod 555 "$T/ro"
