@@ -28,7 +28,8 @@ int engram_shard_set_check(const engram_shard_info *s, size_t n, const char *con
                            shard_name(names, i, a, sizeof a));
     for (size_t i = 1; i < n; i++) {
         const char *ni = shard_name(names, i, a, sizeof a), *n0 = shard_name(names, 0, b, sizeof b);
-        if (strcmp(s[i].model_id, s[0].model_id) != 0)
+        /* infos may come from other ranks: compared within their bounds */
+        if (memcmp(s[i].model_id, s[0].model_id, ENGRAM_SHARD_ID_HEX) != 0)
             return err_set(err, -EINVAL, ENGRAM_NO_OFFSET,
                            "%s is a shard of another model than %s (model id %.16s... vs %.16s...)", ni, n0,
                            s[i].model_id, s[0].model_id);
@@ -44,6 +45,9 @@ int engram_shard_set_check(const engram_shard_info *s, size_t n, const char *con
                                (unsigned long long)s[0].total_rows[t], n0);
     }
     uint32_t world = s[0].world;
+    if (world > ENGRAM_MAX_SHARDS)
+        return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "%s: a world of %u (at most %u)",
+                       shard_name(names, 0, a, sizeof a), world, ENGRAM_MAX_SHARDS);
     /* rank -> index + 1, at most world entries (world <= 65536) */
     size_t *at = calloc(world, sizeof *at);
     if (!at)
@@ -79,6 +83,10 @@ int engram_shard_set_check(const engram_shard_info *s, size_t n, const char *con
                              "at %llu: %s",
                              shard_name(names, i, a, sizeof a), r, t, (unsigned long long)x->first_row[t],
                              (unsigned long long)next, x->first_row[t] < next ? "they overlap" : "a gap");
+            if (rc == 0 && x->rows[t] > s[0].total_rows[t] - x->first_row[t]) /* first_row <= total here */
+                rc = err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "%s (rank %u): table %d's block runs past row %llu",
+                             shard_name(names, i, a, sizeof a), r, t,
+                             (unsigned long long)s[0].total_rows[t]);
             next = x->first_row[t] + x->rows[t];
         }
         if (rc == 0 && next != s[0].total_rows[t])
