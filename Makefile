@@ -349,7 +349,7 @@ endif
 endif
 ifneq ($(MPICC),)
 MPI_TARGETS = $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so $(BUILD)/tests/mpi/test_mpi_combine \
-              $(BUILD)/bench/mpi/bench_mpi
+              $(BUILD)/bench/mpi/bench_mpi $(BUILD)/engram-mpi.so
 all: $(MPI_TARGETS)
 $(BUILD)/obj/mpi/engram_mpi.o: src/mpi/engram_mpi.c include/engram_mpi.h include/engram.h Makefile
 	@mkdir -p $(dir $@)
@@ -370,13 +370,20 @@ $(BUILD)/bench/mpi/bench_mpi: bench/mpi/bench_mpi.c include/engram_mpi.h $(BUILD
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(MPI_CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libengram-mpi.a $(LIBS) $(LDLIBS_ALL) \
 	    $(MPI_LIBS)
-# make install adds the header, both libraries and engram-mpi.pc
+# The CLI's MPI plugin, loaded by `engram run --shard` (programs/run_shard.c):
+# the engram binary itself never links MPI.
+$(BUILD)/engram-mpi.so: programs/mpi/run_mpi.c programs/mpi_plugin.h include/engram_mpi.h \
+    $(BUILD)/libengram-mpi.a $(LIBS)
+	$(CC) $(CFLAGS_ALL) $(MPI_CFLAGS) $(LDFLAGS) -shared -o $@ $< $(BUILD)/libengram-mpi.a $(LIBS) \
+	    $(LDLIBS_ALL) $(MPI_LIBS)
+# make install adds the header, both libraries, engram-mpi.pc and the plugin
 .PHONY: install-mpi
 install: install-mpi
-install-mpi: $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so
+install-mpi: $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so $(BUILD)/engram-mpi.so
 	@d="$(DESTDIR)$(PREFIX)"; set -e; \
 	mkdir -p "$$d/include" "$$d/lib/pkgconfig"; \
 	cp include/engram_mpi.h "$$d/include/"; \
+	mkdir -p "$$d/lib/engram"; cp $(BUILD)/engram-mpi.so "$$d/lib/engram/"; \
 	cp $(BUILD)/libengram-mpi.a "$$d/lib/"; \
 	cp $(BUILD)/libengram-mpi.so "$$d/lib/libengram-mpi.so.0"; \
 	ln -sf libengram-mpi.so.0 "$$d/lib/libengram-mpi.so"; \

@@ -29,7 +29,7 @@
 static const char *run_help =
     "usage: engram run [MODEL] [--tokens FILE] [--decode N] [--sessions B] [--layers L]\n"
     "                  [--layer-us X] [--threads N] [--no-overlap] [--no-prefetch] [--json]\n"
-    "                  [--device cpu|cuda|cuda-fma|cuda-fast]\n"
+    "                  [--device cpu|cuda|cuda-fma|cuda-fast] [--shard [--dp]]\n"
     "Runs the Engram part of a model inside a simulated engine of L layers (Engram\n"
     "at layers 1 and 14; every other layer costs X us of busy work on the engine's\n"
     "thread): B sessions, each on its own slice of the token stream, prefill their\n"
@@ -65,6 +65,24 @@ static const char *run_help =
     "convolution state carried by the pool (engram_prefill_apply;\n"
     "engram_step_apply_batch: every session's token in one pass): on the CPU, with\n"
     "prefetch.\n"
+    ;
+static const char *run_help2 =
+    "--shard: the run as one of N MPI ranks (mpirun -np N engram run ... --shard;\n"
+    "needs engram-mpi.so, built where mpicc is found, next to the binary or in\n"
+    "../lib/engram/, or at $ENGRAM_MPI_PLUGIN; without it: exit 1).  Tensor-\n"
+    "parallel by default: every rank runs the same sessions and tokens, its pool\n"
+    "reads only its block of each table's rows (sharded: rows\n"
+    "[r R/N, (r+1) R/N)), and each step's (prefill chunk's) rows of a table are\n"
+    "combined across the ranks (a non-blocking MPI_Iallreduce, bitwise OR; a\n"
+    "step's begun as soon as the rank's reads are in, progressed between layers)\n"
+    "before the layer applies them: every rank computes the one-process residuals.\n"
+    "--dp: data-parallel, rank r runs sessions r, r+N, ... of the B on an unsharded\n"
+    "pool, nothing combined; the checksum is chained across the ranks in session\n"
+    "order, the one-process checksum.  Rank 0 prints the report (its own figures)\n"
+    "with every rank's rows read per token, the combine's bytes per token and\n"
+    "time, and the part of it hidden behind layers.  V4.1 on the CPU only; TP\n"
+    "needs prefetch; --dp needs --sessions >= N.  One rank (no mpirun): a plain\n"
+    "run, said so.\n"
     "Defaults: the demo model next to the engram binary (demo.gguf, written there\n"
     "by engram build the first time) and the bundled GPL-3 token stream; N 64,\n"
     "B 4, L 43, X 100, 1 thread.  FILE holds at most 2^24 tokens (a longer one is\n"
@@ -161,6 +179,7 @@ struct run_opts {
     const char *path, *tok_path, *device;
     uint64_t N, B, L, X, threads;  /* --decode, --sessions, --layers, --layer-us, --threads */
     int json, overlap, prefetch;
+    int shard, dp;                 /* --shard, --dp */
 };
 
 /* 0, or the exit code of a usage error (printed). */
@@ -190,6 +209,10 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
             o->overlap = 0;
         } else if (!strcmp(a, "--no-prefetch")) {
             o->prefetch = 0;
+        } else if (!strcmp(a, "--shard")) {
+            o->shard = 1;
+        } else if (!strcmp(a, "--dp")) {
+            o->dp = 1;
         } else if (a[0] == '-') {
             return fail_usage("run: unknown option '%s'", a);
         } else if (!o->path) {
@@ -202,6 +225,14 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
         return fail_usage("run: --sessions, --threads and --layers are >= 1");
     if (!dev_name_ok(o->device))
         return fail_usage("run: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", o->device);
+    if (o->dp && !o->shard)
+        return fail_usage("run: --dp is a mode of --shard");
+    if (o->shard && strcmp(o->device, "cpu") != 0)
+        return fail_usage("run: --shard runs on the CPU (the ranks' rows are combined in host memory; "
+                          "the GPU combine is NCCL's, not built into engram run)");
+    if (o->shard && !o->dp && !o->prefetch)
+        return fail_usage("run: --shard without --dp needs prefetch (the serial reads of --no-prefetch "
+                          "are not sharded)");
     return 0;
 }
 
@@ -211,6 +242,12 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
  * after saying why not. */
 static int check_member(const struct run *R, const struct run_opts *o, const engram_model_info *mi)
 {
+    if (R->ple && o->shard) {
+        fprintf(stderr, "%s: run: '%s' is a %s model: --shard is V4.1's (a PLE layer's rows carry the "
+                "sessions' convolution state through engram_step_apply, which takes the whole rows of "
+                "one process)\n", prog, o->path, mi->family.name);
+        return EXIT_DATA;
+    }
     if (!R->ple)
         return o->L < 15 ? fail_usage("run: --layers >= 15 (Engram at 1 and 14)") : 0;
     if (strcmp(o->device, "cpu") != 0) {
@@ -282,6 +319,10 @@ static int open_pool(struct run *R, engram_layer_info *li, engram_error *err)
     memset(&po, 0, sizeof po);
     /* on a GPU: the reader's buffers page-locked, where reads land */
     dev_host_hooks(R->D[0], &po.reader.host);
+    if (R->sh.tp) { /* this rank's row block only */
+        po.shard_rank = (unsigned)R->sh.rank;
+        po.shard_world = (unsigned)R->sh.world;
+    }
     int rc = engram_pool_open(R->m, &po, &R->pool, err);
     if (rc)
         return rc;
@@ -302,6 +343,8 @@ static int open_pool(struct run *R, engram_layer_info *li, engram_error *err)
         if (!R->ring)
             return -ENOMEM;
     }
+    if (R->sh.tp && shard_alloc(&R->sh, B, R->rowb) < 0)
+        return -ENOMEM;
     if (R->D[0]) { /* page-locked for the GPU's copies (one registration serves both layers) */
         dev_pin(R->D[0], R->outs, B * ENGRAM_ROWS_PER_TOKEN * 512);
         dev_pin(R->D[0], R->xs, B * R->per * 4);
@@ -312,13 +355,16 @@ static int open_pool(struct run *R, engram_layer_info *li, engram_error *err)
 }
 
 /* A session per slice of the n tokens, its residual engram apply's
- * seed:1+b.  0 or a negative errno. */
+ * seed:1+b (b: its index in the whole run; --dp: this rank's are rank,
+ * rank + world, ...).  0 or a negative errno. */
 static int open_sessions(struct run *R, const uint32_t *tokens, size_t n, engram_error *err)
 {
-    size_t slice = n / R->B;
+    size_t slice = n / R->sh.sessions;
     int rc = 0;
-    for (unsigned b = 0; b < R->B && rc == 0; b++) {
-        struct sess *q = &R->ss[b];
+    for (unsigned i = 0; i < R->B && rc == 0; i++) {
+        struct sess *q = &R->ss[i];
+        unsigned b = R->sh.dp ? (unsigned)R->sh.rank + i * (unsigned)R->sh.world : i;
+        q->index = b;
         q->tok = tokens + (size_t)b * slice;
         q->len = slice;
         q->prompt = slice - R->N;
@@ -356,19 +402,36 @@ static int simulate(struct run *R, size_t *prompt_tokens, engram_error *err)
 
 /* The report of a run that completed: its figures, the pool's, the
  * page-cache growth of the tables (pages0 before, pages1 after, or -errno)
- * and the checksum of every session's final residuals. */
-static void report(const struct run *R, const struct run_opts *opt, const engram_layer_info *li,
-                   size_t prompt_tokens, int64_t pages0, int64_t pages1)
+ * and the checksum of every session's final residuals; --shard: every
+ * rank's figures, gathered (a collective), printed by rank 0.  0 or a
+ * negative errno. */
+static int report(const struct run *R, const struct run_opts *opt, const engram_layer_info *li,
+                  size_t prompt_tokens, int64_t pages0, int64_t pages1, engram_error *err)
 {
-    uint64_t fnv = 0xcbf29ce484222325ull;
-    for (unsigned b = 0; b < R->B; b++) {
-        const unsigned char *p = (const unsigned char *)R->ss[b].x;
-        for (size_t i = 0; i < R->ss[b].len * R->per * 4; i++)
-            fnv = (fnv ^ p[i]) * 0x100000001b3ull;
-    }
+    uint64_t fnv = 0;
+    int rc = shard_checksum(R, &fnv, err);
     struct report o = {.path = opt->path, .device = opt->device, .layer_us = opt->X,
                        .threads = opt->threads, .li = *li, .prompt_tokens = prompt_tokens, .fnv = fnv};
     engram_pool_get_stats(R->pool, &o.ps);
+    uint64_t *all = NULL;
+    if (rc == 0 && R->sh.mp) {
+        uint64_t mine[RK_FIELDS] = {
+            [RK_DEC_READ] = o.ps.step_rows_read, [RK_DEC_REQ] = o.ps.step_rows_requested,
+            [RK_DEC_TOKENS] = R->n_steps * R->B, [RK_PRE_READ] = o.ps.prefill_rows_read,
+            [RK_PRE_TOKENS] = prompt_tokens, [RK_SESSIONS] = R->B, [RK_FNV] = fnv,
+            [RK_COMB_BYTES] = R->sh.dec.bytes + R->sh.pre.bytes, [RK_COMB_TOTAL] = R->sh.dec.total_ns,
+            [RK_COMB_EXPOSED] = R->sh.dec.exposed_ns};
+        all = calloc((size_t)R->sh.world * RK_FIELDS, sizeof *all);
+        rc = all ? shard_gather(R, mine, all, err) : -ENOMEM;
+        o.ranks = all;
+        o.checksums_agree = 1;
+        for (int r = 1; rc == 0 && R->sh.tp && r < R->sh.world; r++)
+            o.checksums_agree &= all[r * RK_FIELDS + RK_FNV] == fnv;
+    }
+    if (rc || R->sh.rank != 0) {
+        free(all);
+        return rc;
+    }
     o.p50 = quantile(R->step_lat, R->n_steps, 0.5);
     o.p99 = quantile(R->step_lat, R->n_steps, 0.99);
     o.growth = pages0 >= 0 && pages1 >= 0 ? pages1 - pages0 : 0;
@@ -377,6 +440,23 @@ static void report(const struct run *R, const struct run_opts *opt, const engram
         run_print_json(R, &o);
     else
         run_print_text(R, &o);
+    free(all);
+    return 0;
+}
+
+/* What every rank must have alike: the options that shape the collectives
+ * and the tokens (FNV-1a 64). */
+static uint64_t run_identity(const struct run_opts *o, const uint32_t *tokens, size_t n)
+{
+    uint64_t v[] = {o->N, o->B, o->L, (uint64_t)o->overlap, (uint64_t)o->prefetch, (uint64_t)o->dp, n};
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char *p = (const unsigned char *)v;
+    for (size_t i = 0; i < sizeof v; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    p = (const unsigned char *)tokens;
+    for (size_t i = 0; i < n * sizeof *tokens; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
 }
 
 /* Everything open_layers, open_pool and open_sessions opened, in any state. */
@@ -401,19 +481,23 @@ static void close_run(struct run *R)
     free(R->ring);
 }
 
-int cmd_run(int argc, char **argv)
+/* The run once MPI (if --shard) is up: its figures left in *Rp for the
+ * tear-down.  0 or an exit code. */
+static int run_body(const struct run_opts *op, struct run *Rp)
 {
-    if (has_help(argc, argv)) {
-        fputs(run_help, stdout);
-        return 0;
-    }
-    struct run_opts o;
-    int st = parse_run_opts(argc, argv, &o);
-    if (st)
-        return st;
+    struct run_opts o = *op;
+    int st;
     char defpath[4200];
     if (!o.path) {
-        if (default_model(defpath, sizeof defpath) < 0)
+        /* the demo model written once: by rank 0 while the others wait */
+        int me = Rp->sh.mp ? Rp->sh.rank : 0, wrote = -1;
+        if (me == 0)
+            wrote = default_model(defpath, sizeof defpath);
+        if (Rp->sh.mp && (st = shard_agree(&Rp->sh, 0)) != 0)
+            return st;
+        if (me != 0)
+            wrote = default_model(defpath, sizeof defpath);
+        if (wrote < 0)
             return EXIT_SYSTEM;
         o.path = defpath;
     }
@@ -422,10 +506,22 @@ int cmd_run(int argc, char **argv)
     st = load_stream(&o, &tokens, &n);
     if (st)
         return st;
+    if (Rp->sh.mp) {
+        if (o.dp && Rp->sh.world > 1 && o.B < (uint64_t)Rp->sh.world) {
+            free(tokens);
+            return fail_usage("run: --dp over %d ranks needs --sessions >= %d (rank r runs sessions "
+                              "r, r + %d, ...)", Rp->sh.world, Rp->sh.world, Rp->sh.world);
+        }
+        if ((st = shard_agree(&Rp->sh, run_identity(&o, tokens, n))) != 0) {
+            free(tokens);
+            return st;
+        }
+    }
 
-    struct run R;
-    memset(&R, 0, sizeof R);
-    R.B = (unsigned)o.B;
+    struct run R = *Rp;
+    R.sh.sessions = (unsigned)o.B;
+    R.B = R.sh.dp ? (unsigned)((o.B - (uint64_t)R.sh.rank + (uint64_t)R.sh.world - 1) / (uint64_t)R.sh.world)
+                  : (unsigned)o.B;
     R.layers = (unsigned)o.L;
     R.N = (unsigned)o.N;
     R.layer_us = o.X;
@@ -448,8 +544,10 @@ int cmd_run(int argc, char **argv)
     if (st) {
         engram_model_close(R.m);
         free(tokens);
-        return st;
+        *Rp = R;
+        return st; /* every rank refuses alike: MPI ends normally */
     }
+    R.sh.agreed = R.sh.mp != NULL;
     engram_error err = {0};
     int rc = open_layers(&R, &o, &err);
     const engram_table_info *last = &mi.table[R.tables - 1];
@@ -471,9 +569,32 @@ int cmd_run(int argc, char **argv)
     if (rc < 0)
         st = rc == -ENOENT ? (fprintf(stderr, "%s: run: %s\n", prog, err.msg), EXIT_DATA)
                            : fail_lib(rc, &err, "run");
-    else
-        report(&R, &o, &li, prompt_tokens, pages0, pages1);
+    else if ((rc = report(&R, &o, &li, prompt_tokens, pages0, pages1, &err)) < 0)
+        st = fail_lib(rc, &err, "run: --shard");
     close_run(&R);
     free(tokens);
+    *Rp = R;
+    return st;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    if (has_help(argc, argv)) {
+        fputs(run_help, stdout);
+        fputs(run_help2, stdout);
+        return 0;
+    }
+    struct run_opts o;
+    int st = parse_run_opts(argc, argv, &o);
+    if (st)
+        return st;
+    struct run R;
+    memset(&R, 0, sizeof R);
+    if (o.shard && (st = shard_start(&R.sh, o.dp)) != 0)
+        return st;
+    st = run_body(&o, &R);
+    /* a rank that failed once the ranks agreed may leave its peers in a
+     * collective it will never join: the job is ended (MPI_Abort) */
+    shard_end(&R.sh, st != 0 && R.sh.agreed);
     return st;
 }

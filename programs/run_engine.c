@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "mpi_plugin.h"
 #include "run.h"
 
 uint64_t run_ns_now(void)
@@ -195,7 +196,12 @@ int run_prefill(struct run *R, struct sess *q, engram_error *err)
                 }
                 if (rc == 0 && R->ple) /* the session's convolution state carried */
                     rc = engram_prefill_apply(pf, c, R->ple_a, q->x + first * R->per, ENGRAM_F32, err);
-                else if (rc == 0)
+                else if (rc == 0 && R->sh.tp) { /* this rank's share: combined first */
+                    const void *all = NULL;
+                    rc = shard_prefill_combine(R, t, rows[t], k, &all, err);
+                    if (rc == 0)
+                        rc = apply_layer(R, t, all, ENGRAM_COLUMNS * R->rowb, q->x + first * R->per, k, err);
+                } else if (rc == 0)
                     rc = apply_layer(R, t, rows[t], ENGRAM_COLUMNS * R->rowb, q->x + first * R->per, k, err);
                 if (R->prefetch)
                     engram_prefill_release(pf, t, c);
@@ -294,6 +300,7 @@ int run_decode_step(struct run *R, size_t step, engram_error *err)
     }
     uint64_t t0 = run_ns_now();
     R->n_waits = 0;
+    R->sh.began[0] = R->sh.began[1] = 0;
     int rc = engram_step_begin_batch(sv, tok, NULL, B, (engram_dtype)R->rdt, outs, err);
     R->begun_ns = run_ns_now();
     for (unsigned l = 0; l < R->layers && rc == 0; l++) {
@@ -305,9 +312,16 @@ int run_decode_step(struct run *R, size_t step, engram_error *err)
         if (t >= 0) {
             for (unsigned b = 0; b < B && rc == 0 && R->overlap; b++)
                 rc = timed_wait(R, sv[b], t, err);
+            const uint8_t *all = NULL;
+            if (rc == 0 && R->sh.tp) /* the ranks' shares of t's rows, combined */
+                rc = shard_step_wait(R, t, &all, err);
             if (rc == 0 && t == (int)R->tables - 1)
                 account_step(R, sv);
-            if (R->ple && rc == 0) {
+            if (rc == 0 && all) {
+                /* [B][24] rows of table t, as the one-process run reads them
+                 * from its [B][48]: the same applier, another stride */
+                rc = apply_layer(R, t, all, ENGRAM_COLUMNS * R->rowb, R->xs, B, err);
+            } else if (R->ple && rc == 0) {
                 /* the sessions' tokens in one pass over the weights, each
                  * from its own convolution state, committed with its token */
                 void *xs[1024];
@@ -320,9 +334,16 @@ int run_decode_step(struct run *R, size_t step, engram_error *err)
                                  ENGRAM_ROWS_PER_TOKEN * R->rowb, R->xs, B, err);
             }
         } else {
+            if (R->sh.tp && rc == 0) /* combines begun as reads come in, progressed */
+                rc = shard_step_poll(R, err);
             busy(R->layer_us, NULL);
         }
     }
+    for (unsigned t = 0; t < 2; t++) /* a failed step's combines: given up */
+        if (R->sh.op[t]) {
+            R->sh.mp->combine_free(R->sh.op[t]);
+            R->sh.op[t] = NULL;
+        }
     for (unsigned b = 0; b < B; b++) {
         int crc = rc == 0 ? engram_step_commit(sv[b], 1, err) : (engram_step_abort(sv[b]), 0);
         if (rc == 0)

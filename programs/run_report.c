@@ -60,6 +60,83 @@ static double pct(uint64_t part, uint64_t whole)
     return whole ? 100.0 * (double)part / (double)whole : 0.0;
 }
 
+static const char *shard_mode(const struct run *R)
+{
+    return R->sh.world < 2 ? "one process" : R->sh.dp ? "dp" : "tp";
+}
+
+/* --shard: the ranks' figures (JSON: "shard":{...}). */
+static void print_shard_json(const struct run *R, const struct report *o)
+{
+    const struct shard *sh = &R->sh;
+    if (!sh->mp || !o->ranks)
+        return;
+    uint64_t dec_tokens = R->n_steps * R->B;
+    printf(",\"shard\":{\"world\":%d,\"mode\":\"%s\",\"sessions\":%u,\"ranks\":[", sh->world,
+           shard_mode(R), sh->sessions);
+    for (int r = 0; r < sh->world; r++) {
+        const uint64_t *k = o->ranks + (size_t)r * RK_FIELDS;
+        printf("%s{\"rank\":%d,\"sessions\":%" PRIu64 ",\"decode_tokens\":%" PRIu64
+               ",\"decode_rows_requested\":%" PRIu64 ",\"decode_rows_read\":%" PRIu64
+               ",\"decode_rows_read_per_token\":%.3f,\"prefill_tokens\":%" PRIu64
+               ",\"prefill_rows_read\":%" PRIu64 ",\"combine_bytes\":%" PRIu64
+               ",\"decode_combine_ns\":%" PRIu64 ",\"decode_combine_exposed_ns\":%" PRIu64 "}",
+               r ? "," : "", r, k[RK_SESSIONS], k[RK_DEC_TOKENS], k[RK_DEC_REQ], k[RK_DEC_READ],
+               k[RK_DEC_TOKENS] ? (double)k[RK_DEC_READ] / (double)k[RK_DEC_TOKENS] : 0.0, k[RK_PRE_TOKENS],
+               k[RK_PRE_READ], k[RK_COMB_BYTES], k[RK_COMB_TOTAL], k[RK_COMB_EXPOSED]);
+    }
+    printf("],\"combine\":{\"method\":\"%s\",\"decode\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64
+           ",\"bytes_per_token\":%.1f,\"total_ns\":%" PRIu64 ",\"exposed_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64
+           "},\"prefill\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"bytes_per_token\":%.1f,\"total_ns\":%" PRIu64
+           ",\"exposed_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64 "}}",
+           sh->tp ? "MPI_Iallreduce BOR" : "none", sh->dec.calls, sh->dec.bytes,
+           dec_tokens ? (double)sh->dec.bytes / (double)dec_tokens : 0.0, sh->dec.total_ns, sh->dec.exposed_ns,
+           sh->dec.total_ns - sh->dec.exposed_ns, sh->pre.calls, sh->pre.bytes,
+           o->prompt_tokens ? (double)sh->pre.bytes / (double)o->prompt_tokens : 0.0, sh->pre.total_ns,
+           sh->pre.exposed_ns, sh->pre.total_ns - sh->pre.exposed_ns);
+    printf(",\"checksums_agree\":%s}", !sh->tp ? "null" : o->checksums_agree ? "true" : "false");
+}
+
+/* --shard: the ranks' figures (text). */
+static void print_shard_text(const struct run *R, const struct report *o)
+{
+    const struct shard *sh = &R->sh;
+    if (!sh->mp || !o->ranks)
+        return;
+    if (sh->world < 2) {
+        printf("shard:   one rank (no mpirun?): --shard ran as a plain one-process run\n");
+        return;
+    }
+    printf("shard:   %d ranks, %s: %s; the figures above are rank 0's\n", sh->world,
+           sh->dp ? "DP" : "TP", sh->dp ? "rank r runs sessions r, r + N, ... on an unsharded pool"
+                                        : "every rank the same sessions, its row block read, rows combined");
+    for (int r = 0; r < sh->world; r++) {
+        const uint64_t *k = o->ranks + (size_t)r * RK_FIELDS;
+        printf("         rank %d: %" PRIu64 " session%s; decode %" PRIu64 " rows read for %" PRIu64
+               " tokens = %.2f per token (of %u); prefill %" PRIu64 " rows read\n", r, k[RK_SESSIONS],
+               k[RK_SESSIONS] == 1 ? "" : "s", k[RK_DEC_READ], k[RK_DEC_TOKENS],
+               k[RK_DEC_TOKENS] ? (double)k[RK_DEC_READ] / (double)k[RK_DEC_TOKENS] : 0.0, R->rpt,
+               k[RK_PRE_READ]);
+    }
+    if (sh->tp) {
+        uint64_t dec_tokens = R->n_steps * R->B;
+        printf("combine: MPI_Iallreduce (bitwise OR) per table per step, rank 0: decode %" PRIu64
+               " calls, %.0f bytes per token combined (each rank receives 2(N-1)/N to log2(N) times "
+               "that, by MPI's algorithm),\n         %.3f ms in all, %.3f ms exposed, %.3f ms hidden "
+               "(%.1f%%)\n",
+               sh->dec.calls, dec_tokens ? (double)sh->dec.bytes / (double)dec_tokens : 0.0,
+               (double)sh->dec.total_ns / 1e6, (double)sh->dec.exposed_ns / 1e6,
+               (double)(sh->dec.total_ns - sh->dec.exposed_ns) / 1e6,
+               pct(sh->dec.total_ns - sh->dec.exposed_ns, sh->dec.total_ns));
+        printf("         prefill %" PRIu64 " calls, %.0f bytes per token, %.3f ms, all exposed (begun at "
+               "the chunk's layer); every rank's residuals %s\n", sh->pre.calls,
+               o->prompt_tokens ? (double)sh->pre.bytes / (double)o->prompt_tokens : 0.0,
+               (double)sh->pre.total_ns / 1e6, o->checksums_agree ? "the same" : "NOT THE SAME");
+    } else {
+        printf("         checksum: chained across the ranks in session order\n");
+    }
+}
+
 void run_print_json(const struct run *R, const struct report *o)
 {
     const engram_pool_stats *ps = &o->ps;
@@ -125,6 +202,7 @@ void run_print_json(const struct run *R, const struct report *o)
     } else {
         printf("%" PRId64, o->growth);
     }
+    print_shard_json(R, o);
     printf(",\"checksum\":\"%016" PRIx64 "\"}\n", o->fnv);
 }
 
@@ -185,6 +263,7 @@ void run_print_text(const struct run *R, const struct report *o)
     if (ps->io.host_registered)
         printf("         the reader's buffers (%" PRIu64 " KiB, where reads land) and the prefill "
                "ring page-locked for the GPU's copies\n", ps->io.host_registered >> 10);
+    print_shard_text(R, o);
     printf("checksum of the final residuals (FNV-1a 64): %016" PRIx64 "\n", o->fnv);
     printf("legend:  decode span = per step, from its begin to its last row of either table\n"
            "         (engram_step_get_info), summed; prefill span = from engram_prefill_begin to the\n"

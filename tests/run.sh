@@ -132,6 +132,7 @@ build "gcc -O2" && {
     # libengram-mpi (built where mpicc is found; deps.sh installs Open MPI)
     if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
         run "test_mpi.sh (mpirun -np 2 and 4)" sh tests/test_mpi.sh build
+        run "test_run_mpi.sh (engram run --shard, TP and DP, -np 2 and 4)" sh tests/test_run_mpi.sh build
     fi
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }

@@ -1,0 +1,125 @@
+#!/bin/sh
+# test_run_mpi.sh BUILD_DIR - `engram run --shard` under mpirun (issue #24):
+# at -np 2 and 4, tensor-parallel (every rank the same sessions, its row
+# block read, rows combined) and --dp (sessions split across the ranks)
+# give the checksum of the one-process run with the same options; in TP
+# each rank reads about 48/N rows per token and the ranks' reads add up to
+# the one-process run's exactly (each distinct row is one rank's), every
+# rank ends with the same residuals; one rank (no mpirun) is a plain run;
+# refusals: no plugin, a PLE model, --device cuda, --dp without --shard or
+# with fewer sessions than ranks, ranks given different options.  Needs
+# mpirun and BUILD_DIR/engram-mpi.so (built where mpicc is found).
+# Ends with "test_run_mpi: N passed, N failed".
+set -u
+. "$(dirname "$0")/lib.sh"
+B=${1:-build}
+E="$B/engram"
+PY=/usr/bin/python3
+tmpdir runmpi
+[ -f "$B/engram-mpi.so" ] || { echo "test_run_mpi: $B/engram-mpi.so not built (no mpicc?)";
+    echo "test_run_mpi: 0 passed, 1 failed"; exit 1; }
+command -v mpirun >/dev/null 2>&1 || { echo "test_run_mpi: no mpirun"; echo "test_run_mpi: 0 passed, 1 failed"; exit 1; }
+# as tests/test_mpi.sh: root allowed, no CMA single copy, shared memory only
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader \
+    OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    TMPDIR="$T"
+MPIRUN="mpirun --oversubscribe --allow-run-as-root -q"
+
+M="$T/m.gguf"
+"$E" build "$M" --base 20000 --width 64 --fill normal --seed 3 >/dev/null || bad "build"
+head -c 9000 data/gpl3.tok | tr -s ' \n' '\n\n' | grep -v '^$' > "$T/tok"
+RUN="--tokens $T/tok --decode 10 --layer-us 20 --json"
+
+# the one-process run: checksum and reads, per session count
+one() { # one B [MORE...] -> $T/one.json
+    b=$1; shift
+    "$E" run "$M" $RUN --sessions "$b" "$@" > "$T/one.json" 2>"$T/err" || { bad "one process, $b sessions"; cat "$T/err" >&2; }
+}
+
+check() { # check NAME NP B MODE [MORE...]: mpirun -np NP against $T/one.json
+    name=$1; np=$2; b=$3; mode=$4; shift 4
+    if [ "$mode" = dp ]; then more=--dp; else more=; fi
+    timeout 120 $MPIRUN -np "$np" "$E" run "$M" $RUN --sessions "$b" --shard $more "$@" > "$T/r.json" 2>"$T/err"
+    rc=$?
+    [ $rc -eq 0 ] || { bad "$name: rc $rc"; tail -5 "$T/err" >&2; return; }
+    "$PY" - "$T/one.json" "$T/r.json" "$name" "$np" "$mode" <<'PYEOF'
+import json, sys
+one, d = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+name, np, mode = sys.argv[3], int(sys.argv[4]), sys.argv[5]
+s = d["shard"]
+errs = []
+if d["checksum"] != one["checksum"]: errs.append("checksum %s != one process %s" % (d["checksum"], one["checksum"]))
+if s["world"] != np or s["mode"] != mode: errs.append("world %s mode %s" % (s["world"], s["mode"]))
+R = s["ranks"]
+od, op = one["decode"], one["prefill"]
+if mode == "tp":
+    if s["checksums_agree"] is not True: errs.append("the ranks' residuals differ")
+    # each distinct row is one rank's: the reads add up to one process's
+    if sum(r["decode_rows_read"] for r in R) != od["rows_read"]: errs.append("decode reads do not add up")
+    if sum(r["prefill_rows_read"] for r in R) != op["rows_read"]: errs.append("prefill reads do not add up")
+    for r in R:
+        if r["decode_tokens"] != od["tokens"]: errs.append("rank %d: %d decode tokens" % (r["rank"], r["decode_tokens"]))
+        x = r["decode_rows_read_per_token"]
+        if not 0.6 * 48 / np <= x <= 1.4 * 48 / np: errs.append("rank %d: %.2f rows per token" % (r["rank"], x))
+    c = s["combine"]["decode"]
+    if c["bytes_per_token"] != 48 * 512: errs.append("combine bytes per token %s" % c["bytes_per_token"])
+    if c["calls"] != 2 * od["steps"]: errs.append("combine calls %d" % c["calls"])
+    if c["hidden_ns"] + c["exposed_ns"] != c["total_ns"] or c["exposed_ns"] > c["total_ns"]: errs.append("combine time")
+else:
+    if sum(r["sessions"] for r in R) != one["sessions"]: errs.append("sessions")
+    if sum(r["decode_tokens"] for r in R) != od["tokens"]: errs.append("decode tokens")
+    if s["combine"]["decode"]["calls"] != 0: errs.append("DP combined")
+print("%s: checksum %s, rows read per token %s, combine %s%s" % (name, d["checksum"],
+      [r["decode_rows_read_per_token"] for r in R],
+      "%.0f%% hidden" % (100.0 * s["combine"]["decode"]["hidden_ns"] / max(1, s["combine"]["decode"]["total_ns"])),
+      "" if not errs else "  <- " + "; ".join(errs)))
+sys.exit(1 if errs else 0)
+PYEOF
+    if [ $? -eq 0 ]; then ok; else bad "$name"; fi
+}
+
+one 4
+check "-np 2 TP, 4 sessions" 2 4 tp
+check "-np 2 DP, 4 sessions" 2 4 dp
+check "-np 4 TP, 4 sessions" 4 4 tp
+check "-np 4 DP, 4 sessions" 4 4 dp
+one 3
+check "-np 2 DP, 3 sessions (uneven)" 2 3 dp
+check "-np 4 TP, 3 sessions" 4 3 tp
+one 1 --no-overlap
+check "-np 2 TP, 1 session, no overlap" 2 1 tp --no-overlap
+
+# one rank without mpirun: a plain run, said so
+one 2
+"$E" run "$M" $RUN --sessions 2 --shard > "$T/r.json" 2>"$T/err"
+if [ $? -eq 0 ] && "$PY" -c "
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+sys.exit(0 if a['checksum'] == b['checksum'] and b['shard']['mode'] == 'one process' else 1)" "$T/one.json" "$T/r.json"
+then ok; else bad "--shard as one process"; cat "$T/err" >&2; fi
+# the text report: the ranks' lines and the combine's
+timeout 120 $MPIRUN -np 2 "$E" run "$M" --tokens "$T/tok" --decode 4 --layer-us 20 --sessions 2 --shard > "$T/text" 2>"$T/err"
+if grep -q "^shard:   2 ranks, TP" "$T/text" && grep -q "^         rank 1: 2 sessions; decode .* per token (of 48)" "$T/text" \
+    && grep -q "^combine: MPI_Iallreduce .* bytes per token combined" "$T/text" \
+    && grep -q "^         .* ms in all, .* ms exposed, .* ms hidden" "$T/text" \
+    && [ "$(grep -c '^checksum' "$T/text")" -eq 1 ]; then ok; else bad "text report"; cat "$T/text" "$T/err" >&2; fi
+
+# refusals
+expect_rc 1 "run: --shard needs MPI: no file /nonexistent" "no plugin (\$ENGRAM_MPI_PLUGIN)" \
+    env ENGRAM_MPI_PLUGIN=/nonexistent "$E" run "$M" $RUN --sessions 1 --shard
+mkdir "$T/bin" && cp "$E" "$T/bin/engram"
+expect_rc 1 "no engram-mpi.so next to the engram executable" "no plugin next to the binary" \
+    "$T/bin/engram" run "$M" $RUN --sessions 1 --shard
+expect_rc 2 "run: --shard runs on the CPU" "--shard --device cuda" \
+    "$E" run "$M" $RUN --sessions 1 --shard --device cuda
+expect_rc 2 "run: --dp is a mode of --shard" "--dp alone" "$E" run "$M" $RUN --sessions 1 --dp
+expect_rc 2 "needs prefetch" "--shard --no-prefetch" "$E" run "$M" $RUN --sessions 1 --shard --no-prefetch
+"$E" build "$T/ple.gguf" --arch qwen4exp --base 20011 --width 64 --fill normal --seed 3 >/dev/null || bad "PLE build"
+expect_rc 1 "--shard is V4.1's" "PLE --shard" "$E" run "$T/ple.gguf" $RUN --sessions 1 --shard
+expect_rc 2 "needs --sessions >= 4" "--dp, fewer sessions than ranks" \
+    timeout 120 $MPIRUN -np 4 "$E" run "$M" $RUN --sessions 2 --shard --dp
+expect_rc 2 "were not given the same model, tokens and options" "ranks given different options" \
+    timeout 120 $MPIRUN -np 1 "$E" run "$M" $RUN --sessions 2 --shard : -np 1 "$E" run "$M" $RUN --sessions 3 --shard
+# the command links no MPI
+if ldd "$E" | grep -q "libmpi"; then bad "engram links libmpi"; else ok; fi
+finish test_run_mpi
