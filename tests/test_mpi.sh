@@ -44,4 +44,12 @@ for np in 2 4; do
         ! grep -q "WRONG ROWS" "$T/stall$np"; then ok; else
         bad "-np $np, a stalled rank: rc $rc, $peers peers timed out as expected"; tail -20 "$T/stall$np" >&2; fi
 done
+# close with a parked op (the review's crash): rank 0 gives up on a combine
+# the late rank has not joined and closes its handle; the barrier after it
+# completes the collective and must not touch freed memory
+timeout 120 $MPIRUN -np 2 "$P" --park >"$T/park" 2>&1
+rc=$?
+if [ "$rc" -eq 0 ] && [ "$(grep -c "after the barrier" "$T/park")" -eq 2 ] &&
+    [ "$(grep -c "checks, 0 failed" "$T/park")" -eq 2 ]; then ok; else
+    bad "close with a parked op: rc $rc"; tail -20 "$T/park" >&2; fi
 finish test_mpi

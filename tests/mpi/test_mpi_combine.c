@@ -471,6 +471,54 @@ static int stall_case(engram_mpi *m)
     return 3;
 }
 
+/* Close with a parked op (review, issue #24): rank 0 begins a combine,
+ * gives up on it (cancel, free: parked) and closes its handle while the
+ * last rank has not joined; then the late rank joins and everyone meets in
+ * a barrier, whose progress completes the parked collective.  Freeing the
+ * handle's communicator at that close made Open MPI read freed memory in
+ * the barrier (a crash); the handle is kept instead.  Run on a handle of
+ * its own, opened here. */
+static int park_case(void)
+{
+    engram_mpi *m = NULL;
+    engram_error err;
+    if (engram_mpi_open(MPI_COMM_WORLD, NULL, &m, &err) < 0)
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    size_t n = 96, rb = 512;
+    uint8_t *share = malloc(n * rb), *want = malloc(n * rb);
+    uint32_t *owner = malloc(n * 4);
+    synth(share, want, owner, n, rb, 4444);
+    if (rank == world - 1)
+        usleep(800 * 1000); /* joins late */
+    engram_mpi_op *op = NULL;
+    CHECK_EQ(engram_mpi_combine_begin(m, share, n * rb, &op, &err), 0);
+    if (rank == 0) {
+        CHECK_EQ(engram_mpi_combine_poll(op, &err), -EAGAIN); /* the late rank is not there */
+        engram_mpi_combine_cancel(op);
+        CHECK_EQ(engram_mpi_combine_wait(op, 0, &err), -ECANCELED);
+        engram_mpi_combine_free(op); /* parked */
+        engram_mpi_info in;
+        engram_mpi_get_info(m, &in);
+        CHECK_EQ(in.pending, 1);
+        engram_mpi_close(m); /* MPI still holds the op: kept, not freed */
+        printf("rank 0: closed with a parked op\n");
+    } else {
+        CHECK_EQ(engram_mpi_combine_wait(op, 20ull * 1000000000ull, &err), 0);
+        same(share, want, n * rb, "a combine whose peer gave up but stayed in MPI");
+        engram_mpi_combine_free(op);
+        engram_mpi_close(m);
+    }
+    MPI_Barrier(MPI_COMM_WORLD); /* progresses rank 0's parked collective */
+    MPI_Barrier(MPI_COMM_WORLD);
+    printf("rank %d: after the barrier\n", rank);
+    free(share), free(want), free(owner);
+    char name[64];
+    snprintf(name, sizeof name, "test_mpi_combine --park rank %d/%d", rank, world);
+    int rc = tu_finish(name);
+    MPI_Finalize();
+    return rc;
+}
+
 static void bench(engram_mpi *m, uint64_t timeout)
 {
     static const struct { const char *name; size_t rows; } shapes[] = {
@@ -532,7 +580,9 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     int mode = argc > 1 && !strcmp(argv[1], "--bench") ? 1 : argc > 1 && !strcmp(argv[1], "--exit") ? 2
-             : argc > 1 && !strcmp(argv[1], "--stall") ? 3 : 0;
+             : argc > 1 && !strcmp(argv[1], "--stall") ? 3 : argc > 1 && !strcmp(argv[1], "--park") ? 4 : 0;
+    if (mode == 4)
+        return park_case();
     engram_error err;
     engram_mpi *m = NULL, *mp = NULL;
     engram_mpi_opts small = {1000};
