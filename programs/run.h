@@ -35,11 +35,25 @@ struct sess {
     float *x;              /* [len][S][W] its residual stream            */
 };
 
-/* A combine's time, summed: from its begin to the return of the wait that
- * needed it (total), and the part inside that wait (exposed); hidden =
- * total - exposed: the engine ran layers or applies meanwhile. */
+/* A combine's time, summed over its calls: total = from its begin to its
+ * completion as the engine saw it (the first poll between layers that
+ * found it complete, or the return of the wait that needed it); exposed =
+ * the time inside that wait (0 for one complete before it: its wait only
+ * collects the result); hidden = total - exposed: the engine ran
+ * layers or applies meanwhile.  A completion seen by a poll happened after
+ * the poll before it, so total may exceed the combine's own time by at
+ * most late_ns (summed); early counts the combines complete before their
+ * wait. */
 struct comb {
-    uint64_t calls, bytes, total_ns, exposed_ns;
+    uint64_t calls, bytes, total_ns, exposed_ns, late_ns, early;
+};
+
+/* One combine in flight, as the engine times it. */
+struct comb_op {
+    void *op;              /* the plugin's op; NULL: none                  */
+    uint64_t begin_ns;     /* its begin                                    */
+    uint64_t polled_ns;    /* the latest poll that found it incomplete     */
+    uint64_t done_ns;      /* the poll that found it complete (0: not yet) */
 };
 
 /* --shard: the ranks (run_shard.c; the MPI plugin, engram-mpi.so). */
@@ -52,9 +66,18 @@ struct shard {
     unsigned sessions;     /* of the whole run (DP: over every rank)      */
     uint8_t *send[2], *recv[2]; /* TP: a step's table-t rows [B][24][row] */
     uint8_t *pbuf[2];      /* TP: a prefill chunk's combined rows         */
-    void *op[2];           /* TP: the step's combines in flight           */
+    struct comb_op op[2];  /* TP: the step's combines in flight           */
     int began[2];
-    uint64_t t_begin[2];
+    /* TP prefill: the chunks' combines run in one order on every rank,
+     * (chunk 0, table 0), (0, 1), (1, 0), ...: pnext is the next to begin.
+     * Each begins as soon as this rank's rows of it are read and pbuf[t]
+     * is free (its last chunk applied), and is progressed between layers,
+     * so it overlaps the layers before its own. */
+    engram_prefill *pf;    /* the prompt being prefilled (NULL: none)     */
+    size_t pchunks, pnext;
+    struct comb_op pop[2]; /* table t's chunk combine in flight           */
+    size_t pchunk[2];      /* its chunk                                   */
+    int pfull[2];          /* pbuf[t] holds (or is receiving) chunk pchunk[t] */
     struct comb dec, pre;
 };
 
@@ -142,10 +165,21 @@ int shard_alloc(struct shard *sh, unsigned B, size_t rowb);
 int shard_step_begin(struct run *R, int t, engram_error *err);
 int shard_step_poll(struct run *R, engram_error *err);
 int shard_step_wait(struct run *R, int t, const uint8_t **rows, engram_error *err);
-/* TP: a prefill chunk's rows of table t ([k][24][row]) combined; *out the
- * combined rows.  0 or a negative errno. */
-int shard_prefill_combine(struct run *R, int t, const void *rows, size_t k, const void **out,
-                          engram_error *err);
+/* TP: a failed step's combines given up (the job ends after this). */
+void shard_step_drop(struct run *R);
+/* TP prefill of one prompt: shard_prefill_start before its first chunk;
+ * shard_prefill_pump between layers begins the next combines whose rows
+ * are read (in the ranks' common order) and progresses those in flight;
+ * shard_prefill_combine at chunk c's layer for table t: its combine (begun
+ * now if it was not) waited for, *out its rows [k][24][row]; then
+ * shard_prefill_done(t) once they are applied (pbuf[t] free again), and
+ * shard_prefill_stop at the prompt's end (frees what a failure left).
+ * 0 or a negative errno (err filled). */
+void shard_prefill_start(struct run *R, engram_prefill *pf, size_t chunks);
+int shard_prefill_pump(struct run *R, engram_error *err);
+int shard_prefill_combine(struct run *R, int t, size_t c, const void **out, engram_error *err);
+void shard_prefill_done(struct run *R, int t);
+void shard_prefill_stop(struct run *R);
 /* The run's checksum: FNV-1a 64 of every session's residuals in session
  * order, chained across the ranks under --dp (rank 0 gets it); TP and one
  * process: this rank's own.  The ranks' figures gathered to rank 0 (all:

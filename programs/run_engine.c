@@ -71,6 +71,20 @@ static void busy(uint64_t us, struct look *lk)
     sink_value = x;
 }
 
+/* busy() for --shard's TP prefill: the layer's time in slices of at
+ * most PUMP_US, the chunks' combines begun and progressed between them
+ * (Open MPI moves a large collective only inside MPI calls). */
+#define PUMP_US 50
+static int busy_pumping(struct run *R, uint64_t us, struct look *lk, engram_error *err)
+{
+    int rc = shard_prefill_pump(R, err);
+    for (uint64_t done = 0; done < us && rc == 0; done += PUMP_US) {
+        busy(us - done < PUMP_US ? us - done : PUMP_US, lk);
+        rc = shard_prefill_pump(R, err);
+    }
+    return rc;
+}
+
 /* The part of [a0, a1] inside [b0, b1]. */
 static uint64_t overlap_ns(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1)
 {
@@ -154,6 +168,8 @@ int run_prefill(struct run *R, struct sess *q, engram_error *err)
         acc.in_begin_ns = run_ns_now() - t_begin;
         lk = (struct look){.pf = pf, .chunks = chunks, .tables = R->tables, .last_ns = t_begin};
         lkp = pf ? &lk : NULL;
+        if (pf && R->sh.tp)
+            shard_prefill_start(R, pf, chunks);
     } else {
         /* without prefetch: each chunk read serially by a reader of its
          * own, before the chunk's layers run */
@@ -198,9 +214,10 @@ int run_prefill(struct run *R, struct sess *q, engram_error *err)
                     rc = engram_prefill_apply(pf, c, R->ple_a, q->x + first * R->per, ENGRAM_F32, err);
                 else if (rc == 0 && R->sh.tp) { /* this rank's share: combined first */
                     const void *all = NULL;
-                    rc = shard_prefill_combine(R, t, rows[t], k, &all, err);
+                    rc = shard_prefill_combine(R, t, c, &all, err);
                     if (rc == 0)
                         rc = apply_layer(R, t, all, ENGRAM_COLUMNS * R->rowb, q->x + first * R->per, k, err);
+                    shard_prefill_done(R, t);
                 } else if (rc == 0)
                     rc = apply_layer(R, t, rows[t], ENGRAM_COLUMNS * R->rowb, q->x + first * R->per, k, err);
                 if (R->prefetch)
@@ -209,10 +226,15 @@ int run_prefill(struct run *R, struct sess *q, engram_error *err)
             } else {
                 if (l == 2 && R->prefetch && c == 0 && R->tables == 2)
                     engram_prefill_start_table1(pf); /* layer signal: 14's reads start */
-                busy(layer_cost, lkp);
+                if (R->sh.tp && pf && rc == 0) /* combines begun as chunks come in, progressed */
+                    rc = busy_pumping(R, layer_cost, lkp, err);
+                else
+                    busy(layer_cost, lkp);
             }
         }
     }
+    if (pf && R->sh.tp)
+        shard_prefill_stop(R); /* after a failure: its combines given up (the job ends) */
     if (pf) {
         look(lkp, 0); /* every chunk was waited for: all read, unless a wait failed */
         int erc = engram_prefill_end(pf, rc == 0 ? err : NULL);
@@ -339,11 +361,8 @@ int run_decode_step(struct run *R, size_t step, engram_error *err)
             busy(R->layer_us, NULL);
         }
     }
-    for (unsigned t = 0; t < 2; t++) /* a failed step's combines: given up */
-        if (R->sh.op[t]) {
-            R->sh.mp->combine_free(R->sh.op[t]);
-            R->sh.op[t] = NULL;
-        }
+    if (R->sh.tp) /* a failed step's combines: given up */
+        shard_step_drop(R);
     for (unsigned b = 0; b < B; b++) {
         int crc = rc == 0 ? engram_step_commit(sv[b], 1, err) : (engram_step_abort(sv[b]), 0);
         if (rc == 0)

@@ -87,14 +87,26 @@ static void print_shard_json(const struct run *R, const struct report *o)
     }
     printf("],\"combine\":{\"method\":\"%s\",\"decode\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64
            ",\"bytes_per_token\":%.1f,\"total_ns\":%" PRIu64 ",\"exposed_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64
+           ",\"late_ns\":%" PRIu64 ",\"complete_before_wait\":%" PRIu64
            "},\"prefill\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"bytes_per_token\":%.1f,\"total_ns\":%" PRIu64
-           ",\"exposed_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64 "}}",
+           ",\"exposed_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64 ",\"late_ns\":%" PRIu64
+           ",\"complete_before_wait\":%" PRIu64 "}}",
            sh->tp ? "MPI_Iallreduce BOR" : "none", sh->dec.calls, sh->dec.bytes,
            dec_tokens ? (double)sh->dec.bytes / (double)dec_tokens : 0.0, sh->dec.total_ns, sh->dec.exposed_ns,
-           sh->dec.total_ns - sh->dec.exposed_ns, sh->pre.calls, sh->pre.bytes,
+           sh->dec.total_ns - sh->dec.exposed_ns, sh->dec.late_ns, sh->dec.early, sh->pre.calls, sh->pre.bytes,
            o->prompt_tokens ? (double)sh->pre.bytes / (double)o->prompt_tokens : 0.0, sh->pre.total_ns,
-           sh->pre.exposed_ns, sh->pre.total_ns - sh->pre.exposed_ns);
+           sh->pre.exposed_ns, sh->pre.total_ns - sh->pre.exposed_ns, sh->pre.late_ns, sh->pre.early);
     printf(",\"checksums_agree\":%s}", !sh->tp ? "null" : o->checksums_agree ? "true" : "false");
+}
+
+/* One kind of combine's times (text). */
+static void print_comb(const char *what, const struct comb *c)
+{
+    printf("         %s: begin to completion %.3f ms (completion seen at most %.3f ms late), exposed "
+           "(waiting) %.3f ms, hidden %.3f ms (%.1f%%); %" PRIu64 " of %" PRIu64 " complete before their wait\n",
+           what, (double)c->total_ns / 1e6, (double)c->late_ns / 1e6, (double)c->exposed_ns / 1e6,
+           (double)(c->total_ns - c->exposed_ns) / 1e6, pct(c->total_ns - c->exposed_ns, c->total_ns), c->early,
+           c->calls);
 }
 
 /* --shard: the ranks' figures (text). */
@@ -122,16 +134,14 @@ static void print_shard_text(const struct run *R, const struct report *o)
         uint64_t dec_tokens = R->n_steps * R->B;
         printf("combine: MPI_Iallreduce (bitwise OR) per table per step, rank 0: decode %" PRIu64
                " calls, %.0f bytes per token combined (each rank receives 2(N-1)/N to log2(N) times "
-               "that, by MPI's algorithm),\n         %.3f ms in all, %.3f ms exposed, %.3f ms hidden "
-               "(%.1f%%)\n",
-               sh->dec.calls, dec_tokens ? (double)sh->dec.bytes / (double)dec_tokens : 0.0,
-               (double)sh->dec.total_ns / 1e6, (double)sh->dec.exposed_ns / 1e6,
-               (double)(sh->dec.total_ns - sh->dec.exposed_ns) / 1e6,
-               pct(sh->dec.total_ns - sh->dec.exposed_ns, sh->dec.total_ns));
-        printf("         prefill %" PRIu64 " calls, %.0f bytes per token, %.3f ms, all exposed (begun at "
-               "the chunk's layer); every rank's residuals %s\n", sh->pre.calls,
-               o->prompt_tokens ? (double)sh->pre.bytes / (double)o->prompt_tokens : 0.0,
-               (double)sh->pre.total_ns / 1e6, o->checksums_agree ? "the same" : "NOT THE SAME");
+               "that, by MPI's algorithm),\n", sh->dec.calls,
+               dec_tokens ? (double)sh->dec.bytes / (double)dec_tokens : 0.0);
+        print_comb("decode", &sh->dec);
+        printf("         prefill %" PRIu64 " calls (one per chunk and table, begun when the chunk's rows "
+               "are read), %.0f bytes per token,\n", sh->pre.calls,
+               o->prompt_tokens ? (double)sh->pre.bytes / (double)o->prompt_tokens : 0.0);
+        print_comb("prefill", &sh->pre);
+        printf("         every rank's residuals %s\n", o->checksums_agree ? "the same" : "NOT THE SAME");
     } else {
         printf("         checksum: chained across the ranks in session order\n");
     }

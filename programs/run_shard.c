@@ -118,6 +118,64 @@ int shard_alloc(struct shard *sh, unsigned B, size_t rowb)
     return 0;
 }
 
+/* A combine begun now: 0, or the plugin's error (nothing in flight). */
+static int comb_begin(struct shard *sh, struct comb_op *o, struct comb *c, const void *send, void *recv,
+                      size_t bytes, engram_error *err)
+{
+    *o = (struct comb_op){.begin_ns = run_ns_now()};
+    o->polled_ns = o->begin_ns;
+    int rc = sh->mp->combine_begin(send, recv, bytes, &o->op, err);
+    if (rc == 0) {
+        c->calls++;
+        c->bytes += bytes;
+    }
+    return rc;
+}
+
+/* One poll of a combine in flight: 0 (complete or not yet) or its error. */
+static int comb_poll(struct shard *sh, struct comb_op *o, engram_error *err)
+{
+    if (!o->op || o->done_ns)
+        return 0;
+    int rc = sh->mp->combine_poll(o->op, err);
+    uint64_t now = run_ns_now();
+    if (rc == -EAGAIN) {
+        o->polled_ns = now;
+        return 0;
+    }
+    if (rc == 0)
+        o->done_ns = now;
+    return rc;
+}
+
+/* Waits for a combine (at most SHARD_TIMEOUT_NS), frees it and adds its
+ * times to c: 0 or the error. */
+static int comb_wait(struct shard *sh, struct comb_op *o, struct comb *c, engram_error *err)
+{
+    uint64_t w0 = run_ns_now();
+    int rc = sh->mp->combine_wait(o->op, SHARD_TIMEOUT_NS, err);
+    uint64_t w1 = run_ns_now();
+    sh->mp->combine_free(o->op);
+    o->op = NULL;
+    if (o->done_ns) { /* complete before the wait, seen by a poll: nothing waited for */
+        c->early++;
+        c->late_ns += o->done_ns - o->polled_ns;
+    } else {
+        o->done_ns = w1;
+        c->exposed_ns += w1 - w0;
+    }
+    c->total_ns += o->done_ns - o->begin_ns;
+    return rc;
+}
+
+/* Gives up a combine (a failed step or prompt): the job ends after this. */
+static void comb_drop(struct shard *sh, struct comb_op *o)
+{
+    if (o->op)
+        sh->mp->combine_free(o->op);
+    o->op = NULL;
+}
+
 int shard_step_begin(struct run *R, int t, engram_error *err)
 {
     struct shard *sh = &R->sh;
@@ -129,15 +187,10 @@ int shard_step_begin(struct run *R, int t, engram_error *err)
     for (unsigned b = 0; b < R->B && rc == 0; b++)
         memcpy(sh->send[t] + b * row, R->outs + ((size_t)b * R->rpt + (size_t)t * ENGRAM_COLUMNS) * R->rowb,
                row);
-    if (rc)
-        return rc;
-    sh->t_begin[t] = run_ns_now();
-    rc = sh->mp->combine_begin(sh->send[t], sh->recv[t], R->B * row, &sh->op[t], err);
-    if (rc == 0) {
+    if (rc == 0)
+        rc = comb_begin(sh, &sh->op[t], &sh->dec, sh->send[t], sh->recv[t], R->B * row, err);
+    if (rc == 0)
         sh->began[t] = 1;
-        sh->dec.calls++;
-        sh->dec.bytes += R->B * row;
-    }
     return rc;
 }
 
@@ -158,10 +211,8 @@ int shard_step_poll(struct run *R, engram_error *err)
     }
     /* MPI progresses a non-blocking collective only inside MPI calls */
     for (unsigned t = 0; t < R->tables && rc == 0; t++)
-        if (sh->began[t] && sh->op[t]) {
-            rc = sh->mp->combine_poll(sh->op[t], err);
-            rc = rc == -EAGAIN ? 0 : rc;
-        }
+        if (sh->began[t])
+            rc = comb_poll(sh, &sh->op[t], err);
     return rc;
 }
 
@@ -169,37 +220,98 @@ int shard_step_wait(struct run *R, int t, const uint8_t **rows, engram_error *er
 {
     struct shard *sh = &R->sh;
     int rc = shard_step_begin(R, t, err);
-    if (rc)
-        return rc;
-    uint64_t w0 = run_ns_now();
-    rc = sh->mp->combine_wait(sh->op[t], SHARD_TIMEOUT_NS, err);
-    uint64_t w1 = run_ns_now();
-    sh->mp->combine_free(sh->op[t]);
-    sh->op[t] = NULL;
-    sh->dec.total_ns += w1 - sh->t_begin[t];
-    sh->dec.exposed_ns += w1 - w0;
+    if (rc == 0)
+        rc = comb_wait(sh, &sh->op[t], &sh->dec, err);
     *rows = sh->recv[t];
     return rc;
 }
 
-int shard_prefill_combine(struct run *R, int t, const void *rows, size_t k, const void **out,
-                          engram_error *err)
+void shard_step_drop(struct run *R)
+{
+    for (int t = 0; t < 2; t++)
+        comb_drop(&R->sh, &R->sh.op[t]);
+}
+
+void shard_prefill_start(struct run *R, engram_prefill *pf, size_t chunks)
 {
     struct shard *sh = &R->sh;
-    size_t bytes = k * ENGRAM_COLUMNS * R->rowb;
-    void *op = NULL;
-    uint64_t t0 = run_ns_now();
-    int rc = sh->mp->combine_begin(rows, sh->pbuf[t], bytes, &op, err);
+    sh->pf = pf;
+    sh->pchunks = chunks;
+    sh->pnext = 0;
+    sh->pfull[0] = sh->pfull[1] = 0;
+}
+
+/* Begins the next combine of the ranks' order, (pnext / 2, pnext % 2), if
+ * pbuf[t] is free and, unless `block`, its rows are read already (block:
+ * waits for them; the layer needs them now).  *begun 1 if it began. */
+static int prefill_begin_next(struct run *R, int block, int *begun, engram_error *err)
+{
+    struct shard *sh = &R->sh;
+    *begun = 0;
+    if (!sh->pf || sh->pnext >= 2 * sh->pchunks)
+        return 0;
+    size_t c = sh->pnext / 2;
+    int t = (int)(sh->pnext % 2);
+    if (sh->pfull[t] || (!block && engram_prefill_ready(sh->pf, t) <= c))
+        return 0;
+    const void *rows = NULL;
+    size_t k = 0;
+    int rc = engram_prefill_wait(sh->pf, t, c, &rows, NULL, &k, err);
     if (rc == 0)
-        rc = sh->mp->combine_wait(op, SHARD_TIMEOUT_NS, err);
-    sh->mp->combine_free(op);
-    uint64_t dt = run_ns_now() - t0;
-    sh->pre.calls++;
-    sh->pre.bytes += bytes;
-    sh->pre.total_ns += dt;
-    sh->pre.exposed_ns += dt; /* begun at the chunk's layer: nothing to hide it */
+        rc = comb_begin(sh, &sh->pop[t], &sh->pre, rows, sh->pbuf[t], k * ENGRAM_COLUMNS * R->rowb, err);
+    if (rc == 0) {
+        sh->pchunk[t] = c;
+        sh->pfull[t] = 1;
+        sh->pnext++;
+        *begun = 1;
+    }
+    return rc;
+}
+
+int shard_prefill_pump(struct run *R, engram_error *err)
+{
+    struct shard *sh = &R->sh;
+    int rc = 0, begun = 1;
+    while (rc == 0 && begun)
+        rc = prefill_begin_next(R, 0, &begun, err);
+    for (int t = 0; t < 2 && rc == 0; t++)
+        rc = comb_poll(sh, &sh->pop[t], err);
+    return rc;
+}
+
+int shard_prefill_combine(struct run *R, int t, size_t c, const void **out, engram_error *err)
+{
+    struct shard *sh = &R->sh;
+    int rc = 0, begun = 1;
+    /* the order's combines up to (c, t) begun: the layers apply (c, 0)
+     * before (c, 1) and chunk c before c + 1, so at most this one is left */
+    while (rc == 0 && begun && !(sh->pfull[t] && sh->pchunk[t] == c))
+        rc = prefill_begin_next(R, 1, &begun, err);
+    if (rc == 0 && !(sh->pfull[t] && sh->pchunk[t] == c)) {
+        if (err) {
+            err->code = -EPROTO;
+            snprintf(err->msg, sizeof err->msg, "prefill combine of chunk %zu, table %d out of order", c, t);
+        }
+        return -EPROTO;
+    }
+    if (rc == 0 && sh->pop[t].op)
+        rc = comb_wait(sh, &sh->pop[t], &sh->pre, err);
     *out = sh->pbuf[t];
     return rc;
+}
+
+void shard_prefill_done(struct run *R, int t)
+{
+    R->sh.pfull[t] = 0;
+}
+
+void shard_prefill_stop(struct run *R)
+{
+    struct shard *sh = &R->sh;
+    for (int t = 0; t < 2; t++)
+        comb_drop(sh, &sh->pop[t]);
+    sh->pf = NULL;
+    sh->pfull[0] = sh->pfull[1] = 0;
 }
 
 static uint64_t fnv_session(uint64_t h, const struct run *R, const struct sess *q)

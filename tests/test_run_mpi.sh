@@ -65,13 +65,19 @@ if mode == "tp":
     if c["bytes_per_token"] != 48 * 512: errs.append("combine bytes per token %s" % c["bytes_per_token"])
     if c["calls"] != 2 * od["steps"]: errs.append("combine calls %d" % c["calls"])
     if c["hidden_ns"] + c["exposed_ns"] != c["total_ns"] or c["exposed_ns"] > c["total_ns"]: errs.append("combine time")
+    # one combine per prefill chunk and table (the pool's chunks count both tables')
+    p = s["combine"]["prefill"]
+    if p["calls"] != op["chunks"]: errs.append("prefill combine calls %d of %d chunks" % (p["calls"], op["chunks"]))
+    for k, c in (("decode", c), ("prefill", p)):
+        if c["complete_before_wait"] > c["calls"] or c["late_ns"] > c["total_ns"] or c["hidden_ns"] + c["exposed_ns"] != c["total_ns"]:
+            errs.append("%s combine figures %s" % (k, c))
 else:
     if sum(r["sessions"] for r in R) != one["sessions"]: errs.append("sessions")
     if sum(r["decode_tokens"] for r in R) != od["tokens"]: errs.append("decode tokens")
     if s["combine"]["decode"]["calls"] != 0: errs.append("DP combined")
 print("%s: checksum %s, rows read per token %s, combine %s%s" % (name, d["checksum"],
       [r["decode_rows_read_per_token"] for r in R],
-      "%.0f%% hidden" % (100.0 * s["combine"]["decode"]["hidden_ns"] / max(1, s["combine"]["decode"]["total_ns"])),
+      "%.0f%% / %.0f%% hidden (decode / prefill)" % tuple(100.0 * s["combine"][k]["hidden_ns"] / max(1, s["combine"][k]["total_ns"]) for k in ("decode", "prefill")),
       "" if not errs else "  <- " + "; ".join(errs)))
 sys.exit(1 if errs else 0)
 PYEOF
@@ -101,7 +107,8 @@ then ok; else bad "--shard as one process"; cat "$T/err" >&2; fi
 timeout 120 $MPIRUN -np 2 "$E" run "$M" --tokens "$T/tok" --decode 4 --layer-us 20 --sessions 2 --shard > "$T/text" 2>"$T/err"
 if grep -q "^shard:   2 ranks, TP" "$T/text" && grep -q "^         rank 1: 2 sessions; decode .* per token (of 48)" "$T/text" \
     && grep -q "^combine: MPI_Iallreduce .* bytes per token combined" "$T/text" \
-    && grep -q "^         .* ms in all, .* ms exposed, .* ms hidden" "$T/text" \
+    && grep -q "^         decode: begin to completion .* ms .*, exposed (waiting) .* ms, hidden .* ms" "$T/text" \
+    && grep -q "^         prefill: begin to completion .* ms .*, exposed (waiting) .* ms, hidden .* ms" "$T/text" \
     && [ "$(grep -c '^checksum' "$T/text")" -eq 1 ]; then ok; else bad "text report"; cat "$T/text" "$T/err" >&2; fi
 
 # refusals
