@@ -545,19 +545,6 @@ static int run(struct call *c)
     return rc;
 }
 
-static const char *resid_dtype(eg_kind k, engram_dtype *dt)
-{
-    if (k == EG_F32) {
-        *dt = ENGRAM_F32;
-        return NULL;
-    }
-    if (k == EG_BF16 || k == EG_U16) {
-        *dt = ENGRAM_BF16;
-        return NULL;
-    }
-    return "float32 or bfloat16 (torch.bfloat16, or BF16 bit patterns as uint16) is needed";
-}
-
 static int same_device(const cu_layer *s, const eg_array *a, const char *arg)
 {
     if (a->device_id != s->device) {
@@ -648,25 +635,10 @@ static PyObject *cl_apply(PyObject *o, PyObject *args, PyObject *kw)
         return NULL;
     c.a.flags = (unsigned)flags;
     /* residual: (n, S, W) CUDA memory, C-contiguous, updated in place */
-    if (eg_array_get(res_o, "residual", EG_WRITABLE | EG_CUDA, dl, &res) < 0)
+    uint32_t S = s->info.streams, W = s->info.width;
+    if (eg_residual_arg(res_o, EG_CUDA, dl, SIZE_MAX, S, W, "tensor", &res, &c.a.resid_dtype) < 0)
         goto done;
     have_res = 1;
-    const char *why = resid_dtype(res.kind, &c.a.resid_dtype);
-    if (why) {
-        PyErr_Format(PyExc_TypeError, "residual: %s; %s", eg_kind_name(res.kind), why);
-        goto done;
-    }
-    uint32_t S = s->info.streams, W = s->info.width;
-    if (res.ndim != 3 || res.shape[1] != S || res.shape[2] != W) {
-        PyErr_Format(PyExc_ValueError, "residual: shape %s; (n, %u, %u) is needed", eg_shape_str(&res, b, sizeof b),
-                     S, W);
-        goto done;
-    }
-    if (!eg_array_contiguous(&res)) {
-        PyErr_SetString(PyExc_ValueError, "residual: not contiguous (updated in place: a C-contiguous "
-                                          "tensor is needed, it is never copied)");
-        goto done;
-    }
     if (same_device(s, &res, "residual") < 0)
         goto done;
     c.n = (size_t)res.shape[0];

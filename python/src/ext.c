@@ -404,6 +404,41 @@ int eg_array_inner_contiguous(const eg_array *a, int from)
     return 1;
 }
 
+int eg_residual_arg(PyObject *o, unsigned flags, PyObject *stream, size_t n_want, unsigned S, unsigned W,
+                    const char *noun, eg_array *a, engram_dtype *dt)
+{
+    char b[128];
+    if (eg_array_get(o, "residual", flags | EG_WRITABLE, stream, a) < 0)
+        return -1;
+    if (a->kind == EG_F32 || a->kind == EG_BF16 || a->kind == EG_U16) {
+        *dt = a->kind == EG_F32 ? ENGRAM_F32 : ENGRAM_BF16;
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "residual: %s; float32 or bfloat16 (torch.bfloat16, or BF16 bit patterns as uint16) is needed",
+                     eg_kind_name(a->kind));
+        goto fail;
+    }
+    if (a->ndim != 3 || (n_want != SIZE_MAX && (size_t)a->shape[0] != n_want) || (size_t)a->shape[1] != S ||
+        (size_t)a->shape[2] != W) {
+        if (n_want != SIZE_MAX)
+            PyErr_Format(PyExc_ValueError, "residual: shape %s; (%zu, %u, %u) is needed", eg_shape_str(a, b, sizeof b),
+                         n_want, S, W);
+        else
+            PyErr_Format(PyExc_ValueError, "residual: shape %s; (n, %u, %u) is needed", eg_shape_str(a, b, sizeof b),
+                         S, W);
+        goto fail;
+    }
+    if (!eg_array_contiguous(a)) {
+        PyErr_Format(PyExc_ValueError, "residual: not contiguous (updated in place: a C-contiguous %s is needed, "
+                                       "it is never copied)", noun);
+        goto fail;
+    }
+    return 0;
+fail:
+    eg_array_release(a);
+    return -1;
+}
+
 int eg_array_contiguous(const eg_array *a)
 {
     return eg_array_inner_contiguous(a, 0);

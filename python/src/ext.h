@@ -105,6 +105,17 @@ const char *eg_kind_name(eg_kind k);
 /* Describes the array's shape as "(2, 4, 64)" into buf. */
 const char *eg_shape_str(const eg_array *a, char *buf, size_t len);
 
+/* The residual of an apply, updated in place: (n, S, W) float32 or
+ * bfloat16 (torch.bfloat16, or BF16 bit patterns as uint16), C-contiguous,
+ * writable, borrowed as eg_array_get does (flags EG_WRITABLE is implied;
+ * EG_CUDA for device memory, with `stream`).  n is the array's (*a's
+ * shape[0]) unless n_want != SIZE_MAX, which it must then equal.  `noun`
+ * names what is needed in the message ("array", "tensor").  0 with *a
+ * held and *dt set, or -1 with an exception (TypeError for the dtype,
+ * ValueError for the shape or layout) and nothing held. */
+int eg_residual_arg(PyObject *o, unsigned flags, PyObject *stream, size_t n_want, unsigned S, unsigned W,
+                    const char *noun, eg_array *a, engram_dtype *dt);
+
 /* Token ids from a sequence of ints or any integer array (1-D), checked >= 0
  * and < 2^32, into a new uint32 buffer (PyMem_Free).  0 or -1 with an
  * exception naming arg. */

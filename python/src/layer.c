@@ -356,25 +356,10 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
         goto done;
     }
     /* residual: (n, S, W), C-contiguous, writable host memory */
-    if (eg_array_get(res_o, "residual", EG_WRITABLE, NULL, &res) < 0)
+    uint32_t S = self->info.streams, W = self->info.width;
+    if (eg_residual_arg(res_o, 0, NULL, SIZE_MAX, S, W, "array", &res, &c.resid_dtype) < 0)
         goto done;
     have_res = 1;
-    const char *why = dtype_of(res.kind, &c.resid_dtype);
-    if (why) {
-        PyErr_Format(PyExc_TypeError, "residual: %s; %s", eg_kind_name(res.kind), why);
-        goto done;
-    }
-    uint32_t S = self->info.streams, W = self->info.width;
-    if (res.ndim != 3 || res.shape[1] != S || res.shape[2] != W) {
-        PyErr_Format(PyExc_ValueError, "residual: shape %s; (n, %u, %u) is needed", eg_shape_str(&res, b, sizeof b),
-                     S, W);
-        goto done;
-    }
-    if (!eg_array_contiguous(&res)) {
-        PyErr_SetString(PyExc_ValueError, "residual: not contiguous (updated in place: a C-contiguous array "
-                                          "is needed, it is never copied)");
-        goto done;
-    }
     c.n = (size_t)res.shape[0];
     c.resid = res.data;
     c.resid_token = (size_t)S * W * (size_t)res.itemsize;
@@ -407,7 +392,7 @@ static PyObject *layer_apply(PyObject *o, PyObject *args, PyObject *kw)
         if (eg_array_get(rows_o, "rows", 0, NULL, &rows) < 0)
             goto done;
         have_rows = 1;
-        why = dtype_of(rows.kind, &c.rows_dtype);
+        const char *why = dtype_of(rows.kind, &c.rows_dtype);
         if (self->ple && c.rows_dtype != ENGRAM_BF16)
             why = "bfloat16 (PLE rows are BF16: torch.bfloat16 or uint16 bits) is needed";
         if (why) {

@@ -221,33 +221,7 @@ static int layer_of_pool(PyObject *layer, const eg_pool *po)
 
 static int residual_arg(const eg_pool *po, PyObject *o, size_t n, eg_array *a, engram_dtype *dt)
 {
-    char b[128];
-    if (eg_array_get(o, "residual", EG_WRITABLE, NULL, a) < 0)
-        return -1;
-    if (a->kind == EG_F32) {
-        *dt = ENGRAM_F32;
-    } else if (a->kind == EG_BF16 || a->kind == EG_U16) {
-        *dt = ENGRAM_BF16;
-    } else {
-        PyErr_Format(PyExc_TypeError,
-                     "residual: %s; float32 or bfloat16 (torch.bfloat16, or BF16 bits as uint16) is needed",
-                     eg_kind_name(a->kind));
-        eg_array_release(a);
-        return -1;
-    }
-    if (a->ndim != 3 || (size_t)a->shape[0] != n || a->shape[1] != po->S || a->shape[2] != po->W) {
-        PyErr_Format(PyExc_ValueError, "residual: shape %s; (%zu, %u, %u) is needed",
-                     eg_shape_str(a, b, sizeof b), n, po->S, po->W);
-        eg_array_release(a);
-        return -1;
-    }
-    if (!eg_array_contiguous(a)) {
-        PyErr_SetString(PyExc_ValueError, "residual: not contiguous (updated in place: a C-contiguous "
-                                          "array is needed, it is never copied)");
-        eg_array_release(a);
-        return -1;
-    }
-    return 0;
+    return eg_residual_arg(o, 0, NULL, n, po->S, po->W, "array", a, dt);
 }
 
 static PyObject *numpy_frombuffer;
