@@ -4,26 +4,12 @@
 // agree with what `engram info --json` reports (given as the second arg).
 // Exit 0 if all hold; prints each failed check.
 // Usage: node tests/gguf_check.mjs MODEL.gguf INFO.json
-import { readFileSync } from "node:fs";
-import { createRequire } from "node:module";
-import { resolve } from "node:path";
-const require = createRequire(new URL("../tools/node/package.json", import.meta.url));
-const { gguf, GGUFValueType } = require("@huggingface/gguf");
+import { GGUFValueType, checker, open, readJson } from "./gguf_lib.mjs";
 
 const [path, infoPath] = process.argv.slice(2);
-const info = JSON.parse(readFileSync(infoPath, "utf8"));
-const { metadata, typedMetadata, tensorInfos, tensorDataOffset } = await gguf(resolve(path), {
-  allowLocalFile: true,
-  typedMetadata: true,
-});
-let failed = 0, checks = 0;
-const check = (cond, what) => {
-  checks++;
-  if (!cond) {
-    failed++;
-    console.error("FAIL: " + what);
-  }
-};
+const info = readJson(infoPath);
+const { metadata, typedMetadata, tensorInfos, tensorDataOffset } = await open(path);
+const { check, finish } = checker("gguf_check", path);
 const P = "deepseek41.engram.";
 const typed = (k) => typedMetadata[k] || {};
 check(metadata["general.architecture"] === "deepseek41", "architecture");
@@ -82,5 +68,4 @@ if (info.projection) {
     }
   }
 }
-console.log(`gguf_check ${path}: ${checks} checks, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish();

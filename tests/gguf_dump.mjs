@@ -4,16 +4,10 @@
 // ("types": key -> [type] or, for an array, [9, element type]), for the
 // tests to check.
 // Usage: node tests/gguf_dump.mjs FILE.gguf
-import { createRequire } from "node:module";
-import { resolve } from "node:path";
-const require = createRequire(new URL("../tools/node/package.json", import.meta.url));
-const { gguf } = require("@huggingface/gguf");
+import { open } from "./gguf_lib.mjs";
 
 const path = process.argv[2];
-const { metadata, typedMetadata, tensorInfos, tensorDataOffset } = await gguf(resolve(path), {
-  allowLocalFile: true,
-  typedMetadata: true,
-});
+const { metadata, typedMetadata, tensorInfos, tensorDataOffset } = await open(path);
 const plain = (v) =>
   typeof v === "bigint" ? v.toString() : Array.isArray(v) ? v.map(plain) : v;
 const out = { metadata: {}, types: {}, tensor_data_offset: tensorDataOffset.toString(), tensors: [] };

@@ -4,26 +4,12 @@
 // [264, block rows] by the floor formula, their offsets against `engram
 // info --json` (second arg), tables last and table 0 page aligned.
 // Usage: node tests/gguf_shard_check.mjs SHARD.gguf INFO.json
-import { readFileSync } from "node:fs";
-import { createRequire } from "node:module";
-import { resolve } from "node:path";
-const require = createRequire(new URL("../tools/node/package.json", import.meta.url));
-const { gguf, GGUFValueType } = require("@huggingface/gguf");
+import { GGUFValueType, checker, open, readJson } from "./gguf_lib.mjs";
 
 const [path, infoPath] = process.argv.slice(2);
-const info = JSON.parse(readFileSync(infoPath, "utf8"));
-const { metadata, typedMetadata, tensorInfos, tensorDataOffset } = await gguf(resolve(path), {
-  allowLocalFile: true,
-  typedMetadata: true,
-});
-let failed = 0, checks = 0;
-const check = (cond, what) => {
-  checks++;
-  if (!cond) {
-    failed++;
-    console.error("FAIL: " + what);
-  }
-};
+const info = readJson(infoPath);
+const { metadata, typedMetadata, tensorInfos, tensorDataOffset } = await open(path);
+const { check, finish } = checker("gguf_shard_check", path);
 const P = "deepseek41.engram.", S = P + "shard.";
 const typed = (k) => typedMetadata[k] || {};
 check(metadata["general.architecture"] === "deepseek41", "architecture");
@@ -60,5 +46,4 @@ if (t0 && t1) {
   check(abs(t0) % 4096n === 0n, "table 0 page aligned");
   check(abs(t1) + BigInt(t1.shape[1]) * 264n <= BigInt(info.file_bytes), "table 1 inside the file");
 }
-console.log(`gguf_shard_check ${path}: ${checks} checks, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish();
