@@ -13,7 +13,7 @@
 
 #include "engram.h"
 
-#define RUN_MPI_PLUGIN_VERSION 1
+#define RUN_MPI_PLUGIN_VERSION 2
 
 struct run_mpi_plugin {
     int version;
@@ -30,6 +30,15 @@ struct run_mpi_plugin {
     /* 0, -ETIMEDOUT after timeout_ns (nothing lost), or the error. */
     int (*combine_wait)(void *op, uint64_t timeout_ns, engram_error *err);
     void (*combine_free)(void *op);
+    /* buf[n][row_bytes]: every rank's owned positions (owner[i] == its
+     * rank) sent to the others, received in place; non-blocking
+     * (engram_mpi_gather_begin); its op waited for and freed as a
+     * combine's.  owner is only read during the call. */
+    int (*gather_begin)(void *buf, size_t row_bytes, const uint32_t *owner, size_t n, void **op,
+                        engram_error *err);
+    /* The rank owning table-local row id of a table of `rows` rows
+     * (engram_mpi_owner): the sharded pools' blocks. */
+    uint32_t (*owner)(uint64_t rows, uint32_t id, unsigned world);
     /* all[world][n] on rank 0 = every rank's mine[n] (MPI_Gather; all is
      * only written on rank 0). */
     int (*gather_u64)(const uint64_t *mine, size_t n, uint64_t *all, engram_error *err);

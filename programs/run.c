@@ -29,7 +29,8 @@
 static const char *run_help =
     "usage: engram run [MODEL] [--tokens FILE] [--decode N] [--sessions B] [--layers L]\n"
     "                  [--layer-us X] [--threads N] [--no-overlap] [--no-prefetch] [--json]\n"
-    "                  [--device cpu|cuda|cuda-fma|cuda-fast] [--shard [--dp]]\n"
+    "                  [--device cpu|cuda|cuda-fma|cuda-fast]\n"
+    "                  [--shard [--dp] [--prefill-method gather|combine]]\n"
     "Runs the Engram part of a model inside a simulated engine of L layers (Engram\n"
     "at layers 1 and 14; every other layer costs X us of busy work on the engine's\n"
     "thread): B sessions, each on its own slice of the token stream, prefill their\n"
@@ -73,9 +74,12 @@ static const char *run_help2 =
     "parallel by default: every rank runs the same sessions and tokens, its pool\n"
     "reads only its block of each table's rows (sharded: rows\n"
     "[r R/N, (r+1) R/N)), and each step's (prefill chunk's) rows of a table are\n"
-    "combined across the ranks (a non-blocking MPI_Iallreduce, bitwise OR; a\n"
-    "step's begun as soon as the rank's reads are in, progressed between layers)\n"
-    "before the layer applies them: every rank computes the one-process residuals.\n"
+    "combined across the ranks before the layer applies them: every rank computes\n"
+    "the one-process residuals.  A step's rows: one non-blocking MPI_Iallreduce\n"
+    "(bitwise OR; a few tens of KB: latency, not bytes, is its cost); a prefill\n"
+    "chunk's: MPI_Iallgatherv of the rows each rank owns (half the bytes of an\n"
+    "allreduce; --prefill-method combine: the allreduce instead).  Each is begun as\n"
+    "soon as the rank's reads of it are in and progressed between layers.\n"
     "--dp: data-parallel, rank r runs sessions r, r+N, ... of the B on an unsharded\n"
     "pool, nothing combined; the checksum is chained across the ranks in session\n"
     "order, the one-process checksum.  Rank 0 prints the report (its own figures)\n"
@@ -180,6 +184,7 @@ struct run_opts {
     uint64_t N, B, L, X, threads;  /* --decode, --sessions, --layers, --layer-us, --threads */
     int json, overlap, prefetch;
     int shard, dp;                 /* --shard, --dp */
+    int pmethod;                   /* --prefill-method: 0 not given, 1 gather, 2 combine */
 };
 
 /* 0, or the exit code of a usage error (printed). */
@@ -213,6 +218,11 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
             o->shard = 1;
         } else if (!strcmp(a, "--dp")) {
             o->dp = 1;
+        } else if (!strcmp(a, "--prefill-method") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(v, "gather") != 0 && strcmp(v, "combine") != 0)
+                return fail_usage("run: --prefill-method is gather or combine, not '%s'", v);
+            o->pmethod = !strcmp(v, "combine") ? 2 : 1;
         } else if (a[0] == '-') {
             return fail_usage("run: unknown option '%s'", a);
         } else if (!o->path) {
@@ -227,6 +237,8 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
         return fail_usage("run: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", o->device);
     if (o->dp && !o->shard)
         return fail_usage("run: --dp is a mode of --shard");
+    if (o->pmethod && (!o->shard || o->dp))
+        return fail_usage("run: --prefill-method is an option of --shard without --dp");
     if (o->shard && strcmp(o->device, "cpu") != 0)
         return fail_usage("run: --shard runs on the CPU (the ranks' rows are combined in host memory; "
                           "the GPU combine is NCCL's, not built into engram run)");
@@ -420,7 +432,7 @@ static int report(const struct run *R, const struct run_opts *opt, const engram_
             [RK_DEC_TOKENS] = R->n_steps * R->B, [RK_PRE_READ] = o.ps.prefill_rows_read,
             [RK_PRE_TOKENS] = prompt_tokens, [RK_SESSIONS] = R->B, [RK_FNV] = fnv,
             [RK_COMB_BYTES] = R->sh.dec.bytes + R->sh.pre.bytes, [RK_COMB_TOTAL] = R->sh.dec.total_ns,
-            [RK_COMB_EXPOSED] = R->sh.dec.exposed_ns};
+            [RK_COMB_EXPOSED] = R->sh.dec.exposed_ns, [RK_PRE_RECV] = R->sh.pre_recv};
         all = calloc((size_t)R->sh.world * RK_FIELDS, sizeof *all);
         rc = all ? shard_gather(R, mine, all, err) : -ENOMEM;
         o.ranks = all;
@@ -590,6 +602,7 @@ int cmd_run(int argc, char **argv)
         return st;
     struct run R;
     memset(&R, 0, sizeof R);
+    R.sh.pgather = o.pmethod != 2;
     if (o.shard && (st = shard_start(&R.sh, o.dp)) != 0)
         return st;
     st = run_body(&o, &R);

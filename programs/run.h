@@ -78,6 +78,18 @@ struct shard {
     struct comb_op pop[2]; /* table t's chunk combine in flight           */
     size_t pchunk[2];      /* its chunk                                   */
     int pfull[2];          /* pbuf[t] holds (or is receiving) chunk pchunk[t] */
+    /* --prefill-method gather (the default): a chunk's rows move as
+     * MPI_Iallgatherv of each rank's owned rows, which needs every
+     * position's owner: the chunk's ids hashed here (phist: the history
+     * before the chunk pids_chunk + 1), the owners of table t's [k][24]
+     * positions in pown.  combine: MPI_Iallreduce of the whole buffer. */
+    int pgather;
+    engram_history phist;
+    const uint32_t *ptok;  /* the prompt's tokens                         */
+    uint32_t *pids;        /* [chunk tokens][48]                          */
+    uint32_t *pown;        /* [chunk tokens][24]                          */
+    size_t pids_chunk;     /* the chunk pids holds (SIZE_MAX: none)       */
+    uint64_t pre_recv;     /* gather: bytes of rows this rank received    */
     struct comb dec, pre;
 };
 
@@ -136,7 +148,7 @@ struct report {
 
 /* The figures each rank sends to rank 0 (struct report.ranks). */
 enum { RK_DEC_READ, RK_DEC_REQ, RK_DEC_TOKENS, RK_PRE_READ, RK_PRE_TOKENS, RK_SESSIONS, RK_FNV,
-       RK_COMB_BYTES, RK_COMB_TOTAL, RK_COMB_EXPOSED, RK_FIELDS };
+       RK_COMB_BYTES, RK_COMB_TOTAL, RK_COMB_EXPOSED, RK_PRE_RECV, RK_FIELDS };
 
 /* CLOCK_MONOTONIC in ns: the library's clock (engram_step_get_info). */
 uint64_t run_ns_now(void);
@@ -175,7 +187,8 @@ void shard_step_drop(struct run *R);
  * shard_prefill_done(t) once they are applied (pbuf[t] free again), and
  * shard_prefill_stop at the prompt's end (frees what a failure left).
  * 0 or a negative errno (err filled). */
-void shard_prefill_start(struct run *R, engram_prefill *pf, size_t chunks);
+void shard_prefill_start(struct run *R, engram_prefill *pf, size_t chunks, const uint32_t *tokens,
+                         const engram_history *h);
 int shard_prefill_pump(struct run *R, engram_error *err);
 int shard_prefill_combine(struct run *R, int t, size_t c, const void **out, engram_error *err);
 void shard_prefill_done(struct run *R, int t);

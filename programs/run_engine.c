@@ -169,7 +169,7 @@ int run_prefill(struct run *R, struct sess *q, engram_error *err)
         lk = (struct look){.pf = pf, .chunks = chunks, .tables = R->tables, .last_ns = t_begin};
         lkp = pf ? &lk : NULL;
         if (pf && R->sh.tp)
-            shard_prefill_start(R, pf, chunks);
+            shard_prefill_start(R, pf, chunks, q->tok, &h);
     } else {
         /* without prefetch: each chunk read serially by a reader of its
          * own, before the chunk's layers run */

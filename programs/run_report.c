@@ -80,22 +80,24 @@ static void print_shard_json(const struct run *R, const struct report *o)
                ",\"decode_rows_requested\":%" PRIu64 ",\"decode_rows_read\":%" PRIu64
                ",\"decode_rows_read_per_token\":%.3f,\"prefill_tokens\":%" PRIu64
                ",\"prefill_rows_read\":%" PRIu64 ",\"combine_bytes\":%" PRIu64
-               ",\"decode_combine_ns\":%" PRIu64 ",\"decode_combine_exposed_ns\":%" PRIu64 "}",
+               ",\"decode_combine_ns\":%" PRIu64 ",\"decode_combine_exposed_ns\":%" PRIu64
+               ",\"prefill_bytes_received\":%" PRIu64 "}",
                r ? "," : "", r, k[RK_SESSIONS], k[RK_DEC_TOKENS], k[RK_DEC_REQ], k[RK_DEC_READ],
                k[RK_DEC_TOKENS] ? (double)k[RK_DEC_READ] / (double)k[RK_DEC_TOKENS] : 0.0, k[RK_PRE_TOKENS],
-               k[RK_PRE_READ], k[RK_COMB_BYTES], k[RK_COMB_TOTAL], k[RK_COMB_EXPOSED]);
+               k[RK_PRE_READ], k[RK_COMB_BYTES], k[RK_COMB_TOTAL], k[RK_COMB_EXPOSED], k[RK_PRE_RECV]);
     }
     printf("],\"combine\":{\"method\":\"%s\",\"decode\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64
            ",\"bytes_per_token\":%.1f,\"total_ns\":%" PRIu64 ",\"exposed_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64
            ",\"late_ns\":%" PRIu64 ",\"complete_before_wait\":%" PRIu64
            "},\"prefill\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"bytes_per_token\":%.1f,\"total_ns\":%" PRIu64
            ",\"exposed_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64 ",\"late_ns\":%" PRIu64
-           ",\"complete_before_wait\":%" PRIu64 "}}",
+           ",\"complete_before_wait\":%" PRIu64 ",\"method\":\"%s\",\"bytes_received\":%" PRIu64 "}}",
            sh->tp ? "MPI_Iallreduce BOR" : "none", sh->dec.calls, sh->dec.bytes,
            dec_tokens ? (double)sh->dec.bytes / (double)dec_tokens : 0.0, sh->dec.total_ns, sh->dec.exposed_ns,
            sh->dec.total_ns - sh->dec.exposed_ns, sh->dec.late_ns, sh->dec.early, sh->pre.calls, sh->pre.bytes,
            o->prompt_tokens ? (double)sh->pre.bytes / (double)o->prompt_tokens : 0.0, sh->pre.total_ns,
-           sh->pre.exposed_ns, sh->pre.total_ns - sh->pre.exposed_ns, sh->pre.late_ns, sh->pre.early);
+           sh->pre.exposed_ns, sh->pre.total_ns - sh->pre.exposed_ns, sh->pre.late_ns, sh->pre.early,
+           !sh->tp ? "none" : sh->pgather ? "MPI_Iallgatherv" : "MPI_Iallreduce BOR", sh->pre_recv);
     printf(",\"checksums_agree\":%s}", !sh->tp ? "null" : o->checksums_agree ? "true" : "false");
 }
 
@@ -137,9 +139,16 @@ static void print_shard_text(const struct run *R, const struct report *o)
                "that, by MPI's algorithm),\n", sh->dec.calls,
                dec_tokens ? (double)sh->dec.bytes / (double)dec_tokens : 0.0);
         print_comb("decode", &sh->dec);
-        printf("         prefill %" PRIu64 " calls (one per chunk and table, begun when the chunk's rows "
-               "are read), %.0f bytes per token,\n", sh->pre.calls,
-               o->prompt_tokens ? (double)sh->pre.bytes / (double)o->prompt_tokens : 0.0);
+        if (sh->pgather)
+            printf("         prefill: MPI_Iallgatherv of each rank's owned rows, %" PRIu64 " calls (one per "
+                   "chunk and table, begun when the chunk's rows are read), %.0f bytes per token, of which "
+                   "rank 0 received %.0f,\n", sh->pre.calls,
+                   o->prompt_tokens ? (double)sh->pre.bytes / (double)o->prompt_tokens : 0.0,
+                   o->prompt_tokens ? (double)sh->pre_recv / (double)o->prompt_tokens : 0.0);
+        else
+            printf("         prefill: MPI_Iallreduce (bitwise OR), %" PRIu64 " calls (one per chunk and table, "
+                   "begun when the chunk's rows are read), %.0f bytes per token combined,\n", sh->pre.calls,
+                   o->prompt_tokens ? (double)sh->pre.bytes / (double)o->prompt_tokens : 0.0);
         print_comb("prefill", &sh->pre);
         printf("         every rank's residuals %s\n", o->checksums_agree ? "the same" : "NOT THE SAME");
     } else {

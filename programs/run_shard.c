@@ -10,8 +10,11 @@
  * each rank's pool reads its row block only and delivers the others as
  * zeros; a step's rows of table t are combined (the bitwise OR over the
  * ranks, libengram-mpi) as soon as this rank's reads of t are in, seen
- * between layers, and waited for at t's layer; a prefill chunk's rows at
- * the chunk's layer.  The combined rows are the one-process rows bit for
+ * between layers, and waited for at t's layer; a prefill chunk's rows are
+ * gathered (each rank's owned rows to the others; or OR-combined with
+ * --prefill-method combine) as soon as they are read, in one order on
+ * every rank, progressed between layers and waited for at the chunk's
+ * layer.  The combined rows are the one-process rows bit for
  * bit, applied the same way (engram_apply_strided), so every rank ends with
  * the one-process residuals.  DP (--dp): rank r runs sessions r, r + N, ...
  * on an unsharded pool; nothing is combined but the checksum.
@@ -113,6 +116,12 @@ int shard_alloc(struct shard *sh, unsigned B, size_t rowb)
         sh->recv[t] = malloc(step);
         sh->pbuf[t] = malloc(chunk);
         if (!sh->send[t] || !sh->recv[t] || !sh->pbuf[t])
+            return -ENOMEM;
+    }
+    if (sh->pgather) {
+        sh->pids = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_ROWS_PER_TOKEN * sizeof *sh->pids);
+        sh->pown = malloc((size_t)ENGRAM_BATCH_TOKENS * ENGRAM_COLUMNS * sizeof *sh->pown);
+        if (!sh->pids || !sh->pown)
             return -ENOMEM;
     }
     return 0;
@@ -232,13 +241,61 @@ void shard_step_drop(struct run *R)
         comb_drop(&R->sh, &R->sh.op[t]);
 }
 
-void shard_prefill_start(struct run *R, engram_prefill *pf, size_t chunks)
+void shard_prefill_start(struct run *R, engram_prefill *pf, size_t chunks, const uint32_t *tokens,
+                         const engram_history *h)
 {
     struct shard *sh = &R->sh;
     sh->pf = pf;
     sh->pchunks = chunks;
     sh->pnext = 0;
     sh->pfull[0] = sh->pfull[1] = 0;
+    sh->ptok = tokens;
+    sh->phist = *h;
+    sh->pids_chunk = SIZE_MAX;
+}
+
+/* The gather of chunk c's rows of table t ([k][24] in the ring at rows):
+ * the chunk's ids hashed (once, for table 0's; the chunks come in order),
+ * the positions' owners, this rank's rows copied into pbuf[t] (the rest is
+ * received there), the gather begun. */
+static int prefill_gather_begin(struct run *R, int t, size_t c, const void *rows, size_t k,
+                                engram_error *err)
+{
+    struct shard *sh = &R->sh;
+    int rc = 0;
+    if (sh->pids_chunk != c) {
+        if (c != (sh->pids_chunk == SIZE_MAX ? 0 : sh->pids_chunk + 1)) {
+            if (err) {
+                err->code = -EPROTO;
+                snprintf(err->msg, sizeof err->msg, "prefill chunk %zu hashed out of order", c);
+            }
+            return -EPROTO;
+        }
+        rc = engram_hash_tokens(engram_model_hasher(R->m), &sh->phist, sh->ptok + c * ENGRAM_BATCH_TOKENS,
+                                NULL, k, sh->pids, err);
+        if (rc)
+            return rc;
+        sh->pids_chunk = c;
+    }
+    engram_model_info mi;
+    engram_model_get_info(R->m, &mi);
+    const uint64_t rows_t = mi.table[t].rows;
+    const size_t rowb = R->rowb, n = k * ENGRAM_COLUMNS;
+    uint64_t received = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id = sh->pids[(i / ENGRAM_COLUMNS) * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS +
+                               i % ENGRAM_COLUMNS];
+        uint32_t o = sh->mp->owner(rows_t, id, (unsigned)sh->world);
+        sh->pown[i] = o;
+        if (o == (uint32_t)sh->rank)
+            memcpy(sh->pbuf[t] + i * rowb, (const uint8_t *)rows + i * rowb, rowb);
+        else
+            received += rowb;
+    }
+    rc = sh->mp->gather_begin(sh->pbuf[t], rowb, sh->pown, n, &sh->pop[t].op, err);
+    if (rc == 0)
+        sh->pre_recv += received;
+    return rc;
 }
 
 /* Begins the next combine of the ranks' order, (pnext / 2, pnext % 2), if
@@ -257,8 +314,18 @@ static int prefill_begin_next(struct run *R, int block, int *begun, engram_error
     const void *rows = NULL;
     size_t k = 0;
     int rc = engram_prefill_wait(sh->pf, t, c, &rows, NULL, &k, err);
-    if (rc == 0)
+    if (rc == 0 && sh->pgather) {
+        struct comb_op *o = &sh->pop[t];
+        *o = (struct comb_op){.begin_ns = run_ns_now()};
+        o->polled_ns = o->begin_ns;
+        rc = prefill_gather_begin(R, t, c, rows, k, err);
+        if (rc == 0) {
+            sh->pre.calls++;
+            sh->pre.bytes += k * ENGRAM_COLUMNS * R->rowb;
+        }
+    } else if (rc == 0) {
         rc = comb_begin(sh, &sh->pop[t], &sh->pre, rows, sh->pbuf[t], k * ENGRAM_COLUMNS * R->rowb, err);
+    }
     if (rc == 0) {
         sh->pchunk[t] = c;
         sh->pfull[t] = 1;
@@ -368,4 +435,6 @@ void shard_end(struct shard *sh, int failed)
         free(sh->recv[t]);
         free(sh->pbuf[t]);
     }
+    free(sh->pids);
+    free(sh->pown);
 }

@@ -68,6 +68,12 @@ if mode == "tp":
     # one combine per prefill chunk and table (the pool's chunks count both tables')
     p = s["combine"]["prefill"]
     if p["calls"] != op["chunks"]: errs.append("prefill combine calls %d of %d chunks" % (p["calls"], op["chunks"]))
+    if p["bytes"] != op["tokens"] * 48 * 512: errs.append("prefill buffer bytes %d" % p["bytes"])
+    # gather (the default): each row is one rank's and the other N - 1 receive it
+    recv = sum(r["prefill_bytes_received"] for r in R)
+    if p["method"] == "MPI_Iallgatherv":
+        if recv != (np - 1) * op["tokens"] * 48 * 512: errs.append("prefill rows received: %d bytes" % recv)
+    elif p["method"] != "MPI_Iallreduce BOR" or recv != 0: errs.append("prefill method %s" % p["method"])
     for k, c in (("decode", c), ("prefill", p)):
         if c["complete_before_wait"] > c["calls"] or c["late_ns"] > c["total_ns"] or c["hidden_ns"] + c["exposed_ns"] != c["total_ns"]:
             errs.append("%s combine figures %s" % (k, c))
@@ -94,6 +100,9 @@ check "-np 2 DP, 3 sessions (uneven)" 2 3 dp
 check "-np 4 TP, 3 sessions" 4 3 tp
 one 1 --no-overlap
 check "-np 2 TP, 1 session, no overlap" 2 1 tp --no-overlap
+one 3
+check "-np 2 TP, 3 sessions, prefill by allreduce" 2 3 tp --prefill-method combine
+check "-np 4 TP, 3 sessions, prefill by allreduce" 4 3 tp --prefill-method combine
 
 # one rank without mpirun: a plain run, said so
 one 2
@@ -121,6 +130,9 @@ expect_rc 2 "run: --shard runs on the CPU" "--shard --device cuda" \
     "$E" run "$M" $RUN --sessions 1 --shard --device cuda
 expect_rc 2 "run: --dp is a mode of --shard" "--dp alone" "$E" run "$M" $RUN --sessions 1 --dp
 expect_rc 2 "needs prefetch" "--shard --no-prefetch" "$E" run "$M" $RUN --sessions 1 --shard --no-prefetch
+expect_rc 2 "is gather or combine" "--prefill-method other" "$E" run "$M" $RUN --sessions 1 --shard --prefill-method ring
+expect_rc 2 "an option of --shard without --dp" "--prefill-method with --dp" \
+    "$E" run "$M" $RUN --sessions 1 --shard --dp --prefill-method gather
 "$E" build "$T/ple.gguf" --arch qwen4exp --base 20011 --width 64 --fill normal --seed 3 >/dev/null || bad "PLE build"
 expect_rc 1 "--shard is V4.1's" "PLE --shard" "$E" run "$T/ple.gguf" $RUN --sessions 1 --shard
 expect_rc 2 "needs --sessions >= 4" "--dp, fewer sessions than ranks" \

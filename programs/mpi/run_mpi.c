@@ -72,6 +72,15 @@ static void p_combine_free(void *op)
     engram_mpi_combine_free(op);
 }
 
+static int p_gather_begin(void *buf, size_t row_bytes, const uint32_t *owner, size_t n, void **op,
+                          engram_error *err)
+{
+    engram_mpi_op *o = NULL;
+    int rc = engram_mpi_gather_begin(comm, buf, row_bytes, owner, n, &o, err);
+    *op = o;
+    return rc;
+}
+
 static int p_gather_u64(const uint64_t *mine, size_t n, uint64_t *all, engram_error *err)
 {
     int mrc = MPI_Gather(mine, (int)n, MPI_UINT64_T, all, (int)n, MPI_UINT64_T, 0, MPI_COMM_WORLD);
@@ -107,6 +116,8 @@ static const struct run_mpi_plugin plugin = {
     .combine_poll = p_combine_poll,
     .combine_wait = p_combine_wait,
     .combine_free = p_combine_free,
+    .gather_begin = p_gather_begin,
+    .owner = engram_mpi_owner,
     .gather_u64 = p_gather_u64,
     .send_u64 = p_send_u64,
     .recv_u64 = p_recv_u64,
