@@ -405,7 +405,7 @@ ifneq ($(NVCC),)
 NCCL_CFLAGS = -isystem $(CUDA_HOME)/include -Icuda
 NCCL_LDLIBS = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
 NCCL_TARGETS = $(BUILD)/libengram-nccl.a $(BUILD)/libengram-nccl.so $(BUILD)/cuda/test_nccl \
-               $(BUILD)/cuda/nccl_stub.so $(BUILD)/cuda/nccl_stub_all.so
+               $(BUILD)/cuda/nccl_stub.so $(BUILD)/cuda/nccl_stub_all.so $(BUILD)/cuda/nccl_stub_faults.so
 all: $(NCCL_TARGETS)
 $(BUILD)/obj/nccl/engram_nccl.o: cuda/engram_nccl.c cuda/nccl_abi.h include/engram_nccl.h include/engram.h Makefile
 	@mkdir -p $(dir $@)
@@ -426,6 +426,9 @@ $(BUILD)/cuda/nccl_stub.so: cuda/nccl_stub.c Makefile
 $(BUILD)/cuda/nccl_stub_all.so: cuda/nccl_stub.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -fvisibility=default -DSTUB_ALL -shared -o $@ $<
+$(BUILD)/cuda/nccl_stub_faults.so: cuda/nccl_stub.c Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -fvisibility=default -DSTUB_FAULTS -shared -o $@ $<
 endif
 .PHONY: nccl-abi-check
 nccl-abi-check:

@@ -62,6 +62,26 @@ static void sleep_ms(int ms)
         }                                                                                        \
     } while (0)
 
+/* a host function on a stream: the stream is busy for `ms` milliseconds */
+static void sleeper(void *ms)
+{
+    sleep_ms((int)(intptr_t)ms);
+}
+
+/* waits up to 10 s for the stream to drain: 1 if it did */
+static int drains(cudaStream_t st)
+{
+    for (int i = 0; i < 1000; i++) {
+        cudaError_t e = cudaStreamQuery(st);
+        if (e == cudaSuccess)
+            return 1;
+        if (e != cudaErrorNotReady)
+            return 0;
+        sleep_ms(10);
+    }
+    return 0;
+}
+
 /* ---- refusals that need nothing: every argument checked before NCCL is loaded */
 static void refusals(void)
 {
@@ -200,6 +220,25 @@ static void world_one(void)
     CHECK_EQ(engram_nccl_combine(c, NULL, 0, st, &err), 0); /* 0 bytes: nothing */
     CHECK_ERR(engram_nccl_combine(c, NULL, 5, st, &err), err, -EINVAL, "NULL buffer");
     CHECK_EQ(engram_nccl_wait(c, st, 0, &err), 0); /* done: 0 at once even with no time */
+    /* a combine queued behind 1.5 s of other work, a wait of 0.3 s: it
+     * times out, the communicator is aborted, and the stream still drains */
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, 4096));
+    CUDA_OK(cudaLaunchHostFunc(st, sleeper, (void *)(intptr_t)1500));
+    CHECK_EQ(engram_nccl_combine(c, d, 4096, st, &err), 0);
+    uint64_t t0 = now_ns();
+    int rc2 = engram_nccl_wait(c, st, 300000000ull, &err);
+    double secs = (double)(now_ns() - t0) / 1e9;
+    CHECK_ERR(rc2, err, -ETIMEDOUT, "communicator aborted");
+    CHECK(secs >= 0.3 && secs < 10); /* the wait, then ncclCommAbort */
+    engram_nccl_get_info(c, &info);
+    CHECK_EQ(info.aborted, 1);
+    CHECK_ERR(engram_nccl_combine(c, d, 4096, st, &err), err, -EIO, "aborted");
+    CHECK_ERR(engram_nccl_wait(c, st, SEC, &err), err, -EIO, "aborted");
+    CHECK(drains(st));
+    printf("test_nccl: world 1: a wait of 0.3 s on a busy stream: -ETIMEDOUT after %.2f s, aborted, "
+           "the stream drained\n", secs);
+    CUDA_OK(cudaFree(d));
     CUDA_OK(cudaStreamDestroy(st));
     engram_nccl_close(c);
 }
@@ -364,6 +403,155 @@ static int rows_check(engram_nccl *c, const char *model_path, int rank, int worl
     return bad ? -1 : 0;
 }
 
+
+/* ---- NCCL's failures, injected (cuda/nccl_stub.c built with STUB_FAULTS,
+ * loaded in a process of its own: the library keeps what it loaded) */
+static int faults(void)
+{
+    void *h = dlopen(getenv("ENGRAM_NCCL_LIBRARY"), RTLD_NOW | RTLD_LOCAL);
+    CHECK(h != NULL);
+    if (!h)
+        return tu_finish("test_nccl faults");
+    int *aborts = (int *)dlsym(h, "stub_aborts"), *destroys = (int *)dlsym(h, "stub_destroys");
+    int *allreduces = (int *)dlsym(h, "stub_allreduces");
+    CHECK(aborts && destroys && allreduces);
+    if (!aborts || !destroys || !allreduces)
+        return tu_finish("test_nccl faults");
+    engram_error err;
+    uint8_t id[ENGRAM_NCCL_ID_BYTES];
+    engram_nccl *c = NULL;
+    engram_nccl_info info;
+    int v = 0;
+    CHECK(engram_nccl_available(&v, &err));
+    CHECK_EQ(v, 22800);
+    CHECK_EQ(engram_nccl_unique_id(id, &err), 0);
+    static const struct {
+        const char *r;
+        int want;
+    } codes[] = {{"1", -EIO}, {"2", -EIO}, {"3", -EIO}, {"4", -EINVAL}, {"5", -EINVAL}, {"6", -ECONNRESET}};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "ncclCommInitRankConfig: NCCL error %s", codes[i].r);
+        setenv("STUB_INIT", codes[i].r, 1);
+        int a0 = *aborts;
+        c = (engram_nccl *)(uintptr_t)1;
+        CHECK_ERR(engram_nccl_open(id, 0, 2, 0, SEC, &c, &err), err, codes[i].want, needle);
+        CHECK(strstr(err.msg, "the stub's last error") != NULL);
+        CHECK(c == NULL);
+        CHECK_EQ(*aborts, a0 + 1);
+    }
+    /* set-up that never finishes: bounded; one that fails later */
+    setenv("STUB_INIT", "7", 1);
+    setenv("STUB_ASYNC", "7", 1);
+    int a0 = *aborts;
+    uint64_t t0 = now_ns();
+    CHECK_ERR(engram_nccl_open(id, 0, 2, 0, 300000000ull, &c, &err), err, -ETIMEDOUT, "not every rank joined");
+    double secs = (double)(now_ns() - t0) / 1e9;
+    CHECK(secs >= 0.3 && secs < 5);
+    CHECK_EQ(*aborts, a0 + 1);
+    setenv("STUB_ASYNC", "5", 1);
+    CHECK_ERR(engram_nccl_open(id, 0, 2, 0, SEC, &c, &err), err, -EINVAL, "NCCL error 5");
+    CHECK_EQ(*aborts, a0 + 2);
+    setenv("STUB_ASYNC", "0", 1);
+    /* the all-reduce refused: aborted, and every later call says so */
+    CHECK_EQ(engram_nccl_open(id, 0, 2, 0, SEC, &c, &err), 0);
+    engram_nccl_get_info(c, &info);
+    CHECK_EQ(info.world, 2);
+    CHECK_EQ(info.aborted, 0);
+    void *d = NULL;
+    cudaStream_t st;
+    CUDA_OK(cudaMalloc(&d, 4096));
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    setenv("STUB_ALLREDUCE", "2", 1);
+    a0 = *aborts;
+    int d0 = *destroys;
+    CHECK_ERR(engram_nccl_combine(c, d, 4096, st, &err), err, -EIO, "ncclAllReduce: NCCL error 2");
+    engram_nccl_get_info(c, &info);
+    CHECK_EQ(info.aborted, 1);
+    CHECK_EQ(*aborts, a0 + 1);
+    int r0 = *allreduces;
+    CHECK_ERR(engram_nccl_combine(c, d, 4096, st, &err), err, -EIO, "aborted");
+    CHECK_ERR(engram_nccl_wait(c, st, SEC, &err), err, -EIO, "aborted");
+    CHECK_EQ(*allreduces, r0); /* nothing enqueued on an aborted communicator */
+    engram_nccl_close(c);
+    CHECK_EQ(*destroys, d0); /* aborted: not destroyed again */
+    CHECK_EQ(*aborts, a0 + 1);
+    unsetenv("STUB_ALLREDUCE");
+    /* an asynchronous error seen by the combine before it enqueues */
+    CHECK_EQ(engram_nccl_open(id, 0, 2, 0, SEC, &c, &err), 0);
+    setenv("STUB_ASYNC", "6", 1);
+    r0 = *allreduces;
+    CHECK_ERR(engram_nccl_combine(c, d, 4096, st, &err), err, -ECONNRESET, "ncclCommGetAsyncError");
+    CHECK_EQ(*allreduces, r0);
+    engram_nccl_close(c);
+    setenv("STUB_ASYNC", "0", 1);
+    /* a busy stream: the wait times out, aborts */
+    CHECK_EQ(engram_nccl_open(id, 0, 2, 0, SEC, &c, &err), 0);
+    CHECK_EQ(engram_nccl_combine(c, d, 4096, st, &err), 0);
+    CUDA_OK(cudaLaunchHostFunc(st, sleeper, (void *)(intptr_t)800));
+    a0 = *aborts;
+    CHECK_ERR(engram_nccl_wait(c, st, 200000000ull, &err), err, -ETIMEDOUT, "communicator aborted");
+    CHECK_EQ(*aborts, a0 + 1);
+    CHECK(drains(st));
+    engram_nccl_close(c);
+    /* a busy stream and an asynchronous error: reported without waiting out the stream */
+    CHECK_EQ(engram_nccl_open(id, 0, 2, 0, SEC, &c, &err), 0);
+    CUDA_OK(cudaLaunchHostFunc(st, sleeper, (void *)(intptr_t)800));
+    setenv("STUB_ASYNC", "3", 1);
+    t0 = now_ns();
+    CHECK_ERR(engram_nccl_wait(c, st, 5 * SEC, &err), err, -EIO, "NCCL error 3");
+    CHECK((double)(now_ns() - t0) / 1e9 < 0.5);
+    CHECK_EQ(*aborts, a0 + 2);
+    CHECK(drains(st));
+    engram_nccl_close(c);
+    setenv("STUB_ASYNC", "0", 1);
+    /* all well: close destroys */
+    d0 = *destroys;
+    a0 = *aborts;
+    CHECK_EQ(engram_nccl_open(id, 0, 2, 0, SEC, &c, &err), 0);
+    CHECK_EQ(engram_nccl_combine(c, d, 4096, st, &err), 0);
+    CHECK_EQ(engram_nccl_wait(c, st, SEC, &err), 0);
+    engram_nccl_close(c);
+    CHECK_EQ(*destroys, d0 + 1);
+    CHECK_EQ(*aborts, a0);
+    /* the caller's communicator: never aborted nor destroyed here */
+    static int callers;
+    CHECK_EQ(engram_nccl_wrap(&callers, &c, &err), 0);
+    engram_nccl_get_info(c, &info);
+    CHECK_EQ(info.wrapped, 1);
+    CHECK_EQ(info.world, 2);
+    CHECK_EQ(info.rank, 1);
+    CUDA_OK(cudaLaunchHostFunc(st, sleeper, (void *)(intptr_t)800));
+    CHECK_ERR(engram_nccl_wait(c, st, 200000000ull, &err), err, -ETIMEDOUT, "left running");
+    setenv("STUB_ALLREDUCE", "2", 1);
+    CHECK_ERR(engram_nccl_combine(c, d, 4096, st, &err), err, -EIO, "ncclAllReduce");
+    engram_nccl_get_info(c, &info);
+    CHECK_EQ(info.aborted, 0);
+    CHECK(drains(st));
+    engram_nccl_close(c);
+    CHECK_EQ(*aborts, a0);
+    CHECK_EQ(*destroys, d0 + 1);
+    CUDA_OK(cudaFree(d));
+    CUDA_OK(cudaStreamDestroy(st));
+    return tu_finish("test_nccl faults (NCCL's failures injected)");
+}
+
+/* runs this program with `mode` in a process of its own, ENGRAM_NCCL_LIBRARY = lib */
+static void in_child(const char *mode, const char *lib)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("ENGRAM_NCCL_LIBRARY", lib, 1);
+        execl("/proc/self/exe", "test_nccl", mode, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* ---- one rank of several (a process of its own) */
 static int child(int rank, int world, const char *idfile, const char *model_path)
 {
@@ -477,8 +665,11 @@ static void ranks(int world, const char *model_path)
 int main(int argc, char **argv)
 {
     setenv("NCCL_NVLS_ENABLE", "0", 1);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines reach a log even if a hang gets us killed */
     if (argc == 6 && strcmp(argv[1], "--child") == 0)
         return child(atoi(argv[2]), atoi(argv[3]), argv[4], argv[5]);
+    if (argc == 2 && strcmp(argv[1], "--faults") == 0)
+        return faults();
     char dir[512];
     snprintf(dir, sizeof dir, "%s", argv[0]);
     char *slash = strrchr(dir, '/');
@@ -530,6 +721,9 @@ int main(int argc, char **argv)
         CHECK_EQ(tu_layout(&l, map, ALPHABET, 2000, 3000), 0);
         CHECK_EQ(tu_build("nccl.gguf", &l, ENGRAM_FILL_NORMAL, 64, path, sizeof path), 0);
     }
+    char faults_lib[600];
+    snprintf(faults_lib, sizeof faults_lib, "%s/nccl_stub_faults.so", stub_dir);
+    in_child("--faults", faults_lib);
     world_one();
     wrapped();
     {
@@ -547,10 +741,10 @@ int main(int argc, char **argv)
         }
         engram_nccl_close(c);
     }
-    lonely();
     ranks(2, path);
     if (ndev >= 4)
         ranks(4, path);
+    lonely(); /* last: it aborts a communicator in the middle of its set-up */
     tu_cleanup();
     printf("test_nccl: %d GPU(s)\n", ndev);
     return tu_finish("test_nccl");
