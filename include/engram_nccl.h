@@ -82,6 +82,19 @@
  * scatter the received ones would add in launches; and an all-reduce of a
  * fixed size needs no owner array on the device.  Over a slower network
  * between nodes the halved bytes would matter: not done.
+ *
+ * What ran (bench/results/2026-12-02-nccl/, one H200, NCCL 2.28.3 and
+ * 2.28.9; cuda/test_nccl.c): a communicator of one; a sharded pool's RAW
+ * rows of world 1 combined on the device equal the unsharded pool's; NCCL's
+ * failures injected through a stub library (every mapping and abort
+ * above); timeouts of open and wait.  Two ranks on the one GPU are refused
+ * by NCCL ("Duplicate GPU detected": -EINVAL on each rank).  Not run: the
+ * combine across two or more GPUs (no multi-GPU machine was lent), a peer
+ * dying with a collective in flight, and the wait's abort of a collective
+ * that spins on the GPU (NCCL documents that abort ends it; not seen here).
+ * ncclCommAbort itself waited for the work queued ahead of the collective
+ * on the stream (1.2 s of a host function, seen once): a timed wait returns
+ * after the timeout plus that.
  */
 #ifndef ENGRAM_NCCL_H
 #define ENGRAM_NCCL_H
