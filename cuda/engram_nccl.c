@@ -254,11 +254,16 @@ int engram_nccl_open(const uint8_t id[ENGRAM_NCCL_ID_BYTES], int rank, int world
         return fail_cuda(err, "engram_nccl_open: cudaGetDeviceCount", e);
     if (device >= ndev)
         return fail(err, -ENODEV, "engram_nccl_open: device %d, but %d CUDA device(s)", device, ndev);
-    if ((e = cudaSetDevice(device)) != cudaSuccess)
-        return fail_cuda(err, "engram_nccl_open: cudaSetDevice", e);
+    int prev = -1;
+    if ((e = cudaGetDevice(&prev)) != cudaSuccess)
+        return fail_cuda(err, "engram_nccl_open: cudaGetDevice", e);
     engram_nccl *c = calloc(1, sizeof *c);
     if (!c)
         return fail(err, -ENOMEM, "engram_nccl_open: out of memory");
+    if ((e = cudaSetDevice(device)) != cudaSuccess) {
+        free(c);
+        return fail_cuda(err, "engram_nccl_open: cudaSetDevice", e);
+    }
     eng_nccl_id u;
     memcpy(u.internal, id, sizeof u.internal);
     eng_nccl_config cfg;
@@ -282,6 +287,7 @@ int engram_nccl_open(const uint8_t id[ENGRAM_NCCL_ID_BYTES], int rank, int world
         if (comm)
             nccl.abort_(comm);
         free(c);
+        cudaSetDevice(prev); /* a failed open leaves the thread's device as it was */
         return code;
     }
     c->comm = comm;

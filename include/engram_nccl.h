@@ -130,7 +130,7 @@ int engram_nccl_unique_id(uint8_t id[ENGRAM_NCCL_ID_BYTES], engram_error *err);
 /*
  * Collective over the world's ranks: every rank calls it with the same id
  * and world, its own rank in [0, world) and its GPU (`device`, made the
- * calling thread's current device; left so).  Waits until every rank has
+ * calling thread's current device; left so, and restored on failure).  Waits until every rank has
  * joined, or timeout_ns (0 = 60 s; ENGRAM_FOREVER = no limit): -ETIMEDOUT
  * then, the half-made communicator aborted.  -EINVAL (arguments, or NCCL's
  * refusal: ranks sharing a GPU), -ENOSYS (no NCCL), -ENODEV (no such GPU),
