@@ -392,6 +392,53 @@ install-mpi: $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so $(BUILD)/engram-
 endif
 # ---- end of libengram-mpi ----
 
+# ---- libengram-nccl (cuda/engram_nccl.c, include/engram_nccl.h; issue #24) ----
+# The sharded rows' combine on device buffers with NCCL, where the CUDA part
+# is built (nvcc found).  NCCL is dlopen'd at run time (cuda/nccl_abi.h
+# declares what is used), so it builds with no nccl.h and refuses cleanly
+# with no libnccl; libengram never sees NCCL.  C, compiled with $(CC) and
+# the CUDA runtime's headers; no kernels.  test_nccl (build/cuda/) runs
+# everywhere: refusals without NCCL or a GPU, the combine where both exist.
+# `make nccl-abi-check NCCL_INC=DIR` checks cuda/nccl_abi.h against the
+# real nccl.h in DIR (the GPU machine's).
+ifneq ($(NVCC),)
+NCCL_CFLAGS = -isystem $(CUDA_HOME)/include -Icuda
+NCCL_LDLIBS = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
+NCCL_TARGETS = $(BUILD)/libengram-nccl.a $(BUILD)/libengram-nccl.so $(BUILD)/cuda/test_nccl \
+               $(BUILD)/cuda/nccl_stub.so $(BUILD)/cuda/nccl_stub_all.so $(BUILD)/cuda/nccl_stub_faults.so
+all: $(NCCL_TARGETS)
+$(BUILD)/obj/nccl/engram_nccl.o: cuda/engram_nccl.c cuda/nccl_abi.h include/engram_nccl.h include/engram.h Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) -DENGRAM_BUILDING -c $< -o $@
+$(BUILD)/libengram-nccl.a: $(BUILD)/obj/nccl/engram_nccl.o
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/libengram-nccl.so: $(BUILD)/obj/nccl/engram_nccl.o
+	$(CC) -shared -Wl,-soname,libengram-nccl.so.0 $(SO_CHECK) $(LDFLAGS) -o $@ $< $(NCCL_LDLIBS)
+$(BUILD)/cuda/test_nccl: cuda/test_nccl.c cuda/nccl_abi.h tests/testutil.h include/engram_nccl.h \
+    $(BUILD)/libengram-nccl.a $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libengram-nccl.a $(LIBS) $(LDLIBS_ALL) \
+	    $(NCCL_LDLIBS)
+$(BUILD)/cuda/nccl_stub.so: cuda/nccl_stub.c Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -fvisibility=default -shared -o $@ $<
+$(BUILD)/cuda/nccl_stub_all.so: cuda/nccl_stub.c Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -fvisibility=default -DSTUB_ALL -shared -o $@ $<
+$(BUILD)/cuda/nccl_stub_faults.so: cuda/nccl_stub.c Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -fvisibility=default -DSTUB_FAULTS -shared -o $@ $<
+endif
+.PHONY: nccl-abi-check
+nccl-abi-check:
+	@test -f "$(NCCL_INC)/nccl.h" || { echo "nccl-abi-check: no nccl.h in NCCL_INC='$(NCCL_INC)'"; exit 1; }
+	@mkdir -p $(BUILD)/cuda
+	$(CC) -std=c11 -Wall -Wextra -Werror -isystem $(NCCL_INC) -isystem $(CUDA_HOME)/include -Icuda \
+	    -o $(BUILD)/cuda/nccl_abi_check cuda/nccl_abi_check.c
+	$(BUILD)/cuda/nccl_abi_check
+# ---- end of libengram-nccl ----
+
 deps:
 	@sh tools/deps.sh
 

@@ -121,6 +121,9 @@ build "gcc -O2" && {
         run "test_cuda (GPU checks, or the no-GPU report)" build/cuda/test_cuda
         run "test_ple_cuda (PLE GPU checks, or no-GPU)" build/cuda/test_ple_cuda
     fi
+    if [ -x build/cuda/test_nccl ]; then  # libengram-nccl, built when nvcc is present
+        run "test_nccl (NCCL refusals; with NCCL and a GPU the combine)" build/cuda/test_nccl
+    fi
     run "emulate_ple (PLE kernels on the host vs CPU)" build/cuda/emulate_ple
     # the Python binding (Debian's /usr/bin/python3: numpy, torch, pytest)
     if run "build: python module (make python)" make -j"$JOBS" WERROR=1 python; then
