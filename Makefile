@@ -415,8 +415,10 @@ $(BUILD)/libengram-nccl.a: $(BUILD)/obj/nccl/engram_nccl.o
 	ar rcs $@ $^
 $(BUILD)/libengram-nccl.so: $(BUILD)/obj/nccl/engram_nccl.o
 	$(CC) -shared -Wl,-soname,libengram-nccl.so.0 $(SO_CHECK) $(LDFLAGS) -o $@ $< $(NCCL_LDLIBS)
+# (the stubs it loads are built with it: order-only, not linked)
 $(BUILD)/cuda/test_nccl: cuda/test_nccl.c cuda/nccl_abi.h tests/testutil.h include/engram_nccl.h \
-    $(BUILD)/libengram-nccl.a $(LIBS)
+    $(BUILD)/libengram-nccl.a $(LIBS) | $(BUILD)/cuda/nccl_stub.so $(BUILD)/cuda/nccl_stub_all.so \
+    $(BUILD)/cuda/nccl_stub_faults.so
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libengram-nccl.a $(LIBS) $(LDLIBS_ALL) \
 	    $(NCCL_LDLIBS)

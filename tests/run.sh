@@ -123,6 +123,14 @@ build "gcc -O2" && {
     fi
     if [ -x build/cuda/test_nccl ]; then  # libengram-nccl, built when nvcc is present
         run "test_nccl (NCCL refusals; with NCCL and a GPU the combine)" build/cuda/test_nccl
+        # where NCCL's own header is installed (the CUDA toolkit's here), our
+        # declarations of its ABI (cuda/nccl_abi.h) checked against it
+        for inc in /usr/local/cuda/include /usr/include; do
+            if [ -f "$inc/nccl.h" ]; then
+                run "nccl-abi-check (cuda/nccl_abi.h against $inc/nccl.h)" make -s WERROR=1 nccl-abi-check NCCL_INC="$inc"
+                break
+            fi
+        done
     fi
     run "emulate_ple (PLE kernels on the host vs CPU)" build/cuda/emulate_ple
     # the Python binding (Debian's /usr/bin/python3: numpy, torch, pytest)
