@@ -7,7 +7,7 @@
  * in this program.  Then: a rank that begins late (timed waits time out,
  * then the rows), an owner whose shard file was cut short after its reader
  * opened it (its peers' waits return its error naming it; no hang; the
- * exchange after it works), refusals.  Each rank prints its count line; a
+ * exchange after it works), cancel, refusals.  Each rank prints its count line; a
  * rank that sees wrong rows prints "WRONG ROWS". */
 #include <mpi.h>
 #include <time.h>
@@ -285,6 +285,53 @@ static void test_owner_fault(engram_mpi *m, engram_model *mine, engram_reader *r
     free(ids), free(mask), free(out);
 }
 
+/* Cancel: every rank gives up on an exchange at once (its counts phase, which
+ * every rank joined, so MPI completes it: parked, then reaped); the handle
+ * then refuses every begin (the phases after it never started anywhere); a
+ * second handle still exchanges. */
+static void test_cancel(engram_mpi *m, engram_model *mine, engram_reader *rd)
+{
+    engram_mpi *m2 = NULL;
+    engram_error err;
+    CHECK_EQ(engram_mpi_open(MPI_COMM_WORLD, NULL, &m2, &err), 0);
+    uint32_t *ids;
+    uint8_t *mask;
+    size_t n = tokens_of(60, rank, &ids, &mask);
+    uint8_t *out = malloc((n ? n : 1) * 48 * 512);
+    memset(out, 0xA5, (n ? n : 1) * 48 * 512);
+    engram_mpi_op *op = NULL;
+    CHECK_EQ(engram_mpi_exchange_begin(m2, mine, rd, ids, mask, n, ENGRAM_BF16, out, &op, &err), 0);
+    engram_mpi_combine_cancel(op);
+    CHECK_ERR(engram_mpi_combine_wait(op, 1000000, &err), err, -ECANCELED, "cancelled");
+    CHECK_ERR(engram_mpi_combine_poll(op, &err), err, -ECANCELED, "cancelled");
+    engram_mpi_combine_free(op);
+    engram_mpi_info info;
+    uint64_t t0 = now_ns();
+    do {
+        engram_mpi_get_info(m2, &info);
+        sleep_ms(1);
+    } while (info.pending && now_ns() - t0 < 30ull * 1000000000ull);
+    CHECK_EQ(info.pending, 0);
+    uint8_t canary[512];
+    memset(canary, 0xA5, sizeof canary);
+    size_t changed = 0;
+    for (size_t p = 0; p < n * 48; p++)
+        changed += memcmp(out + p * 512, canary, 512) != 0;
+    CHECK_EQ(changed, 0);
+    uint8_t b[8] = {0};
+    CHECK_ERR(engram_mpi_combine_begin(m2, b, 8, &op, &err), err, -EBUSY, "exchange");
+    CHECK_ERR(engram_mpi_exchange_begin(m2, mine, rd, ids, mask, n, ENGRAM_BF16, out, &op, &err), err, -EBUSY,
+              "exchange");
+    engram_mpi_close(m2);
+    CHECK_EQ(engram_mpi_exchange_begin(m, mine, rd, ids, mask, n, ENGRAM_BF16, out, &op, &err), 0);
+    int rc = engram_mpi_combine_wait(op, 30ull * 1000000000ull, &err);
+    CHECK_EQ(rc, 0);
+    if (rc == 0)
+        check_rows(ids, mask, n, ENGRAM_BF16, out, "after a cancelled exchange (another handle)");
+    engram_mpi_combine_free(op);
+    free(ids), free(mask), free(out);
+}
+
 /* Refusals: local, nothing started (every rank refuses alike). */
 static void test_refusals(engram_mpi *m, engram_model *mine, engram_reader *rd, engram_model *other)
 {
@@ -371,6 +418,7 @@ int main(int argc, char **argv)
     printf("rank %d: shard reader: %llu rows read for the exchanges\n", rank, (unsigned long long)st.rows_read);
     test_late(m, shard, rs);
     test_owner_fault(m, shard, rs, sp);
+    test_cancel(m, shard, rs);
 
     engram_reader_close(rw);
     engram_reader_close(rs);
