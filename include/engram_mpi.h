@@ -254,15 +254,16 @@ int engram_mpi_owners(const uint64_t rows[ENGRAM_TABLES], const uint32_t *ids, c
  *  2. the requests (uint32: table << 31 | id), MPI_Ialltoallv;
  *  3. every owner reads the rows asked of it with r, in the call that sees
  *     phase 2 complete (a poll may then block for these reads: at most the
- *     rows the world asked of this rank), one engram_reader_batch per
- *     asking rank and table (pieces of 256 tokens' ids, padded with a row
+ *     rows the world asked of this rank), per table the asking ranks' rows
+ *     together, one engram_reader_batch per piece of 6,144 rows (a row two
+ *     ranks asked for is read once; the last token padded with a row
  *     already asked for); then the rows go back, MPI_Ialltoallv of rows,
  *     with one status per (owner, asking rank), MPI_Ialltoall;
  *  4. the wait or poll that sees them in copies each position's row to out.
  * A read error on an owner (-EIO, -EDOM, -EINVAL from the reader: a short
  * or corrupt shard file) does not stop its part: it sends zeros for the
- * rows of the rank whose reads failed, with that read's status, so no peer
- * hangs.  Every rank that asked that owner for rows (it included) sees its
+ * rows of every rank with a row in the failed piece, with that read's
+ * status, so no peer hangs.  Every rank that asked that owner for rows (it included) sees its
  * op fail with the owner's error code, err naming the owner rank (the
  * owner's own err has the reader's text); a rank that asked it nothing
  * gets its rows (0).  out is not written by a failed op.  After such an
@@ -291,8 +292,9 @@ int engram_mpi_owners(const uint64_t rows[ENGRAM_TABLES], const uint32_t *ids, c
  * at most 48 n; q: rows the world asks of this rank; w: ranks):
  *   4 B x 48 n (each position's row) + d x (4 B + row) (requests, rows
  *   received) + q x (4 B + row) (requests received, rows sent) + 24 B x w;
- *   during begin 8 B x 48 n more (the sort); during the reads 48 KiB of
- *   ids and 24 rows.  E.g. a decode step of 64 tokens in BF16 asks at most
+ *   during begin 8 B x 48 n more (the sort); during the reads, for a piece
+ *   of p = min(6,144, about q) rows, 10 B + a row each (at most 3 MiB in
+ *   BF16, 6 MiB in F32).  E.g. a decode step of 64 tokens in BF16 asks at most
  *   3,072 rows: under 1.6 MiB + q x 516 B; a 2,048-token prefill chunk at
  *   most 98,304: 51 MiB + q x 516 B (chunk the prompt to bound it).
  * Moved per rank: 4 B a row it asks of another rank and a row's bytes

@@ -578,79 +578,98 @@ static void xchg_mpi_fail(engram_mpi_op *op, const char *call, int rc)
     snprintf(op->msg, sizeof op->msg, "%s", msg);
 }
 
-/* Reads rows reply[a, b) (requests rreq[a, b), all of table t) with the
- * reader: whole tokens of 24 straight into reply, the last < 24 rows
- * through tmp; ids: scratch [XPIECE_TOKENS][48]. */
-static int xchg_read(struct xchg *x, int t, size_t a, size_t b, uint32_t *ids, uint8_t *tmp,
-                     engram_error *err)
+#define XPIECE_ROWS (XPIECE_TOKENS * ENGRAM_COLUMNS)
+
+/* The owner's reads of table t's rows in one piece: ids[] (its 24 columns
+ * of each token filled, the last token padded with a row already asked
+ * for), read into tmp and copied to their places in reply (at[]); a
+ * failed read fails every asking rank with a row in the piece (in[]). */
+static void xchg_piece(struct xchg *x, int t, size_t cnt, uint32_t *ids, const uint32_t *at, uint8_t *tmp,
+                       const uint8_t *in, int w)
 {
-    size_t cnt = b - a, full = cnt / ENGRAM_COLUMNS, rem = cnt % ENGRAM_COLUMNS;
-    int rc = 0;
-    for (size_t k0 = 0; k0 < full && rc == 0; k0 += XPIECE_TOKENS) {
-        size_t kk = full - k0 < XPIECE_TOKENS ? full - k0 : XPIECE_TOKENS;
-        for (size_t j = 0; j < kk; j++)
-            for (int c = 0; c < ENGRAM_COLUMNS; c++)
-                ids[j * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + (size_t)c] =
-                    XREQ_ID(x->rreq[a + (k0 + j) * ENGRAM_COLUMNS + (size_t)c]);
-        rc = engram_reader_batch(x->r, t, ids, kk, x->dtype, x->reply + (a + k0 * ENGRAM_COLUMNS) * x->rb, err);
+    size_t k = (cnt + ENGRAM_COLUMNS - 1) / ENGRAM_COLUMNS;
+    for (size_t j = cnt; j < k * ENGRAM_COLUMNS; j++)
+        ids[j / ENGRAM_COLUMNS * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + j % ENGRAM_COLUMNS] =
+            ids[(size_t)t * ENGRAM_COLUMNS];
+    engram_error e = {0};
+    int rc = engram_reader_batch(x->r, t, ids, k, x->dtype, tmp, &e);
+    if (rc == 0) {
+        for (size_t j = 0; j < cnt; j++)
+            memcpy(x->reply + (size_t)at[j] * x->rb, tmp + j * x->rb, x->rb);
+        return;
     }
-    if (rc == 0 && rem) {
-        size_t at = a + full * ENGRAM_COLUMNS;
-        /* the token's other columns: a row already asked for (read once) */
-        for (int c = 0; c < ENGRAM_COLUMNS; c++)
-            ids[(size_t)t * ENGRAM_COLUMNS + (size_t)c] = XREQ_ID(x->rreq[at + ((size_t)c < rem ? (size_t)c : 0)]);
-        rc = engram_reader_batch(x->r, t, ids, 1, x->dtype, tmp, err);
-        if (rc == 0)
-            memcpy(x->reply + at * x->rb, tmp, rem * x->rb);
+    for (int s = 0; s < w; s++)
+        if (in[s] && x->sstat[s] == 0)
+            x->sstat[s] = rc;
+    if (!x->served_rc) {
+        x->served_rc = rc;
+        snprintf(x->served_msg, sizeof x->served_msg, "%.190s", e.msg);
     }
-    return rc;
 }
 
-/* Phase 2 done: the rows every rank asked of this one, read into reply,
- * with a status per asking rank (a failed rank's rows sent as zeros). */
+/* Phase 2 done: the rows every rank asked of this one, read into reply
+ * (per table, the asking ranks' rows together, in pieces of 6,144 rows:
+ * one reader batch each, so a row two ranks asked for is read once), with
+ * a status per asking rank; a failed rank's rows are sent as zeros. */
 static int xchg_serve(engram_mpi_op *op)
 {
     struct xchg *x = op->xc;
     int w = op->m->world;
-    uint32_t *ids = malloc((size_t)XPIECE_TOKENS * ENGRAM_ROWS_PER_TOKEN * sizeof *ids);
-    uint8_t *tmp = malloc(ENGRAM_COLUMNS * x->rb);
-    if (!ids || !tmp) {
-        free(ids);
-        free(tmp);
+    /* a piece never holds more than what was asked (a decode step: a few rows) */
+    size_t toks = x->incoming / ENGRAM_COLUMNS + 1;
+    toks = toks < XPIECE_TOKENS ? toks : XPIECE_TOKENS;
+    uint32_t *ids = malloc(toks * ENGRAM_ROWS_PER_TOKEN * sizeof *ids);
+    uint32_t *at = malloc(toks * ENGRAM_COLUMNS * sizeof *at);
+    uint8_t *tmp = malloc(toks * ENGRAM_COLUMNS * x->rb), *in = calloc((size_t)w, 1);
+    if (!ids || !at || !tmp || !in) {
+        free(ids), free(at), free(tmp), free(in);
         return -ENOMEM;
     }
     for (int s = 0; s < w; s++) {
         size_t a = (size_t)x->rdispl[s], b = a + (size_t)x->rcount[s];
-        engram_error e = {0};
-        int rc = 0;
-        for (size_t i = a; i < b && rc == 0; i++) {
+        for (size_t i = a; i < b && x->sstat[s] == 0; i++) {
             uint32_t q = x->rreq[i];
+            engram_error e = {0};
             if (XREQ_ID(q) >= x->rows[XREQ_T(q)])
-                rc = fail(&e, -EINVAL, "row %u of table %d asked by rank %d is not below its %llu rows",
-                          XREQ_ID(q), XREQ_T(q), s, (unsigned long long)x->rows[XREQ_T(q)]);
+                x->sstat[s] = fail(&e, -EINVAL, "row %u of table %d asked by rank %d is not below its %llu rows",
+                                   XREQ_ID(q), XREQ_T(q), s, (unsigned long long)x->rows[XREQ_T(q)]);
             else if (i > a && x->rreq[i - 1] >= q)
-                rc = fail(&e, -EINVAL, "the requests of rank %d are not sorted and distinct", s);
-        }
-        /* sorted: table 0's requests first */
-        size_t split = a;
-        while (rc == 0 && split < b && XREQ_T(x->rreq[split]) == 0)
-            split++;
-        if (rc == 0)
-            rc = xchg_read(x, 0, a, split, ids, tmp, &e);
-        if (rc == 0)
-            rc = xchg_read(x, 1, split, b, ids, tmp, &e);
-        x->info.rows_served += b - a;
-        if (rc) {
-            x->sstat[s] = rc;
-            memset(x->reply + a * x->rb, 0, (b - a) * x->rb);
-            if (!x->served_rc) {
-                x->served_rc = rc;
+                x->sstat[s] = fail(&e, -EINVAL, "the requests of rank %d are not sorted and distinct", s);
+            if (x->sstat[s] && !x->served_rc) {
+                x->served_rc = x->sstat[s];
                 snprintf(x->served_msg, sizeof x->served_msg, "%.190s", e.msg);
             }
         }
     }
-    free(ids);
-    free(tmp);
+    for (int t = 0; t < ENGRAM_TABLES; t++) {
+        size_t cnt = 0;
+        memset(in, 0, (size_t)w);
+        for (int s = 0; s < w; s++) {
+            size_t a = (size_t)x->rdispl[s], b = a + (size_t)x->rcount[s];
+            for (size_t i = a; i < b && x->sstat[s] == 0; i++) {
+                if (XREQ_T(x->rreq[i]) != t)
+                    continue;
+                ids[cnt / ENGRAM_COLUMNS * ENGRAM_ROWS_PER_TOKEN + (size_t)t * ENGRAM_COLUMNS + cnt % ENGRAM_COLUMNS] =
+                    XREQ_ID(x->rreq[i]);
+                at[cnt++] = (uint32_t)i;
+                in[s] = 1;
+                if (cnt == XPIECE_ROWS) {
+                    xchg_piece(x, t, cnt, ids, at, tmp, in, w);
+                    cnt = 0;
+                    memset(in, 0, (size_t)w);
+                    in[s] = i + 1 < b; /* this rank's rest goes in the next piece */
+                }
+            }
+        }
+        if (cnt)
+            xchg_piece(x, t, cnt, ids, at, tmp, in, w);
+    }
+    for (int s = 0; s < w; s++) {
+        x->info.rows_served += (size_t)x->rcount[s];
+        if (x->sstat[s])
+            memset(x->reply + (size_t)x->rdispl[s] * x->rb, 0, (size_t)x->rcount[s] * x->rb);
+    }
+    free(ids), free(at), free(tmp), free(in);
     return 0;
 }
 
