@@ -7,7 +7,11 @@
 # the one-process run's exactly (each distinct row is one rank's), every
 # rank ends with the same residuals; one rank (no mpirun) is a plain run;
 # refusals: no plugin, a PLE model, --device cuda, --dp without --shard or
-# with fewer sessions than ranks, ranks given different options.  Needs
+# with fewer sessions than ranks, ranks given different options.  On shard
+# files (engram shard, MODEL with %r and %n): --dp through the DP exchange
+# and TP give the one-process checksum at -np 2 and 4 (uneven sessions,
+# two-chunk prompts); another rank's shard, another world's set and a file
+# cut short are refused on every rank.  Needs
 # mpirun and BUILD_DIR/engram-mpi.so (built where mpicc is found).
 # Ends with "test_run_mpi: N passed, N failed".
 set -u
@@ -135,6 +139,11 @@ expect_rc 1 "was given shard 0 of 2" "a rank given another rank's shard" \
     timeout 120 $MPIRUN -np 2 "$E" run "$T/s2/m.shard-0-of-2.gguf" $RUN --sessions 2 --shard --dp
 expect_rc 1 "was given shard" "shard files of another world" \
     timeout 120 $MPIRUN -np 2 "$E" run "$T/s4/m.shard-%r-of-4.gguf" $RUN --sessions 2 --shard --dp
+# a shard file cut short: its rank cannot open it, and every rank refuses
+# (no hang, exit 1), the others saying a rank's model did not open
+mkdir "$T/cut" && cp "$T/s2/"*.gguf "$T/cut/" && truncate -s -1000 "$T/cut/m.shard-1-of-2.gguf"
+expect_rc 1 "some did not open" "a shard file cut short" \
+    timeout 120 $MPIRUN -np 2 "$E" run "$T/cut/m.shard-%r-of-%n.gguf" $RUN --sessions 2 --shard --dp
 
 # one rank without mpirun: a plain run, said so
 one 2
