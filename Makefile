@@ -349,7 +349,7 @@ endif
 endif
 ifneq ($(MPICC),)
 MPI_TARGETS = $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so $(BUILD)/tests/mpi/test_mpi_combine \
-              $(BUILD)/bench/mpi/bench_mpi $(BUILD)/engram-mpi.so
+              $(BUILD)/tests/mpi/test_mpi_exchange $(BUILD)/bench/mpi/bench_mpi $(BUILD)/engram-mpi.so
 all: $(MPI_TARGETS)
 $(BUILD)/obj/mpi/engram_mpi.o: src/mpi/engram_mpi.c include/engram_mpi.h include/engram.h Makefile
 	@mkdir -p $(dir $@)
@@ -361,6 +361,12 @@ $(BUILD)/libengram-mpi.so: $(BUILD)/obj/mpi/engram_mpi.o $(BUILD)/libengram.so
 	$(CC) -shared -Wl,-soname,libengram-mpi.so.0 $(SO_CHECK) $(LDFLAGS) -o $@ $< -L$(BUILD) -lengram \
 	    $(MPI_LIBS) -lpthread
 $(BUILD)/tests/mpi/test_mpi_combine: tests/mpi/test_mpi_combine.c tests/testutil.h include/engram_mpi.h \
+    $(BUILD)/libengram-mpi.a $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(MPI_CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libengram-mpi.a $(LIBS) $(LDLIBS_ALL) \
+	    $(MPI_LIBS)
+# The DP exchange's test (tests/test_mpi.sh runs it under mpirun too).
+$(BUILD)/tests/mpi/test_mpi_exchange: tests/mpi/test_mpi_exchange.c tests/testutil.h include/engram_mpi.h \
     $(BUILD)/libengram-mpi.a $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(MPI_CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libengram-mpi.a $(LIBS) $(LDLIBS_ALL) \

@@ -219,6 +219,105 @@ uint32_t engram_mpi_owner(uint64_t rows, uint32_t id, unsigned world);
 int engram_mpi_owners(const uint64_t rows[ENGRAM_TABLES], const uint32_t *ids, const uint8_t *mask,
                       size_t n, unsigned world, uint32_t *owner, engram_error *err);
 
+/*
+ * The data-parallel exchange: "requests out, rows back".  DP ranks hash
+ * different tokens; each holds only its row block of every table (a shard
+ * file of `engram shard`, or its block of the one whole file: any rows of
+ * the whole file read the same), so a rank asks each row's owner
+ * (engram_mpi_owner) for it and gets the row back.  Collective: every rank
+ * of m calls it, in the same order relative to m's other begins, each with
+ * its own ids and n (n may differ between ranks, and be 0: the rank still
+ * takes part, serving the others).
+ *
+ *  - model, r: this rank's model and a reader on it (engram_reader_open):
+ *    the whole file, or the shard file of this rank (rank and world those
+ *    of m: -EINVAL otherwise).  The reader reads, for the others and for
+ *    this rank, the rows asked of this rank; it is used only inside this
+ *    op's poll and wait calls (engram_reader_batch: not concurrent with
+ *    any other call on r; no decode step in flight on it).
+ *  - ids: [n][48] as engram_hash_tokens writes them (table 0's 24 row ids,
+ *    then table 1's), read only during begin; each below its table's rows
+ *    (engram_model_info.table[t].rows: the whole table's, for a shard) and
+ *    below 2^31 (the request carries the table in its top bit): -EINVAL
+ *    naming the token, nothing started.  mask (optional): tokens with
+ *    mask[i] == 0 ask for nothing, and their rows of out are not written.
+ *  - out: [n][48][row] of dtype (row: 512 bytes BF16, 1,024 F32, 264 RAW),
+ *    written only by the poll or wait that returns 0, then holding exactly
+ *    the bytes engram_model_read_* (or a one-process reader on the whole
+ *    file) gives for those ids.  A failed, timed-out or cancelled exchange
+ *    leaves out as it was.  out must stay valid until the op ends.
+ *
+ * Phases (each started by the poll or wait that finds the one before it
+ * complete, so the op moves only inside poll and wait calls):
+ *  1. this rank's distinct rows (dedupe within the call), sorted by owner,
+ *     table and id; their counts per owner, MPI_Ialltoall;
+ *  2. the requests (uint32: table << 31 | id), MPI_Ialltoallv;
+ *  3. every owner reads the rows asked of it with r, in the call that sees
+ *     phase 2 complete (a poll may then block for these reads: at most the
+ *     rows the world asked of this rank), per table the asking ranks' rows
+ *     together, one engram_reader_batch per piece of 6,144 rows (a row two
+ *     ranks asked for is read once; the last token padded with a row
+ *     already asked for); then the rows go back, MPI_Ialltoallv of rows,
+ *     with one status per (owner, asking rank), MPI_Ialltoall;
+ *  4. the wait or poll that sees them in copies each position's row to out.
+ * A read error on an owner (-EIO, -EDOM, -EINVAL from the reader: a short
+ * or corrupt shard file) does not stop its part: it sends zeros for the
+ * rows of every rank with a row in the failed piece, with that read's
+ * status, so no peer hangs.  Every rank that asked that owner for rows (it included) sees its
+ * op fail with the owner's error code, err naming the owner rank (the
+ * owner's own err has the reader's text); a rank that asked it nothing
+ * gets its rows (0).  out is not written by a failed op.  After such an
+ * error the ranks' collectives still agree: m can go on.
+ *
+ * One exchange at a time per engram_mpi, and no other begin on m while it
+ * runs: its later phases are collectives started at poll / wait, which
+ * must come in the same order on every rank, so begins of m (combine,
+ * gather, exchange) return -EBUSY from the exchange's begin until the op
+ * ends (a wait or poll returned 0 or an error other than -EAGAIN,
+ * -ETIMEDOUT); ops begun before it may still be in flight.  Use a second
+ * engram_mpi (its own communicator) to overlap an exchange with combines.
+ *
+ * Waits, polls, cancel and free are the combine's (engram_mpi_combine_*):
+ * a timed wait that returns -ETIMEDOUT leaves the op going (a rank has
+ * not joined a phase yet; nothing lost: wait again); ENGRAM_FOREVER waits
+ * (MPI_Waitall) phase by phase.  MPI cannot cancel a collective: a
+ * cancelled exchange stops at its phase in flight (parked on m until MPI
+ * completes that phase), so its peers, which go on to the next phase, wait
+ * for this rank for ever (their timed waits time out): a rank that cancels
+ * an exchange is shutting down, and m refuses every later begin (-EBUSY).
+ * An MPI error in a phase is -EIO (the ranks' sequences no longer agree:
+ * shut down; m refuses later begins).
+ *
+ * Memory (the op's, freed with it; d: distinct rows this rank asks for,
+ * at most 48 n; q: rows the world asks of this rank; w: ranks):
+ *   4 B x 48 n (each position's row) + d x (4 B + row) (requests, rows
+ *   received) + q x (4 B + row) (requests received, rows sent) + 24 B x w;
+ *   during begin 8 B x 48 n more (the sort); during the reads, for a piece
+ *   of p = min(6,144, about q) rows, 10 B + a row each (at most 3 MiB in
+ *   BF16, 6 MiB in F32).  E.g. a decode step of 64 tokens in BF16 asks at most
+ *   3,072 rows: under 1.6 MiB + q x 516 B; a 2,048-token prefill chunk at
+ *   most 98,304: 51 MiB + q x 516 B (chunk the prompt to bound it).
+ * Moved per rank: 4 B a row it asks of another rank and a row's bytes
+ * back (the rows it owns itself go through MPI's copy to self), plus 8 B
+ * of counts and statuses per pair of ranks.
+ * Errors at begin: -EINVAL, -EBUSY, -ENOMEM, -EIO (MPI refused phase 1:
+ * nothing started).  n at most INT_MAX / 48 / world.
+ */
+int engram_mpi_exchange_begin(engram_mpi *m, const engram_model *model, engram_reader *r,
+                              const uint32_t *ids, const uint8_t *mask, size_t n, engram_dtype dtype,
+                              void *out, engram_mpi_op **op, engram_error *err);
+
+/* What an exchange moved (complete or not: what it knows so far). */
+typedef struct engram_mpi_exchange_info {
+    size_t rows_asked;   /* distinct rows this rank asked for (its own included) */
+    size_t rows_remote;  /* of those, owned by other ranks (received over MPI)   */
+    size_t rows_served;  /* rows the world asked of this rank (read by it)       */
+    size_t rows_sent;    /* of those, for other ranks                            */
+    size_t row_bytes;    /* of the dtype                                         */
+} engram_mpi_exchange_info;
+/* Fills *info (zeros for NULL or an op that is not an exchange). */
+void engram_mpi_exchange_get_info(const engram_mpi_op *op, engram_mpi_exchange_info *info);
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

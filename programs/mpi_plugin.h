@@ -3,7 +3,8 @@
  * found, linked with libengram-mpi and MPI), loaded with dlopen only for
  * --shard: the command itself links no MPI library.  Every call is made
  * from the engine's thread (MPI_THREAD_FUNNELED).  The collective calls
- * (init, same, combine_begin, gather_u64, finalize) are made by every rank
+ * (init, same, combine_begin, gather_u64, exchange_begin, allgather,
+ * finalize) are made by every rank
  * in the same order. */
 #ifndef ENGRAM_MPI_PLUGIN_H
 #define ENGRAM_MPI_PLUGIN_H
@@ -13,7 +14,7 @@
 
 #include "engram.h"
 
-#define RUN_MPI_PLUGIN_VERSION 2
+#define RUN_MPI_PLUGIN_VERSION 3
 
 struct run_mpi_plugin {
     int version;
@@ -45,6 +46,17 @@ struct run_mpi_plugin {
     /* Point to point, for the DP checksum's chain (blocking). */
     int (*send_u64)(uint64_t v, int to, engram_error *err);
     int (*recv_u64)(uint64_t *v, int from, engram_error *err);
+    /* --dp on shard files (version 2): the DP exchange
+     * (engram_mpi_exchange_begin: a collective), its op waited for, polled
+     * and freed with combine_wait / combine_poll / combine_free; what it
+     * moved: moved[4] = rows asked, rows from other ranks, rows served,
+     * rows sent to other ranks (engram_mpi_exchange_get_info). */
+    int (*exchange_begin)(const engram_model *m, engram_reader *r, const uint32_t *ids, const uint8_t *mask,
+                          size_t n, engram_dtype dtype, void *out, void **op, engram_error *err);
+    void (*exchange_moved)(const void *op, uint64_t moved[4]);
+    /* all[world][bytes] on every rank = every rank's mine[bytes]
+     * (MPI_Allgather; version 2). */
+    int (*allgather)(const void *mine, size_t bytes, void *all, engram_error *err);
     /* failed 0: closes libengram-mpi and MPI_Finalize (collective); failed
      * 1: MPI_Abort, ending every rank (a peer may be blocked in a
      * collective this rank will never join). */

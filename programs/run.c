@@ -82,9 +82,14 @@ static const char *run_help2 =
     "soon as the rank's reads of it are in and progressed between layers.\n"
     "--dp: data-parallel, rank r runs sessions r, r+N, ... of the B on an unsharded\n"
     "pool, nothing combined; the checksum is chained across the ranks in session\n"
-    "order, the one-process checksum.  Rank 0 prints the report (its own figures)\n"
-    "with every rank's rows read per token, the combine's bytes per token and\n"
-    "time, and the part of it hidden behind layers.  V4.1 on the CPU only; TP\n"
+    "order, the one-process checksum.  Shard files (engram shard): MODEL may say %r\n"
+    "for the rank and %n for the world (DIR/NAME.shard-%r-of-%n.gguf); each rank\n"
+    "must get its own file of one whole set.  TP reads its block; --dp gets each\n"
+    "token's rows from their owners (the DP exchange: ids out, rows back, one\n"
+    "MPI exchange per step or 2,048-token prompt chunk, begun before layer 0).\n"
+    "Rank 0 prints the report (its own figures) with every rank's rows read per\n"
+    "token, the combine's (exchange's) bytes per token and time, and the part of\n"
+    "it hidden behind layers.  V4.1 on the CPU only; TP\n"
     "needs prefetch; --dp needs --sessions >= N.  One rank (no mpirun): a plain\n"
     "run, said so.\n"
     "Defaults: the demo model next to the engram binary (demo.gguf, written there\n"
@@ -331,7 +336,7 @@ static int open_pool(struct run *R, engram_layer_info *li, engram_error *err)
     memset(&po, 0, sizeof po);
     /* on a GPU: the reader's buffers page-locked, where reads land */
     dev_host_hooks(R->D[0], &po.reader.host);
-    if (R->sh.tp) { /* this rank's row block only */
+    if (R->sh.tp || R->sh.xdp) { /* this rank's row block only */
         po.shard_rank = (unsigned)R->sh.rank;
         po.shard_world = (unsigned)R->sh.world;
     }
@@ -396,7 +401,9 @@ static int simulate(struct run *R, size_t *prompt_tokens, engram_error *err)
 {
     int rc = 0;
     uint64_t t0 = run_ns_now();
-    for (unsigned b = 0; b < R->B && rc == 0; b++) {
+    if (R->sh.xdp) /* --dp on shard files: rows through the exchange */
+        rc = shard_dp_prefill(R, prompt_tokens, err);
+    for (unsigned b = 0; b < R->B && rc == 0 && !R->sh.xdp; b++) {
         rc = run_prefill(R, &R->ss[b], err);
         *prompt_tokens += R->ss[b].prompt;
         progress(R, "prefill", b + 1, R->B);
@@ -433,6 +440,7 @@ static int report(const struct run *R, const struct run_opts *opt, const engram_
             [RK_PRE_TOKENS] = prompt_tokens, [RK_SESSIONS] = R->B, [RK_FNV] = fnv,
             [RK_COMB_BYTES] = R->sh.dec.bytes + R->sh.pre.bytes, [RK_COMB_TOTAL] = R->sh.dec.total_ns,
             [RK_COMB_EXPOSED] = R->sh.dec.exposed_ns, [RK_PRE_RECV] = R->sh.pre_recv};
+        shard_dp_figures(R, mine);
         all = calloc((size_t)R->sh.world * RK_FIELDS, sizeof *all);
         rc = all ? shard_gather(R, mine, all, err) : -ENOMEM;
         o.ranks = all;
@@ -484,6 +492,7 @@ static void close_run(struct run *R)
         engram_layer_close(R->L[t]);
     }
     (void)R->ple_a; /* D[0]'s, closed with it */
+    shard_dp_close(&R->sh);
     engram_model_close(R->m);
     free(R->ss);
     free(R->step_lat);
@@ -540,10 +549,17 @@ static int run_body(const struct run_opts *op, struct run *Rp)
     R.overlap = o.overlap;
     R.prefetch = o.prefetch;
     R.tty = isatty(2);
+    char rpath[4200];
+    if (R.sh.mp && shard_model_path(&R.sh, o.path, rpath, sizeof rpath) == 0)
+        o.path = rpath; /* a shard file per rank: %r, %n */
     st = open_model_any(o.path, &R.m);
-    if (st) {
+    /* every rank: a whole file each, or each its shard of one set */
+    int sst = R.sh.mp ? shard_model_check(&R.sh, st ? NULL : R.m) : 0;
+    if (st || sst) {
+        engram_model_close(R.m);
         free(tokens);
-        return st;
+        *Rp = R;
+        return st ? st : sst;
     }
     engram_model_info mi;
     engram_model_get_info(R.m, &mi);

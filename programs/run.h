@@ -91,6 +91,18 @@ struct shard {
     size_t pids_chunk;     /* the chunk pids holds (SIZE_MAX: none)       */
     uint64_t pre_recv;     /* gather: bytes of rows this rank received    */
     struct comb dec, pre;
+    /* --dp on shard files (run_shard.c, shard_dp_*): every rank holds its
+     * block only and gets its tokens' rows through the DP exchange */
+    int xdp;
+    engram_reader *xrd;    /* this rank's reader, serving the exchanges    */
+    engram_history *hist;  /* [B] the sessions' histories                  */
+    uint32_t *xids;        /* [2048][48] a chunk's (step's) row ids         */
+    uint8_t *xout;         /* [2048][48][row] its rows                      */
+    uint64_t xmoved[2][4]; /* decode, prefill: engram_mpi_exchange_info's
+                              rows asked, from others, served, sent        */
+    uint64_t xread[2];     /* decode, prefill: rows this rank's reader read */
+    struct comb xdec, xpre; /* the exchanges' time; bytes: rows from other
+                              ranks x (row + 4 B request)                 */
 };
 
 struct run {
@@ -148,7 +160,10 @@ struct report {
 
 /* The figures each rank sends to rank 0 (struct report.ranks). */
 enum { RK_DEC_READ, RK_DEC_REQ, RK_DEC_TOKENS, RK_PRE_READ, RK_PRE_TOKENS, RK_SESSIONS, RK_FNV,
-       RK_COMB_BYTES, RK_COMB_TOTAL, RK_COMB_EXPOSED, RK_PRE_RECV, RK_FIELDS };
+       RK_COMB_BYTES, RK_COMB_TOTAL, RK_COMB_EXPOSED, RK_PRE_RECV,
+       /* --dp on shard files: the exchange's rows, decode and prefill:
+        * asked of other ranks (and received), sent to other ranks */
+       RK_X_DEC_REMOTE, RK_X_DEC_SENT, RK_X_PRE_REMOTE, RK_X_PRE_SENT, RK_FIELDS };
 
 /* CLOCK_MONOTONIC in ns: the library's clock (engram_step_get_info). */
 uint64_t run_ns_now(void);
@@ -199,6 +214,27 @@ void shard_prefill_stop(struct run *R);
  * world x RK_FIELDS, rank 0 only).  0 or a negative errno. */
 int shard_checksum(const struct run *R, uint64_t *fnv, engram_error *err);
 int shard_gather(const struct run *R, const uint64_t *mine, uint64_t *all, engram_error *err);
+/* The model (NULL: this rank could not open it) against the ranks': a
+ * collective every rank calls after opening the model.  Every rank a
+ * shard file or none; shard files: each this rank's of this world, the
+ * set whole (engram_shard_set_check); --dp on shard files sets sh->xdp.
+ * 0, or an exit code after saying why (every rank refuses alike). */
+int shard_model_check(struct shard *sh, const engram_model *m);
+/* --dp on shard files: the prefill of every session of this rank, each
+ * prompt chunk's rows (2,048 tokens) through the exchange, in rounds every
+ * rank takes part in (a rank with no chunk left serves the others with
+ * n = 0); *prompt_tokens: this rank's.  A decode step of this rank's
+ * sessions, its rows through one exchange.  0 or a negative errno. */
+int shard_dp_prefill(struct run *R, size_t *prompt_tokens, engram_error *err);
+int shard_dp_step(struct run *R, size_t step, engram_error *err);
+/* --dp on shard files: this rank's figures into the report's (reads and
+ * the exchange's bytes, beside the pool's, which read nothing). */
+void shard_dp_figures(const struct run *R, uint64_t *mine);
+/* The reader and buffers of the exchange (before the model is closed). */
+void shard_dp_close(struct shard *sh);
+/* MODEL with %r replaced by this rank and %n by the world (a shard file
+ * per rank: DIR/NAME.shard-%r-of-%n.gguf): 0, or -ENAMETOOLONG. */
+int shard_model_path(const struct shard *sh, const char *in, char *out, size_t n);
 /* Ends MPI (failed: every rank ended, MPI_Abort); frees the buffers. */
 void shard_end(struct shard *sh, int failed);
 

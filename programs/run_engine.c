@@ -309,6 +309,8 @@ static void account_step(struct run *R, engram_session *const *sv)
 /* One decode step of every session together. */
 int run_decode_step(struct run *R, size_t step, engram_error *err)
 {
+    if (R->sh.xdp) /* --dp on shard files: rows through the exchange */
+        return shard_dp_step(R, step, err);
     unsigned B = R->B;
     engram_session *sv[1024];
     uint32_t tok[1024];

@@ -81,10 +81,13 @@ static void print_shard_json(const struct run *R, const struct report *o)
                ",\"decode_rows_read_per_token\":%.3f,\"prefill_tokens\":%" PRIu64
                ",\"prefill_rows_read\":%" PRIu64 ",\"combine_bytes\":%" PRIu64
                ",\"decode_combine_ns\":%" PRIu64 ",\"decode_combine_exposed_ns\":%" PRIu64
-               ",\"prefill_bytes_received\":%" PRIu64 "}",
+               ",\"prefill_bytes_received\":%" PRIu64
+               ",\"exchange_decode_rows_remote\":%" PRIu64 ",\"exchange_decode_rows_sent\":%" PRIu64
+               ",\"exchange_prefill_rows_remote\":%" PRIu64 ",\"exchange_prefill_rows_sent\":%" PRIu64 "}",
                r ? "," : "", r, k[RK_SESSIONS], k[RK_DEC_TOKENS], k[RK_DEC_REQ], k[RK_DEC_READ],
                k[RK_DEC_TOKENS] ? (double)k[RK_DEC_READ] / (double)k[RK_DEC_TOKENS] : 0.0, k[RK_PRE_TOKENS],
-               k[RK_PRE_READ], k[RK_COMB_BYTES], k[RK_COMB_TOTAL], k[RK_COMB_EXPOSED], k[RK_PRE_RECV]);
+               k[RK_PRE_READ], k[RK_COMB_BYTES], k[RK_COMB_TOTAL], k[RK_COMB_EXPOSED], k[RK_PRE_RECV],
+               k[RK_X_DEC_REMOTE], k[RK_X_DEC_SENT], k[RK_X_PRE_REMOTE], k[RK_X_PRE_SENT]);
     }
     printf("],\"combine\":{\"method\":\"%s\",\"decode\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64
            ",\"bytes_per_token\":%.1f,\"total_ns\":%" PRIu64 ",\"exposed_ns\":%" PRIu64 ",\"hidden_ns\":%" PRIu64
@@ -98,6 +101,15 @@ static void print_shard_json(const struct run *R, const struct report *o)
            o->prompt_tokens ? (double)sh->pre.bytes / (double)o->prompt_tokens : 0.0, sh->pre.total_ns,
            sh->pre.exposed_ns, sh->pre.total_ns - sh->pre.exposed_ns, sh->pre.late_ns, sh->pre.early,
            !sh->tp ? "none" : sh->pgather ? "MPI_Iallgatherv" : "MPI_Iallreduce BOR", sh->pre_recv);
+    /* --dp on shard files: this rank's exchanges (bytes: rows from other
+     * ranks x (row + its 4 B request), the traffic its tokens cause) */
+    printf(",\"exchange\":{\"used\":%s,\"decode\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64
+           ",\"bytes_per_token\":%.1f,\"total_ns\":%" PRIu64 ",\"exposed_ns\":%" PRIu64 "},\"prefill\":{\"calls\":%"
+           PRIu64 ",\"bytes\":%" PRIu64 ",\"bytes_per_token\":%.1f,\"total_ns\":%" PRIu64 ",\"exposed_ns\":%" PRIu64
+           "}}", sh->xdp ? "true" : "false", sh->xdec.calls, sh->xdec.bytes,
+           dec_tokens ? (double)sh->xdec.bytes / (double)dec_tokens : 0.0, sh->xdec.total_ns, sh->xdec.exposed_ns,
+           sh->xpre.calls, sh->xpre.bytes, o->prompt_tokens ? (double)sh->xpre.bytes / (double)o->prompt_tokens : 0.0,
+           sh->xpre.total_ns, sh->xpre.exposed_ns);
     printf(",\"checksums_agree\":%s}", !sh->tp ? "null" : o->checksums_agree ? "true" : "false");
 }
 
@@ -122,8 +134,10 @@ static void print_shard_text(const struct run *R, const struct report *o)
         return;
     }
     printf("shard:   %d ranks, %s: %s; the figures above are rank 0's\n", sh->world,
-           sh->dp ? "DP" : "TP", sh->dp ? "rank r runs sessions r, r + N, ... on an unsharded pool"
-                                        : "every rank the same sessions, its row block read, rows combined");
+           sh->dp ? "DP" : "TP", sh->xdp ? "rank r runs sessions r, r + N, ... on its shard file, rows "
+                                           "from their owners (the exchange)"
+                                 : sh->dp ? "rank r runs sessions r, r + N, ... on an unsharded pool"
+                                          : "every rank the same sessions, its row block read, rows combined");
     for (int r = 0; r < sh->world; r++) {
         const uint64_t *k = o->ranks + (size_t)r * RK_FIELDS;
         printf("         rank %d: %" PRIu64 " session%s; decode %" PRIu64 " rows read for %" PRIu64
@@ -153,6 +167,22 @@ static void print_shard_text(const struct run *R, const struct report *o)
         printf("         every rank's residuals %s\n", o->checksums_agree ? "the same" : "NOT THE SAME");
     } else {
         printf("         checksum: chained across the ranks in session order\n");
+    }
+    if (sh->xdp) {
+        uint64_t dec_tokens = R->n_steps * R->B;
+        printf("exchange: rows asked of their owners (4 B a row out, the row back), rank 0: decode %" PRIu64
+               " exchanges, %.0f bytes per token moved, %.3f ms in all, %.3f ms exposed; prefill %" PRIu64
+               " exchanges, %.0f bytes per token, %.3f ms\n", sh->xdec.calls,
+               dec_tokens ? (double)sh->xdec.bytes / (double)dec_tokens : 0.0, (double)sh->xdec.total_ns / 1e6,
+               (double)sh->xdec.exposed_ns / 1e6, sh->xpre.calls,
+               o->prompt_tokens ? (double)sh->xpre.bytes / (double)o->prompt_tokens : 0.0,
+               (double)sh->xpre.total_ns / 1e6);
+        for (int r = 0; r < sh->world; r++) {
+            const uint64_t *k = o->ranks + (size_t)r * RK_FIELDS;
+            printf("         rank %d: decode %" PRIu64 " rows from others, %" PRIu64 " sent to others; prefill %"
+                   PRIu64 " from, %" PRIu64 " to\n", r, k[RK_X_DEC_REMOTE], k[RK_X_DEC_SENT], k[RK_X_PRE_REMOTE],
+                   k[RK_X_PRE_SENT]);
+        }
     }
 }
 

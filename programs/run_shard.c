@@ -438,3 +438,231 @@ void shard_end(struct shard *sh, int failed)
     free(sh->pids);
     free(sh->pown);
 }
+
+/* ------------------------------------------------ --dp on shard files */
+
+int shard_model_path(const struct shard *sh, const char *in, char *out, size_t n)
+{
+    size_t j = 0;
+    for (const char *p = in; *p; p++) {
+        char num[16] = {p[0], 0};
+        if (p[0] == '%' && (p[1] == 'r' || p[1] == 'n')) {
+            snprintf(num, sizeof num, "%d", p[1] == 'r' ? sh->rank : sh->world);
+            p++;
+        }
+        size_t k = strlen(num);
+        if (j + k >= n)
+            return -ENAMETOOLONG;
+        memcpy(out + j, num, k);
+        j += k;
+    }
+    out[j] = '\0';
+    return 0;
+}
+
+int shard_model_check(struct shard *sh, const engram_model *m)
+{
+    engram_model_info mi;
+    memset(&mi, 0, sizeof mi);
+    int ok = m != NULL, shardf = 0;
+    if (m) {
+        engram_model_get_info(m, &mi);
+        shardf = mi.shard.world > 0;
+    }
+    if (shardf && (mi.shard.world != (uint32_t)sh->world || mi.shard.rank != (uint32_t)sh->rank)) {
+        fprintf(stderr, "%s: run: rank %d of %d was given shard %u of %u (each rank its own: MODEL may say "
+                        "%%r for the rank and %%n for the world, e.g. DIR/NAME.shard-%%r-of-%%n.gguf)\n",
+                prog, sh->rank, sh->world, mi.shard.rank, mi.shard.world);
+        ok = 0;
+    }
+    /* a collective every rank reaches, even one whose model did not open */
+    engram_error err = {0};
+    int same = 0, rc = sh->mp->same((uint64_t)ok | (uint64_t)shardf << 1, &same, &err);
+    if (rc)
+        return fail_lib(rc, &err, "run: --shard");
+    if (!ok)
+        return EXIT_DATA;
+    if (!same) {
+        fprintf(stderr, "%s: run: rank %d: the other ranks' models %s\n", prog, sh->rank,
+                shardf ? "are not all shard files, or some did not open"
+                       : "are shard files, or some did not open (every rank a whole file, or its shard)");
+        return EXIT_DATA;
+    }
+    if (!shardf)
+        return 0;
+    engram_shard_info *all = calloc((size_t)sh->world, sizeof *all);
+    rc = all ? sh->mp->allgather(&mi.shard, sizeof mi.shard, all, &err) : -ENOMEM;
+    if (rc == 0 && (rc = engram_shard_set_check(all, (size_t)sh->world, NULL, &err)) != 0) {
+        /* every rank checked the same set: they refuse alike */
+        fprintf(stderr, "%s: run: rank %d: the ranks' shard files are not one set: %s\n", prog, sh->rank, err.msg);
+        free(all);
+        return EXIT_DATA;
+    }
+    free(all);
+    if (rc)
+        return fail_lib(rc, &err, "run: --shard");
+    sh->xdp = sh->dp && sh->world > 1;
+    return 0;
+}
+
+static int dp_setup(struct run *R, engram_error *err)
+{
+    struct shard *sh = &R->sh;
+    if (sh->xout)
+        return 0;
+    size_t maxk = R->B > ENGRAM_BATCH_TOKENS ? R->B : ENGRAM_BATCH_TOKENS;
+    int rc = engram_reader_open(R->m, NULL, &sh->xrd, err);
+    if (rc)
+        return rc;
+    sh->hist = calloc(R->B, sizeof *sh->hist);
+    sh->xids = malloc(maxk * ENGRAM_ROWS_PER_TOKEN * sizeof *sh->xids);
+    sh->xout = malloc(maxk * ENGRAM_ROWS_PER_TOKEN * R->rowb);
+    if (!sh->hist || !sh->xids || !sh->xout)
+        return -ENOMEM;
+    for (unsigned b = 0; b < R->B; b++)
+        engram_session_history(R->ss[b].s, &sh->hist[b]);
+    return 0;
+}
+
+/* Layers of busy work (as the engine's, run_engine.c) */
+static volatile double dp_sink;
+static void dp_busy(uint64_t us)
+{
+    uint64_t end = run_ns_now() + us * 1000;
+    double x = 1.0;
+    while (run_ns_now() < end)
+        for (int i = 0; i < 200; i++)
+            x = x * 1.0000001 + 1e-9;
+    dp_sink = x;
+}
+
+/* One exchange of the n tokens' ids in sh->xids (n may be 0: this rank
+ * only serves) and the engine's layers around it: begun before layer 0,
+ * progressed between layers, waited for at layer 1; tables 0 and 1
+ * applied to x[n] at their layers from the [n][48] rows (the one-process
+ * run's rows, another stride).  ph: 0 decode, 1 prefill. */
+static int dp_run(struct run *R, size_t n, float *x, uint64_t layer_us, int ph, engram_error *err)
+{
+    struct shard *sh = &R->sh;
+    struct comb *cb = ph ? &sh->xpre : &sh->xdec;
+    void *op = NULL;
+    uint64_t t0 = run_ns_now(), t_done = 0, exposed = 0;
+    int rc = sh->mp->exchange_begin(R->m, sh->xrd, sh->xids, NULL, n, (engram_dtype)R->rdt, sh->xout, &op, err);
+    size_t row = R->rowb;
+    for (unsigned l = 0; l < (n ? R->layers : 1) && rc == 0; l++) {
+        int t = R->at[0] == l ? 0 : R->at[1] == l ? 1 : -1;
+        if (!t_done && (t >= 0 || !n)) {
+            uint64_t w0 = run_ns_now();
+            rc = sh->mp->combine_wait(op, SHARD_TIMEOUT_NS, err);
+            t_done = run_ns_now();
+            exposed += t_done - w0;
+        }
+        if (t >= 0 && rc == 0) {
+            rc = dev_apply(R->D[t], sh->xout + (size_t)t * ENGRAM_COLUMNS * row, ENGRAM_ROWS_PER_TOKEN * row, x,
+                           NULL, n, NULL, err);
+        } else if (t < 0 && n) {
+            if (!t_done) { /* MPI moves the phases on only inside its calls */
+                rc = sh->mp->combine_poll(op, err);
+                t_done = rc == 0 ? run_ns_now() : 0;
+                rc = rc == -EAGAIN ? 0 : rc;
+            }
+            dp_busy(layer_us);
+        }
+    }
+    if (op && t_done) {
+        uint64_t mv[4];
+        sh->mp->exchange_moved(op, mv);
+        for (int i = 0; i < 4; i++)
+            sh->xmoved[ph][i] += mv[i];
+        cb->calls++;
+        cb->bytes += mv[1] * (row + 4);
+        cb->total_ns += t_done - t0;
+        cb->exposed_ns += exposed;
+    }
+    sh->mp->combine_free(op); /* a failed one: given up (the run ends the job) */
+    return rc;
+}
+
+int shard_dp_prefill(struct run *R, size_t *prompt_tokens, engram_error *err)
+{
+    struct shard *sh = &R->sh;
+    int rc = dp_setup(R, err);
+    unsigned W = (unsigned)sh->world, rounds = (sh->sessions + W - 1) / W; /* rank 0's sessions */
+    size_t prompt = R->B ? R->ss[0].prompt : 0, chunk = ENGRAM_BATCH_TOKENS; /* every slice alike */
+    size_t C = (prompt + chunk - 1) / chunk;
+    for (unsigned i = 0; i < rounds && rc == 0; i++) {
+        for (size_t c = 0; c < C && rc == 0; c++) {
+            size_t k = 0;
+            float *x = NULL;
+            if (i < R->B) {
+                struct sess *q = &R->ss[i];
+                size_t first = c * chunk;
+                k = prompt - first < chunk ? prompt - first : chunk;
+                rc = engram_hash_tokens(engram_model_hasher(R->m), &sh->hist[i], q->tok + first, NULL, k,
+                                        sh->xids, err);
+                x = q->x + first * R->per;
+            }
+            if (rc == 0)
+                rc = dp_run(R, k, x, R->layer_us * ((k + 63) / 64), 1, err);
+        }
+        if (i < R->B)
+            *prompt_tokens += prompt;
+    }
+    if (sh->xrd) {
+        engram_io_stats st;
+        engram_reader_get_stats(sh->xrd, &st);
+        sh->xread[1] = st.rows_read;
+        engram_reader_reset_stats(sh->xrd);
+    }
+    return rc;
+}
+
+int shard_dp_step(struct run *R, size_t step, engram_error *err)
+{
+    struct shard *sh = &R->sh;
+    int rc = dp_setup(R, err);
+    uint64_t t0 = run_ns_now();
+    for (unsigned b = 0; b < R->B && rc == 0; b++) {
+        struct sess *q = &R->ss[b];
+        rc = engram_hash_tokens(engram_model_hasher(R->m), &sh->hist[b], &q->tok[q->prompt + step], NULL, 1,
+                                sh->xids + (size_t)b * ENGRAM_ROWS_PER_TOKEN, err);
+        memcpy(R->xs + (size_t)b * R->per, q->x + (q->prompt + step) * R->per, R->per * 4);
+    }
+    if (rc == 0)
+        rc = dp_run(R, R->B, R->xs, R->layer_us, 0, err);
+    for (unsigned b = 0; b < R->B && rc == 0; b++) {
+        struct sess *q = &R->ss[b];
+        memcpy(q->x + (q->prompt + step) * R->per, R->xs + (size_t)b * R->per, R->per * 4);
+    }
+    R->step_lat[R->n_steps++] = run_ns_now() - t0;
+    return rc;
+}
+
+void shard_dp_figures(const struct run *R, uint64_t *mine)
+{
+    const struct shard *sh = &R->sh;
+    if (!sh->xdp)
+        return;
+    engram_io_stats st = {0};
+    if (sh->xrd)
+        engram_reader_get_stats(sh->xrd, &st);
+    mine[RK_DEC_READ] = st.rows_read;          /* the world's rows this rank read */
+    mine[RK_DEC_REQ] = sh->xmoved[0][2];        /* rows asked of it (served)      */
+    mine[RK_PRE_READ] = sh->xread[1];
+    mine[RK_X_DEC_REMOTE] = sh->xmoved[0][1];
+    mine[RK_X_DEC_SENT] = sh->xmoved[0][3];
+    mine[RK_X_PRE_REMOTE] = sh->xmoved[1][1];
+    mine[RK_X_PRE_SENT] = sh->xmoved[1][3];
+}
+
+void shard_dp_close(struct shard *sh)
+{
+    engram_reader_close(sh->xrd);
+    sh->xrd = NULL;
+    free(sh->hist);
+    free(sh->xids);
+    free(sh->xout);
+    sh->hist = NULL;
+    sh->xids = NULL;
+    sh->xout = NULL;
+}

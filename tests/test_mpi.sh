@@ -1,8 +1,10 @@
 #!/bin/sh
 # test_mpi.sh BUILD_DIR - libengram-mpi under mpirun (issue #24): the
 # combine of a sharded pool's shares at -np 2 and 4 (oversubscribed on a
-# small machine), and a rank that exits without joining.  Needs mpirun and
-# BUILD_DIR/tests/mpi/test_mpi_combine (built where mpicc is found).
+# small machine), and a rank that exits without joining; the DP exchange
+# (test_mpi_exchange) at -np 2 and 4.  Needs mpirun and
+# BUILD_DIR/tests/mpi/test_mpi_combine, test_mpi_exchange (built where
+# mpicc is found).
 # Ends with "test_mpi: N passed, N failed".
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -43,6 +45,17 @@ for np in 2 4; do
         grep -q "rank 0: stalled peer: 10 timeouts, then -110" "$T/stall$np" &&
         ! grep -q "WRONG ROWS" "$T/stall$np"; then ok; else
         bad "-np $np, a stalled rank: rc $rc, $peers peers timed out as expected"; tail -20 "$T/stall$np" >&2; fi
+done
+# the DP exchange (requests out, rows back): every rank its own tokens and
+# count, from the whole file and from shard files, against one process's
+# reads; a late rank; an owner whose shard file is cut short
+X=$B/tests/mpi/test_mpi_exchange
+for np in 2 4; do
+    timeout 300 $MPIRUN -np $np "$X" >"$T/xchg$np" 2>&1
+    rc=$?
+    good=$(grep -c "checks, 0 failed" "$T/xchg$np")
+    if [ "$rc" -eq 0 ] && [ "$good" -eq "$np" ] && ! grep -q "WRONG ROWS" "$T/xchg$np"; then ok; else
+        bad "exchange -np $np: rc $rc, $good of $np ranks passed"; tail -20 "$T/xchg$np" >&2; fi
 done
 # close with a parked op (the review's crash): rank 0 gives up on a combine
 # the late rank has not joined and closes its handle; the barrier after it

@@ -7,6 +7,7 @@
  * why and ends the job rather than MPI aborting it under its feet).
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -81,6 +82,35 @@ static int p_gather_begin(void *buf, size_t row_bytes, const uint32_t *owner, si
     return rc;
 }
 
+static int p_exchange_begin(const engram_model *m, engram_reader *r, const uint32_t *ids, const uint8_t *mask,
+                            size_t n, engram_dtype dtype, void *out, void **op, engram_error *err)
+{
+    engram_mpi_op *o = NULL;
+    int rc = engram_mpi_exchange_begin(comm, m, r, ids, mask, n, dtype, out, &o, err);
+    *op = o;
+    return rc;
+}
+
+static void p_exchange_moved(const void *op, uint64_t moved[4])
+{
+    engram_mpi_exchange_info xi;
+    engram_mpi_exchange_get_info(op, &xi);
+    moved[0] = xi.rows_asked;
+    moved[1] = xi.rows_remote;
+    moved[2] = xi.rows_served;
+    moved[3] = xi.rows_sent;
+}
+
+static int p_allgather(const void *mine, size_t bytes, void *all, engram_error *err)
+{
+    if (bytes > INT_MAX) {
+        snprintf(err->msg, sizeof err->msg, "MPI_Allgather: %zu bytes", bytes);
+        return err->code = -EINVAL;
+    }
+    int mrc = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
+    return mrc == MPI_SUCCESS ? 0 : mpi_fail(mrc, "MPI_Allgather", err);
+}
+
 static int p_gather_u64(const uint64_t *mine, size_t n, uint64_t *all, engram_error *err)
 {
     int mrc = MPI_Gather(mine, (int)n, MPI_UINT64_T, all, (int)n, MPI_UINT64_T, 0, MPI_COMM_WORLD);
@@ -120,6 +150,9 @@ static const struct run_mpi_plugin plugin = {
     .owner = engram_mpi_owner,
     .gather_u64 = p_gather_u64,
     .send_u64 = p_send_u64,
+    .exchange_begin = p_exchange_begin,
+    .exchange_moved = p_exchange_moved,
+    .allgather = p_allgather,
     .recv_u64 = p_recv_u64,
     .finalize = p_finalize,
 };
