@@ -27,9 +27,11 @@
 #include "mpi_plugin.h"
 #include "run.h"
 
-/* A combine that does not complete within this is a rank that died or
- * stalled: the run fails (and ends the job) rather than hang. */
+/* A combine that does not complete within this (--shard-timeout SEC
+ * overrides it) is a rank that died or stalled: the run fails (and ends
+ * the job) rather than hang. */
 #define SHARD_TIMEOUT_NS (120ull * 1000000000ull)
+#define SHARD_WAIT_NS(sh) ((sh)->timeout_ns ? (sh)->timeout_ns : SHARD_TIMEOUT_NS)
 
 static const struct run_mpi_plugin *load_plugin(char *why, size_t n)
 {
@@ -172,7 +174,7 @@ int shard_step_wait(struct run *R, int t, const uint8_t **rows, engram_error *er
     if (rc)
         return rc;
     uint64_t w0 = run_ns_now();
-    rc = sh->mp->combine_wait(sh->op[t], SHARD_TIMEOUT_NS, err);
+    rc = sh->mp->combine_wait(sh->op[t], SHARD_WAIT_NS(sh), err);
     uint64_t w1 = run_ns_now();
     sh->mp->combine_free(sh->op[t]);
     sh->op[t] = NULL;
@@ -191,7 +193,7 @@ int shard_prefill_combine(struct run *R, int t, const void *rows, size_t k, cons
     uint64_t t0 = run_ns_now();
     int rc = sh->mp->combine_begin(rows, sh->pbuf[t], bytes, &op, err);
     if (rc == 0)
-        rc = sh->mp->combine_wait(op, SHARD_TIMEOUT_NS, err);
+        rc = sh->mp->combine_wait(op, SHARD_WAIT_NS(sh), err);
     sh->mp->combine_free(op);
     uint64_t dt = run_ns_now() - t0;
     sh->pre.calls++;

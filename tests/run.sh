@@ -133,6 +133,7 @@ build "gcc -O2" && {
     if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
         run "test_mpi.sh (mpirun -np 2 and 4)" sh tests/test_mpi.sh build
         run "test_run_mpi.sh (engram run --shard, TP and DP, -np 2 and 4)" sh tests/test_run_mpi.sh build
+        run "test_run_mpi_faults.sh (a rank killed or stopped mid-decode)" sh tests/test_run_mpi_faults.sh build
     fi
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }
