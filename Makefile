@@ -325,8 +325,10 @@ $(BUILD)/python/engram/%: python/engram/%
 
 # ---- libengram-mpi (src/mpi/, include/engram_mpi.h; issue #24) ----
 # The ranks' shares of a sharded pool combined over MPI: a library of its own,
-# built only when mpicc is found (MPI=0 turns it off) and only in builds
-# without sanitizers; libengram itself never sees mpi.h.  Compiled with $(CC)
+# built only when mpicc is found (MPI=0 turns it off); libengram itself
+# never sees mpi.h.  In sanitizer builds none of it is part of `all`; its
+# test is built when named (tests/run.sh: under ASan+UBSan, run by mpirun;
+# Open MPI itself is not instrumented).  Compiled with $(CC)
 # and the flags Open MPI's wrapper names (--showme:compile / :link), its
 # include directories as -isystem (mpi.h is not written for our warnings).
 # Its test, tests/mpi/test_mpi_combine.c, goes to build/tests/mpi/ (not
@@ -334,9 +336,6 @@ $(BUILD)/python/engram/%: python/engram/%
 MPI ?= auto
 MPICC ?= $(shell command -v mpicc 2>/dev/null)
 ifeq ($(MPI),0)
-override MPICC :=
-endif
-ifneq ($(SANITIZE),)
 override MPICC :=
 endif
 ifneq ($(MPICC),)
@@ -348,9 +347,11 @@ override MPICC :=
 endif
 endif
 ifneq ($(MPICC),)
+ifeq ($(SANITIZE),)
 MPI_TARGETS = $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so $(BUILD)/tests/mpi/test_mpi_combine \
               $(BUILD)/tests/mpi/test_mpi_exchange $(BUILD)/bench/mpi/bench_mpi $(BUILD)/engram-mpi.so
 all: $(MPI_TARGETS)
+endif
 $(BUILD)/obj/mpi/engram_mpi.o: src/mpi/engram_mpi.c include/engram_mpi.h include/engram.h Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(MPI_CFLAGS) -DENGRAM_BUILDING -c $< -o $@

@@ -30,7 +30,7 @@ static const char *run_help =
     "usage: engram run [MODEL] [--tokens FILE] [--decode N] [--sessions B] [--layers L]\n"
     "                  [--layer-us X] [--threads N] [--no-overlap] [--no-prefetch] [--json]\n"
     "                  [--device cpu|cuda|cuda-fma|cuda-fast]\n"
-    "                  [--shard [--dp] [--prefill-method gather|combine]]\n"
+    "                  [--shard [--dp] [--prefill-method gather|combine] [--shard-timeout SEC]]\n"
     "Runs the Engram part of a model inside a simulated engine of L layers (Engram\n"
     "at layers 1 and 14; every other layer costs X us of busy work on the engine's\n"
     "thread): B sessions, each on its own slice of the token stream, prefill their\n"
@@ -91,7 +91,9 @@ static const char *run_help2 =
     "token, the combine's (exchange's) bytes per token and time, and the part of\n"
     "it hidden behind layers.  V4.1 on the CPU only; TP\n"
     "needs prefetch; --dp needs --sessions >= N.  One rank (no mpirun): a plain\n"
-    "run, said so.\n"
+    "run, said so.  A combine not complete within SEC seconds (--shard-timeout,\n"
+    "default 120: a rank died or stalled) fails the run, naming the timeout, and\n"
+    "ends the job (MPI_Abort).\n"
     "Defaults: the demo model next to the engram binary (demo.gguf, written there\n"
     "by engram build the first time) and the bundled GPL-3 token stream; N 64,\n"
     "B 4, L 43, X 100, 1 thread.  FILE holds at most 2^24 tokens (a longer one is\n"
@@ -190,6 +192,7 @@ struct run_opts {
     int json, overlap, prefetch;
     int shard, dp;                 /* --shard, --dp */
     int pmethod;                   /* --prefill-method: 0 not given, 1 gather, 2 combine */
+    uint64_t shard_timeout;        /* --shard-timeout SEC (0: not given, 120 s) */
 };
 
 /* 0, or the exit code of a usage error (printed). */
@@ -201,13 +204,16 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
         const char *a = argv[i];
         uint64_t *dst = !strcmp(a, "--decode") ? &o->N : !strcmp(a, "--sessions") ? &o->B
                       : !strcmp(a, "--layers") ? &o->L : !strcmp(a, "--layer-us") ? &o->X
-                      : !strcmp(a, "--threads") ? &o->threads : NULL;
+                      : !strcmp(a, "--threads") ? &o->threads
+                      : !strcmp(a, "--shard-timeout") ? &o->shard_timeout : NULL;
         if (dst) {
             uint64_t max = dst == &o->B ? 1024 : dst == &o->L ? 1000
                          : dst == &o->threads ? ENGRAM_APPLY_MAX_THREADS
-                         : dst == &o->X ? 10000000 : 100000000;
+                         : dst == &o->X ? 10000000 : dst == &o->shard_timeout ? 86400 : 100000000;
             if (i + 1 >= argc || parse_u64(argv[i + 1], max, dst) < 0)
                 return fail_usage("run: %s takes a number <= %" PRIu64, a, max);
+            if (dst == &o->shard_timeout && *dst == 0)
+                return fail_usage("run: --shard-timeout takes seconds >= 1");
             i++;
         } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
             o->tok_path = argv[++i];
@@ -244,6 +250,8 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
         return fail_usage("run: --dp is a mode of --shard");
     if (o->pmethod && (!o->shard || o->dp))
         return fail_usage("run: --prefill-method is an option of --shard without --dp");
+    if (o->shard_timeout && !o->shard)
+        return fail_usage("run: --shard-timeout is an option of --shard");
     if (o->shard && strcmp(o->device, "cpu") != 0)
         return fail_usage("run: --shard runs on the CPU (the ranks' rows are combined in host memory; "
                           "the GPU combine is NCCL's, not built into engram run)");
@@ -621,6 +629,7 @@ int cmd_run(int argc, char **argv)
     R.sh.pgather = o.pmethod != 2;
     if (o.shard && (st = shard_start(&R.sh, o.dp)) != 0)
         return st;
+    R.sh.timeout_ns = o.shard_timeout * 1000000000ull;
     st = run_body(&o, &R);
     /* a rank that failed once the ranks agreed may leave its peers in a
      * collective it will never join: the job is ended (MPI_Abort) */

@@ -63,6 +63,7 @@ struct shard {
     int dp;                /* --dp: sessions split, pools unsharded, no combine */
     int tp;                /* world > 1 and not --dp: pools sharded, rows combined */
     int agreed;            /* the ranks agreed on the run: a failure now ends the job */
+    uint64_t timeout_ns;   /* a combine's bound (--shard-timeout; 0: 120 s) */
     unsigned sessions;     /* of the whole run (DP: over every rank)      */
     uint8_t *send[2], *recv[2]; /* TP: a step's table-t rows [B][24][row] */
     uint8_t *pbuf[2];      /* TP: a prefill chunk's combined rows         */

@@ -30,9 +30,11 @@
 #include "mpi_plugin.h"
 #include "run.h"
 
-/* A combine that does not complete within this is a rank that died or
- * stalled: the run fails (and ends the job) rather than hang. */
+/* A combine that does not complete within this (--shard-timeout SEC
+ * overrides it) is a rank that died or stalled: the run fails (and ends
+ * the job) rather than hang. */
 #define SHARD_TIMEOUT_NS (120ull * 1000000000ull)
+#define SHARD_WAIT_NS(sh) ((sh)->timeout_ns ? (sh)->timeout_ns : SHARD_TIMEOUT_NS)
 
 static const struct run_mpi_plugin *load_plugin(char *why, size_t n)
 {
@@ -157,12 +159,12 @@ static int comb_poll(struct shard *sh, struct comb_op *o, engram_error *err)
     return rc;
 }
 
-/* Waits for a combine (at most SHARD_TIMEOUT_NS), frees it and adds its
+/* Waits for a combine (at most --shard-timeout), frees it and adds its
  * times to c: 0 or the error. */
 static int comb_wait(struct shard *sh, struct comb_op *o, struct comb *c, engram_error *err)
 {
     uint64_t w0 = run_ns_now();
-    int rc = sh->mp->combine_wait(o->op, SHARD_TIMEOUT_NS, err);
+    int rc = sh->mp->combine_wait(o->op, SHARD_WAIT_NS(sh), err);
     uint64_t w1 = run_ns_now();
     sh->mp->combine_free(o->op);
     o->op = NULL;
@@ -553,7 +555,7 @@ static int dp_run(struct run *R, size_t n, float *x, uint64_t layer_us, int ph, 
         int t = R->at[0] == l ? 0 : R->at[1] == l ? 1 : -1;
         if (!t_done && (t >= 0 || !n)) {
             uint64_t w0 = run_ns_now();
-            rc = sh->mp->combine_wait(op, SHARD_TIMEOUT_NS, err);
+            rc = sh->mp->combine_wait(op, SHARD_WAIT_NS(sh), err);
             t_done = run_ns_now();
             exposed += t_done - w0;
         }

@@ -60,6 +60,12 @@ second_stream() {
         # test_blas checks bounds against OpenBLAS on the calling thread: nothing for TSan
         suite "tsan: " build-san-thread test_blas
         run "tsan: stress_sessions (16 threads, 3 s)" build-san-thread/tests/stress_sessions --threads 16 --seconds 3
+        # libengram-mpi's test (not in `all` of sanitizer builds: named here)
+        if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+            run "tsan: build test_mpi_combine, test_mpi_exchange" make -j"$JOBS" WERROR=1 SANITIZE=thread \
+                build-san-thread/tests/mpi/test_mpi_combine build-san-thread/tests/mpi/test_mpi_exchange
+            run "tsan: test_mpi.sh (mpirun -np 2)" sh tests/test_mpi.sh build-san-thread 2
+        fi
     }
     if command -v clang >/dev/null 2>&1; then
         # clang: the compute kernels and parsers it compiles differently; the I/O
@@ -144,6 +150,7 @@ build "gcc -O2" && {
     if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
         run "test_mpi.sh (mpirun -np 2 and 4)" sh tests/test_mpi.sh build
         run "test_run_mpi.sh (engram run --shard, TP and DP, -np 2 and 4)" sh tests/test_run_mpi.sh build
+        run "test_run_mpi_faults.sh (a rank killed or stopped mid-decode)" sh tests/test_run_mpi_faults.sh build
     fi
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }
@@ -159,6 +166,12 @@ build "asan+ubsan" SANITIZE=address,undefined && {
     run "asan+ubsan: test_ple_run.sh" sh tests/test_ple_run.sh build-san-address,undefined
     run "asan+ubsan: test_files.sh" sh tests/test_files.sh build-san-address,undefined
     run "asan+ubsan: test_inputs.sh" sh tests/test_inputs.sh build-san-address,undefined
+    # libengram-mpi's test (not in `all` of sanitizer builds: named here)
+    if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+        run "asan+ubsan: build test_mpi_combine, test_mpi_exchange" make -j"$JOBS" WERROR=1 SANITIZE=address,undefined \
+            build-san-address,undefined/tests/mpi/test_mpi_combine build-san-address,undefined/tests/mpi/test_mpi_exchange
+        run "asan+ubsan: test_mpi.sh (mpirun -np 2)" sh tests/test_mpi.sh build-san-address,undefined 2
+    fi
     run "asan+ubsan: fuzz_model replay of seeds" build-san-address,undefined/tests/fuzz_model_replay "$SEEDS"/*
     run "asan+ubsan: fuzz_tokmap replay of seeds" build-san-address,undefined/tests/fuzz_tokmap_replay tests/fuzz/tokmap_seeds/*
     run "asan+ubsan: fuzz_cli replay of seeds" build-san-address,undefined/tests/fuzz_cli_replay tests/fuzz/cli_seeds/*

@@ -38,6 +38,12 @@
  *    and prints the ordering).
  * Larger scenarios (three sessions) are also sampled at random from a
  * printed seed (ENGRAM_INTERLEAVE_SEED replays one).
+ * Some scenarios run again on a sharded pool (shard_rank r of shard_world
+ * N, issue #24): the expected rows are then the plain reads for the ids
+ * of rank r's row block, [floor(r R / N), floor((r + 1) R / N)) of a
+ * table of R rows (computed here, not by the library), and zeros for the
+ * others; those foreign rows must be zero as soon as begin returns and
+ * stay so (not merely at the wait), and a prefill chunk's too.
  */
 #include <pthread.h>
 #include <semaphore.h>
@@ -529,6 +535,19 @@ int __wrap_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, st
 static engram_model *model;
 static char model_path[512];
 static engram_pool *pool;
+static uint64_t table_rows[2];
+static unsigned shard_rank, shard_world; /* the scenario's pool: 0 0 unsharded */
+
+/* Row id of table t is this rank's: its block by the floor formula
+ * (engram.h), written out here as the oracle. */
+static int owned(int t, uint32_t id)
+{
+    if (shard_world <= 1)
+        return 1;
+    uint64_t R = table_rows[t];
+    uint64_t lo = (uint64_t)shard_rank * R / shard_world, hi = ((uint64_t)shard_rank + 1) * R / shard_world;
+    return id >= lo && id < hi;
+}
 
 #define ROWV 256
 #define TOKV (48 * ROWV)
@@ -537,6 +556,8 @@ static engram_pool *pool;
 /* A step buffer under watch. */
 struct watched {
     int live, frozen;
+    int begun;                   /* begin returned 0: foreign rows zero     */
+    uint8_t foreign[2 * 48];     /* a row another rank owns (sharded pool)  */
     unsigned k;
     uint16_t buf[2 * TOKV];
     uint16_t want[2 * TOKV];
@@ -584,6 +605,8 @@ static void check_contract(const char *where)
                 poison = g[v] == POISON;
             if (!poison && (w->masked[r / 48] || memcmp(g, x, ROWV * 2) != 0))
                 broken("a step buffer holds a row that is not the step's", where);
+            if (poison && w->begun && w->foreign[r])
+                broken("a foreign row of a sharded step is not zero after begin returned", where);
         }
     }
     for (int i = 0; i < 4; i++) {
@@ -610,11 +633,31 @@ static void watch(struct watched *w, const uint32_t *tok, const uint8_t *mask, u
     CHECK_EQ(engram_hash_tokens(engram_model_hasher(model), &h, tok, mask, k, ids, NULL), 0);
     for (unsigned i = 0; i < k; i++) {
         w->masked[i] = mask && !mask[i];
-        for (int t = 0; t < 2; t++)
-            CHECK_EQ(engram_model_read_bf16(model, t, ids + i * 48 + t * 24, 24,
-                                            w->want + ((size_t)i * 48 + (size_t)t * 24) * ROWV, NULL), 0);
+        for (int t = 0; t < 2; t++) {
+            uint16_t *x = w->want + ((size_t)i * 48 + (size_t)t * 24) * ROWV;
+            CHECK_EQ(engram_model_read_bf16(model, t, ids + i * 48 + t * 24, 24, x, NULL), 0);
+            for (int c = 0; c < 24; c++) {
+                w->foreign[i * 48 + t * 24 + c] = !w->masked[i] && !owned(t, ids[i * 48 + t * 24 + c]);
+                if (w->foreign[i * 48 + t * 24 + c])
+                    memset(x + (size_t)c * ROWV, 0, ROWV * 2);
+            }
+        }
     }
+    w->begun = 0;
     w->live = 1;
+}
+
+/* engram_step_begin of w's step into w->buf; once it returns 0 the foreign
+ * rows (a sharded pool) must be zero, and are checked from then on. */
+static int begin_watched(engram_session *s, const uint32_t *tok, const uint8_t *mask, unsigned k,
+                         struct watched *w)
+{
+    int rc = engram_step_begin(s, tok, mask, k, ENGRAM_BF16, w->buf, NULL);
+    if (rc == 0) {
+        w->begun = 1;
+        check_contract("after begin");
+    }
+    return rc;
 }
 
 static void freeze(struct watched *w)
@@ -658,7 +701,8 @@ static int commit_watched(struct hist_watch *h, const uint32_t *tok, const uint8
 
 static void open_pool(void)
 {
-    engram_pool_opts o = {.reader = {.engine = ENGRAM_IO_URING, .depth = 64}};
+    engram_pool_opts o = {.reader = {.engine = ENGRAM_IO_URING, .depth = 64},
+                          .shard_rank = shard_rank, .shard_world = shard_world};
     engram_error err;
     if (engram_pool_open(model, &o, &pool, &err) < 0)
         sched_fatal(err.msg);
@@ -718,13 +762,13 @@ static void a1_abort_begin(int id)
 {
     engram_session *s = Hw[id].s;
     watch(&W[0], tokA, NULL, 1, Hw[id].committed);
-    CHECK_EQ(engram_step_begin(s, tokA, NULL, 1, ENGRAM_BF16, W[0].buf, NULL), 0);
+    CHECK_EQ(begin_watched(s, tokA, NULL, 1, &W[0]), 0);
     YIELD();
     engram_step_abort(s);
     freeze(&W[0]);
     YIELD();
     watch(&W[1], tokB, NULL, 1, Hw[id].committed);
-    CHECK_EQ(engram_step_begin(s, tokB, NULL, 1, ENGRAM_BF16, W[1].buf, NULL), 0);
+    CHECK_EQ(begin_watched(s, tokB, NULL, 1, &W[1]), 0);
     YIELD();
     for (int t = 0; t < 2; t++) {
         CHECK_EQ(engram_step_wait(s, t, NULL), 0);
@@ -748,7 +792,7 @@ static void a2_share_commit(int id)
 {
     engram_session *s = Hw[id].s;
     watch(&W[2], tokA, NULL, 1, Hw[id].committed);
-    CHECK_EQ(engram_step_begin(s, tokA, NULL, 1, ENGRAM_BF16, W[2].buf, NULL), 0);
+    CHECK_EQ(begin_watched(s, tokA, NULL, 1, &W[2]), 0);
     YIELD();
     /* no wait: a commit that returns 0 has waited for both tables */
     CHECK_EQ(commit_watched(&Hw[id], tokA, NULL, 1), 0);
@@ -770,7 +814,7 @@ static void a3_timeout_close(int id)
 {
     engram_session *s = Hw[id].s;
     watch(&W[3], tokC, NULL, 1, Hw[id].committed);
-    CHECK_EQ(engram_step_begin(s, tokC, NULL, 1, ENGRAM_BF16, W[3].buf, NULL), 0);
+    CHECK_EQ(begin_watched(s, tokC, NULL, 1, &W[3]), 0);
     YIELD();
     int rc = engram_step_wait_timed(s, 0, 1000, NULL);
     CHECK(rc == 0 || rc == -ETIMEDOUT);
@@ -783,7 +827,7 @@ static void a3_timeout_close(int id)
     freeze(&W[3]);
     YIELD();
     watch(&W[4], tokA, NULL, 1, Hw[id].committed);
-    CHECK_EQ(engram_step_begin(s, tokA, NULL, 1, ENGRAM_BF16, W[4].buf, NULL), 0);
+    CHECK_EQ(begin_watched(s, tokA, NULL, 1, &W[4]), 0);
     YIELD();
     close_session(id); /* reads may be in flight: nothing written after */
     freeze(&W[4]);
@@ -803,7 +847,7 @@ static void a4_step_during_close(int id)
 {
     engram_session *s = Hw[id].s;
     watch(&W[5], tokB, NULL, 1, Hw[id].committed);
-    int rc = engram_step_begin(s, tokB, NULL, 1, ENGRAM_BF16, W[5].buf, NULL);
+    int rc = begin_watched(s, tokB, NULL, 1, &W[5]);
     CHECK(rc == 0 || rc == -ESHUTDOWN);
     YIELD();
     if (rc == 0) {
@@ -861,7 +905,7 @@ static void a5_stage0(int id)
 {
     engram_session *s = Hw[id].s;
     watch(&W[6], tokA, NULL, 1, Hw[id].committed);
-    CHECK_EQ(engram_step_begin(s, tokA, NULL, 1, ENGRAM_BF16, W[6].buf, NULL), 0);
+    CHECK_EQ(begin_watched(s, tokA, NULL, 1, &W[6]), 0);
     stage_set_flag(&stage_begun);
     CHECK_EQ(engram_step_wait(s, 0, NULL), 0);
     table_complete(&W[6], 0);
@@ -903,9 +947,13 @@ static void prefill_want(void)
     engram_history_reset(&h);
     CHECK_EQ(engram_hash_tokens(engram_model_hasher(model), &h, ptok, NULL, 4, ids, NULL), 0);
     for (int i = 0; i < 4; i++)
-        for (int t = 0; t < 2; t++)
+        for (int t = 0; t < 2; t++) {
             CHECK_EQ(engram_model_read_bf16(model, t, ids + i * 48 + t * 24, 24,
                                             pwant[t] + (size_t)i * 24 * ROWV, NULL), 0);
+            for (int c = 0; c < 24; c++) /* a sharded pool's chunks: zeros */
+                if (!owned(t, ids[i * 48 + t * 24 + c]))
+                    memset(pwant[t] + ((size_t)i * 24 + (size_t)c) * ROWV, 0, ROWV * 2);
+        }
 }
 
 static void check_ring(const char *where)
@@ -979,7 +1027,7 @@ static void a6_stepper(int id)
 {
     engram_session *s = Hw[id].s;
     watch(&W[7], tokB, NULL, 1, Hw[id].committed);
-    CHECK_EQ(engram_step_begin(s, tokB, NULL, 1, ENGRAM_BF16, W[7].buf, NULL), 0);
+    CHECK_EQ(begin_watched(s, tokB, NULL, 1, &W[7]), 0);
     YIELD();
     for (int t = 0; t < 2; t++) {
         CHECK_EQ(engram_step_wait(s, t, NULL), 0);
@@ -1035,7 +1083,7 @@ static void a8_draft(int id)
 {
     engram_session *s = Hw[id].s;
     watch(&W[3], tokC, mask2, 2, Hw[id].committed);
-    CHECK_EQ(engram_step_begin(s, tokC, mask2, 2, ENGRAM_BF16, W[3].buf, NULL), 0);
+    CHECK_EQ(begin_watched(s, tokC, mask2, 2, &W[3]), 0);
     CHECK_EQ(engram_step_wait(s, 1, NULL), 0);
     table_complete(&W[3], 1);
     CHECK_EQ(commit_watched(&Hw[id], tokC, mask2, 1), 0);
@@ -1056,10 +1104,14 @@ struct scenario {
     void (*check)(const char *);
     int bound;
     unsigned long max_runs, samples;
+    unsigned rank, world;        /* the pool's shard (0 0: unsharded)       */
 };
 
 static void run_scenario(const struct scenario *sc, uint64_t seed)
 {
+    shard_rank = sc->rank;
+    shard_world = sc->world;
+    prefill_want(); /* the prompt's rows as this pool delivers them */
     const char *replay = getenv("ENGRAM_INTERLEAVE_REPLAY");
     if (replay) { /* one ordering, as printed by a failure */
         scenario_name = sc->name;
@@ -1124,7 +1176,10 @@ int main(int argc, char **argv)
     image = malloc(image_len);
     CHECK(image && fread(image, 1, image_len, f) == image_len);
     fclose(f);
-    prefill_want();
+    engram_model_info mi;
+    engram_model_get_info(model, &mi);
+    table_rows[0] = mi.table[0].rows;
+    table_rows[1] = mi.table[1].rows;
     pthread_t dog;
     pthread_create(&dog, NULL, watchdog, NULL);
     pthread_detach(dog);
@@ -1138,15 +1193,20 @@ int main(int argc, char **argv)
     const char *seed_s = getenv("ENGRAM_INTERLEAVE_SEED");
     uint64_t seed = seed_s ? strtoull(seed_s, NULL, 10) : (uint64_t)time(NULL);
     const struct scenario all[] = {
-        {"abort/begin (1 session)", sc_abort_begin, check_contract, deep ? 5 : 3, 2000000, 0},
-        {"shared rows (2 sessions)", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 200},
-        {"timeout, close (1)", sc_timeout_close, check_contract, deep ? 4 : 2, 2000000, 0},
-        {"pool close under a step", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0},
-        {"two pipeline stages", sc_two_stages, check_contract, deep ? 3 : 2, 2000000, 200},
-        {"prefill + step", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 200},
-        {"prefill cancelled", sc_prefill_cancel, check_ring, deep ? 3 : 2, 2000000, 0},
-        {"close under a prefill", sc_close_under_prefill, check_ring, deep ? 5 : 4, 2000000, 0},
-        {"three sessions", sc_three, check_contract, deep ? 2 : 1, 2000000, deep ? 5000 : 300},
+        {"abort/begin (1 session)", sc_abort_begin, check_contract, deep ? 5 : 3, 2000000, 0, 0, 0},
+        {"shared rows (2 sessions)", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 200, 0, 0},
+        {"timeout, close (1)", sc_timeout_close, check_contract, deep ? 4 : 2, 2000000, 0, 0, 0},
+        {"pool close under a step", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0, 0, 0},
+        {"two pipeline stages", sc_two_stages, check_contract, deep ? 3 : 2, 2000000, 200, 0, 0},
+        {"prefill + step", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 200, 0, 0},
+        {"prefill cancelled", sc_prefill_cancel, check_ring, deep ? 3 : 2, 2000000, 0, 0, 0},
+        {"close under a prefill", sc_close_under_prefill, check_ring, deep ? 5 : 4, 2000000, 0, 0, 0},
+        {"three sessions", sc_three, check_contract, deep ? 2 : 1, 2000000, deep ? 5000 : 300, 0, 0},
+        /* sharded pools (issue #24): both ranks of 2, one rank of 3 */
+        {"shared rows, rank 0 of 2", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 0, 0, 2},
+        {"shared rows, rank 1 of 2", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 0, 1, 2},
+        {"prefill + step, rank 2 of 3", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 0, 2, 3},
+        {"pool close, rank 1 of 3", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0, 1, 3},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (argc > 1 && !strstr(all[i].name, argv[1]))

@@ -11,6 +11,10 @@
  *                               never report success with wrong rows
  *   test_mpi_combine --bench    times the combine of a step and a chunk, both
  *                               methods, timed and blocking waits
+ *   test_mpi_combine --leak     opens a handle and never closes it: under
+ *                               ASan, LeakSanitizer must report it (the
+ *                               suppressions for Open MPI, lsan_openmpi.supp,
+ *                               must not hide a leak of ours)
  * A rank that sees wrong rows prints "WRONG ROWS" (the script greps it). */
 #include <mpi.h>
 #include <time.h>
@@ -580,7 +584,8 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     int mode = argc > 1 && !strcmp(argv[1], "--bench") ? 1 : argc > 1 && !strcmp(argv[1], "--exit") ? 2
-             : argc > 1 && !strcmp(argv[1], "--stall") ? 3 : argc > 1 && !strcmp(argv[1], "--park") ? 4 : 0;
+             : argc > 1 && !strcmp(argv[1], "--stall") ? 3 : argc > 1 && !strcmp(argv[1], "--park") ? 4
+             : argc > 1 && !strcmp(argv[1], "--leak") ? 5 : 0;
     if (mode == 4)
         return park_case();
     engram_error err;
@@ -590,6 +595,11 @@ int main(int argc, char **argv)
         engram_mpi_open(MPI_COMM_WORLD, &small, &mp, &err) < 0) {
         fprintf(stderr, "rank %d: engram_mpi_open: %s\n", rank, err.msg);
         MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    if (mode == 5) {
+        engram_mpi_close(mp); /* m is left open: the leak to be reported */
+        MPI_Finalize();
+        return 0;
     }
     if (mode == 1) {
         bench(m, 60ull * 1000000000ull);
