@@ -444,6 +444,8 @@ int engram_nccl_wait(engram_nccl *c, void *stream, uint64_t timeout_ns, engram_e
         int rc = check_async(c, "engram_nccl_wait: ncclCommGetAsyncError", err);
         if (rc < 0)
             return rc;
+        if (timeout_ns == 0) /* a poll: nothing given up */
+            return fail(err, -EAGAIN, "engram_nccl_wait: the stream has not finished yet (a poll)");
         uint64_t waited = now_ns() - t0;
         if (timeout_ns != ENGRAM_FOREVER && waited >= timeout_ns) {
             if (c->wrapped)

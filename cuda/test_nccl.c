@@ -226,6 +226,10 @@ static void world_one(void)
     CUDA_OK(cudaMalloc(&d, 4096));
     CUDA_OK(cudaLaunchHostFunc(st, sleeper, (void *)(intptr_t)1500));
     CHECK_EQ(engram_nccl_combine(c, d, 4096, st, &err), 0);
+    /* a wait of no time is a poll: not yet, and nothing aborted */
+    CHECK_ERR(engram_nccl_wait(c, st, 0, &err), err, -EAGAIN, "a poll");
+    engram_nccl_get_info(c, &info);
+    CHECK_EQ(info.aborted, 0);
     uint64_t t0 = now_ns();
     int rc2 = engram_nccl_wait(c, st, 300000000ull, &err);
     double secs = (double)(now_ns() - t0) / 1e9;

@@ -293,8 +293,9 @@ int engram_mpi_owners(const uint64_t rows[ENGRAM_TABLES], const uint32_t *ids, c
  *   4 B x 48 n (each position's row) + d x (4 B + row) (requests, rows
  *   received) + q x (4 B + row) (requests received, rows sent) + 24 B x w;
  *   during begin 8 B x 48 n more (the sort); during the reads, for a piece
- *   of p = min(6,144, about q) rows, 10 B + a row each (at most 3 MiB in
- *   BF16, 6 MiB in F32).  E.g. a decode step of 64 tokens in BF16 asks at most
+ *   of p = min(6,144, about q) rows, 12 B + a row each (8 B of ids for
+ *   both tables' slots, 4 B of position: at most 3.1 MiB in BF16, 6.1 MiB
+ *   in F32).  E.g. a decode step of 64 tokens in BF16 asks at most
  *   3,072 rows: under 1.6 MiB + q x 516 B; a 2,048-token prefill chunk at
  *   most 98,304: 51 MiB + q x 516 B (chunk the prompt to bound it).
  * Moved per rank: 4 B a row it asks of another rank and a row's bytes

@@ -191,7 +191,9 @@ int engram_nccl_combine_into(engram_nccl *c, const void *send, void *recv, size_
  * aborted).  -ETIMEDOUT: not done in time (a peer that never joined, or
  * died): a communicator opened here is aborted (its kernels return, the
  * stream drains; the buffers' bytes are undefined; close it); a wrapped
- * one is left as it is, still running (its owner decides).
+ * one is left as it is, still running (its owner decides).  timeout_ns 0
+ * is a poll: one look, -EAGAIN if the stream has not finished, nothing
+ * aborted (an asynchronous error is still reported, and aborts, as above).
  */
 int engram_nccl_wait(engram_nccl *c, void *stream, uint64_t timeout_ns, engram_error *err);
 

@@ -82,6 +82,15 @@ for np in $NPS; do
     if [ "$rc" -eq 0 ] && [ "$good" -eq "$np" ] && ! grep -q "WRONG ROWS" "$T/xchg$np"; then ok; else
         bad "exchange -np $np: rc $rc, $good of $np ranks passed"; tail -20 "$T/xchg$np" >&2; fi
 done
+# a phase MPI refuses to start on rank 0 while the phase's other
+# collective is in flight: rank 0's wait names the call, the peer's times
+# out, and the freed ops stay MPI's while a request is active (under ASan:
+# no write into freed memory at the barriers after; the review's crash)
+timeout 120 $MPIRUN -np 2 "$X" --refuse-rows >"$T/refuse" 2>&1
+rc=$?
+if [ "$rc" -eq 0 ] && [ "$(grep -c "refuse-rows rank .*checks, 0 failed" "$T/refuse")" -eq 2 ] &&
+    ! grep -qE "$SANREP" "$T/refuse"; then ok; else
+    bad "exchange, a phase refused: rc $rc"; tail -20 "$T/refuse" >&2; fi
 # close with a parked op (the review's crash): rank 0 gives up on a combine
 # the late rank has not joined and closes its handle; the barrier after it
 # completes the collective and must not touch freed memory

@@ -141,16 +141,31 @@ static void op_release(engram_mpi_op *op)
     free(op);
 }
 
-/* Tests the parked ops, freeing those MPI has completed; m->lock held. */
+/* Whether MPI still holds any of the op's requests (and so its buffers),
+ * after one MPI_Testall has completed and freed what it could: a request
+ * MPI let go of reads MPI_REQUEST_NULL, whatever the op's state (a failed
+ * op may still have a piece in flight: a later collective refused to
+ * start, or MPI_ERR_IN_STATUS with others pending).  Nothing is released
+ * while this is 1. */
+static int op_active(engram_mpi_op *op)
+{
+    int done = 0;
+    if (op->nreq > 0)
+        (void)MPI_Testall(op->nreq, op->req, &done, MPI_STATUSES_IGNORE);
+    for (int i = 0; i < op->nreq; i++)
+        if (op->req[i] != MPI_REQUEST_NULL)
+            return 1;
+    return 0;
+}
+
+/* Tests the parked ops, freeing those MPI has let go of; m->lock held. */
 static size_t reap_parked(engram_mpi *m)
 {
     size_t left = 0;
     engram_mpi_op **pp = &m->parked;
     while (*pp) {
         engram_mpi_op *op = *pp;
-        int done = 0;
-        if (MPI_Testall(op->nreq, op->req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-            done = 1; /* failed: MPI has let go of it */
+        int done = !op_active(op);
         if (done) {
             *pp = op->next;
             op_release(op);
@@ -478,19 +493,17 @@ void engram_mpi_combine_free(engram_mpi_op *op)
 {
     if (!op)
         return;
-    if (op->state == OP_RUNNING) {
-        int done = 0;
-        if (MPI_Testall(op->nreq, op->req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-            done = 1;
-        if (!done) {
-            engram_mpi *m = op->m;
+    /* whatever its state: a failed op may still have a collective in
+     * flight over its buffers (a review reproduced the use after free) */
+    if (op_active(op)) {
+        engram_mpi *m = op->m;
+        if (op->state == OP_RUNNING)
             op->cancelled = 1;
-            pthread_mutex_lock(&m->lock);
-            op->next = m->parked;
-            m->parked = op;
-            pthread_mutex_unlock(&m->lock);
-            return;
-        }
+        pthread_mutex_lock(&m->lock);
+        op->next = m->parked;
+        m->parked = op;
+        pthread_mutex_unlock(&m->lock);
+        return;
     }
     op_release(op);
 }
@@ -657,7 +670,6 @@ static int xchg_serve(engram_mpi_op *op)
                     xchg_piece(x, t, cnt, ids, at, tmp, in, w);
                     cnt = 0;
                     memset(in, 0, (size_t)w);
-                    in[s] = i + 1 < b; /* this rank's rest goes in the next piece */
                 }
             }
         }

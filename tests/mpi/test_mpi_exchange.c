@@ -7,7 +7,8 @@
  * in this program.  Then: a rank that begins late (timed waits time out,
  * then the rows), an owner whose shard file was cut short after its reader
  * opened it (its peers' waits return its error naming it; no hang; the
- * exchange after it works), cancel, refusals.  Each rank prints its count line; a
+ * exchange after it works), cancel, refusals; with --refuse-rows a phase MPI
+ * refuses to start (its ops stay MPI's while a request is active).  Each rank prints its count line; a
  * rank that sees wrong rows prints "WRONG ROWS". */
 #include <mpi.h>
 #include <time.h>
@@ -21,6 +22,23 @@
 static int rank, world;
 static engram_model *whole;
 static uint64_t table_rows[2];
+
+/* --refuse-rows: MPI refuses to start the rows' MPI_Ialltoallv on rank 0
+ * (this program's MPI_Ialltoallv is the one libengram-mpi calls, MPI's
+ * own is PMPI_Ialltoallv: the profiling interface), after the statuses'
+ * MPI_Ialltoall of that phase started.  The requests' Ialltoallv (of
+ * MPI_UINT32_T) goes through. */
+static int refuse_rows;
+static int refused;
+int MPI_Ialltoallv(const void *sb, const int sc[], const int sd[], MPI_Datatype st, void *rb, const int rc[],
+                   const int rd[], MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
+{
+    if (refuse_rows && st != MPI_UINT32_T) {
+        refused++;
+        return MPI_ERR_OTHER;
+    }
+    return PMPI_Ialltoallv(sb, sc, sd, st, rb, rc, rd, rt, comm, req);
+}
 
 static void sleep_ms(int ms)
 {
@@ -332,6 +350,52 @@ static void test_cancel(engram_mpi *m, engram_model *mine, engram_reader *rd)
     free(ids), free(mask), free(out);
 }
 
+/* A phase that MPI refuses to start on rank 0 while the phase's other
+ * collective is in flight: rank 0's wait fails naming the call, the peers'
+ * (whose rows collective rank 0 never joins) time out; the ops freed stay
+ * MPI's (parked) while any of their requests is active, so no buffer of
+ * theirs is freed under MPI (before the fix the statuses' buffers were,
+ * and ASan saw MPI write into them at the next collective).  The handle
+ * is left to the process (its peers' collectives never complete): the
+ * mode ends the job with MPI_Abort after the checks. */
+static engram_mpi *refused_handle;
+static void test_rows_refused(engram_model *mine, engram_reader *rd)
+{
+    engram_error err;
+    CHECK_EQ(engram_mpi_open(MPI_COMM_WORLD, NULL, &refused_handle, &err), 0);
+    uint32_t *ids;
+    uint8_t *mask;
+    size_t n = tokens_of(73, rank == 1 ? 0 : rank, &ids, &mask); /* ranks 0, 1: 300 tokens */
+    uint8_t *out = malloc(n * 48 * 512);
+    engram_mpi_op *op = NULL;
+    refuse_rows = rank == 0;
+    CHECK_EQ(engram_mpi_exchange_begin(refused_handle, mine, rd, ids, mask, n, ENGRAM_BF16, out, &op, &err), 0);
+    int rc = engram_mpi_combine_wait(op, 3ull * 1000000000ull, &err);
+    if (rank == 0) {
+        CHECK_ERR(rc, err, -EIO, "MPI_Ialltoallv (rows)");
+        CHECK(refused >= 1);
+    } else {
+        CHECK_ERR(rc, err, -ETIMEDOUT, "not complete");
+    }
+    refuse_rows = 0;
+    engram_mpi_combine_free(op);
+    engram_mpi_info info;
+    engram_mpi_get_info(refused_handle, &info);
+    printf("rank %d: after the refused phase: wait %d, %zu op(s) still MPI's\n", rank, rc, info.pending);
+    /* collectives on another communicator progress what is in flight:
+     * with the op's buffers freed, MPI wrote into freed memory here */
+    for (int i = 0; i < 3; i++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        sleep_ms(100);
+    }
+    engram_mpi_get_info(refused_handle, &info);
+    if (rank != 0)
+        CHECK(info.pending >= 1); /* its rows collective never completes: still MPI's */
+    printf("rank %d: after the barriers: %zu op(s) still MPI's\n", rank, info.pending);
+    free(ids), free(mask);
+    /* out stays allocated: a peer's parked op still names it */
+}
+
 /* Refusals: local, nothing started (every rank refuses alike). */
 static void test_refusals(engram_mpi *m, engram_model *mine, engram_reader *rd, engram_model *other)
 {
@@ -369,7 +433,6 @@ static void test_refusals(engram_mpi *m, engram_model *mine, engram_reader *rd, 
 int main(int argc, char **argv)
 {
     int provided;
-    (void)argc, (void)argv;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -410,6 +473,21 @@ int main(int argc, char **argv)
     table_rows[0] = mi.table[0].rows;
     table_rows[1] = mi.table[1].rows;
 
+    if (argc > 1 && !strcmp(argv[1], "--refuse-rows")) {
+        test_rows_refused(shard, rs);
+        char name[64];
+        snprintf(name, sizeof name, "test_mpi_exchange --refuse-rows rank %d/%d", rank, world);
+        int frc = tu_finish(name);
+        fflush(stdout);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 0)
+            tu_cleanup();
+        /* the peers' exchanges can never complete: end the job (every
+         * rank's exit status the same: 0 if every check passed) */
+        int all = 0;
+        MPI_Allreduce(&frc, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Abort(MPI_COMM_WORLD, all);
+    }
     test_refusals(m, shard, rs, world > 1 ? other : NULL);
     test_rows(m, whole, rw, "whole file");
     test_rows(m, shard, rs, "shard files");
