@@ -215,8 +215,10 @@ int shard_step_poll(struct run *R, engram_error *err)
             continue;
         for (unsigned b = 0; b < R->B && rc == 0; b++)
             rc = engram_step_poll(R->ss[b].s, (int)t, err);
-        if (rc == -EAGAIN)
-            return 0;
+        if (rc == -EAGAIN) { /* not in yet: later tables wait for it, begun ones are polled */
+            rc = 0;
+            break;
+        }
         if (rc == 0)
             rc = shard_step_begin(R, (int)t, err);
     }
