@@ -438,6 +438,19 @@ $(BUILD)/cuda/nccl_stub_all.so: cuda/nccl_stub.c Makefile
 $(BUILD)/cuda/nccl_stub_faults.so: cuda/nccl_stub.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -fvisibility=default -DSTUB_FAULTS -shared -o $@ $<
+# make install adds the header, both libraries and engram-nccl.pc (NCCL
+# itself is not linked: it is loaded at run time; the CUDA runtime is)
+.PHONY: install-nccl
+install: install-nccl
+install-nccl: $(BUILD)/libengram-nccl.a $(BUILD)/libengram-nccl.so
+	@d="$(DESTDIR)$(PREFIX)"; set -e; \
+	mkdir -p "$$d/include" "$$d/lib/pkgconfig"; \
+	cp include/engram_nccl.h "$$d/include/"; \
+	cp $(BUILD)/libengram-nccl.a "$$d/lib/"; \
+	cp $(BUILD)/libengram-nccl.so "$$d/lib/libengram-nccl.so.0"; \
+	ln -sf libengram-nccl.so.0 "$$d/lib/libengram-nccl.so"; \
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@CUDA_HOME@|$(CUDA_HOME)|' \
+	    tools/pkgconfig/engram-nccl.pc.in > "$$d/lib/pkgconfig/engram-nccl.pc"
 endif
 .PHONY: nccl-abi-check
 nccl-abi-check:

@@ -151,6 +151,28 @@ LD_LIBRARY_PATH="$P/lib" "$T/tools" "$T/m.gguf" || fail "tools program"
 a=$(LD_LIBRARY_PATH="$P/lib" "$T/engine" "$T/m.gguf") || fail "engine program"
 b=$("$T/engine_static" "$T/m.gguf") || fail "static engine program"
 [ "$a" = "$b" ] || fail "dynamic and static runs differ: $a / $b"
+# libengram-nccl (installed where nvcc was found): a program built from the
+# installed header and engram-nccl.pc alone runs and says what it finds
+# (NCCL loaded at run time; here a "no GPU" or "no NCCL" answer is right)
+if [ -f "$P/lib/pkgconfig/engram-nccl.pc" ]; then
+    cat >"$T/nccl.c" <<'CEOF'
+#include <stdio.h>
+#include <engram_nccl.h>
+int main(void)
+{
+    engram_error err = {0};
+    int version = 0;
+    int ok = engram_nccl_available(&version, &err);
+    printf("%d %s\n", ok, ok ? "NCCL loaded" : err.msg);
+    return ok == 0 || ok == 1 ? 0 : 1;
+}
+CEOF
+    # shellcheck disable=SC2046
+    $CC -std=c11 -Wall -Werror -o "$T/nccl" "$T/nccl.c" $(pkg-config --cflags --libs engram-nccl) ||
+        fail "a program on engram-nccl.pc does not build"
+    LD_LIBRARY_PATH="$P/lib" "$T/nccl" >"$T/nccl.out" || fail "the engram-nccl program: $(cat "$T/nccl.out")"
+    echo "install: engram-nccl program: $(cat "$T/nccl.out")"
+fi
 # The same rows through the CLI of the build under test.
 c=$(echo 7 | "$B/engram" hash "$T/m.gguf" --tokens - | cut -d' ' -f1)
 [ "$c" = "${a% *}" ] || fail "row id differs from engram hash: $c vs $a"
