@@ -211,14 +211,45 @@ TGT_AVX2 static INLINE void micro256(const float *const *a, const uint16_t *b, u
         for (unsigned g = 0; g < PANEL / 16 && 16 * g < ncols; g++)                            \
             micro256(a, b + 16 * g, kc, c + 16 * g, ld, n, first, ncols - 16 * g);             \
     }
-MICRO256(1)
 MICRO256(2)
 MICRO256(3)
 MICRO256(4)
 MICRO256(5)
 MICRO256(6)
 
-static const micro_fn micro256_by_mr[MR + 1] = {NULL, micro256_1, micro256_2, micro256_3,
+/* One token x the panel's 64 outputs, each input's 64 weights taken at
+ * once: eight 8-wide accumulators, so eight independent chains hide the
+ * FMA's latency and the panel is read in one pass (micro256 takes a 16-wide
+ * group per pass: four passes over the block, two chains each).  Each lane
+ * is still one output's chain in input order, so the bits are micro256's.
+ * The decode GEMV's kernel. */
+TGT_AVX2 static void micro256_1x64(const float *const *a, const uint16_t *b, unsigned kc,
+                                   float *c, size_t ld, int first, unsigned ncols)
+{
+    (void)ld;
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+#define COL8_MASK(q) const __m256i m##q = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)ncols - 8 * (q)), lanes);
+#define COL8_INIT(q) __m256 c##q = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + 8 * (q), m##q);
+#define COL8_STEP(q) c##q = _mm256_fmadd_ps(x, _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(bi + 8 * (q)))), c##q);
+#define COL8_STORE(q) _mm256_maskstore_ps(c + 8 * (q), m##q, c##q);
+#define COLS8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+    COLS8(COL8_MASK)
+    COLS8(COL8_INIT)
+    const float *a0 = a[0];
+    for (unsigned i = 0; i < kc; i++) {
+        const uint16_t *bi = b + (size_t)i * PANEL;
+        const __m256 x = _mm256_broadcast_ss(a0 + i);
+        COLS8(COL8_STEP)
+    }
+    COLS8(COL8_STORE)
+#undef COL8_MASK
+#undef COL8_INIT
+#undef COL8_STEP
+#undef COL8_STORE
+#undef COLS8
+}
+
+static const micro_fn micro256_by_mr[MR + 1] = {NULL, micro256_1x64, micro256_2, micro256_3,
                                                 micro256_4, micro256_5, micro256_6};
 
 static void avx2_project(const struct engram_layer *L, const float *const *e, unsigned nt,
