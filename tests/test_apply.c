@@ -22,8 +22,11 @@
  * The numpy float64 reference of the whole path (hash, read, decode,
  * project, gate) is tests/apply_ref.py, run by test_cli.sh.
  */
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 
 #include "alloc_shim.h"
 #include "testutil.h"
@@ -690,6 +693,99 @@ static void memory(struct fixture *f)
     free(kv);
 }
 
+/* ------------------------------------------------ default threads */
+
+/* Threads of this process: the entries of /proc/self/task. */
+static long task_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    long n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* task_count() once it equals want, or its value after a second (a joined
+ * thread can linger in /proc for a moment after pthread_join returns). */
+static long task_count_settled(long want)
+{
+    long n = task_count();
+    for (int i = 0; i < 1000 && n != want; i++) {
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        n = task_count();
+    }
+    return n;
+}
+
+/* An applier made with threads 0 (or no options) has one worker per CPU
+ * this process may run on, the caller included: it starts that many
+ * threads less one, counted in /proc/self/task against the affinity mask
+ * counted here; pinned to one CPU it starts none, to two CPUs one.  Its
+ * results are a one-thread applier's bits. */
+static void default_threads(struct fixture *f)
+{
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    CHECK_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+    long cpus = CPU_COUNT(&all);
+    long base = task_count();
+    CHECK(cpus >= 1 && base >= 1);
+    const size_t n = 7;
+    uint16_t *rows = model_rows(f, n, 21);
+    size_t nx = n * f->S * f->W;
+    float *x0 = make_resid(nx, 22), *x1 = malloc(nx * 4), *xd = malloc(nx * 4);
+    engram_error err;
+    engram_applier *one = applier(f, ENGRAM_SIMD_AUTO, 1, 0);
+    memcpy(x1, x0, nx * 4);
+    CHECK_EQ(engram_apply(one, rows, ENGRAM_BF16, x1, ENGRAM_F32, NULL, n, &err), 0);
+    engram_applier_free(one);
+    /* the CPU sets to try: every CPU, the first one alone, the first two */
+    cpu_set_t sets[3];
+    long counts[3] = {cpus, 1, cpus >= 2 ? 2 : 0};
+    sets[0] = all;
+    CPU_ZERO(&sets[1]);
+    CPU_ZERO(&sets[2]);
+    for (int c = 0, got = 0; c < CPU_SETSIZE && got < 2; c++)
+        if (CPU_ISSET(c, &all)) {
+            if (got == 0)
+                CPU_SET(c, &sets[1]);
+            CPU_SET(c, &sets[2]);
+            got++;
+        }
+    for (int k = 0; k < 3; k++) {
+        if (counts[k] == 0)
+            continue;
+        CHECK_EQ(sched_setaffinity(0, sizeof sets[k], &sets[k]), 0);
+        CHECK_EQ(engram_default_threads(), (unsigned)counts[k]);
+        for (int with_opts = 0; with_opts < 2; with_opts++) {
+            engram_apply_opts o = {.threads = 0};
+            engram_applier *a = NULL;
+            CHECK_EQ(engram_applier_new(f->L, with_opts ? &o : NULL, &a, &err), 0);
+            if (!a)
+                continue;
+            long started = task_count() - base;
+            CHECK_EQ(started, counts[k] - 1);
+            memcpy(xd, x0, nx * 4);
+            CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, xd, ENGRAM_F32, NULL, n, &err), 0);
+            CHECK(memcmp(xd, x1, nx * 4) == 0);
+            engram_applier_free(a);
+            CHECK_EQ(task_count_settled(base), base);
+            if (with_opts)
+                printf("W=%u: %ld CPU(s) in the affinity mask: threads 0 and no options each start "
+                       "%ld thread(s) beside the caller; the results are 1 thread's bits\n",
+                       f->W, counts[k], started);
+        }
+    }
+    CHECK_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+    free(rows);
+    free(x0);
+    free(x1);
+    free(xd);
+}
+
 int main(void)
 {
     struct fixture f;
@@ -700,6 +796,7 @@ int main(void)
         zero_stream(&f);
         errors(&f);
         memory(&f);
+        default_threads(&f);
         fixture_close(&f);
     } else {
         CHECK(0);
