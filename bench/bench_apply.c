@@ -106,7 +106,9 @@ static double memcpy_bw(size_t bytes)
  * into accumulators that no row waits on (8 vectors: the adds' latency is
  * hidden); their sum goes to sink[0..15] so nothing can be skipped.  The
  * order of the sums is free here: this is the bound on any kernel that
- * reads these bytes with this instruction set, not a result. */
+ * reads these bytes with this instruction set, not a result.  The SIMD
+ * loops prefetch the row KC rows ahead, as the projection's kernels do
+ * (the next K block), so the reference has what they have. */
 static void stream_scalar(const uint16_t *w, size_t rows, float *sink)
 {
     float acc[16] = {0};
@@ -123,6 +125,10 @@ __attribute__((target("avx2,fma,f16c"))) static void stream_avx2(const uint16_t 
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
     for (size_t r = 0; r < rows; r++) {
         const __m128i *p = (const __m128i *)(w + r * PANEL);
+        if (r + KC < rows) {
+            _mm_prefetch((const char *)(w + (r + KC) * PANEL), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + (r + KC) * PANEL) + 64, _MM_HINT_T0);
+        }
         s0 = _mm256_add_ps(s0, _mm256_cvtph_ps(_mm_load_si128(p + 0)));
         s1 = _mm256_add_ps(s1, _mm256_cvtph_ps(_mm_load_si128(p + 1)));
         s2 = _mm256_add_ps(s2, _mm256_cvtph_ps(_mm_load_si128(p + 2)));
@@ -146,6 +152,9 @@ stream_avx512(const uint16_t *w, size_t rows, float *sink)
     size_t r = 0;
     for (; r + 2 <= rows; r += 2) {
         const __m256i *p = (const __m256i *)(w + r * PANEL);
+        if (r + KC + 2 <= rows)
+            for (unsigned l = 0; l < 4; l++)
+                _mm_prefetch((const char *)(w + (r + KC) * PANEL) + 64 * l, _MM_HINT_T0);
         s0 = _mm512_add_ps(s0, _mm512_cvtph_ps(_mm256_load_si256(p + 0)));
         s1 = _mm512_add_ps(s1, _mm512_cvtph_ps(_mm256_load_si256(p + 1)));
         s2 = _mm512_add_ps(s2, _mm512_cvtph_ps(_mm256_load_si256(p + 2)));
