@@ -9,7 +9,8 @@
  *      interleaved rep by rep; a large memcpy's bandwidth beside them as a
  *      secondary reference (it moves twice the bytes and its speed differs
  *      by machine).  Per kernel set (--simd; default the selected one, and
- *      AVX2 too where AVX-512 is selected: what an AVX2-only machine runs);
+ *      AVX2 too where AVX-512 is selected: what an AVX2-only machine runs)
+ *      and per number of tokens in the call (--decode-tokens; default 1);
  *  (b) prefill: projecting a block of tokens (default 2048; the GEMM) vs
  *      OpenBLAS sgemm on the same shapes with the weights widened to F32
  *      once (the unconstrained comparator: its reduction order is its own),
@@ -20,7 +21,8 @@
  * depend on it; without it (b) has no comparator column.
  *
  *   bench_apply [--model M.gguf] [--width W] [--tokens N] [--threads 1,2]
- *               [--simd auto,avx2] [--decode-reps R] [--reps R] [--csv OUT]
+ *               [--simd auto,avx2] [--decode-tokens 1,4] [--decode-reps R]
+ *               [--reps R] [--csv OUT]
  * --threads defaults to 1, 2, 4, ... up to the cores this process may run
  * on, the last of them included.
  * Without --model it writes /tmp/engram-bench/apply-W.gguf (engram build
@@ -271,6 +273,94 @@ static void csv_abandon(void)
     out = NULL;
 }
 
+/* ------------------------------------------------ (a) decode rows */
+
+struct decode_in {
+    const struct engram_layer *L;
+    const uint16_t *rows;      /* n tokens' BF16 rows                     */
+    const float *x0;           /* n tokens' residuals (per floats each)   */
+    float *x;                  /* a working copy                          */
+    size_t n, per;
+    int reps;
+    double weight_bytes, memcpy_bw;
+};
+
+/* One row of (a): nd tokens applied with kernels `want` on th threads
+ * against the stream (instruction set lvl) on the same team, rep by rep.
+ * 0, or an exit code after saying why. */
+static int decode_row(const struct decode_in *in, engram_simd want, engram_simd lvl, unsigned th,
+                      unsigned nd)
+{
+    const size_t K = ENGRAM_K;
+    struct team *team = NULL;
+    if (th > 1 && team_new(th, &team) < 0) {
+        fprintf(stderr, "bench_apply: cannot start %u threads\n", th);
+        return 3;
+    }
+    engram_apply_opts o = {.threads = th, .simd = want};
+    if (team) {
+        o.fork_join = team_run;
+        o.fork_join_ctx = team;
+    }
+    engram_applier *a;
+    engram_error err;
+    if (engram_applier_new(in->L, &o, &a, &err) < 0) {
+        fprintf(stderr, "bench_apply: %s\n", err.msg);
+        team_free(team);
+        return 1;
+    }
+    static struct stream_job job;
+    job.L = in->L;
+    job.simd = lvl;
+    job.workers = th;
+    double ta[99], tsr[99], ratio[99];
+    size_t starts = in->n - nd + 1; /* where nd consecutive tokens may begin */
+    int rc = 0;
+    for (int r = -1; r < in->reps && rc == 0; r++) { /* r = -1 warms both */
+        size_t t0i = (r < 0 ? 0 : (size_t)r * 7) % starts;
+        memcpy(in->x, in->x0 + t0i * in->per, nd * in->per * 4);
+        double t0 = now();
+        rc = engram_apply(a, in->rows + t0i * K, ENGRAM_BF16, in->x, ENGRAM_F32, NULL, nd, &err);
+        double t1 = now();
+        if (team)
+            team_run(team, th, stream_work, &job);
+        else
+            stream_work(&job, 0);
+        double t2 = now();
+        /* the sums are read, so the stream cannot be dropped */
+        volatile float seen = job.sink[0][0];
+        (void)seen;
+        if (r >= 0) {
+            ta[r] = t1 - t0;
+            tsr[r] = t2 - t1;
+            ratio[r] = tsr[r] / ta[r];
+        }
+    }
+    engram_applier_free(a);
+    team_free(team);
+    if (rc < 0) {
+        fprintf(stderr, "bench_apply: %s\n", err.msg);
+        return 1;
+    }
+    double rlo = ratio[0], rhi = ratio[0];
+    for (int r = 1; r < in->reps; r++) {
+        rlo = ratio[r] < rlo ? ratio[r] : rlo;
+        rhi = ratio[r] > rhi ? ratio[r] : rhi;
+    }
+    double ma = median(ta, in->reps), ms = median(tsr, in->reps), wb = in->weight_bytes;
+    printf("    %6u  %7u  %8.2f  %5.1f  %9.2f  %5.1f   %5.3f (%.2f-%.2f)     %6.2f\n", nd, th,
+           ma * 1e3, wb / ma / 1e9, ms * 1e3, wb / ms / 1e9, ms / ma, rlo, rhi,
+           wb / ma / in->memcpy_bw);
+    if (out) {
+        const char *name = engram_simd_name(lvl);
+        fprintf(out, "decode_apply_ms:%s:%u,%u,%.4f,ms,%.3f\n", name, nd, th, ma * 1e3, ms / ma);
+        fprintf(out, "decode_stream_ms:%s:%u,%u,%.4f,ms,1\n", name, nd, th, ms * 1e3);
+        fprintf(out, "decode_apply_vs_memcpy:%s:%u,%u,%.3f,ratio,%.3f\n", name, nd, th,
+                wb / ma / in->memcpy_bw, wb / ma / in->memcpy_bw);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *csv = NULL;
@@ -280,6 +370,7 @@ int main(int argc, char **argv)
     engram_simd simd_list[4];
     unsigned n_simd = 0;
     int reps = 3, decode_reps = 20;
+    unsigned dec_list[8] = {1}, n_dec = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model = argv[++i];
@@ -291,6 +382,14 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode-reps") && i + 1 < argc)
             decode_reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--decode-tokens") && i + 1 < argc) {
+            n_dec = 0;
+            for (char *p = argv[++i]; *p && n_dec < 8; p++) {
+                dec_list[n_dec++] = (unsigned)strtoul(p, &p, 10);
+                if (!*p)
+                    break;
+            }
+        }
         else if (!strcmp(argv[i], "--simd") && i + 1 < argc) {
             n_simd = 0;
             for (char *p = argv[++i]; *p && n_simd < 4;) {
@@ -322,7 +421,8 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: bench_apply [--model M] [--width W] [--tokens N] "
-                            "[--threads 1,2] [--simd auto,avx2] [--decode-reps R] [--reps R] "
+                            "[--threads 1,2] [--simd auto,avx2] [--decode-tokens 1,4] [--decode-reps R] "
+                            "[--reps R] "
                             "[--csv OUT]\n");
             return 2;
         }
@@ -341,6 +441,9 @@ int main(int argc, char **argv)
     }
     for (unsigned ti = 0; ti < n_threads; ti++)
         if (threads_list[ti] < 1 || threads_list[ti] > 64)
+            return 2;
+    for (unsigned di = 0; di < n_dec; di++)
+        if (dec_list[di] < 1 || dec_list[di] > n)
             return 2;
     if (n_simd == 0) {
         simd_list[n_simd++] = ENGRAM_SIMD_AUTO;
@@ -427,12 +530,15 @@ int main(int argc, char **argv)
 
     /* (a) decode */
     double bw = memcpy_bw((size_t)1 << 30);
-    printf("(a) decode: one token, GEMV over the weights, vs streaming the same weights once\n");
-    printf("    (F16 -> F32, summed; the same instruction set) on the same threads; %d reps of\n"
-           "    each, interleaved; medians.  x stream = stream ms / apply ms, the apply's\n"
-           "    speed as a fraction of the stream's (range: of the per-rep ratio)\n", decode_reps);
+    printf("(a) decode: applying %s token%s, a pass over the weights, vs streaming the same\n"
+           "    weights once (F16 -> F32, summed; the same instruction set) on the same threads;\n"
+           "    %d reps of each, interleaved; medians.  x stream = stream ms / apply ms, the\n"
+           "    apply's speed as a fraction of the stream's (range: of the per-rep ratio)\n",
+           n_dec == 1 && dec_list[0] == 1 ? "one" : "a few", n_dec == 1 && dec_list[0] == 1 ? "" : "s",
+           decode_reps);
     printf("    memcpy of 1 GiB: %.2f GB/s (bytes copied per second, best of 5; secondary)\n",
            bw / 1e9);
+    struct decode_in din = {L, rows, x0, x, n, per, decode_reps, weight_bytes, bw};
     for (unsigned si = 0; si < n_simd; si++) {
         engram_simd want = simd_list[si];
         const struct apply_kernels *kern = apply_kernels_for(want);
@@ -444,76 +550,14 @@ int main(int argc, char **argv)
         engram_simd lvl = want == ENGRAM_SIMD_AUTO ? engram_simd_selected() : want;
         if (kern == &apply_kernels_scalar)
             lvl = ENGRAM_SIMD_SCALAR;
-        const char *name = engram_simd_name(lvl);
-        printf("    kernels %s%s\n", name, want == ENGRAM_SIMD_AUTO ? " (auto)" : "");
-        printf("    threads  apply ms  GB/s   stream ms  GB/s   x stream (range)       apply/memcpy\n");
-        for (unsigned ti = 0; ti < n_threads; ti++) {
-            unsigned th = threads_list[ti];
-            /* one team for both: the applier runs on it through the
-             * fork-join hook, the stream directly */
-            struct team *team = NULL;
-            if (th > 1 && team_new(th, &team) < 0) {
-                fprintf(stderr, "bench_apply: cannot start %u threads\n", th);
-                return 3;
+        printf("    kernels %s%s\n", engram_simd_name(lvl), want == ENGRAM_SIMD_AUTO ? " (auto)" : "");
+        printf("    tokens  threads  apply ms  GB/s   stream ms  GB/s   x stream (range)       apply/memcpy\n");
+        for (unsigned di = 0; di < n_dec; di++)
+            for (unsigned ti = 0; ti < n_threads; ti++) {
+                int rc = decode_row(&din, want, lvl, threads_list[ti], dec_list[di]);
+                if (rc)
+                    return rc;
             }
-            engram_apply_opts o = {.threads = th, .simd = want};
-            if (team) {
-                o.fork_join = team_run;
-                o.fork_join_ctx = team;
-            }
-            engram_applier *a;
-            if (engram_applier_new(L, &o, &a, &err) < 0) {
-                fprintf(stderr, "%s\n", err.msg);
-                return 1;
-            }
-            static struct stream_job job;
-            job.L = L;
-            job.simd = lvl;
-            job.workers = th;
-            double ta[99], tsr[99], ratio[99];
-            for (int r = -1; r < decode_reps; r++) { /* r = -1 warms both */
-                size_t rr = r < 0 ? 0 : (size_t)r;
-                memcpy(x, x0 + rr * per % (n * per), per * 4);
-                double t0 = now();
-                int rc = engram_apply(a, rows + rr * K % (n * K), ENGRAM_BF16, x, ENGRAM_F32, NULL,
-                                      1, &err);
-                double t1 = now();
-                if (team)
-                    team_run(team, th, stream_work, &job);
-                else
-                    stream_work(&job, 0);
-                double t2 = now();
-                /* the sums are read, so the stream cannot be dropped */
-                volatile float seen = job.sink[0][0];
-                (void)seen;
-                if (rc < 0) {
-                    fprintf(stderr, "bench_apply: %s\n", err.msg);
-                    return 1;
-                }
-                if (r >= 0) {
-                    ta[r] = t1 - t0;
-                    tsr[r] = t2 - t1;
-                    ratio[r] = tsr[r] / ta[r];
-                }
-            }
-            double ma = median(ta, decode_reps), ms = median(tsr, decode_reps);
-            double rlo = ratio[0], rhi = ratio[0];
-            for (int r = 1; r < decode_reps; r++) {
-                rlo = ratio[r] < rlo ? ratio[r] : rlo;
-                rhi = ratio[r] > rhi ? ratio[r] : rhi;
-            }
-            printf("    %7u  %8.2f  %5.1f  %9.2f  %5.1f   %5.3f (%.2f-%.2f)     %6.2f\n", th,
-                   ma * 1e3, weight_bytes / ma / 1e9, ms * 1e3, weight_bytes / ms / 1e9, ms / ma,
-                   rlo, rhi, weight_bytes / ma / bw);
-            if (out) {
-                fprintf(out, "decode_apply_ms:%s,%u,%.4f,ms,%.3f\n", name, th, ma * 1e3, ms / ma);
-                fprintf(out, "decode_stream_ms:%s,%u,%.4f,ms,1\n", name, th, ms * 1e3);
-                fprintf(out, "decode_apply_vs_memcpy:%s,%u,%.3f,ratio,%.3f\n", name, th,
-                        weight_bytes / ma / bw, weight_bytes / ma / bw);
-            }
-            engram_applier_free(a);
-            team_free(team);
-        }
     }
 
     /* (b) prefill projection vs OpenBLAS */
