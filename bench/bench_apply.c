@@ -440,11 +440,15 @@ int main(int argc, char **argv)
         threads_list[n_threads++] = cores;
     }
     for (unsigned ti = 0; ti < n_threads; ti++)
-        if (threads_list[ti] < 1 || threads_list[ti] > 64)
+        if (threads_list[ti] < 1 || threads_list[ti] > 64) {
+            fprintf(stderr, "bench_apply: --threads takes 1..64\n");
             return 2;
+        }
     for (unsigned di = 0; di < n_dec; di++)
-        if (dec_list[di] < 1 || dec_list[di] > n)
+        if (dec_list[di] < 1 || dec_list[di] > n) {
+            fprintf(stderr, "bench_apply: --decode-tokens takes 1 .. --tokens (%zu)\n", n);
             return 2;
+        }
     if (n_simd == 0) {
         simd_list[n_simd++] = ENGRAM_SIMD_AUTO;
         if (engram_simd_selected() == ENGRAM_SIMD_AVX512)
