@@ -235,7 +235,6 @@ TGT_AVX2 static INLINE void micro256(const float *const *a, const uint16_t *b,
         for (unsigned g = 0; g < PANEL / 16 && 16 * g < ncols; g++)                            \
             micro256(a, b + 16 * g, pf + 16 * g, kc, c + 16 * g, ld, n, first, ncols - 16 * g); \
     }
-MICRO256(2)
 MICRO256(3)
 MICRO256(4)
 MICRO256(5)
@@ -273,6 +272,56 @@ TGT_AVX2 static void micro256_1x64(const float *const *a, const uint16_t *b,
 #undef COL8_STEP
 #undef COL8_STORE
 #undef COLS8
+}
+
+/* Two tokens x 32 outputs (columns col .. col+31 of the panel): eight
+ * 8-wide accumulators, so eight independent chains (micro256's two tokens
+ * x 16 outputs have four, and wait on the FMA's latency), in two passes
+ * over the block.  Each lane one output's chain in input order: micro256's
+ * bits. */
+TGT_AVX2 static INLINE void micro256_2x32(const float *const *a, const uint16_t *b,
+                                          const uint16_t *pf, unsigned kc, float *c, size_t ld,
+                                          int first, unsigned ncols)
+{
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+#define C2_MASK(q) const __m256i m##q = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)ncols - 8 * (q)), lanes);
+#define C2_INIT(q)                                                                             \
+    __m256 c0##q = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + 8 * (q), m##q);         \
+    __m256 c1##q = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + ld + 8 * (q), m##q);
+#define C2_STEP(q)                                                                             \
+    {                                                                                          \
+        __m256 w = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(bi + 8 * (q))));            \
+        c0##q = _mm256_fmadd_ps(x0, w, c0##q);                                                 \
+        c1##q = _mm256_fmadd_ps(x1, w, c1##q);                                                 \
+    }
+#define C2_STORE(q)                                                                            \
+    _mm256_maskstore_ps(c + 8 * (q), m##q, c0##q);                                             \
+    _mm256_maskstore_ps(c + ld + 8 * (q), m##q, c1##q);
+#define COLS4(X) X(0) X(1) X(2) X(3)
+    COLS4(C2_MASK)
+    COLS4(C2_INIT)
+    const float *a0 = a[0], *a1 = a[1];
+    for (unsigned i = 0; i < kc; i++) {
+        const uint16_t *bi = b + (size_t)i * PANEL;
+        /* the row's line holding these 32 columns */
+        _mm_prefetch((const char *)(pf + (size_t)i * PANEL), _MM_HINT_T0);
+        const __m256 x0 = _mm256_broadcast_ss(a0 + i), x1 = _mm256_broadcast_ss(a1 + i);
+        COLS4(C2_STEP)
+    }
+    COLS4(C2_STORE)
+#undef C2_MASK
+#undef C2_INIT
+#undef C2_STEP
+#undef C2_STORE
+#undef COLS4
+}
+
+TGT_AVX2 static void micro256_2(const float *const *a, const uint16_t *b, const uint16_t *pf,
+                                unsigned kc, float *c, size_t ld, int first, unsigned ncols)
+{
+    /* the panel's two 32-wide column groups in turn */
+    for (unsigned g = 0; g < PANEL / 32 && 32 * g < ncols; g++)
+        micro256_2x32(a, b + 32 * g, pf + 32 * g, kc, c + 32 * g, ld, first, ncols - 32 * g);
 }
 
 static const micro_fn micro256_by_mr[MR + 1] = {NULL, micro256_1x64, micro256_2, micro256_3,
