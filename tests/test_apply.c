@@ -186,6 +186,26 @@ static void kernels_agree(struct fixture *f)
         CHECK(memcmp(xb[k], xb[0], nx * 2) == 0);
         printf("W=%u: %s = scalar bit for bit (projection of %zu tokens, updates F32 and BF16)\n",
                f->W, engram_simd_name(kernels[k]), n);
+        /* calls of 1..7 tokens: every tile height (1..6 tokens) alone, each
+         * its own kernel, against the scalar outputs of the same tokens */
+        engram_applier *a = applier(f, kernels[k], 1, 0);
+        float *kvn = malloc((7 * f->N + 64) * 4);
+        int agree = 1, canaries = 1;
+        for (size_t nt = 1; a && kvn && nt <= 7; nt++) {
+            for (size_t i = nt * f->N; i < nt * f->N + 64; i++)
+                kvn[i] = -7.0f;
+            engram_error err;
+            CHECK_EQ(engram_project(a, rows, ENGRAM_BF16, nt, kvn, &err), 0);
+            agree &= memcmp(kvn, kv[0], nt * f->N * 4) == 0;
+            for (size_t i = nt * f->N; i < nt * f->N + 64; i++)
+                canaries &= kvn[i] == -7.0f;
+        }
+        CHECK(agree);
+        CHECK(canaries);
+        printf("W=%u: %s = scalar bit for bit in calls of 1..7 tokens (every tile height)\n", f->W,
+               engram_simd_name(kernels[k]));
+        free(kvn);
+        engram_applier_free(a);
     }
     /* The bound, against a double-precision sum of the same products, with
      * the weights read straight from the file (engram_kv: output o's 6144
