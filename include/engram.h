@@ -546,8 +546,9 @@ unsigned engram_default_threads(void);
 
 typedef struct engram_apply_opts {
     /* workers, the caller's thread included; 0 = engram_default_threads()
-     * at creation (decode is bound by the weights' memory stream, which
-     * one core does not saturate).  Results do not depend on it. */
+     * at creation (a token's decode streams the layer's weights, which one
+     * core often cannot read at the memory's speed).  Results do not depend
+     * on it. */
     unsigned threads;
     /* The caller's pool (NULL: the applier starts threads - 1 threads of its
      * own at creation, each with a 256 KiB stack). */
