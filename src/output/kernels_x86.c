@@ -235,7 +235,6 @@ TGT_AVX2 static INLINE void micro256(const float *const *a, const uint16_t *b,
         for (unsigned g = 0; g < PANEL / 16 && 16 * g < ncols; g++)                            \
             micro256(a, b + 16 * g, pf + 16 * g, kc, c + 16 * g, ld, n, first, ncols - 16 * g); \
     }
-MICRO256(3)
 MICRO256(4)
 MICRO256(5)
 MICRO256(6)
@@ -322,6 +321,70 @@ TGT_AVX2 static void micro256_2(const float *const *a, const uint16_t *b, const 
     /* the panel's two 32-wide column groups in turn */
     for (unsigned g = 0; g < PANEL / 32 && 32 * g < ncols; g++)
         micro256_2x32(a, b + 32 * g, pf + 32 * g, kc, c + 32 * g, ld, first, ncols - 32 * g);
+}
+
+/* Three tokens x 32 outputs: twelve accumulators (twelve chains, where
+ * micro256's 3 x 16 has six and waits on the FMA's latency), two passes
+ * over the block; the 32 columns' weights are converted 16 at a time so
+ * that accumulators, weights and the broadcast input fit the 16 registers.
+ * Each lane one output's chain in input order: micro256's bits. */
+TGT_AVX2 static INLINE void micro256_3x32(const float *const *a, const uint16_t *b,
+                                          const uint16_t *pf, unsigned kc, float *c, size_t ld,
+                                          int first, unsigned ncols)
+{
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+#define C3_MASK(q) const __m256i m##q = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)ncols - 8 * (q)), lanes);
+#define C3_INIT(q)                                                                             \
+    __m256 c0##q = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + 8 * (q), m##q);         \
+    __m256 c1##q = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + ld + 8 * (q), m##q);    \
+    __m256 c2##q = first ? _mm256_setzero_ps() : _mm256_maskload_ps(c + 2 * ld + 8 * (q), m##q);
+/* columns 8q .. 8q+15: two weight vectors, then each token's two FMAs.
+ * The inputs are broadcast again in each half, from pointers the compiler
+ * cannot see are the same (the empty asm): kept from the first half, the
+ * three inputs would push an accumulator out of the 16 registers. */
+#define C3_HALF(q, r)                                                                          \
+    {                                                                                          \
+        const float *p0 = a0 + i, *p1 = a1 + i, *p2 = a2 + i;                                  \
+        __asm__("" : "+r"(p0), "+r"(p1), "+r"(p2));                                            \
+        const __m256 wa = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(bi + 8 * (q))));    \
+        const __m256 wb = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(bi + 8 * (r))));    \
+        __m256 x = _mm256_broadcast_ss(p0);                                                    \
+        c0##q = _mm256_fmadd_ps(x, wa, c0##q);                                                 \
+        c0##r = _mm256_fmadd_ps(x, wb, c0##r);                                                 \
+        x = _mm256_broadcast_ss(p1);                                                           \
+        c1##q = _mm256_fmadd_ps(x, wa, c1##q);                                                 \
+        c1##r = _mm256_fmadd_ps(x, wb, c1##r);                                                 \
+        x = _mm256_broadcast_ss(p2);                                                           \
+        c2##q = _mm256_fmadd_ps(x, wa, c2##q);                                                 \
+        c2##r = _mm256_fmadd_ps(x, wb, c2##r);                                                 \
+    }
+#define C3_STORE(q)                                                                            \
+    _mm256_maskstore_ps(c + 8 * (q), m##q, c0##q);                                             \
+    _mm256_maskstore_ps(c + ld + 8 * (q), m##q, c1##q);                                        \
+    _mm256_maskstore_ps(c + 2 * ld + 8 * (q), m##q, c2##q);
+#define COLS4(X) X(0) X(1) X(2) X(3)
+    COLS4(C3_MASK)
+    COLS4(C3_INIT)
+    const float *a0 = a[0], *a1 = a[1], *a2 = a[2];
+    for (unsigned i = 0; i < kc; i++) {
+        const uint16_t *bi = b + (size_t)i * PANEL;
+        _mm_prefetch((const char *)(pf + (size_t)i * PANEL), _MM_HINT_T0);
+        C3_HALF(0, 1)
+        C3_HALF(2, 3)
+    }
+    COLS4(C3_STORE)
+#undef C3_MASK
+#undef C3_INIT
+#undef C3_HALF
+#undef C3_STORE
+#undef COLS4
+}
+
+TGT_AVX2 static void micro256_3(const float *const *a, const uint16_t *b, const uint16_t *pf,
+                                unsigned kc, float *c, size_t ld, int first, unsigned ncols)
+{
+    for (unsigned g = 0; g < PANEL / 32 && 32 * g < ncols; g++)
+        micro256_3x32(a, b + 32 * g, pf + 32 * g, kc, c + 32 * g, ld, first, ncols - 32 * g);
 }
 
 static const micro_fn micro256_by_mr[MR + 1] = {NULL, micro256_1x64, micro256_2, micro256_3,
