@@ -2,8 +2,15 @@
  * bench_apply.c - Engram's output stage against the machine's own limits,
  * measured in the same run:
  *  (a) decode: applying one token (the projection is a GEMV over the
- *      layer's F16 weights, memory-bound) vs a large memcpy's bandwidth:
- *      weight bytes streamed per second / memcpy bytes copied per second;
+ *      layer's F16 weights, memory-bound) vs streaming the same weights
+ *      (the layer's own panels, read once, F16 -> F32 and summed into
+ *      independent accumulators with the same instruction set: what any
+ *      kernel reading those bytes pays) on the same threads, the two
+ *      interleaved rep by rep; a large memcpy's bandwidth beside them as a
+ *      secondary reference (it moves twice the bytes and its speed differs
+ *      by machine).  Per kernel set (--simd; default the selected one, and
+ *      AVX2 too where AVX-512 is selected: what an AVX2-only machine runs)
+ *      and per number of tokens in the call (--decode-tokens; default 1);
  *  (b) prefill: projecting a block of tokens (default 2048; the GEMM) vs
  *      OpenBLAS sgemm on the same shapes with the weights widened to F32
  *      once (the unconstrained comparator: its reduction order is its own),
@@ -14,13 +21,17 @@
  * depend on it; without it (b) has no comparator column.
  *
  *   bench_apply [--model M.gguf] [--width W] [--tokens N] [--threads 1,2]
+ *               [--simd auto,avx2] [--decode-tokens 1,4] [--decode-reps R]
  *               [--reps R] [--csv OUT]
+ * --threads defaults to 1, 2, 4, ... up to the cores this process may run
+ * on, the last of them included.
  * Without --model it writes /tmp/engram-bench/apply-W.gguf (engram build
  * --width W --fill normal, small tables) once.
  */
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +41,14 @@
 
 #include "engram.h"
 #include "engram_tools.h"
+#include "../src/common/cpu.h"
 #include "../src/output/kernels.h"
+#include "../src/output/team.h"
 #include "../src/format/gguf.h"
+
+#if ENGRAM_X86_KERNELS
+#include <immintrin.h>
+#endif
 
 static double now(void)
 {
@@ -83,6 +100,111 @@ static double memcpy_bw(size_t bytes)
     free(a);
     free(b);
     return best;
+}
+
+/* ------------------------------------------------ the streaming loop */
+
+/* Reads `rows` rows of 64 F16 values once, each converted to F32 and added
+ * into accumulators that no row waits on (8 vectors: the adds' latency is
+ * hidden); their sum goes to sink[0..15] so nothing can be skipped.  The
+ * order of the sums is free here: this is the bound on any kernel that
+ * reads these bytes with this instruction set, not a result.  The SIMD
+ * loops prefetch the row KC rows ahead, as the projection's kernels do
+ * (the next K block), so the reference has what they have. */
+static void stream_scalar(const uint16_t *w, size_t rows, float *sink)
+{
+    float acc[16] = {0};
+    for (size_t r = 0; r < rows; r++)
+        for (unsigned j = 0; j < PANEL; j++)
+            acc[j % 16] += f16_to_f32(w[r * PANEL + j]);
+    memcpy(sink, acc, sizeof acc);
+}
+
+#if ENGRAM_X86_KERNELS
+__attribute__((target("avx2,fma,f16c"))) static void stream_avx2(const uint16_t *w, size_t rows,
+                                                                   float *sink)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    for (size_t r = 0; r < rows; r++) {
+        const __m128i *p = (const __m128i *)(w + r * PANEL);
+        if (r + KC < rows) {
+            _mm_prefetch((const char *)(w + (r + KC) * PANEL), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + (r + KC) * PANEL) + 64, _MM_HINT_T0);
+        }
+        s0 = _mm256_add_ps(s0, _mm256_cvtph_ps(_mm_load_si128(p + 0)));
+        s1 = _mm256_add_ps(s1, _mm256_cvtph_ps(_mm_load_si128(p + 1)));
+        s2 = _mm256_add_ps(s2, _mm256_cvtph_ps(_mm_load_si128(p + 2)));
+        s3 = _mm256_add_ps(s3, _mm256_cvtph_ps(_mm_load_si128(p + 3)));
+        s4 = _mm256_add_ps(s4, _mm256_cvtph_ps(_mm_load_si128(p + 4)));
+        s5 = _mm256_add_ps(s5, _mm256_cvtph_ps(_mm_load_si128(p + 5)));
+        s6 = _mm256_add_ps(s6, _mm256_cvtph_ps(_mm_load_si128(p + 6)));
+        s7 = _mm256_add_ps(s7, _mm256_cvtph_ps(_mm_load_si128(p + 7)));
+    }
+    s0 = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    s4 = _mm256_add_ps(_mm256_add_ps(s4, s5), _mm256_add_ps(s6, s7));
+    _mm256_storeu_ps(sink, s0);
+    _mm256_storeu_ps(sink + 8, s4);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) static void
+stream_avx512(const uint16_t *w, size_t rows, float *sink)
+{
+    /* two rows per step: eight 16-wide accumulators */
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    size_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const __m256i *p = (const __m256i *)(w + r * PANEL);
+        if (r + KC + 2 <= rows)
+            for (unsigned l = 0; l < 4; l++)
+                _mm_prefetch((const char *)(w + (r + KC) * PANEL) + 64 * l, _MM_HINT_T0);
+        s0 = _mm512_add_ps(s0, _mm512_cvtph_ps(_mm256_load_si256(p + 0)));
+        s1 = _mm512_add_ps(s1, _mm512_cvtph_ps(_mm256_load_si256(p + 1)));
+        s2 = _mm512_add_ps(s2, _mm512_cvtph_ps(_mm256_load_si256(p + 2)));
+        s3 = _mm512_add_ps(s3, _mm512_cvtph_ps(_mm256_load_si256(p + 3)));
+        s4 = _mm512_add_ps(s4, _mm512_cvtph_ps(_mm256_load_si256(p + 4)));
+        s5 = _mm512_add_ps(s5, _mm512_cvtph_ps(_mm256_load_si256(p + 5)));
+        s6 = _mm512_add_ps(s6, _mm512_cvtph_ps(_mm256_load_si256(p + 6)));
+        s7 = _mm512_add_ps(s7, _mm512_cvtph_ps(_mm256_load_si256(p + 7)));
+    }
+    for (; r < rows; r++) {
+        const __m256i *p = (const __m256i *)(w + r * PANEL);
+        s0 = _mm512_add_ps(s0, _mm512_cvtph_ps(_mm256_load_si256(p + 0)));
+        s1 = _mm512_add_ps(s1, _mm512_cvtph_ps(_mm256_load_si256(p + 1)));
+        s2 = _mm512_add_ps(s2, _mm512_cvtph_ps(_mm256_load_si256(p + 2)));
+        s3 = _mm512_add_ps(s3, _mm512_cvtph_ps(_mm256_load_si256(p + 3)));
+    }
+    s0 = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+    s4 = _mm512_add_ps(_mm512_add_ps(s4, s5), _mm512_add_ps(s6, s7));
+    _mm512_storeu_ps(sink, _mm512_add_ps(s0, s4));
+}
+#endif
+
+struct stream_job {
+    const struct engram_layer *L;
+    engram_simd simd;        /* SCALAR, AVX2 or AVX512 */
+    unsigned workers;
+    float sink[64][16];
+};
+
+/* Worker w streams the panels the applier's projection gives it (apply.c
+ * shares the panels the same way). */
+static void stream_work(void *arg, unsigned w)
+{
+    struct stream_job *j = arg;
+    unsigned panels = j->L->panels;
+    unsigned lo = (unsigned)((uint64_t)panels * w / j->workers);
+    unsigned hi = (unsigned)((uint64_t)panels * (w + 1) / j->workers);
+    const uint16_t *p = j->L->w + (size_t)lo * ENGRAM_K * PANEL;
+    size_t rows = (size_t)(hi - lo) * ENGRAM_K;
+    float *sink = j->sink[w % 64];
+#if ENGRAM_X86_KERNELS
+    if (j->simd == ENGRAM_SIMD_AVX512)
+        stream_avx512(p, rows, sink);
+    else if (j->simd == ENGRAM_SIMD_AVX2)
+        stream_avx2(p, rows, sink);
+    else
+#endif
+        stream_scalar(p, rows, sink);
 }
 
 static int build_model(const char *path, uint32_t width)
@@ -151,13 +273,104 @@ static void csv_abandon(void)
     out = NULL;
 }
 
+/* ------------------------------------------------ (a) decode rows */
+
+struct decode_in {
+    const struct engram_layer *L;
+    const uint16_t *rows;      /* n tokens' BF16 rows                     */
+    const float *x0;           /* n tokens' residuals (per floats each)   */
+    float *x;                  /* a working copy                          */
+    size_t n, per;
+    int reps;
+    double weight_bytes, memcpy_bw;
+};
+
+/* One row of (a): nd tokens applied with kernels `want` on th threads
+ * against the stream (instruction set lvl) on the same team, rep by rep.
+ * 0, or an exit code after saying why. */
+static int decode_row(const struct decode_in *in, engram_simd want, engram_simd lvl, unsigned th,
+                      unsigned nd)
+{
+    const size_t K = ENGRAM_K;
+    struct team *team = NULL;
+    if (th > 1 && team_new(th, &team) < 0) {
+        fprintf(stderr, "bench_apply: cannot start %u threads\n", th);
+        return 3;
+    }
+    engram_apply_opts o = {.threads = th, .simd = want};
+    if (team) {
+        o.fork_join = team_run;
+        o.fork_join_ctx = team;
+    }
+    engram_applier *a;
+    engram_error err;
+    if (engram_applier_new(in->L, &o, &a, &err) < 0) {
+        fprintf(stderr, "bench_apply: %s\n", err.msg);
+        team_free(team);
+        return 1;
+    }
+    static struct stream_job job;
+    job.L = in->L;
+    job.simd = lvl;
+    job.workers = th;
+    double ta[99], tsr[99], ratio[99];
+    size_t starts = in->n - nd + 1; /* where nd consecutive tokens may begin */
+    int rc = 0;
+    for (int r = -1; r < in->reps && rc == 0; r++) { /* r = -1 warms both */
+        size_t t0i = (r < 0 ? 0 : (size_t)r * 7) % starts;
+        memcpy(in->x, in->x0 + t0i * in->per, nd * in->per * 4);
+        double t0 = now();
+        rc = engram_apply(a, in->rows + t0i * K, ENGRAM_BF16, in->x, ENGRAM_F32, NULL, nd, &err);
+        double t1 = now();
+        if (team)
+            team_run(team, th, stream_work, &job);
+        else
+            stream_work(&job, 0);
+        double t2 = now();
+        /* the sums are read, so the stream cannot be dropped */
+        volatile float seen = job.sink[0][0];
+        (void)seen;
+        if (r >= 0) {
+            ta[r] = t1 - t0;
+            tsr[r] = t2 - t1;
+            ratio[r] = tsr[r] / ta[r];
+        }
+    }
+    engram_applier_free(a);
+    team_free(team);
+    if (rc < 0) {
+        fprintf(stderr, "bench_apply: %s\n", err.msg);
+        return 1;
+    }
+    double rlo = ratio[0], rhi = ratio[0];
+    for (int r = 1; r < in->reps; r++) {
+        rlo = ratio[r] < rlo ? ratio[r] : rlo;
+        rhi = ratio[r] > rhi ? ratio[r] : rhi;
+    }
+    double ma = median(ta, in->reps), ms = median(tsr, in->reps), wb = in->weight_bytes;
+    printf("    %6u  %7u  %8.2f  %5.1f  %9.2f  %5.1f   %5.3f (%.2f-%.2f)     %6.2f\n", nd, th,
+           ma * 1e3, wb / ma / 1e9, ms * 1e3, wb / ms / 1e9, ms / ma, rlo, rhi,
+           wb / ma / in->memcpy_bw);
+    if (out) {
+        const char *name = engram_simd_name(lvl);
+        fprintf(out, "decode_apply_ms:%s:%u,%u,%.4f,ms,%.3f\n", name, nd, th, ma * 1e3, ms / ma);
+        fprintf(out, "decode_stream_ms:%s:%u,%u,%.4f,ms,1\n", name, nd, th, ms * 1e3);
+        fprintf(out, "decode_apply_vs_memcpy:%s:%u,%u,%.3f,ratio,%.3f\n", name, nd, th,
+                wb / ma / in->memcpy_bw, wb / ma / in->memcpy_bw);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *csv = NULL;
     uint32_t width = 5120;
     size_t n = ENGRAM_BATCH_TOKENS;
-    unsigned threads_list[8] = {1, 2}, n_threads = 2;
-    int reps = 3;
+    unsigned threads_list[8], n_threads = 0;
+    engram_simd simd_list[4];
+    unsigned n_simd = 0;
+    int reps = 3, decode_reps = 20;
+    unsigned dec_list[8] = {1}, n_dec = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model = argv[++i];
@@ -167,6 +380,36 @@ int main(int argc, char **argv)
             n = strtoul(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--decode-reps") && i + 1 < argc)
+            decode_reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--decode-tokens") && i + 1 < argc) {
+            n_dec = 0;
+            for (char *p = argv[++i]; *p && n_dec < 8; p++) {
+                dec_list[n_dec++] = (unsigned)strtoul(p, &p, 10);
+                if (!*p)
+                    break;
+            }
+        }
+        else if (!strcmp(argv[i], "--simd") && i + 1 < argc) {
+            n_simd = 0;
+            for (char *p = argv[++i]; *p && n_simd < 4;) {
+                size_t len = strcspn(p, ",");
+                engram_simd sv = ENGRAM_SIMD_AUTO;
+                int known = 0;
+                for (int k = ENGRAM_SIMD_AUTO; k <= ENGRAM_SIMD_AVX512; k++)
+                    if (strlen(engram_simd_name((engram_simd)k)) == len &&
+                        !strncmp(p, engram_simd_name((engram_simd)k), len)) {
+                        sv = (engram_simd)k;
+                        known = 1;
+                    }
+                if (!known) {
+                    fprintf(stderr, "bench_apply: --simd takes auto, scalar, avx2, avx512\n");
+                    return 2;
+                }
+                simd_list[n_simd++] = sv;
+                p += len + (p[len] == ',');
+            }
+        }
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc)
             csv = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
@@ -178,12 +421,39 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: bench_apply [--model M] [--width W] [--tokens N] "
-                            "[--threads 1,2] [--reps R] [--csv OUT]\n");
+                            "[--threads 1,2] [--simd auto,avx2] [--decode-tokens 1,4] [--decode-reps R] "
+                            "[--reps R] "
+                            "[--csv OUT]\n");
             return 2;
         }
     }
-    if (reps < 1 || reps > 99 || n == 0)
+    if (reps < 1 || reps > 99 || decode_reps < 1 || decode_reps > 99 || n == 0)
         return 2;
+    if (n_threads == 0) {
+        /* 1, 2, 4, ... and the cores this process may run on */
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        unsigned cores = sched_getaffinity(0, sizeof set, &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
+        cores = cores < 1 ? 1 : cores > 64 ? 64 : cores;
+        for (unsigned t = 1; t < cores && n_threads < 7; t *= 2)
+            threads_list[n_threads++] = t;
+        threads_list[n_threads++] = cores;
+    }
+    for (unsigned ti = 0; ti < n_threads; ti++)
+        if (threads_list[ti] < 1 || threads_list[ti] > 64) {
+            fprintf(stderr, "bench_apply: --threads takes 1..64\n");
+            return 2;
+        }
+    for (unsigned di = 0; di < n_dec; di++)
+        if (dec_list[di] < 1 || dec_list[di] > n) {
+            fprintf(stderr, "bench_apply: --decode-tokens takes 1 .. --tokens (%zu)\n", n);
+            return 2;
+        }
+    if (n_simd == 0) {
+        simd_list[n_simd++] = ENGRAM_SIMD_AUTO;
+        if (engram_simd_selected() == ENGRAM_SIMD_AVX512)
+            simd_list[n_simd++] = ENGRAM_SIMD_AVX2;
+    }
     if (csv && csv_refused("bench_apply", csv, model))
         return 2;
     char path[256];
@@ -264,35 +534,34 @@ int main(int argc, char **argv)
 
     /* (a) decode */
     double bw = memcpy_bw((size_t)1 << 30);
-    printf("(a) decode: one token, GEMV over the weights\n");
-    printf("    memcpy of 1 GiB: %.2f GB/s (bytes copied per second, best of 5)\n", bw / 1e9);
-    printf("    threads  apply ms  weights GB/s  / memcpy\n");
-    for (unsigned ti = 0; ti < n_threads; ti++) {
-        engram_apply_opts o = {.threads = threads_list[ti]};
-        engram_applier *a;
-        if (engram_applier_new(L, &o, &a, &err) < 0) {
-            fprintf(stderr, "%s\n", err.msg);
-            return 1;
+    printf("(a) decode: applying %s token%s, a pass over the weights, vs streaming the same\n"
+           "    weights once (F16 -> F32, summed; the same instruction set) on the same threads;\n"
+           "    %d reps of each, interleaved; medians.  x stream = stream ms / apply ms, the\n"
+           "    apply's speed as a fraction of the stream's (range: of the per-rep ratio)\n",
+           n_dec == 1 && dec_list[0] == 1 ? "one" : "a few", n_dec == 1 && dec_list[0] == 1 ? "" : "s",
+           decode_reps);
+    printf("    memcpy of 1 GiB: %.2f GB/s (bytes copied per second, best of 5; secondary)\n",
+           bw / 1e9);
+    struct decode_in din = {L, rows, x0, x, n, per, decode_reps, weight_bytes, bw};
+    for (unsigned si = 0; si < n_simd; si++) {
+        engram_simd want = simd_list[si];
+        const struct apply_kernels *kern = apply_kernels_for(want);
+        if (!kern) {
+            printf("    kernels %s: not supported here\n", engram_simd_name(want));
+            continue;
         }
-        double t[99];
-        memcpy(x, x0, per * 4);
-        engram_apply(a, rows, ENGRAM_BF16, x, ENGRAM_F32, NULL, 1, &err); /* warm */
-        int r20 = 20;
-        double ts[20];
-        for (int r = 0; r < r20; r++) {
-            memcpy(x, x0 + (size_t)r * per % (n * per), per * 4);
-            double t0 = now();
-            engram_apply(a, rows + (size_t)r * K % (n * K), ENGRAM_BF16, x, ENGRAM_F32, NULL, 1, &err);
-            ts[r] = now() - t0;
-        }
-        (void)t;
-        double med = median(ts, r20);
-        printf("    %7u  %8.2f  %12.2f  %8.2f\n", threads_list[ti], med * 1e3, weight_bytes / med / 1e9,
-               weight_bytes / med / bw);
-        if (out)
-            fprintf(out, "decode_apply_ms,%u,%.4f,ms,%.3f\n", threads_list[ti], med * 1e3,
-                    weight_bytes / med / bw);
-        engram_applier_free(a);
+        /* the stream runs the instruction set the kernels do */
+        engram_simd lvl = want == ENGRAM_SIMD_AUTO ? engram_simd_selected() : want;
+        if (kern == &apply_kernels_scalar)
+            lvl = ENGRAM_SIMD_SCALAR;
+        printf("    kernels %s%s\n", engram_simd_name(lvl), want == ENGRAM_SIMD_AUTO ? " (auto)" : "");
+        printf("    tokens  threads  apply ms  GB/s   stream ms  GB/s   x stream (range)       apply/memcpy\n");
+        for (unsigned di = 0; di < n_dec; di++)
+            for (unsigned ti = 0; ti < n_threads; ti++) {
+                int rc = decode_row(&din, want, lvl, threads_list[ti], dec_list[di]);
+                if (rc)
+                    return rc;
+            }
     }
 
     /* (b) prefill projection vs OpenBLAS */

@@ -538,8 +538,18 @@ typedef void (*engram_fork_join)(void *ctx, unsigned workers, engram_worker_fn f
 #define ENGRAM_APPLY_BLOCK 128u      /* tokens projected together (default) */
 #define ENGRAM_APPLY_MAX_THREADS 256u
 
+/* The applier's default number of workers: the CPUs this process may run
+ * on (its affinity mask, as sched_getaffinity reports it; the online CPUs
+ * where that call fails), at least 1 and at most ENGRAM_APPLY_MAX_THREADS.
+ * Read at each call (taskset and cgroup cpusets change it). */
+unsigned engram_default_threads(void);
+
 typedef struct engram_apply_opts {
-    unsigned threads;      /* workers; 0 = 1.  Results do not depend on it.  */
+    /* workers, the caller's thread included; 0 = engram_default_threads()
+     * at creation (a token's decode streams the layer's weights, which one
+     * core often cannot read at the memory's speed).  Results do not depend
+     * on it. */
+    unsigned threads;
     /* The caller's pool (NULL: the applier starts threads - 1 threads of its
      * own at creation, each with a 256 KiB stack). */
     engram_fork_join fork_join;

@@ -96,10 +96,12 @@ static const char *run_help2 =
     "ends the job (MPI_Abort).\n"
     "Defaults: the demo model next to the engram binary (demo.gguf, written there\n"
     "by engram build the first time) and the bundled GPL-3 token stream; N 64,\n"
-    "B 4, L 43, X 100, 1 thread.  FILE holds at most 2^24 tokens (a longer one is\n"
-    "refused as it is read: exit 1); each token's residual is kept, S x W x 4\n"
-    "bytes (1 KiB on the demo model, 80 KiB at W = 5120).  Exit codes as for every\n"
-    "command.\n";
+    "B 4, L 43, X 100; --threads (the workers of each Engram layer's applier, the\n"
+    "engine's thread included): the CPUs this process may run on (its affinity\n"
+    "mask, as nproc counts it; under mpirun, what each rank is bound to).  FILE\n"
+    "holds at most 2^24 tokens (a longer one is refused as it is read: exit 1);\n"
+    "each token's residual is kept, S x W x 4 bytes (1 KiB on the demo model,\n"
+    "80 KiB at W = 5120).  Exit codes as for every command.\n";
 
 /* ------------------------------------------------------------ helpers */
 
@@ -198,7 +200,8 @@ struct run_opts {
 /* 0, or the exit code of a usage error (printed). */
 static int parse_run_opts(int argc, char **argv, struct run_opts *o)
 {
-    *o = (struct run_opts){.device = "cpu", .N = 64, .B = 4, .L = 43, .X = 100, .threads = 1,
+    *o = (struct run_opts){.device = "cpu", .N = 64, .B = 4, .L = 43, .X = 100,
+                           .threads = engram_default_threads(),
                            .overlap = 1, .prefetch = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -22,8 +22,11 @@
  * The numpy float64 reference of the whole path (hash, read, decode,
  * project, gate) is tests/apply_ref.py, run by test_cli.sh.
  */
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 
 #include "alloc_shim.h"
 #include "testutil.h"
@@ -150,7 +153,10 @@ static void kernels_agree(struct fixture *f)
         if (!a)
             continue;
         have[k] = 1;
-        kv[k] = malloc(nkv * 4);
+        /* 64 canaries past the outputs (a panel's width) */
+        kv[k] = malloc((nkv + 64) * 4);
+        for (size_t i = nkv; i < nkv + 64; i++)
+            kv[k][i] = -7.0f;
         xf[k] = malloc(nx * 4);
         xb[k] = malloc(nx * 2);
         memcpy(xf[k], x0, nx * 4);
@@ -158,6 +164,10 @@ static void kernels_agree(struct fixture *f)
             xb[k][i] = f2bf(x0[i]);
         engram_error err;
         CHECK_EQ(engram_project(a, rows, ENGRAM_BF16, n, kv[k], &err), 0);
+        int canaries = 1;
+        for (size_t i = nkv; i < nkv + 64; i++)
+            canaries &= kv[k][i] == -7.0f;
+        CHECK(canaries);
         CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, xf[k], ENGRAM_F32, NULL, n, &err), 0);
         CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, xb[k], ENGRAM_BF16, NULL, n, &err), 0);
         /* F32 residual holding BF16 values = BF16 residual, value for value */
@@ -176,6 +186,26 @@ static void kernels_agree(struct fixture *f)
         CHECK(memcmp(xb[k], xb[0], nx * 2) == 0);
         printf("W=%u: %s = scalar bit for bit (projection of %zu tokens, updates F32 and BF16)\n",
                f->W, engram_simd_name(kernels[k]), n);
+        /* calls of 1..7 tokens: every tile height (1..6 tokens) alone, each
+         * its own kernel, against the scalar outputs of the same tokens */
+        engram_applier *a = applier(f, kernels[k], 1, 0);
+        float *kvn = malloc((7 * f->N + 64) * 4);
+        int agree = 1, canaries = 1;
+        for (size_t nt = 1; a && kvn && nt <= 7; nt++) {
+            for (size_t i = nt * f->N; i < nt * f->N + 64; i++)
+                kvn[i] = -7.0f;
+            engram_error err;
+            CHECK_EQ(engram_project(a, rows, ENGRAM_BF16, nt, kvn, &err), 0);
+            agree &= memcmp(kvn, kv[0], nt * f->N * 4) == 0;
+            for (size_t i = nt * f->N; i < nt * f->N + 64; i++)
+                canaries &= kvn[i] == -7.0f;
+        }
+        CHECK(agree);
+        CHECK(canaries);
+        printf("W=%u: %s = scalar bit for bit in calls of 1..7 tokens (every tile height)\n", f->W,
+               engram_simd_name(kernels[k]));
+        free(kvn);
+        engram_applier_free(a);
     }
     /* The bound, against a double-precision sum of the same products, with
      * the weights read straight from the file (engram_kv: output o's 6144
@@ -683,6 +713,99 @@ static void memory(struct fixture *f)
     free(kv);
 }
 
+/* ------------------------------------------------ default threads */
+
+/* Threads of this process: the entries of /proc/self/task. */
+static long task_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    long n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* task_count() once it equals want, or its value after a second (a joined
+ * thread can linger in /proc for a moment after pthread_join returns). */
+static long task_count_settled(long want)
+{
+    long n = task_count();
+    for (int i = 0; i < 1000 && n != want; i++) {
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        n = task_count();
+    }
+    return n;
+}
+
+/* An applier made with threads 0 (or no options) has one worker per CPU
+ * this process may run on, the caller included: it starts that many
+ * threads less one, counted in /proc/self/task against the affinity mask
+ * counted here; pinned to one CPU it starts none, to two CPUs one.  Its
+ * results are a one-thread applier's bits. */
+static void default_threads(struct fixture *f)
+{
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    CHECK_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+    long cpus = CPU_COUNT(&all);
+    long base = task_count();
+    CHECK(cpus >= 1 && base >= 1);
+    const size_t n = 7;
+    uint16_t *rows = model_rows(f, n, 21);
+    size_t nx = n * f->S * f->W;
+    float *x0 = make_resid(nx, 22), *x1 = malloc(nx * 4), *xd = malloc(nx * 4);
+    engram_error err;
+    engram_applier *one = applier(f, ENGRAM_SIMD_AUTO, 1, 0);
+    memcpy(x1, x0, nx * 4);
+    CHECK_EQ(engram_apply(one, rows, ENGRAM_BF16, x1, ENGRAM_F32, NULL, n, &err), 0);
+    engram_applier_free(one);
+    /* the CPU sets to try: every CPU, the first one alone, the first two */
+    cpu_set_t sets[3];
+    long counts[3] = {cpus, 1, cpus >= 2 ? 2 : 0};
+    sets[0] = all;
+    CPU_ZERO(&sets[1]);
+    CPU_ZERO(&sets[2]);
+    for (int c = 0, got = 0; c < CPU_SETSIZE && got < 2; c++)
+        if (CPU_ISSET(c, &all)) {
+            if (got == 0)
+                CPU_SET(c, &sets[1]);
+            CPU_SET(c, &sets[2]);
+            got++;
+        }
+    for (int k = 0; k < 3; k++) {
+        if (counts[k] == 0)
+            continue;
+        CHECK_EQ(sched_setaffinity(0, sizeof sets[k], &sets[k]), 0);
+        CHECK_EQ(engram_default_threads(), (unsigned)counts[k]);
+        for (int with_opts = 0; with_opts < 2; with_opts++) {
+            engram_apply_opts o = {.threads = 0};
+            engram_applier *a = NULL;
+            CHECK_EQ(engram_applier_new(f->L, with_opts ? &o : NULL, &a, &err), 0);
+            if (!a)
+                continue;
+            long started = task_count() - base;
+            CHECK_EQ(started, counts[k] - 1);
+            memcpy(xd, x0, nx * 4);
+            CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, xd, ENGRAM_F32, NULL, n, &err), 0);
+            CHECK(memcmp(xd, x1, nx * 4) == 0);
+            engram_applier_free(a);
+            CHECK_EQ(task_count_settled(base), base);
+            if (with_opts)
+                printf("W=%u: %ld CPU(s) in the affinity mask: threads 0 and no options each start "
+                       "%ld thread(s) beside the caller; the results are 1 thread's bits\n",
+                       f->W, counts[k], started);
+        }
+    }
+    CHECK_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+    free(rows);
+    free(x0);
+    free(x1);
+    free(xd);
+}
+
 int main(void)
 {
     struct fixture f;
@@ -693,6 +816,7 @@ int main(void)
         zero_stream(&f);
         errors(&f);
         memory(&f);
+        default_threads(&f);
         fixture_close(&f);
     } else {
         CHECK(0);
@@ -702,6 +826,15 @@ int main(void)
         kernels_agree(&f);
         if (!SANITIZED)
             batch_invariance(&f);
+        zero_stream(&f);
+        fixture_close(&f);
+    } else {
+        CHECK(0);
+    }
+    /* N = 150: the last panel has 22 outputs, not a multiple of the
+     * kernels' 8- and 16-wide vectors */
+    if (fixture_open(&f, "apply30.gguf", 30) == 0) {
+        kernels_agree(&f);
         zero_stream(&f);
         fixture_close(&f);
     } else {

@@ -152,6 +152,20 @@ meaning "--no-overlap: exposed <= read span" "e <= r" --tokens "$T/tok400" --dec
 if grep -q "^         reads: span .* exposed .* hidden .* in the begin call" "$T/text" \
    && grep -q "^legend:  decode span = per step, from its begin to its last row" "$T/text"; then ok; else
     bad "the text report lacks its read figures or their legend"; cat "$T/text" >&2; fi
+# --threads defaults to the CPUs the process may run on (nproc counts the
+# affinity mask); pinned to one CPU by taskset, 1
+default_threads() { # default_threads NAME WANT [taskset -c LIST]
+    name=$1; want=$2; shift 2
+    if "$@" "$ENGRAM" run "$M" --tokens "$T/tok40" --sessions 1 --decode 2 --layer-us 0 --json \
+        > "$T/d.json" 2>"$T/err" &&
+        got=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["threads"])' "$T/d.json") &&
+        [ "$got" = "$want" ]; then ok; else
+        bad "$name: threads ${got:-?}, want $want"; cat "$T/err" >&2; fi
+}
+default_threads "--threads by default = nproc" "$(nproc)"
+if command -v taskset >/dev/null 2>&1; then
+    default_threads "--threads by default under taskset -c 0" 1 taskset -c "$(taskset -pc $$ | sed 's/.*: *//; s/[-,].*//')"
+fi
 # errors
 "$ENGRAM" run "$M" --tokens "$T/tok" --decode 100000 >/dev/null 2>"$T/err"
 if [ $? -eq 1 ] && grep -q "fewer than --decode" "$T/err"; then ok; else bad "too short a stream"; fi

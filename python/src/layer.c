@@ -35,12 +35,6 @@ typedef struct eg_layer {
     int ple;
 } eg_layer;
 
-static unsigned default_threads(void)
-{
-    long c = sysconf(_SC_NPROCESSORS_ONLN);
-    return c < 1 ? 1u : c > (long)ENGRAM_APPLY_MAX_THREADS ? ENGRAM_APPLY_MAX_THREADS : (unsigned)c;
-}
-
 PyObject *eg_layer_open(eg_model *m, int layer, unsigned threads);
 PyObject *eg_layer_open(eg_model *m, int layer, unsigned threads)
 {
@@ -70,7 +64,7 @@ PyObject *eg_layer_open(eg_model *m, int layer, unsigned threads)
     m->users++;
     self->table = table;
     self->ple = f->member == ENGRAM_MEMBER_PLE;
-    self->threads = threads ? threads : default_threads();
+    self->threads = threads ? threads : engram_default_threads();
     engram_error err;
     int rc;
     engram_apply_opts o;

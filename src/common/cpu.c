@@ -1,7 +1,9 @@
 /* cpu.c - the CPU's features and the library's choice of kernels (see cpu.h). */
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu.h"
 
@@ -75,4 +77,16 @@ engram_simd engram_simd_selected(void)
 {
     pthread_once(&select_once, select_simd);
     return selected;
+}
+
+unsigned engram_default_threads(void)
+{
+    long n = 0;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        n = CPU_COUNT(&set);
+    if (n < 1) /* more CPUs than a cpu_set_t holds, or no affinity call */
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : n > (long)ENGRAM_APPLY_MAX_THREADS ? ENGRAM_APPLY_MAX_THREADS : (unsigned)n;
 }

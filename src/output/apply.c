@@ -185,7 +185,7 @@ int engram_applier_new(const engram_layer *L, const engram_apply_opts *opts, eng
     engram_apply_opts o = {0};
     if (opts)
         o = *opts;
-    unsigned threads = o.threads ? o.threads : 1;
+    unsigned threads = o.threads ? o.threads : engram_default_threads();
     unsigned tb = o.block_tokens ? o.block_tokens : ENGRAM_APPLY_BLOCK;
     if (threads > ENGRAM_APPLY_MAX_THREADS)
         return err_set(err, -EINVAL, ENGRAM_NO_OFFSET, "%u threads: at most %u", threads,

@@ -180,6 +180,15 @@ def test_v41_rows_route(v41_path):
         assert same_bits(a, want)
 
 
+def test_default_threads(v41_path):
+    """threads= left out: one worker per CPU of the process's affinity mask
+    (engram_default_threads), counted here by os.sched_getaffinity"""
+    import os
+    m = engram.Model(v41_path)
+    assert m.layer(1).info["threads"] == len(os.sched_getaffinity(0))
+    assert m.layer(1, threads=1).info["threads"] == 1
+
+
 def test_zero_copy(v41_path):
     m = engram.Model(v41_path)
     layer = m.layer(1, threads=1)
