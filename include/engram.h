@@ -539,9 +539,13 @@ typedef void (*engram_fork_join)(void *ctx, unsigned workers, engram_worker_fn f
 #define ENGRAM_APPLY_MAX_THREADS 256u
 
 /* The applier's default number of workers: the CPUs this process may run
- * on (its affinity mask, as sched_getaffinity reports it; the online CPUs
- * where that call fails), at least 1 and at most ENGRAM_APPLY_MAX_THREADS.
- * Read at each call (taskset and cgroup cpusets change it). */
+ * on (its affinity mask, as sched_getaffinity reports it, on machines of
+ * any size; the online CPUs where that call fails), at least 1 and at most
+ * ENGRAM_APPLY_MAX_THREADS.  Read at each call (taskset and cgroup cpusets
+ * change it).  A CPU quota is not read (cgroup cpu.max, docker --cpus: the
+ * mask still lists every CPU), nor what other processes use: ranks that
+ * share a node unbound (mpirun --bind-to none) or a container with a quota
+ * should give engram_apply_opts.threads themselves. */
 unsigned engram_default_threads(void);
 
 typedef struct engram_apply_opts {

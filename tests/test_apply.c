@@ -751,6 +751,8 @@ static void default_threads(struct fixture *f)
     CPU_ZERO(&all);
     CHECK_EQ(sched_getaffinity(0, sizeof all, &all), 0);
     long cpus = CPU_COUNT(&all);
+    if (cpus > (long)ENGRAM_APPLY_MAX_THREADS)
+        cpus = ENGRAM_APPLY_MAX_THREADS; /* the default's cap */
     long base = task_count();
     CHECK(cpus >= 1 && base >= 1);
     const size_t n = 7;

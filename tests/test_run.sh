@@ -162,7 +162,10 @@ default_threads() { # default_threads NAME WANT [taskset -c LIST]
         [ "$got" = "$want" ]; then ok; else
         bad "$name: threads ${got:-?}, want $want"; cat "$T/err" >&2; fi
 }
-default_threads "--threads by default = nproc" "$(nproc)"
+# the affinity mask's CPUs, at most 256 (nproc would honour OMP_NUM_THREADS,
+# which the library does not read)
+default_threads "--threads by default = the affinity mask's CPUs" \
+    "$("$PY" -c 'import os; print(min(256, len(os.sched_getaffinity(0))))')"
 if command -v taskset >/dev/null 2>&1; then
     default_threads "--threads by default under taskset -c 0" 1 taskset -c "$(taskset -pc $$ | sed 's/.*: *//; s/[-,].*//')"
 fi

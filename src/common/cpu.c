@@ -1,4 +1,5 @@
 /* cpu.c - the CPU's features and the library's choice of kernels (see cpu.h). */
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -82,11 +83,22 @@ engram_simd engram_simd_selected(void)
 unsigned engram_default_threads(void)
 {
     long n = 0;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        n = CPU_COUNT(&set);
-    if (n < 1) /* more CPUs than a cpu_set_t holds, or no affinity call */
+    /* a set sized for the machine: a fixed cpu_set_t holds 1,024 CPUs, and
+     * the call fails (EINVAL) where the kernel has more possible CPUs */
+    for (int ncpu = 1024; n == 0 && ncpu <= (1 << 20); ncpu *= 2) {
+        cpu_set_t *set = CPU_ALLOC((size_t)ncpu);
+        if (!set)
+            break;
+        size_t bytes = CPU_ALLOC_SIZE((size_t)ncpu);
+        CPU_ZERO_S(bytes, set);
+        int rc = sched_getaffinity(0, bytes, set);
+        if (rc == 0)
+            n = CPU_COUNT_S(bytes, set);
+        CPU_FREE(set);
+        if (rc != 0 && errno != EINVAL)
+            break;
+    }
+    if (n < 1) /* no affinity call */
         n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1u : n > (long)ENGRAM_APPLY_MAX_THREADS ? ENGRAM_APPLY_MAX_THREADS : (unsigned)n;
 }
