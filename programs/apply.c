@@ -33,7 +33,8 @@ static const char *apply_help =
     "name and renamed only when everything succeeded (a device or FIFO, or - for\n"
     "stdout, is written in place; a link is refused).  --kv-out FILE also writes\n"
     "each token's projection, float32 [token][(S+1)W].  --threads N: workers for\n"
-    "the projection (default 1).  --device cuda: project, gate and update on the\n"
+    "the projection (default: the CPUs this process may run on, as for engram\n"
+    "run; the output is the same bits at every count).  --device cuda: project, gate and update on the\n"
     "GPU (builds with the CUDA path; rows go there raw and are decoded there;\n"
     "more than 8 tokens a call are projected on the tensor cores, their sums\n"
     "promoted to F32 every 256 products: the CPU path's accuracy); --device\n"
@@ -125,7 +126,7 @@ static uint16_t bf16_bits(float f)
  * error (printed). */
 static int parse_apply_opts(int argc, char **argv, struct apply_opts *o, engram_history *h)
 {
-    *o = (struct apply_opts){.device = "cpu", .threads = 1, .chunk = APPLY_CHUNK,
+    *o = (struct apply_opts){.device = "cpu", .threads = engram_default_threads(), .chunk = APPLY_CHUNK,
                              .layer = UINT64_MAX};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -73,6 +73,19 @@ check "seed run 1" "$ENGRAM" apply "$M64" --layer 1 --tokens data/gpl3.tok --res
 check "seed run 2" "$ENGRAM" apply "$M64" --layer 1 --tokens data/gpl3.tok --residual-in seed:7 \
     --residual-out "$T/s2.f32" --threads 2
 if cmp -s "$T/s1.f32" "$T/s2.f32"; then ok; else bad "seed:7 runs differ"; fi
+# --threads by default: the CPUs of the affinity mask (at most 256), as the
+# report counts them; 1 under taskset -c of one CPU; the same bits
+want=$("$PY" -c 'import os; print(min(256, len(os.sched_getaffinity(0))))')
+"$ENGRAM" apply "$M64" --layer 1 --tokens data/gpl3.tok --residual-in seed:7 --residual-out "$T/s3.f32" \
+    > "$T/s3.txt" 2>&1
+if grep -q "apply on the cpu: .*, $want thread" "$T/s3.txt" && cmp -s "$T/s1.f32" "$T/s3.f32"; then ok; else
+    bad "apply's default threads: want $want"; cat "$T/s3.txt" >&2; fi
+if command -v taskset >/dev/null 2>&1; then
+    taskset -c "$(taskset -pc $$ | sed 's/.*: *//; s/[-,].*//')" "$ENGRAM" apply "$M64" --layer 1 \
+        --tokens data/gpl3.tok --residual-in seed:7 --residual-out "$T/s4.f32" > "$T/s4.txt" 2>&1
+    if grep -q "apply on the cpu: .*, 1 thread)" "$T/s4.txt" && cmp -s "$T/s1.f32" "$T/s4.f32"; then ok; else
+        bad "apply's default threads under taskset: want 1"; cat "$T/s4.txt" >&2; fi
+fi
 
 # ---------------------------------------------------------------- errors
 d="$T/w64-layer1"
