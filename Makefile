@@ -186,7 +186,8 @@ $(BUILD)/cuda/%: cuda/%.cu cuda/cuda_check.h cuda/ple_cuda.h $(CUDA_LIB) $(LIBS)
 CUDA_WRAP_test_ple_cuda = -Xlinker --wrap=cudaMalloc
 # test_cuda fails chosen calls of the library (allocations, cuBLAS set-up and GEMM, cudaMalloc)
 CUDA_WRAP_test_cuda = -Xlinker --wrap=calloc,--wrap=malloc,--wrap=cudaMalloc,--wrap=cublasCreate_v2 \
-	-Xlinker --wrap=cublasSetMathMode,--wrap=cublasGemmEx,--wrap=cudaGetDriverEntryPointByVersion
+	-Xlinker --wrap=cublasSetMathMode,--wrap=cublasGemmEx,--wrap=cudaGetDriverEntryPointByVersion \
+	-Xlinker --wrap=cudaFuncSetAttribute
 endif
 comma := ,
 

@@ -5,24 +5,26 @@
  * call to the kernels, one header per stage, each with the CPU path
  * (src/output/kernels.c) as its reference:
  *   row_decode.cuh  rows -> values (decode1; decode16_kernel: F16 x 2^-k)
- *   gemv.cuh        projection on the CUDA cores (n <= 8, FMA_ONLY, wide tokens)
- *   ws_gemm.cuh     projection on the tensor cores (n > 8; wgmma, sm_90a)
- *   gate.cuh        gate and update (cluster kernel n <= 8, block kernel n > 8)
+ *   mmv.cuh         decode projection on the tensor cores (n <= 64, one pass)
+ *   gemv.cuh        projection on the CUDA cores (FMA_ONLY, wide tokens)
+ *   ws_gemm.cuh     projection on the tensor cores (n > 64; wgmma, sm_90a)
+ *   gate.cuh        gate and update (cluster kernel n <= 64, block kernel n > 64)
  *   common.cuh      what they share (K, ROW, BF16 rounding, dependent launch)
  * cuda/README.md says how the paths are chosen and what they measured.
  *
  * Dispatch, per block of ENGRAM_CUDA_BLOCK tokens (project_block):
- *  - n <= 8 or ENGRAM_CUDA_FMA_ONLY: gemv1_kernel (one token) or
- *    gemv_kernel<T> (T = 2..8), 8 tokens a launch;
+ *  - n <= ENGRAM_CUDA_GEMV_MAX (64): mmv_kernel<NT>, NT = ceil(n / 8);
+ *  - ENGRAM_CUDA_FMA_ONLY: gemv1_kernel (one token) or gemv_kernel<T>
+ *    (T = 2..8), 8 tokens a launch;
  *  - else decode16_kernel, then ws_gemm (where the layer's probe found the
- *    sm_90a code and the maps were made, and not ENGRAM_CUDA_FAST_SUMS) or
- *    cuBLAS's F16 GEMM, then gemv_list_kernel for the tokens decode16
- *    listed as too wide for F16 (their kv unscaled).  For the apply the
- *    wgmma GEMM writes kv as BF16 x 2^k (the gate's operand); otherwise
- *    the GEMM's kv stays x 2^-k (kshift) and the gate or scale_kernel puts
- *    2^k back.  The GEMVs' kv is unscaled.
- * Then the gate (engram_cuda_apply): gate_kernel for n <= 8 (a
- * programmatic dependent launch of the GEMV on 9.0+, unless
+ *    sm_90a code and the maps were made) or cuBLAS's F16 GEMM, then
+ *    gemv_list_kernel for the tokens decode16 listed as too wide for F16
+ *    (their kv unscaled).  For the apply the wgmma GEMM writes kv as BF16
+ *    x 2^k (the gate's operand); otherwise the GEMM's kv stays x 2^-k
+ *    (kshift) and the gate or scale_kernel puts 2^k back.  The decode
+ *    path's and the GEMVs' kv is unscaled.
+ * Then the gate (engram_cuda_apply): gate_kernel for n <= 64 (a
+ * programmatic dependent launch of the projection on 9.0+, unless
  * ENGRAM_CUDA_SERIAL_GATE), gate_block_kernel<KV, V16, KEEP> otherwise.
  */
 #include <cuda.h>
@@ -43,6 +45,7 @@
 #include "row_decode.cuh"
 #include "ws_gemm.cuh"
 #include "gemv.cuh"
+#include "mmv.cuh"
 #include "gate.cuh"
 
 struct engram_cuda_layer {
@@ -50,7 +53,8 @@ struct engram_cuda_layer {
     uint32_t W, S, N;
     uint16_t *w;             /* [N][K] F16 bits                  */
     float *wq;               /* [S][W]                           */
-    float *kv;               /* [BLOCK][N] workspace (F32, or BF16 in its first half) */
+    float *kv;               /* workspace: kv of kv_f32 tokens as F32, or of BLOCK as BF16 */
+    unsigned kv_f32;         /* tokens of F32 kv the workspace holds */
     __half *e16;             /* [BLOCK][K] rows x 2^-k, F16      */
     int *kshift;             /* [BLOCK] k of each token          */
     int *wide;               /* [BLOCK] tokens too wide for F16; wide[BLOCK] = count */
@@ -169,7 +173,6 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
     size_t nw = (size_t)c->N * K, blk = ENGRAM_CUDA_BLOCK;
     CK(cudaMalloc(&c->w, nw * 2), "cudaMalloc (weights)");
     CK(cudaMalloc(&c->wq, (size_t)c->S * c->W * 4), "cudaMalloc (norms)");
-    CK(cudaMalloc(&c->kv, blk * c->N * 4), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->e16, blk * K * 2), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->kshift, blk * sizeof(int)), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->wide, (blk + 1) * sizeof(int)), "cudaMalloc (workspace)");
@@ -180,11 +183,17 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
     c->tc = ws_probe(c->status);
     if (c->tc && ws_maps(layer_maps(c), c->e16, blk, c->w, c->N) < 0)
         return set_err(err, -EIO, "cuTensorMapEncodeTiled failed or is missing from the driver");
+    /* kv's workspace: the wgmma GEMM hands the gate BF16 kv, so BLOCK
+     * tokens of it take the bytes of BLOCK / 2 tokens of F32 kv, which the
+     * decode path (n <= GEMV_MAX) and FMA_ONLY (BLOCK / 2 tokens a round)
+     * use; without it cuBLAS's GEMM writes F32 kv, BLOCK tokens of it */
+    c->kv_f32 = c->tc ? (unsigned)blk / 2 : (unsigned)blk;
+    CK(cudaMalloc(&c->kv, (size_t)c->kv_f32 * c->N * 4), "cudaMalloc (workspace)");
     int major = 0;
     CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device),
        "cudaDeviceGetAttribute");
     c->pdl = major >= 9;
-    c->bytes = nw * 2 + (uint64_t)c->S * c->W * 4 + blk * c->N * 4 + blk * K * 2 +
+    c->bytes = nw * 2 + (uint64_t)c->S * c->W * 4 + (uint64_t)c->kv_f32 * c->N * 4 + blk * K * 2 +
                (2 * blk + 2) * sizeof(int);
     uint16_t *hw = (uint16_t *)malloc(nw * 2);
     float *hq = (float *)malloc((size_t)c->S * c->W * 4);
@@ -255,13 +264,14 @@ static int check_args(const engram_cuda_layer *c, const engram_cuda_args *a, int
         return set_err(err, -EINVAL, "d_step is for the decode path (n <= 8)");
     if ((uintptr_t)a->raw % 8 || a->raw_step % 8)
         return set_err(err, -EINVAL, "raw and raw_step: multiples of 8 bytes");
-    if (a->flags & ~(unsigned)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_FAST_SUMS | ENGRAM_CUDA_SERIAL_GATE))
+    if (a->flags & ~(unsigned)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_SERIAL_GATE))
         return set_err(err, -EINVAL, "unknown flags");
     return 0;
 }
 
 /* kv (n x N, F32) = e16 (n x K) x W^T on the tensor cores through cuBLAS:
- * exact products, the tensor cores' own sums (ENGRAM_CUDA_FAST_SUMS). */
+ * exact products, the tensor cores' own sums (where the wgmma GEMM cannot
+ * run: a GPU other than compute capability 9.0). */
 static int cublas_gemm(engram_cuda_layer *c, unsigned n, float *kv, cudaStream_t st, engram_error *err)
 {
     cublasSetStream(c->blas, st);
@@ -289,7 +299,24 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     int want16 = *bf16;
     *bf16 = 0;
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
-    if (n <= ENGRAM_CUDA_GEMV_MAX || (a->flags & ENGRAM_CUDA_FMA_ONLY)) {
+    if (n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY)) {
+        /* decode: every token in one pass over the weights (mmv.cuh) */
+        unsigned groups = (c->N + MMV_ROWS - 1) / MMV_ROWS;
+        unsigned blocks = (groups + MMV_GROUPS - 1) / MMV_GROUPS;
+        switch ((n + 7) / 8) {
+#define CASE(NT)                                                                               \
+    case NT:                                                                                   \
+        mmv_kernel<NT><<<blocks, MMV_WARPS * 32, 0, st>>>(c->w, raw, stride, a->d_step,          \
+                                                          a->raw_step, (int)n, (int)c->N, kv,  \
+                                                          (int)c->N);                          \
+        break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+        }
+        CK(cudaGetLastError(), "mmv_kernel");
+        return 0;
+    }
+    if (a->flags & ENGRAM_CUDA_FMA_ONLY) {
         unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
         unsigned blocks = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
         for (unsigned t0 = 0; t0 < n; t0 += GEMV_TOKENS) {
@@ -323,7 +350,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     CK(cudaGetLastError(), "decode16_kernel");
     unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
     unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
-    if (!(a->flags & ENGRAM_CUDA_FAST_SUMS) && c->tc) {
+    if (c->tc) {
         /* exact products, sums promoted to F32 every 256 products */
         CK(ws_gemm(layer_maps(c), (int)n, (int)c->N, want16, kv, c->kshift, st), "ws_gemm_kernel");
         if (want16) {
@@ -378,8 +405,10 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
     cudaStream_t st = (cudaStream_t)a->stream;
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
     size_t es = a->resid_dtype == ENGRAM_BF16 ? 2 : 4;
-    for (unsigned t0 = 0; t0 < a->n; t0 += ENGRAM_CUDA_BLOCK) {
-        unsigned k = a->n - t0 < ENGRAM_CUDA_BLOCK ? a->n - t0 : ENGRAM_CUDA_BLOCK;
+    /* F32 kv (FMA_ONLY) takes the workspace's F32 tokens a round */
+    unsigned blk = a->flags & ENGRAM_CUDA_FMA_ONLY ? c->kv_f32 : ENGRAM_CUDA_BLOCK;
+    for (unsigned t0 = 0; t0 < a->n; t0 += blk) {
+        unsigned k = a->n - t0 < blk ? a->n - t0 : blk;
         int scaled, kv16 = k > ENGRAM_CUDA_GEMV_MAX;
         if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, c->kv, st, &scaled, &kv16,
                                 err)) < 0)

@@ -4,26 +4,31 @@
  * outputs, and for the applies alone W = 5128: past what the prefill gate keeps in registers):
  *  - without a GPU (CI): engram_cuda_available says why, opening a layer
  *    fails with -ENODEV and that reason; nothing else runs;
- *  - with one: projections of n = 1..8 tokens (GEMV path), 9..300 and 2100
- *    tokens (F16 GEMM path, two blocks: the promoted wgmma GEMM, and with
- *    ENGRAM_CUDA_FAST_SUMS cuBLAS's; the accurate paths may round at most
- *    0.1% of sampled outputs otherwise than float64), and 300 tokens of which every third
- *    has block scales 24 binades apart (too wide for F16: the GEMV fallback
- *    inside the GEMM path), within gamma_K * sum|e w| of a double sum
- *    (sampled outputs), every output written (poisoned first);
+ *  - with one: the device memory a layer asks cudaMalloc for is what
+ *    engram_cuda_layer_bytes reports and engram_cuda.h states (the wgmma
+ *    GEMM's layer, and one where it is refused: cuBLAS's GEMM);
+ *    projections of n = 1..64 tokens (the decode path: mma, sums promoted
+ *    every 32 products), 65..300 and 2100 tokens (F16 GEMM path, two
+ *    blocks: the promoted wgmma GEMM, and in the layer without it cuBLAS's;
+ *    the accurate paths may round at most 0.1% of sampled outputs otherwise
+ *    than float64), FMA_ONLY (the GEMVs) for every n, and at n = 64 and 300
+ *    every third token with block scales 24 binades apart (at 300 too wide
+ *    for F16: the GEMV fallback inside the GEMM path) or with every scale
+ *    <= 6 (values SPEC section 7 rounds), within gamma_K * sum|e w| of a
+ *    double sum (sampled outputs), every output written (poisoned first);
  *  - applies: masked tokens bit for bit untouched; against the CPU path,
  *    each being within the tolerance of the float64 reference (checked on GPU
  *    outputs by tests/test_apply.sh with ENGRAM_DEVICE=cuda): >= 99.5% within
  *    one BF16 step, all within 4 steps of the update's operands, for the
- *    default path and (n > 8) with FAST_SUMS and FMA_ONLY (the gate on F32
- *    kv), also with a third of the tokens too wide for F16; F32 and BF16
+ *    default path, FMA_ONLY, and (n > 64) cuBLAS's GEMM (the gate on F32
+ *    kv), also with a third of the tokens wide; F32 and BF16
  *    residuals; NaN in a residual: that token untouched,
  *    named by sync; a residual off a 16-byte boundary (no 16-byte loads):
  *    the aligned one's bits, neighbours untouched;
  *  - the decode path is batch-invariant: a token's output is the same bits
- *    alone and among 8;
+ *    alone and among 64; FMA_ONLY's GEMVs the same among 13 and alone;
  *  - a captured CUDA graph with a device-side step index replays four
- *    steps to the same bits as direct calls;
+ *    steps of 16 tokens to the same bits as direct calls;
  *  - staging: a pool with engram_cuda_host_hooks has its reader's buffers
  *    and prefill rings page-locked, rows from them copied asynchronously
  *    give the same GPU output as from a pageable copy (without a GPU: the
@@ -32,7 +37,7 @@
  *    allocation failing (also without a GPU); with one, each cudaMalloc of
  *    a layer's open failed in turn, the upload's host buffer, cuBLAS's
  *    handle and math mode, the driver's cuTensorMapEncodeTiled, and
- *    cuBLAS's GEMM under FAST_SUMS (calls
+ *    cuBLAS's GEMM in the layer that takes it (calls
  *    wrapped at link time): named errors, nothing returned;
  *  - the decode gate as a dependent launch gives the serial launch's bits.
  * Every CUDA call is checked.
@@ -57,8 +62,10 @@ static struct {
     size_t malloc_size;       /* a malloc of this size fails         */
     long cuda_malloc_at;      /* the k-th cudaMalloc from 1 fails    */
     long cuda_mallocs;        /* cudaMalloc calls counted            */
+    size_t cuda_bytes;        /* bytes those calls asked for         */
     int cublas_create, math_mode, gemm; /* these cuBLAS calls fail   */
     int entry_point;          /* the driver's entry points are missing */
+    int no_wgmma;             /* the wgmma GEMM's shared memory refused: cuBLAS */
 } fail;
 
 static void arm(void)
@@ -79,6 +86,7 @@ cudaError_t __real_cudaMalloc(void **p, size_t size);
 cudaError_t __real_cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned v,
                                                      unsigned long long flags,
                                                      cudaDriverEntryPointQueryResult *q);
+cudaError_t __real_cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, int value);
 cublasStatus_t __real_cublasCreate_v2(cublasHandle_t *h);
 cublasStatus_t __real_cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
 cublasStatus_t __real_cublasGemmEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
@@ -104,8 +112,11 @@ void *__wrap_malloc(size_t size)
 
 cudaError_t __wrap_cudaMalloc(void **p, size_t size)
 {
-    if (fail.cuda_malloc_at && mine() && ++fail.cuda_mallocs == fail.cuda_malloc_at)
+    if (!mine())
+        return __real_cudaMalloc(p, size);
+    if (++fail.cuda_mallocs == fail.cuda_malloc_at)
         return cudaErrorMemoryAllocation;
+    fail.cuda_bytes += size;
     return __real_cudaMalloc(p, size);
 }
 
@@ -120,6 +131,16 @@ cudaError_t __wrap_cudaGetDriverEntryPointByVersion(const char *sym, void **fn, 
         return cudaSuccess;
     }
     return __real_cudaGetDriverEntryPointByVersion(sym, fn, v, flags, q);
+}
+
+/* Only the wgmma GEMM asks for more than the GEMVs' 8 x 12 KiB: refusing it
+ * gives the layer a GPU without the sm_90a kernel would (cuBLAS's GEMM). */
+cudaError_t __wrap_cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, int value)
+{
+    if (fail.no_wgmma && mine() && attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
+        value > 8 * ENGRAM_K * 2)
+        return cudaErrorInvalidValue;
+    return __real_cudaFuncSetAttribute(fn, attr, value);
 }
 
 cublasStatus_t __wrap_cublasCreate_v2(cublasHandle_t *h)
@@ -149,6 +170,7 @@ struct fx {
     engram_model *m;
     engram_layer *L;
     engram_cuda_layer *c;
+    engram_cuda_layer *cb;   /* the same layer where the wgmma GEMM is refused: cuBLAS's */
     engram_applier *a;
     uint32_t W, S, N;
     char path[512];
@@ -163,7 +185,7 @@ static int fx_open(fx *f, const char *name, uint32_t width)
         return -1;
     engram_error err;
     if (engram_model_open(f->path, &f->m, &err) < 0 || engram_layer_open(f->m, 1, &f->L, &err) < 0 ||
-        engram_cuda_layer_open(f->L, 0, &f->c, &err) < 0 || engram_applier_new(f->L, NULL, &f->a, &err) < 0) {
+        engram_applier_new(f->L, NULL, &f->a, &err) < 0) {
         fprintf(stderr, "%s: %s\n", name, err.msg);
         return -1;
     }
@@ -172,6 +194,31 @@ static int fx_open(fx *f, const char *name, uint32_t width)
     f->W = li.width;
     f->S = li.streams;
     f->N = (f->S + 1) * f->W;
+    /* the device memory of a layer, counted at cudaMalloc, is what
+     * engram_cuda_layer_bytes says and what engram_cuda.h states: weights
+     * N x K F16, norms S x W F32, BLOCK tokens of rows as F16 and of kv as
+     * BF16 (the wgmma GEMM's; F32 where cuBLAS's GEMM takes its place),
+     * 2 x BLOCK + 2 ints */
+    const uint64_t blk = ENGRAM_CUDA_BLOCK;
+    for (int v = 0; v < 2; v++) {
+        arm();
+        fail.no_wgmma = v;
+        int rc = engram_cuda_layer_open(f->L, 0, v ? &f->cb : &f->c, &err);
+        size_t counted = fail.cuda_bytes;
+        arm();
+        if (rc < 0) {
+            fprintf(stderr, "%s: %s\n", name, err.msg);
+            return -1;
+        }
+        uint64_t want = (uint64_t)f->N * K * 2 + (uint64_t)f->S * f->W * 4 + blk * K * 2 +
+                        blk * f->N * (v ? 4 : 2) + (2 * blk + 2) * 4,
+                 said = engram_cuda_layer_bytes(v ? f->cb : f->c);
+        printf("W=%u layer on the device (%s GEMM): %.1f MB counted at cudaMalloc, %.1f MB "
+               "reported, %.1f MB stated\n", f->W, v ? "cuBLAS's" : "the wgmma", counted / 1e6,
+               said / 1e6, want / 1e6);
+        CHECK_EQ(counted, (size_t)want);
+        CHECK_EQ(said, want);
+    }
     return 0;
 }
 
@@ -310,18 +357,26 @@ static float bf16_of(double v)
     return x;
 }
 
+/* A test-only flag: the call goes to f->cb, the layer without the wgmma
+ * GEMM (cuBLAS's GEMM for n > ENGRAM_CUDA_GEMV_MAX). */
+#define VIA_CUBLAS 0x100u
+
 /* Every path's projection against a float64 sum of the same exact products
  * (within gamma_K sum|e w|, and how often its BF16 rounding differs from
- * the float64 sum's); flags = ENGRAM_CUDA_FMA_ONLY: the GEMV for all n. */
+ * the float64 sum's); flags = ENGRAM_CUDA_FMA_ONLY: the GEMVs for all n;
+ * VIA_CUBLAS: the layer whose prefill GEMM is cuBLAS's.  Wide tokens (block
+ * scales 24 binades apart) and tiny ones (every scale <= 6: values SPEC
+ * section 7 rounds below 2^-126) in the decode path and in the GEMM's. */
 static void projection(fx *f, const uint16_t *w16, unsigned flags)
 {
-    const unsigned ns[] = {1, 2, 7, 8, 9, 33, 64, 300, 300, 300, 2100};
+    const unsigned ns[] = {1, 2, 7, 8, 9, 33, 64, 64, 64, 300, 300, 300, 2100};
     const double u = 0x1p-24, gamma = K * u / (1 - K * u);
+    engram_cuda_layer *c = flags & VIA_CUBLAS ? f->cb : f->c;
     for (unsigned q = 0; q < sizeof ns / sizeof ns[0]; q++) {
         unsigned n = ns[q];
-        int wide = q == 8, tiny = q == 9;
-        if (flags && n <= ENGRAM_CUDA_GEMV_MAX)
-            continue; /* the same path either way */
+        int wide = q == 7 || q == 10, tiny = q == 8 || q == 11;
+        if ((flags & VIA_CUBLAS) && n <= ENGRAM_CUDA_GEMV_MAX)
+            continue; /* the same decode path either way */
         if (f->W > 64 && n > 300)
             continue; /* the double reference at W = 5120 is slow on the host */
         rowset r;
@@ -331,10 +386,10 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
               *kv = (float *)malloc((size_t)n * f->N * 4);
         CU(cudaMemset(d_kv, 0xff, (size_t)n * f->N * 4)); /* poison: NaN */
         engram_cuda_args a = args_of(r.d_raw, n, NULL);
-        a.flags = flags;
+        a.flags = flags & ~VIA_CUBLAS;
         engram_error err;
-        CHECK_EQ(engram_cuda_project(f->c, &a, d_kv, &err), 0);
-        CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+        CHECK_EQ(engram_cuda_project(c, &a, d_kv, &err), 0);
+        CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
         CU(cudaMemcpy(kv, d_kv, (size_t)n * f->N * 4, cudaMemcpyDeviceToHost));
         long unwritten = 0, beyond = 0, checked = 0, rdiff = 0;
         double worst = 0;
@@ -359,15 +414,16 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
             }
         printf("W=%u n=%4u (%s%s): %ld sampled outputs, worst %.3g of gamma_K sum|e w|, %ld beyond, "
                "%ld unwritten; BF16 rounding unlike float64's: %.3f%%\n", f->W, n,
-               n <= ENGRAM_CUDA_GEMV_MAX || (flags & ENGRAM_CUDA_FMA_ONLY) ? "GEMV"
-               : flags & ENGRAM_CUDA_FAST_SUMS ? "cuBLAS F16 GEMM, FAST_SUMS" : "F16 GEMM, promoted",
+               flags & ENGRAM_CUDA_FMA_ONLY ? "GEMV, FMA_ONLY"
+               : n <= ENGRAM_CUDA_GEMV_MAX ? "decode, mma promoted every 32"
+               : flags & VIA_CUBLAS ? "cuBLAS F16 GEMM" : "F16 GEMM, promoted",
                wide ? ", a third too wide for F16" : tiny ? ", a third with block scales <= 6" : "", checked, worst, beyond, unwritten,
                100.0 * rdiff / (checked ? checked : 1));
         CHECK_EQ(beyond, 0);
         CHECK_EQ(unwritten, 0);
-        /* the accurate paths (not FAST_SUMS): at most 0.1% rounded otherwise
-         * than the float64 sum (enough samples to tell) */
-        if (!(flags & ENGRAM_CUDA_FAST_SUMS) && checked >= 5000)
+        /* the accurate paths (not cuBLAS's sums): at most 0.1% rounded
+         * otherwise than the float64 sum (enough samples to tell) */
+        if (!((flags & VIA_CUBLAS) && n > ENGRAM_CUDA_GEMV_MAX) && checked >= 5000)
             CHECK(rdiff * 1000 <= checked);
         rowset_free(&r);
         CU(cudaFree(d_kv));
@@ -385,10 +441,10 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
  * FMA_ONLY's bit for bit (the same GEMV order and the same gate). */
 static void applies(fx *f)
 {
-    const unsigned ns[] = {1, 8, 64, 300, 300};
-    for (unsigned q = 0; q < 5; q++) {
+    const unsigned ns[] = {1, 8, 33, 64, 64, 300, 300};
+    for (unsigned q = 0; q < sizeof ns / sizeof ns[0]; q++) {
         unsigned n = ns[q];
-        int wide = q == 4;
+        int wide = q == 4 || q == 6;
         size_t per = (size_t)f->S * f->W;
         rowset r;
         rowset_new(&r, f, n, 200 + n, 1, wide ? widen : NULL);
@@ -412,15 +468,19 @@ static void applies(fx *f)
         uint8_t *d_mask = (uint8_t *)dev_buf(n, mask);
         engram_cuda_args a = args_of(r.d_raw, n, d_x);
         a.mask = d_mask;
-        /* the default path, then (n > 8) the gate on F32 kv: cuBLAS's sums
-         * (FAST_SUMS) and the GEMV's (FMA_ONLY); the same tolerances */
-        const unsigned fl[3] = {0, ENGRAM_CUDA_FAST_SUMS, ENGRAM_CUDA_FMA_ONLY};
+        /* the default path, (n > 64) the gate on cuBLAS's F32 kv (the layer
+         * without the wgmma GEMM), and the GEMVs' (FMA_ONLY); the same
+         * tolerances */
+        const unsigned fl[3] = {0, VIA_CUBLAS, ENGRAM_CUDA_FMA_ONLY};
         float *xd = (float *)malloc(n * per * 4); /* the default path's outputs */
-        for (int v = 0; v < (n > ENGRAM_CUDA_GEMV_MAX ? 3 : 1); v++) {
+        for (int v = 0; v < 3; v++) {
+            if (v == 1 && n <= ENGRAM_CUDA_GEMV_MAX)
+                continue; /* the decode path either way */
+            engram_cuda_layer *c = fl[v] & VIA_CUBLAS ? f->cb : f->c;
             CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
-            a.flags = fl[v];
-            CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
-            CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+            a.flags = fl[v] & ~VIA_CUBLAS;
+            CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+            CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
             CU(cudaMemcpy(xg, d_x, n * per * 4, cudaMemcpyDeviceToHost));
             long total = 0, within1 = 0, beyond2 = 0, exact = 0, masked_changed = 0;
             for (unsigned t = 0; t < n; t++) {
@@ -442,7 +502,7 @@ static void applies(fx *f)
             printf("W=%u apply n=%3u%s%s: %ld outputs vs CPU: %.4f%% exact, %.4f%% within one BF16 step, "
                    "%ld beyond 4 steps of the operands; masked tokens changed: %ld\n", f->W, n,
                    wide ? " (a third too wide for F16)" : "",
-                   v == 1 ? " FAST_SUMS" : v == 2 ? " FMA_ONLY" : "", total, 100.0 * exact / total,
+                   v == 1 ? " cuBLAS's GEMM" : v == 2 ? " FMA_ONLY" : "", total, 100.0 * exact / total,
                    100.0 * within1 / total, beyond2, masked_changed);
             CHECK(within1 >= total * 0.995);
             if (!wide)
@@ -450,7 +510,7 @@ static void applies(fx *f)
             CHECK_EQ(masked_changed, 0);
             if (v == 0)
                 memcpy(xd, xg, n * per * 4);
-            if (wide && v == 2) { /* the wide tokens: FMA_ONLY's bits */
+            if (wide && v == 2 && n > ENGRAM_CUDA_GEMV_MAX) { /* the wide tokens: FMA_ONLY's bits */
                 long differ = 0;
                 for (unsigned t = 0; t < n; t += 3)
                     differ += memcmp(xg + t * per, xd + t * per, per * 4) != 0;
@@ -542,11 +602,12 @@ static void unaligned_kv(fx *f)
 /* The apply on an F32 residual the caller placed 4 bytes off a 16-byte
  * boundary, so that the gate takes no 16-byte loads (and at W = 5120
  * re-reads x rather than keeping it in registers): the same values as on an
- * aligned one, neighbours untouched; with the promoted GEMM's BF16 kv and
- * with cuBLAS's F32 kv (FAST_SUMS). */
+ * aligned one, neighbours untouched; with the promoted GEMM's BF16 kv, with
+ * cuBLAS's F32 kv (the layer without the wgmma GEMM), and in the decode
+ * path (40 tokens: the cluster gate). */
 static void unaligned_resid(fx *f)
 {
-    const unsigned n = 40;
+    const unsigned n = 100;
     size_t per = (size_t)f->S * f->W, nx = n * per;
     rowset r;
     rowset_new(&r, f, n, 410, 0, NULL);
@@ -557,23 +618,25 @@ static void unaligned_resid(fx *f)
     float *d_a = (float *)dev_buf(nx * 4, NULL), *d_b = (float *)dev_buf((nx + 2) * 4, NULL);
     engram_cuda_args a = args_of(r.d_raw, n, d_a);
     engram_error err;
-    for (int v = 0; v < 2; v++) {
-        a.flags = v ? ENGRAM_CUDA_FAST_SUMS : 0;
+    for (int v = 0; v < 3; v++) {
+        engram_cuda_layer *c = v == 1 ? f->cb : f->c;
+        a.n = v == 2 ? 40 : n;
+        size_t nv = a.n * per;
         CU(cudaMemcpy(d_a, x0, nx * 4, cudaMemcpyHostToDevice));
         CU(cudaMemset(d_b, 0xff, (nx + 2) * 4));
         CU(cudaMemcpy(d_b + 1, x0, nx * 4, cudaMemcpyHostToDevice));
         a.resid = d_a;
-        CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+        CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
         a.resid = d_b + 1;
-        CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
-        CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+        CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+        CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
         CU(cudaMemcpy(ha, d_a, nx * 4, cudaMemcpyDeviceToHost));
         CU(cudaMemcpy(hb, d_b, (nx + 2) * 4, cudaMemcpyDeviceToHost));
         int same = memcmp(ha, hb + 1, nx * 4) == 0, edges = isnan(hb[0]) && isnan(hb[nx + 1]),
-            changed = memcmp(ha, x0, nx * 4) != 0;
-        printf("W=%u apply%s on a 4-byte-aligned residual: %s, neighbours untouched: %s\n", f->W,
-               v ? " (FAST_SUMS)" : "", same && changed ? "same values" : "DIFFERENT or unchanged",
-               edges ? "yes" : "NO");
+            changed = memcmp(ha, x0, nv * 4) != 0 && memcmp(ha + nv, x0 + nv, (nx - nv) * 4) == 0;
+        printf("W=%u apply of %u tokens%s on a 4-byte-aligned residual: %s, neighbours untouched: %s\n",
+               f->W, a.n, v == 1 ? " (cuBLAS's GEMM)" : "",
+               same && changed ? "same values" : "DIFFERENT or unchanged", edges ? "yes" : "NO");
         CHECK(same);
         CHECK(changed);
         CHECK(edges);
@@ -586,7 +649,8 @@ static void unaligned_resid(fx *f)
     free(hb);
 }
 
-/* decode path: a token alone = among 64; graph capture with a step index. */
+/* decode path: a token alone = among 64 (ENGRAM_CUDA_GEMV_MAX); graph
+ * capture with a step index. */
 static void invariance_and_graph(fx *f)
 {
     const unsigned n = ENGRAM_CUDA_GEMV_MAX;
@@ -610,7 +674,8 @@ static void invariance_and_graph(fx *f)
     }
     CHECK(same);
     printf("W=%u decode path batch-invariant (alone vs among %u): %s\n", f->W, n, same ? "yes" : "NO");
-    /* FMA_ONLY: n > 8 tokens in the decode path's bits */
+    /* FMA_ONLY: 13 tokens in one call (gemv_kernel<8>, <5>) in the bits of
+     * each alone (gemv1_kernel) */
     {
         const unsigned nf = 13;
         rowset rf;
@@ -626,14 +691,15 @@ static void invariance_and_graph(fx *f)
         for (unsigned t = 0; t < nf; t += 4) {
             b.raw = d_rf + (size_t)t * 24 * 264;
             b.n = 1;
-            b.flags = 0;
             CHECK_EQ(engram_cuda_project(f->c, &b, d_kv, &err), 0);
             CU(cudaMemcpy(kv1, d_kv, f->N * 4, cudaMemcpyDeviceToHost));
             fsame &= memcmp(kv1, kvf + (size_t)t * f->N, f->N * 4) == 0;
         }
         CHECK(fsame);
-        printf("W=%u FMA_ONLY: %u tokens in one call, the decode path's bits: %s\n", f->W, nf,
+        printf("W=%u FMA_ONLY: %u tokens in one call, each alone's bits: %s\n", f->W, nf,
                fsame ? "yes" : "NO");
+        b.flags = 2; /* unknown (was FAST_SUMS) */
+        CHECK_ERR(engram_cuda_project(f->c, &b, d_kvf, &err), err, -EINVAL, "flags");
         b.flags = 8; /* unknown */
         CHECK_ERR(engram_cuda_project(f->c, &b, d_kvf, &err), err, -EINVAL, "flags");
         b.flags = 0;
@@ -643,8 +709,8 @@ static void invariance_and_graph(fx *f)
         CU(cudaFree(d_kvf));
         free(kvf);
     }
-    /* graph: 4 steps of 2 tokens each, step index on the device */
-    const unsigned steps = 4, B = 2; /* 8 tokens of rows: steps x B */
+    /* graph: 4 steps of 16 tokens each, step index on the device */
+    const unsigned steps = 4, B = 16; /* 64 tokens of rows: steps x B */
     float *x0 = (float *)malloc(steps * B * per * 4), *xd = (float *)malloc(steps * B * per * 4),
           *xgph = (float *)malloc(steps * B * per * 4);
     uint64_t seed = 5;
@@ -701,7 +767,7 @@ static void invariance_and_graph(fx *f)
     free(xgph);
 }
 
-/* The gate of n <= 8 tokens launched as a programmatic dependent of the
+/* The gate of n <= 64 tokens launched as a programmatic dependent of the
  * GEMV (the default on 9.0+) against launched after it
  * (ENGRAM_CUDA_SERIAL_GATE): 48 applies queued back to back without a host
  * wait, each on other rows, into two residuals updated in place.  A gate
@@ -709,23 +775,23 @@ static void invariance_and_graph(fx *f)
  * apply's kv (other rows) and the two would differ. */
 static void dependent_launch(fx *f)
 {
-    const unsigned rounds = 48, Bs[3] = {1, 3, 8};
+    const unsigned rounds = 48, Bs[4] = {1, 3, 8, ENGRAM_CUDA_GEMV_MAX}, BM = ENGRAM_CUDA_GEMV_MAX;
     size_t per = (size_t)f->S * f->W;
     rowset rs;
-    rowset_new(&rs, f, rounds * 8, 700, 0, NULL);
-    float *x0 = (float *)malloc(8 * per * 4), *xa = (float *)malloc(8 * per * 4),
-          *xb = (float *)malloc(8 * per * 4);
+    rowset_new(&rs, f, rounds * BM, 700, 0, NULL);
+    float *x0 = (float *)malloc(BM * per * 4), *xa = (float *)malloc(BM * per * 4),
+          *xb = (float *)malloc(BM * per * 4);
     uint64_t seed = 9;
-    for (size_t i = 0; i < 8 * per; i++)
+    for (size_t i = 0; i < BM * per; i++)
         x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
-    float *d_xa = (float *)dev_buf(8 * per * 4, NULL), *d_xb = (float *)dev_buf(8 * per * 4, NULL);
+    float *d_xa = (float *)dev_buf(BM * per * 4, NULL), *d_xb = (float *)dev_buf(BM * per * 4, NULL);
     engram_error err;
-    for (int q = 0; q < 3; q++) {
-        CU(cudaMemcpy(d_xa, x0, 8 * per * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(d_xb, x0, 8 * per * 4, cudaMemcpyHostToDevice));
+    for (int q = 0; q < 4; q++) {
+        CU(cudaMemcpy(d_xa, x0, BM * per * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(d_xb, x0, BM * per * 4, cudaMemcpyHostToDevice));
         engram_cuda_args a = args_of(rs.d_raw, Bs[q], d_xa);
         for (unsigned r = 0; r < rounds; r++) {
-            a.raw = rs.d_raw + (size_t)r * 8 * 24 * 264;
+            a.raw = rs.d_raw + (size_t)r * BM * 24 * 264;
             a.resid = d_xa;
             a.flags = 0;
             CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
@@ -734,8 +800,8 @@ static void dependent_launch(fx *f)
             CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
         }
         CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
-        CU(cudaMemcpy(xa, d_xa, 8 * per * 4, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(xb, d_xb, 8 * per * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(xa, d_xa, BM * per * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(xb, d_xb, BM * per * 4, cudaMemcpyDeviceToHost));
         int same = memcmp(xa, xb, Bs[q] * per * 4) == 0, moved = memcmp(xa, x0, Bs[q] * per * 4) != 0;
         CHECK(same);
         CHECK(moved);
@@ -916,7 +982,8 @@ static void arguments(const engram_layer *L)
  * buffer of the weights' upload, cuBLAS's handle and its math mode, the
  * driver's cuTensorMapEncodeTiled (the promoted GEMM's maps): -EIO /
  * -ENOMEM naming the call, no layer returned; then cuBLAS's GEMM failing
- * under ENGRAM_CUDA_FAST_SUMS: apply and project return -EIO naming it. */
+ * in the layer that takes it (no wgmma GEMM): apply and project return -EIO
+ * naming it. */
 static void faults(fx *f)
 {
     engram_error err;
@@ -954,7 +1021,7 @@ static void faults(fx *f)
     arm();
     CHECK(c == (engram_cuda_layer *)0x1);
 
-    const unsigned n = 9; /* past the GEMV: the GEMM path */
+    const unsigned n = ENGRAM_CUDA_GEMV_MAX + 1; /* past the decode path: the GEMM path */
     size_t per = (size_t)f->S * f->W;
     rowset r;
     rowset_new(&r, f, n, 900, 0, NULL);
@@ -989,14 +1056,13 @@ static void faults(fx *f)
         CHECK_ERR(engram_cuda_apply(f->c, &b, &err), err, -EINVAL, "unknown flags");
         CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0); /* nothing was launched */
     }
-    a.flags = ENGRAM_CUDA_FAST_SUMS;
     arm();
     fail.gemm = 1;
-    CHECK_ERR(engram_cuda_apply(f->c, &a, &err), err, -EIO, "cublasGemmEx");
-    CHECK_ERR(engram_cuda_project(f->c, &a, d_kv, &err), err, -EIO, "cublasGemmEx");
+    CHECK_ERR(engram_cuda_apply(f->cb, &a, &err), err, -EIO, "cublasGemmEx");
+    CHECK_ERR(engram_cuda_project(f->cb, &a, d_kv, &err), err, -EIO, "cublasGemmEx");
     arm();
-    CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0); /* and then it works */
-    CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+    CHECK_EQ(engram_cuda_apply(f->cb, &a, &err), 0); /* and then it works */
+    CHECK_EQ(engram_cuda_sync(f->cb, NULL, &err), 0);
     printf("W=%u host upload buffer, cublasCreate, cublasSetMathMode, cublasGemmEx refused: named, "
            "nothing returned\n", f->W);
     rowset_free(&r);
@@ -1064,7 +1130,7 @@ int main(void)
             engram_layer_export(f.L, w16, NULL);
             projection(&f, w16, 0);
             projection(&f, w16, ENGRAM_CUDA_FMA_ONLY);
-            projection(&f, w16, ENGRAM_CUDA_FAST_SUMS);
+            projection(&f, w16, VIA_CUBLAS);
             free(w16);
             if (q == 0) {
                 arguments(f.L);
@@ -1079,6 +1145,7 @@ int main(void)
                 staging(f.m, &f, 1);
         }
         engram_cuda_layer_close(f.c);
+        engram_cuda_layer_close(f.cb);
         engram_applier_free(f.a);
         engram_layer_close(f.L);
         engram_model_close(f.m);

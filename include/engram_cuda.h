@@ -12,23 +12,28 @@
  * ENGRAM_RAW, already checked to decode) and are decoded on the GPU (E4M3 x
  * 2^E8M0, rounded to BF16 as SPEC.md section 7 says).  The projection, by
  * the number n of tokens of a call:
- *  - n <= ENGRAM_CUDA_GEMV_MAX (decode): F32 FMAs, every product exact,
- *    each sum in a fixed order: the same bits for a token whatever n <= 8
- *    (not the CPU's bits: another order; the same accuracy).
- *  - larger n (batched decode, prefill), on compute capability 9.0: exact
- *    products on the tensor cores, their sums promoted to F32 every 256
- *    products: the GEMV's accuracy.  A token whose block scales span more
- *    than 21 binades (trained tables: a few) takes the GEMV's arithmetic
- *    instead (slower).  On other GPUs, and with ENGRAM_CUDA_FAST_SUMS,
- *    cuBLAS's F16 GEMM: faster, less accurate (short of the CPU path's
- *    tolerance).  ENGRAM_CUDA_FMA_ONLY takes the GEMV's arithmetic for
- *    every n.
+ *  - n <= ENGRAM_CUDA_GEMV_MAX (decode, batched decode): one pass over
+ *    the weights for all n tokens, on the tensor cores: exact products,
+ *    each block of 32 products (one E8M0 scale) summed by the tensor cores
+ *    and promoted to F32, the blocks in input order: the same bits for a
+ *    token whatever n <= 64 (not the CPU's bits: another order; the same
+ *    accuracy).
+ *  - larger n (prefill), on compute capability 9.0: exact products on the
+ *    tensor cores, their sums promoted to F32 every 256 products.  A token
+ *    whose block scales span more than 21 binades (trained tables: a few)
+ *    takes the GEMV's arithmetic instead (slower).  On other GPUs, cuBLAS's
+ *    F16 GEMM: its own sums, less accurate (short of the CPU path's
+ *    tolerance at W = 5120).  ENGRAM_CUDA_FMA_ONLY takes a GEMV's
+ *    arithmetic (F32 FMAs on the CUDA cores) for every n.
  * Then the gate and update, fused, with engram.h's arithmetic (the device's
  * expf/sqrtf): a token is written whole or not at all, masked tokens are
  * not touched.
- * Memory on the device per layer: F16 weights (N x 6144 x 2 bytes, 315 MB
- * at W = 5120), q*k norms, and a workspace for ENGRAM_CUDA_BLOCK tokens (kv
- * F32, or BF16 in its first half, and rows F16: 235 MB).
+ * Memory on the device per layer (engram_cuda_layer_bytes): F16 weights
+ * (N x 6144 x 2 bytes, 314.6 MB at W = 5120), q*k norms (S x W x 4), and
+ * a workspace for ENGRAM_CUDA_BLOCK tokens: their rows as F16 (25.2 MB) and
+ * kv as BF16, the wgmma GEMM's output (N x BLOCK x 2 bytes, 104.9 MB at
+ * W = 5120); 445 MB in all at W = 5120.  Where the wgmma GEMM cannot run,
+ * cuBLAS writes F32 kv and that part doubles (550 MB in all).
  * Calls on one cuda layer are ordered on the stream they are given and must
  * not run concurrently (one workspace); use a layer per stream.
  */
@@ -43,19 +48,18 @@ extern "C" {
 
 #pragma GCC visibility push(default)
 
-#define ENGRAM_CUDA_GEMV_MAX 8u      /* tokens taking the GEMV path          */
+#define ENGRAM_CUDA_GEMV_MAX 64u     /* tokens taking the decode path        */
 #define ENGRAM_CUDA_BLOCK 2048u      /* tokens per GEMM block                 */
 /* engram_cuda_args.flags: every token through the GEMV's arithmetic (F32
  * FMAs rounded to nearest on the CUDA cores, no tensor cores), whatever n:
  * the CPU path's accuracy for prefill too, at a fraction of the speed. */
 #define ENGRAM_CUDA_FMA_ONLY 1u
-/* engram_cuda_args.flags: n > 8 through cuBLAS's F16 GEMM, the tensor cores'
- * own sums: faster for prefill, less accurate (see above). */
-#define ENGRAM_CUDA_FAST_SUMS 2u
-/* engram_cuda_args.flags: for n <= 8, the gate launched only when the
- * projection has finished.  By default (compute capability 9.0 and up) it
- * is a programmatic dependent launch: its blocks are scheduled while the
- * GEMV finishes and wait on the device for its results (the same bits;
+/* (2u was ENGRAM_CUDA_FAST_SUMS, cuBLAS's sums for prefill: removed, short
+ * of the tolerance; refused as an unknown flag) */
+/* engram_cuda_args.flags: for n <= ENGRAM_CUDA_GEMV_MAX, the gate launched
+ * only when the projection has finished.  By default (compute capability
+ * 9.0 and up) it is a programmatic dependent launch: its blocks are
+ * scheduled while the projection finishes and wait on the device for its results (the same bits;
  * hides the gate's launch).  For measuring, and for tools that cannot
  * follow such edges. */
 #define ENGRAM_CUDA_SERIAL_GATE 4u
@@ -99,12 +103,13 @@ typedef struct engram_cuda_args {
     unsigned n;
     /* For graph capture: if not NULL, a device int i read by the kernels at
      * run time: raw += i * raw_step, resid += i * resid_step bytes (decode
-     * path only: n <= 8), so one captured graph serves every step. */
+     * path only: n <= ENGRAM_CUDA_GEMV_MAX), so one captured graph serves
+     * every step. */
     const int *d_step;
     size_t raw_step, resid_step;
     void *stream;            /* cudaStream_t; NULL = the default stream          */
-    unsigned flags;          /* 0, ENGRAM_CUDA_FMA_ONLY or ENGRAM_CUDA_FAST_SUMS,
-                                or'd with ENGRAM_CUDA_SERIAL_GATE                   */
+    unsigned flags;          /* 0 or ENGRAM_CUDA_FMA_ONLY, or'd with
+                                ENGRAM_CUDA_SERIAL_GATE                             */
 } engram_cuda_args;
 
 /*
