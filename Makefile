@@ -95,7 +95,8 @@ CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code
 NVFLAGS = -std=c++17 -O2 -g $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra -Iinclude -Isrc $(NVDEFS)
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread
 CUDA_LIB = $(BUILD)/libengram-cuda.a
-CUDA_TARGETS = $(CUDA_LIB) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda $(BUILD)/engram-cuda.so \
+CUDA_TARGETS = $(CUDA_LIB) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda $(BUILD)/cuda/bench_ds4 \
+               $(BUILD)/engram-cuda.so \
                $(BUILD)/cuda/test_ple_cuda $(BUILD)/cuda/bench_ple_cuda
 CLI_CUDA = -DENGRAM_HAVE_CUDA -I$(CUDA_HOME)/include
 endif

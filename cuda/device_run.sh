@@ -33,3 +33,5 @@ for args in "--device cuda" "--device cuda --no-overlap" "--device cuda --no-pre
     /tmp/b/engram run /tmp/m5120.gguf --sessions 8 --decode 64 $args >> "$OUT/run.txt" 2>&1
 done
 cat "$OUT/run.txt"
+echo "== bench_ds4 (engram's layer beside ds4's route, #25; BIN must hold bench_ds4)"
+"$BIN/bench_ds4" > "$OUT/bench_ds4.txt" 2>&1; echo "bench_ds4 rc=$?"; cat "$OUT/bench_ds4.txt"
