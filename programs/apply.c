@@ -20,7 +20,7 @@
 static const char *apply_help =
     "usage: engram apply MODEL --layer 1|14 --tokens FILE --residual-in IN --residual-out OUT\n"
     "                    [--mask FILE] [--history A,B,C] [--threads N] [--kv-out FILE]\n"
-    "                    [--device cpu|cuda|cuda-fma|cuda-fast] [--chunk N] [--residual-bf16]\n"
+    "                    [--device cpu|cuda|cuda-fma] [--chunk N] [--residual-bf16]\n"
     "Runs one Engram layer (SPEC.md section 8) over a token stream: hashes the\n"
     "tokens (from --history: 3 compressed ids, newest first, -1 = dead; default\n"
     "all dead), reads the layer's 24 rows per token through the uncached reader,\n"
@@ -36,11 +36,9 @@ static const char *apply_help =
     "the projection (default: the CPUs this process may run on, as for engram\n"
     "run; the output is the same bits at every count).  --device cuda: project, gate and update on the\n"
     "GPU (builds with the CUDA path; rows go there raw and are decoded there;\n"
-    "more than 8 tokens a call are projected on the tensor cores, their sums\n"
+    "more than 64 tokens a call are projected on the tensor cores, their sums\n"
     "promoted to F32 every 256 products: the CPU path's accuracy); --device\n"
-    "cuda-fma: every sum by F32 FMAs on the CUDA cores (slower for long inputs);\n"
-    "--device cuda-fast: more than 8 tokens through cuBLAS, the tensor cores' own\n"
-    "sums (faster, less accurate than the CPU's).\n"
+    "cuda-fma: every sum by F32 FMAs on the CUDA cores (slower for long inputs).\n"
     "--chunk N: tokens per apply call (1..2048, default 256; results do not depend\n"
     "on it).  --residual-bf16: IN and OUT hold BF16 bit patterns (little-endian\n"
     "uint16) instead of float32.\n"
@@ -168,7 +166,7 @@ static int parse_apply_opts(int argc, char **argv, struct apply_opts *o, engram_
     if (!o->path || o->layer == UINT64_MAX || !o->tok_path || !o->in || !o->outp)
         return fail_usage("apply: MODEL, --layer, --tokens, --residual-in and --residual-out are required");
     if (!dev_name_ok(o->device))
-        return fail_usage("apply: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", o->device);
+        return fail_usage("apply: unknown device '%s' (cpu, cuda or cuda-fma)", o->device);
     engram_history_reset(h);
     if (o->hist && parse_history(o->hist, h) < 0)
         return fail_usage("apply: --history takes 3 comma-separated ids (newest first, -1 = dead)");

@@ -3,7 +3,7 @@
  * (engram_applier) or a GPU through the CUDA plugin (engram-cuda.so, built
  * when nvcc is present: rows and the residual are copied to the device,
  * applied there and the residual copied back, per call).  The plugin is
- * loaded with dlopen only for --device cuda|cuda-fma|cuda-fast, so the command links
+ * loaded with dlopen only for --device cuda|cuda-fma, so the command links
  * no CUDA library: it starts on machines without one, and its memory is its
  * own otherwise.  Looked for next to the executable, then in ../lib/engram
  * (an installed PREFIX/bin/engram), or at $ENGRAM_CUDA_PLUGIN.
@@ -29,8 +29,7 @@ struct dev {
 
 int dev_name_ok(const char *name)
 {
-    return !strcmp(name, "cpu") || !strcmp(name, "cuda") || !strcmp(name, "cuda-fma") ||
-           !strcmp(name, "cuda-fast");
+    return !strcmp(name, "cpu") || !strcmp(name, "cuda") || !strcmp(name, "cuda-fma");
 }
 
 engram_applier *dev_cpu_applier(struct dev *d)
@@ -114,15 +113,13 @@ int dev_open(const char *name, const engram_layer *L, unsigned threads, size_t m
         engram_layer_get_info(L, &li);
         d->resid_bytes = (size_t)li.streams * li.width * sizeof(float);
         rc = engram_applier_new(L, &o, &d->a, err);
-    } else if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fma") || !strcmp(name, "cuda-fast")) {
+    } else if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fma")) {
         d->plugin = load_plugin(err);
         rc = !d->plugin ? -ENODEV
-                        : d->plugin->open(L, max_tokens, !strcmp(name, "cuda-fma")    ? ENGRAM_CUDA_FMA_ONLY
-                                          : !strcmp(name, "cuda-fast") ? ENGRAM_CUDA_FAST_SUMS
-                                                                       : 0,
+                        : d->plugin->open(L, max_tokens, !strcmp(name, "cuda-fma") ? ENGRAM_CUDA_FMA_ONLY : 0,
                                           &d->h, err);
     } else {
-        snprintf(err->msg, sizeof err->msg, "unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", name);
+        snprintf(err->msg, sizeof err->msg, "unknown device '%s' (cpu, cuda or cuda-fma)", name);
         rc = err->code = -EINVAL;
     }
     if (rc < 0) {

@@ -29,7 +29,7 @@
 static const char *run_help =
     "usage: engram run [MODEL] [--tokens FILE] [--decode N] [--sessions B] [--layers L]\n"
     "                  [--layer-us X] [--threads N] [--no-overlap] [--no-prefetch] [--json]\n"
-    "                  [--device cpu|cuda|cuda-fma|cuda-fast]\n"
+    "                  [--device cpu|cuda|cuda-fma]\n"
     "                  [--shard [--dp] [--prefill-method gather|combine] [--shard-timeout SEC]]\n"
     "Runs the Engram part of a model inside a simulated engine of L layers (Engram\n"
     "at layers 1 and 14; every other layer costs X us of busy work on the engine's\n"
@@ -41,9 +41,8 @@ static const char *run_help =
     "Engram layers only (--no-overlap: waited for before layer 0; --no-prefetch:\n"
     "each prompt chunk read serially before its layers).  --device cuda: the Engram\n"
     "layers run on the GPU (rows delivered raw into page-locked buffers, copied up\n"
-    "asynchronously per call; more than 8 tokens a call on the tensor cores, sums\n"
-    "promoted to F32); cuda-fma: every sum by F32 FMAs on the CUDA cores;\n"
-    "cuda-fast: cuBLAS with the tensor cores' own sums (faster, less accurate).\n"
+    "asynchronously per call; more than 64 tokens a call on the tensor cores, sums\n"
+    "promoted to F32); cuda-fma: every sum by F32 FMAs on the CUDA cores.\n"
     "Reports prefill and decode tokens/s, step latency p50/p99, rows requested vs\n"
     "distinct rows read, read time, the I/O engine, page-cache growth of the tables'\n"
     "part of the model file and an FNV-1a 64 checksum of the final residuals (of\n"
@@ -248,7 +247,7 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
     if (o->B == 0 || o->threads == 0 || o->L == 0)
         return fail_usage("run: --sessions, --threads and --layers are >= 1");
     if (!dev_name_ok(o->device))
-        return fail_usage("run: unknown device '%s' (cpu, cuda, cuda-fma or cuda-fast)", o->device);
+        return fail_usage("run: unknown device '%s' (cpu, cuda or cuda-fma)", o->device);
     if (o->dp && !o->shard)
         return fail_usage("run: --dp is a mode of --shard");
     if (o->pmethod && (!o->shard || o->dp))

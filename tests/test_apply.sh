@@ -124,6 +124,10 @@ expect_rc 2 "--layer takes 1 or 14" "layer 2" "$ENGRAM" apply "$M64" --layer 2 -
 expect_rc 2 "required" "missing --residual-out" "$ENGRAM" apply "$M64" --layer 1 --tokens x --residual-in seed:1
 expect_rc 2 "unknown option" "unknown option" "$ENGRAM" apply "$M64" --layer 1 --bogus
 expect_rc 2 "unknown device" "unknown device" "$ENGRAM" apply "$M64" --layer 1 --tokens x --residual-in seed:1 --residual-out "$O" --device nope
+# cuda-fast was removed (#25: short of the tolerance): an unknown device like any other
+expect_rc 2 "unknown device 'cuda-fast' (cpu, cuda or cuda-fma)" "--device cuda-fast (removed)" "$ENGRAM" apply "$M64" \
+    --layer 1 --tokens data/gpl3.tok --residual-in seed:1 --residual-out "$O" --device cuda-fast
+absent "--device cuda-fast" "$O"
 expect_rc 2 "threads" "threads 0" "$ENGRAM" apply "$M64" --layer 1 --threads 0 --tokens x --residual-in seed:1 --residual-out "$O"
 expect_rc 3 "cannot write" "output directory missing" "$ENGRAM" apply "$M64" --layer 1 --tokens data/gpl3.tok \
     --residual-in seed:1 --residual-out "$T/nodir/out.f32"

@@ -243,6 +243,11 @@ static void devices(void)
     d = NULL;
     CHECK_ERR(dev_open("tpu", L, 1, 16, &d, &err), err, -EINVAL, "unknown device");
     CHECK(d == NULL);
+    /* cuda-fast was removed (#25): unknown, and the list names the three left */
+    CHECK(dev_name_ok("cpu") && dev_name_ok("cuda") && dev_name_ok("cuda-fma") && !dev_name_ok("cuda-fast"));
+    CHECK_ERR(dev_open("cuda-fast", L, 1, 16, &d, &err), err, -EINVAL,
+              "unknown device 'cuda-fast' (cpu, cuda or cuda-fma)");
+    CHECK(d == NULL);
     lib_alloc = (struct fail_plan){0, 1, 1}; /* dev_open's own allocation comes first */
     int rc = dev_open("cpu", L, 1, 16, &d, &err);
     lib_alloc.armed = 0;

@@ -180,6 +180,11 @@ if [ $? -eq 1 ] && grep -q "no projection weights" "$T/err"; then ok; else bad "
 # devices: an unknown one is refused; cuda either runs (a GPU) or says why not
 "$ENGRAM" run "$M" --tokens "$T/tok" --decode 2 --device nope >/dev/null 2>"$T/err"
 if [ $? -eq 2 ] && grep -q "unknown device 'nope'" "$T/err"; then ok; else bad "--device nope"; fi
+# cuda-fast was removed (#25: short of the tolerance): an unknown device like any other
+"$ENGRAM" run "$M" --tokens "$T/tok" --decode 2 --device cuda-fast >"$T/out" 2>"$T/err"
+rc=$?
+if [ $rc -eq 2 ] && grep -q "unknown device 'cuda-fast' (cpu, cuda or cuda-fma)" "$T/err" && [ ! -s "$T/out" ]; then ok; else
+    bad "--device cuda-fast (removed) must exit 2 as an unknown device (rc $rc)"; cat "$T/err" >&2; fi
 "$ENGRAM" run "$M" --tokens "$T/tok" --decode 2 --sessions 1 --device cuda >/dev/null 2>"$T/err"
 rc=$?
 if [ $rc -eq 0 ] || { [ $rc -eq 3 ] && grep -qiE "cuda|nvidia|gpu|device" "$T/err"; }; then ok; else

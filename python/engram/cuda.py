@@ -20,7 +20,7 @@ not initialize CUDA; available(), why() and Layer() do (once).
 
 DeepSeek V4.1 layers only: Qwen3.8 PLE's GPU path is internal to
 libengram-cuda and not offered here yet (a PLE layer raises ValueError).
-Accuracy (cuda/README.md): decode (n <= 8) sums in F32 in a fixed order,
+Accuracy (cuda/README.md): decode (n <= 64) sums in F32 in a fixed order,
 larger n on the tensor cores with exact products promoted to F32 sums; not
 the CPU's bits, the same accuracy.
 """
@@ -32,13 +32,12 @@ except ImportError as e:  # not built (no nvcc), libcublas or the driver library
     _c = None
     _import_error = e
 
-__all__ = ["available", "why", "Layer", "FMA_ONLY", "FAST_SUMS", "SERIAL_GATE", "GEMV_MAX", "BLOCK"]
+__all__ = ["available", "why", "Layer", "FMA_ONLY", "SERIAL_GATE", "GEMV_MAX", "BLOCK"]
 
 # engram_cuda.h's flags and sizes (the same numbers when the extension is absent)
 FMA_ONLY = 1
-FAST_SUMS = 2
 SERIAL_GATE = 4
-GEMV_MAX = 8
+GEMV_MAX = 64
 BLOCK = 2048
 
 _probed = False
@@ -70,7 +69,7 @@ def available():
 
 if _c is not None:
     Layer = _c.Layer
-    FMA_ONLY, FAST_SUMS, SERIAL_GATE = _c.FMA_ONLY, _c.FAST_SUMS, _c.SERIAL_GATE
+    FMA_ONLY, SERIAL_GATE = _c.FMA_ONLY, _c.SERIAL_GATE
     GEMV_MAX, BLOCK = _c.GEMV_MAX, _c.BLOCK
 else:
     class Layer:

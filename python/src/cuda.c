@@ -613,8 +613,8 @@ static PyObject *cl_apply(PyObject *o, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_TypeError, "apply: give rows= or tokens= (one of them)");
         return NULL;
     }
-    if (flags & ~(long)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_FAST_SUMS | ENGRAM_CUDA_SERIAL_GATE)) {
-        PyErr_Format(PyExc_ValueError, "flags: %ld; FMA_ONLY (1), FAST_SUMS (2), SERIAL_GATE (4) or'd", flags);
+    if (flags & ~(long)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_SERIAL_GATE)) {
+        PyErr_Format(PyExc_ValueError, "flags: %ld; FMA_ONLY (1), SERIAL_GATE (4) or'd", flags);
         return NULL;
     }
     if (hist_o != Py_None) {
@@ -849,7 +849,7 @@ static PyMethodDef cl_methods[] = {
      "stream: None (the default stream), a cudaStream_t as an int, or a torch.cuda.Stream.  "
      "Calls on one layer share a workspace: an apply on another stream than the last waits "
      "for it on the device.\n"
-     "flags: FMA_ONLY, FAST_SUMS, SERIAL_GATE (engram_cuda.h).\n"
+     "flags: FMA_ONLY, SERIAL_GATE (engram_cuda.h).\n"
      "sync: wait for the stream and report as sync() does.\n\n"
      "Arguments are checked before anything runs: TypeError / ValueError naming the argument "
      "(a CPU tensor, a wrong dtype, shape or device, not contiguous), ArgumentError for a "
@@ -940,7 +940,6 @@ PyMODINIT_FUNC PyInit__engram_cuda(void)
         goto fail;
     }
     if (PyModule_AddIntConstant(m, "FMA_ONLY", ENGRAM_CUDA_FMA_ONLY) < 0 ||
-        PyModule_AddIntConstant(m, "FAST_SUMS", ENGRAM_CUDA_FAST_SUMS) < 0 ||
         PyModule_AddIntConstant(m, "SERIAL_GATE", ENGRAM_CUDA_SERIAL_GATE) < 0 ||
         PyModule_AddIntConstant(m, "GEMV_MAX", ENGRAM_CUDA_GEMV_MAX) < 0 ||
         PyModule_AddIntConstant(m, "BLOCK", ENGRAM_CUDA_BLOCK) < 0)

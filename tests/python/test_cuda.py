@@ -2,7 +2,9 @@
 
 Everywhere: the absence contract (engram.cuda imports; available() False,
 why() a non-empty reason, Layer(...) raises RuntimeError naming it) where
-no GPU answers, and where the extension cannot be imported at all.
+no GPU answers, and where the extension cannot be imported at all; the
+module's flags and sizes (FMA_ONLY, SERIAL_GATE, GEMV_MAX, BLOCK), the
+extension's and the fallback's, are the numbers engram_cuda.h defines.
 
 On a GPU (skipped elsewhere; needs torch with CUDA): engram.cuda.Layer.apply
 on torch CUDA tensors (float32, bfloat16) of a W = 64 and a W = 5120 model,
@@ -22,7 +24,9 @@ files; otherwise they are built with ENGRAM_BIN (default build/engram) into
 a temporary folder.  Runs under pytest or as a script
 (`python tests/python/test_cuda.py`: every test_* function, a summary).
 """
+import ast
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -231,6 +235,36 @@ def test_absent_when_extension_missing():
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr
 
 
+def header_constants(path=None):
+    """engram_cuda.h's ENGRAM_CUDA_* numbers, read from the header itself."""
+    path = path or os.path.join(ROOT, "include", "engram_cuda.h")
+    with open(path) as f:
+        text = f.read()
+    return {k: int(v) for k, v in re.findall(r"^#define ENGRAM_CUDA_([A-Z_]+)\s+(\d+)u?\b", text, re.M)}
+
+
+def test_constants_match_header():
+    """engram.cuda's flags and sizes are engram_cuda.h's, both the
+    extension's and the fallback's (the extension absent); FAST_SUMS
+    (removed, #25) is gone from both."""
+    want = header_constants()
+    names = ("FMA_ONLY", "SERIAL_GATE", "GEMV_MAX", "BLOCK")
+    assert set(names) <= set(want), want
+    assert "FAST_SUMS" not in want, want
+    got = {k: getattr(engram.cuda, k) for k in names}
+    assert got == {k: want[k] for k in names}, (got, want)
+    assert not hasattr(engram.cuda, "FAST_SUMS") and "FAST_SUMS" not in engram.cuda.__all__
+    code = (
+        "import sys; sys.modules['engram._engram_cuda'] = None\n"
+        "import engram.cuda as c\n"
+        "assert not hasattr(c, 'FAST_SUMS') and 'FAST_SUMS' not in c.__all__\n"
+        "print(repr({k: getattr(c, k) for k in %r}))\n" % (names,))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ast.literal_eval(r.stdout.strip()) == {k: want[k] for k in names}, (r.stdout, want)
+
+
 # ------------------------------------------------------------------ GPU
 
 def _case(m, L, g, path, dtype, n, seed):
@@ -407,6 +441,7 @@ def test_refusals():
     _raises(TypeError, ["rows", "uint8"], g.apply, xg, rows=torch.zeros(n, 24, 264, dtype=torch.int32).cuda())
     _raises(ValueError, ["rows", "shape"], g.apply, xg, rows=torch.zeros(n, 24, 256, dtype=torch.uint8).cuda())
     _raises(ValueError, ["flags"], g.apply, xg, tokens=tokens, flags=8)
+    _raises(ValueError, ["flags"], g.apply, xg, tokens=tokens, flags=2)   # was FAST_SUMS (removed, #25)
     _raises(TypeError, ["stream"], g.apply, xg, tokens=tokens, stream="s")
     _raises(engram.ArgumentError, [], g.apply, xg, tokens=[0, 1, 2, m.info["vocab"]])
     bad = np.zeros((n, 24, 264), np.uint8)
