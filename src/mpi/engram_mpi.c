@@ -549,6 +549,26 @@ static int cmp_key(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The positions of an exchange's ids (token p / 48, column p % 48) whose
+ * token is not masked, in order: *p moved to the first such position at or
+ * after it, with its table in *t and its row in *id; 0 when none is left. */
+static int xnext(const uint32_t *ids, const uint8_t *mask, size_t n, size_t *p, int *t, uint32_t *id)
+{
+    while (*p < n * ENGRAM_ROWS_PER_TOKEN && mask && !mask[*p / ENGRAM_ROWS_PER_TOKEN])
+        *p = (*p / ENGRAM_ROWS_PER_TOKEN + 1) * ENGRAM_ROWS_PER_TOKEN;
+    if (*p >= n * ENGRAM_ROWS_PER_TOKEN)
+        return 0;
+    *t = (int)(*p % ENGRAM_ROWS_PER_TOKEN) / ENGRAM_COLUMNS;
+    *id = ids[*p];
+    return 1;
+}
+
+/* A row's sort key, by owner, table and id: owner << 32 | request. */
+static uint64_t xkey(const uint64_t rows[ENGRAM_TABLES], unsigned world, int t, uint32_t id)
+{
+    return (uint64_t)engram_mpi_owner(rows[t], id, world) << 32 | XREQ(t, id);
+}
+
 static size_t xrow_bytes(engram_dtype d)
 {
     return d == ENGRAM_F32 ? ENGRAM_ROW_VALUES * 4 : d == ENGRAM_RAW ? ENGRAM_ROW_BYTES : ENGRAM_ROW_VALUES * 2;
@@ -787,19 +807,13 @@ int engram_mpi_exchange_begin(engram_mpi *m, const engram_model *model, engram_r
         return err_fail(err, -EINVAL, "engram_mpi_exchange_begin: %zu tokens (at most INT_MAX / 48 / world: "
                         "the others' requests of one rank must fit MPI's int counts)", n);
     size_t want = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (mask && !mask[i])
-            continue;
-        for (int c = 0; c < ENGRAM_ROWS_PER_TOKEN; c++) {
-            int t = c / ENGRAM_COLUMNS;
-            uint32_t id = ids[i * ENGRAM_ROWS_PER_TOKEN + (size_t)c];
-            if (id >= mi.table[t].rows || id > 0x7fffffffu)
-                return err_fail(err, -EINVAL, "engram_mpi_exchange_begin: token %zu column %d: row %u of table %d "
-                                "is not below its %llu rows (and 2^31)", i, c, id, t,
-                                (unsigned long long)mi.table[t].rows);
-        }
-        want += ENGRAM_ROWS_PER_TOKEN;
-    }
+    int t;
+    uint32_t id;
+    for (size_t p = 0; xnext(ids, mask, n, &p, &t, &id); p++, want++)
+        if (id >= mi.table[t].rows || id > 0x7fffffffu)
+            return err_fail(err, -EINVAL, "engram_mpi_exchange_begin: token %zu column %d: row %u of table %d "
+                            "is not below its %llu rows (and 2^31)", p / ENGRAM_ROWS_PER_TOKEN,
+                            (int)(p % ENGRAM_ROWS_PER_TOKEN), id, t, (unsigned long long)mi.table[t].rows);
     size_t w = (size_t)m->world;
     engram_mpi_op *op = op_new(m, 2);
     struct xchg *x = calloc(1, sizeof *x);
@@ -823,17 +837,10 @@ int engram_mpi_exchange_begin(engram_mpi *m, const engram_model *model, engram_r
     x->rstat = calloc(w, sizeof(int));
     if (!x->slot || !x->scount || !x->sdispl || !x->rcount || !x->rdispl || !x->sstat || !x->rstat)
         goto oom;
-    /* the distinct rows, by owner, table and id: owner << 32 | request */
+    /* the distinct rows, in key order */
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (mask && !mask[i])
-            continue;
-        for (int c = 0; c < ENGRAM_ROWS_PER_TOKEN; c++) {
-            int t = c / ENGRAM_COLUMNS;
-            uint32_t id = ids[i * ENGRAM_ROWS_PER_TOKEN + (size_t)c];
-            keys[k++] = (uint64_t)engram_mpi_owner(x->rows[t], id, (unsigned)w) << 32 | XREQ(t, id);
-        }
-    }
+    for (size_t p = 0; xnext(ids, mask, n, &p, &t, &id); p++)
+        keys[k++] = xkey(x->rows, (unsigned)w, t, id);
     qsort(keys, k, sizeof *keys, cmp_key);
     size_t d = 0;
     for (size_t i = 0; i < k; i++)
@@ -850,18 +857,13 @@ int engram_mpi_exchange_begin(engram_mpi *m, const engram_model *model, engram_r
     }
     for (size_t o = 1; o < w; o++)
         x->sdispl[o] = x->sdispl[o - 1] + x->scount[o - 1];
-    for (size_t i = 0; i < n; i++)
-        for (int c = 0; c < ENGRAM_ROWS_PER_TOKEN; c++) {
-            size_t p = i * ENGRAM_ROWS_PER_TOKEN + (size_t)c;
-            if (mask && !mask[i]) {
-                x->slot[p] = ENGRAM_MPI_NOBODY;
-                continue;
-            }
-            int t = c / ENGRAM_COLUMNS;
-            uint64_t key = (uint64_t)engram_mpi_owner(x->rows[t], ids[p], (unsigned)w) << 32 | XREQ(t, ids[p]);
-            const uint64_t *hit = bsearch(&key, keys, d, sizeof *keys, cmp_key);
-            x->slot[p] = (uint32_t)(hit - keys);
-        }
+    for (size_t p = 0; p < npos; p++)
+        x->slot[p] = ENGRAM_MPI_NOBODY;
+    for (size_t p = 0; xnext(ids, mask, n, &p, &t, &id); p++) {
+        uint64_t key = xkey(x->rows, (unsigned)w, t, id);
+        const uint64_t *hit = bsearch(&key, keys, d, sizeof *keys, cmp_key);
+        x->slot[p] = (uint32_t)(hit - keys);
+    }
     free(keys);
     keys = NULL;
     x->info.rows_asked = d;
