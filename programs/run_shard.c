@@ -538,8 +538,10 @@ static int dp_setup(struct run *R, engram_error *err)
     sh->hist = calloc(R->B, sizeof *sh->hist);
     sh->xids = malloc(maxk * ENGRAM_ROWS_PER_TOKEN * sizeof *sh->xids);
     sh->xout = malloc(maxk * ENGRAM_ROWS_PER_TOKEN * R->rowb);
-    if (!sh->hist || !sh->xids || !sh->xout)
+    if (!sh->hist || !sh->xids || !sh->xout) {
+        shard_dp_close(sh); /* all or nothing: the reader too, so a later call starts afresh */
         return -ENOMEM;
+    }
     for (unsigned b = 0; b < R->B; b++)
         engram_session_history(R->ss[b].s, &sh->hist[b]);
     return 0;
