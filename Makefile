@@ -354,7 +354,7 @@ MPI_TARGETS = $(BUILD)/libengram-mpi.a $(BUILD)/libengram-mpi.so $(BUILD)/tests/
               $(BUILD)/tests/mpi/test_mpi_exchange $(BUILD)/bench/mpi/bench_mpi $(BUILD)/engram-mpi.so
 all: $(MPI_TARGETS)
 endif
-$(BUILD)/obj/mpi/engram_mpi.o: src/mpi/engram_mpi.c include/engram_mpi.h include/engram.h Makefile
+$(BUILD)/obj/mpi/engram_mpi.o: src/mpi/engram_mpi.c include/engram_mpi.h include/engram.h src/common/error_fill.h Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(MPI_CFLAGS) -DENGRAM_BUILDING -c $< -o $@
 $(BUILD)/libengram-mpi.a: $(BUILD)/obj/mpi/engram_mpi.o
@@ -416,7 +416,8 @@ NCCL_LDLIBS = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
 NCCL_TARGETS = $(BUILD)/libengram-nccl.a $(BUILD)/libengram-nccl.so $(BUILD)/cuda/test_nccl \
                $(BUILD)/cuda/nccl_stub.so $(BUILD)/cuda/nccl_stub_all.so $(BUILD)/cuda/nccl_stub_faults.so
 all: $(NCCL_TARGETS)
-$(BUILD)/obj/nccl/engram_nccl.o: cuda/engram_nccl.c cuda/nccl_abi.h include/engram_nccl.h include/engram.h Makefile
+$(BUILD)/obj/nccl/engram_nccl.o: cuda/engram_nccl.c cuda/nccl_abi.h include/engram_nccl.h include/engram.h \
+    src/common/error_fill.h Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(NCCL_CFLAGS) -DENGRAM_BUILDING -c $< -o $@
 $(BUILD)/libengram-nccl.a: $(BUILD)/obj/nccl/engram_nccl.o

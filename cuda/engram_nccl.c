@@ -10,12 +10,12 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/error_fill.h"
 #include "nccl_abi.h"
 
 #define DEFAULT_TIMEOUT_NS (60ull * 1000000000ull)
@@ -52,22 +52,6 @@ struct engram_nccl {
     int rank, world, device, wrapped, aborted;
 };
 
-static int fail(engram_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(engram_error *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        memset(err, 0, sizeof *err);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-        err->code = code;
-        err->offset = ENGRAM_NO_OFFSET;
-        err->row = ENGRAM_NO_ROW;
-    }
-    return code;
-}
-
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -92,7 +76,7 @@ static int load(engram_error *err)
     if (!h) {
         const char *why = dlerror();
         pthread_mutex_unlock(&load_lock);
-        return fail(err, -ENOSYS, "NCCL not found: dlopen %s: %.180s", name, why ? why : "failed");
+        return err_fail(err, -ENOSYS, "NCCL not found: dlopen %s: %.180s", name, why ? why : "failed");
     }
     struct fns f;
     memset(&f, 0, sizeof f);
@@ -120,15 +104,15 @@ static int load(engram_error *err)
         if (!*want[i].slot && !want[i].optional) {
             dlclose(h);
             pthread_mutex_unlock(&load_lock);
-            return fail(err, -ENOSYS, "NCCL unusable: %s has no %s (NCCL 2.14 or later is needed)", name,
-                        want[i].sym);
+            return err_fail(err, -ENOSYS, "NCCL unusable: %s has no %s (NCCL 2.14 or later is needed)", name,
+                            want[i].sym);
         }
     }
     int v = 0;
     if (f.get_version(&v) != ENG_NCCL_SUCCESS || v < ENG_NCCL_VERSION(2, 14, 0)) {
         dlclose(h);
         pthread_mutex_unlock(&load_lock);
-        return fail(err, -ENOSYS, "NCCL unusable: %s reports version %d (2.14 or later is needed)", name, v);
+        return err_fail(err, -ENOSYS, "NCCL unusable: %s reports version %d (2.14 or later is needed)", name, v);
     }
     nccl = f;
     loaded_version = v;
@@ -155,15 +139,15 @@ static int fail_nccl(engram_error *err, const char *call, int r, eng_nccl_comm c
 {
     const char *s = nccl.error_string(r);
     const char *last = nccl.last_error ? nccl.last_error(comm) : NULL;
-    return fail(err, errno_of(r), "%s: NCCL error %d (%.80s)%s%.120s%s", call, r, s ? s : "?",
-                last && *last ? ": " : "", last ? last : "", after ? after : "");
+    return err_fail(err, errno_of(r), "%s: NCCL error %d (%.80s)%s%.120s%s", call, r, s ? s : "?",
+                    last && *last ? ": " : "", last ? last : "", after ? after : "");
 }
 
 static int fail_cuda(engram_error *err, const char *call, cudaError_t e)
 {
-    return fail(err, e == cudaErrorNoDevice || e == cudaErrorInvalidDevice || e == cudaErrorInsufficientDriver
-                         ? -ENODEV : -EIO,
-                "%s: %s (%.150s)", call, cudaGetErrorName(e), cudaGetErrorString(e));
+    return err_fail(err, e == cudaErrorNoDevice || e == cudaErrorInvalidDevice || e == cudaErrorInsufficientDriver
+                             ? -ENODEV : -EIO,
+                    "%s: %s (%.150s)", call, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 static void pause_briefly(uint64_t waited_ns)
@@ -218,7 +202,7 @@ int engram_nccl_available(int *version, engram_error *err)
 int engram_nccl_unique_id(uint8_t id[ENGRAM_NCCL_ID_BYTES], engram_error *err)
 {
     if (!id)
-        return fail(err, -EINVAL, "engram_nccl_unique_id: id is NULL");
+        return err_fail(err, -EINVAL, "engram_nccl_unique_id: id is NULL");
     int rc = load(err);
     if (rc < 0)
         return rc;
@@ -235,14 +219,14 @@ int engram_nccl_open(const uint8_t id[ENGRAM_NCCL_ID_BYTES], int rank, int world
                      uint64_t timeout_ns, engram_nccl **out, engram_error *err)
 {
     if (!out)
-        return fail(err, -EINVAL, "engram_nccl_open: out is NULL");
+        return err_fail(err, -EINVAL, "engram_nccl_open: out is NULL");
     *out = NULL;
     if (!id)
-        return fail(err, -EINVAL, "engram_nccl_open: id is NULL");
+        return err_fail(err, -EINVAL, "engram_nccl_open: id is NULL");
     if (world < 1 || rank < 0 || rank >= world)
-        return fail(err, -EINVAL, "engram_nccl_open: rank %d not in a world of %d", rank, world);
+        return err_fail(err, -EINVAL, "engram_nccl_open: rank %d not in a world of %d", rank, world);
     if (device < 0)
-        return fail(err, -EINVAL, "engram_nccl_open: device %d", device);
+        return err_fail(err, -EINVAL, "engram_nccl_open: device %d", device);
     int rc = load(err);
     if (rc < 0)
         return rc;
@@ -253,13 +237,13 @@ int engram_nccl_open(const uint8_t id[ENGRAM_NCCL_ID_BYTES], int rank, int world
     if (e != cudaSuccess)
         return fail_cuda(err, "engram_nccl_open: cudaGetDeviceCount", e);
     if (device >= ndev)
-        return fail(err, -ENODEV, "engram_nccl_open: device %d, but %d CUDA device(s)", device, ndev);
+        return err_fail(err, -ENODEV, "engram_nccl_open: device %d, but %d CUDA device(s)", device, ndev);
     int prev = -1;
     if ((e = cudaGetDevice(&prev)) != cudaSuccess)
         return fail_cuda(err, "engram_nccl_open: cudaGetDevice", e);
     engram_nccl *c = calloc(1, sizeof *c);
     if (!c)
-        return fail(err, -ENOMEM, "engram_nccl_open: out of memory");
+        return err_fail(err, -ENOMEM, "engram_nccl_open: out of memory");
     if ((e = cudaSetDevice(device)) != cudaSuccess) {
         free(c);
         return fail_cuda(err, "engram_nccl_open: cudaSetDevice", e);
@@ -279,9 +263,9 @@ int engram_nccl_open(const uint8_t id[ENGRAM_NCCL_ID_BYTES], int rank, int world
         r = settle(comm, r, timeout_ns, &timed_out);
     if (r != ENG_NCCL_SUCCESS || timed_out) {
         /* the half-made communicator's error text before it is freed */
-        int code = timed_out ? fail(err, -ETIMEDOUT, "ncclCommInitRankConfig: rank %d of %d: not every rank "
-                                    "joined within %.1f s (communicator aborted)", rank, world,
-                                    (double)timeout_ns / 1e9)
+        int code = timed_out ? err_fail(err, -ETIMEDOUT, "ncclCommInitRankConfig: rank %d of %d: not every rank "
+                                        "joined within %.1f s (communicator aborted)", rank, world,
+                                        (double)timeout_ns / 1e9)
                              : fail_nccl(err, "ncclCommInitRankConfig", r, comm,
                                          comm ? " (communicator aborted)" : "");
         if (comm)
@@ -301,10 +285,10 @@ int engram_nccl_open(const uint8_t id[ENGRAM_NCCL_ID_BYTES], int rank, int world
 int engram_nccl_wrap(void *nccl_comm, engram_nccl **out, engram_error *err)
 {
     if (!out)
-        return fail(err, -EINVAL, "engram_nccl_wrap: out is NULL");
+        return err_fail(err, -EINVAL, "engram_nccl_wrap: out is NULL");
     *out = NULL;
     if (!nccl_comm)
-        return fail(err, -EINVAL, "engram_nccl_wrap: the communicator is NULL");
+        return err_fail(err, -EINVAL, "engram_nccl_wrap: the communicator is NULL");
     int rc = load(err);
     if (rc < 0)
         return rc;
@@ -317,7 +301,7 @@ int engram_nccl_wrap(void *nccl_comm, engram_nccl **out, engram_error *err)
         return fail_nccl(err, "ncclCommCuDevice", r, nccl_comm, NULL);
     engram_nccl *c = calloc(1, sizeof *c);
     if (!c)
-        return fail(err, -ENOMEM, "engram_nccl_wrap: out of memory");
+        return err_fail(err, -ENOMEM, "engram_nccl_wrap: out of memory");
     c->comm = nccl_comm;
     c->world = world;
     c->rank = rank;
@@ -377,16 +361,16 @@ int engram_nccl_combine_into(engram_nccl *c, const void *send, void *recv, size_
                              engram_error *err)
 {
     if (!c)
-        return fail(err, -EINVAL, "engram_nccl_combine: no communicator");
+        return err_fail(err, -EINVAL, "engram_nccl_combine: no communicator");
     if (bytes && (!send || !recv))
-        return fail(err, -EINVAL, "engram_nccl_combine: NULL buffer of %zu bytes", bytes);
+        return err_fail(err, -EINVAL, "engram_nccl_combine: NULL buffer of %zu bytes", bytes);
     if (bytes && send != recv) {
         uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
         if (s < r + bytes && r < s + bytes)
-            return fail(err, -EINVAL, "engram_nccl_combine: send and recv overlap");
+            return err_fail(err, -EINVAL, "engram_nccl_combine: send and recv overlap");
     }
     if (c->aborted)
-        return fail(err, -EIO, "engram_nccl_combine: the communicator was aborted after an earlier failure");
+        return err_fail(err, -EIO, "engram_nccl_combine: the communicator was aborted after an earlier failure");
     if (bytes == 0)
         return 0;
     int rc = check_async(c, "engram_nccl_combine: ncclCommGetAsyncError", err);
@@ -407,8 +391,8 @@ int engram_nccl_combine_into(engram_nccl *c, const void *send, void *recv, size_
     if (cur != c->device)
         cudaSetDevice(cur);
     if (timed_out) {
-        rc = fail(err, -ETIMEDOUT, "ncclAllReduce: not enqueued within 60 s%s",
-                  c->wrapped ? "" : " (communicator aborted)");
+        rc = err_fail(err, -ETIMEDOUT, "ncclAllReduce: not enqueued within 60 s%s",
+                      c->wrapped ? "" : " (communicator aborted)");
         abort_comm(c);
         return rc;
     }
@@ -428,9 +412,9 @@ int engram_nccl_combine(engram_nccl *c, void *buf, size_t bytes, void *stream, e
 int engram_nccl_wait(engram_nccl *c, void *stream, uint64_t timeout_ns, engram_error *err)
 {
     if (!c)
-        return fail(err, -EINVAL, "engram_nccl_wait: no communicator");
+        return err_fail(err, -EINVAL, "engram_nccl_wait: no communicator");
     if (c->aborted)
-        return fail(err, -EIO, "engram_nccl_wait: the communicator was aborted after an earlier failure");
+        return err_fail(err, -EIO, "engram_nccl_wait: the communicator was aborted after an earlier failure");
     uint64_t t0 = now_ns();
     for (;;) {
         cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
@@ -445,14 +429,14 @@ int engram_nccl_wait(engram_nccl *c, void *stream, uint64_t timeout_ns, engram_e
         if (rc < 0)
             return rc;
         if (timeout_ns == 0) /* a poll: nothing given up */
-            return fail(err, -EAGAIN, "engram_nccl_wait: the stream has not finished yet (a poll)");
+            return err_fail(err, -EAGAIN, "engram_nccl_wait: the stream has not finished yet (a poll)");
         uint64_t waited = now_ns() - t0;
         if (timeout_ns != ENGRAM_FOREVER && waited >= timeout_ns) {
             if (c->wrapped)
-                return fail(err, -ETIMEDOUT, "engram_nccl_wait: the stream has not finished within %.3f s "
-                            "(the caller's communicator is left running)", (double)timeout_ns / 1e9);
-            rc = fail(err, -ETIMEDOUT, "engram_nccl_wait: the stream has not finished within %.3f s "
-                      "(a peer that never joined?): communicator aborted", (double)timeout_ns / 1e9);
+                return err_fail(err, -ETIMEDOUT, "engram_nccl_wait: the stream has not finished within %.3f s "
+                                "(the caller's communicator is left running)", (double)timeout_ns / 1e9);
+            rc = err_fail(err, -ETIMEDOUT, "engram_nccl_wait: the stream has not finished within %.3f s "
+                          "(a peer that never joined?): communicator aborted", (double)timeout_ns / 1e9);
             abort_comm(c);
             return rc;
         }

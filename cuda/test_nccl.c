@@ -30,7 +30,6 @@
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
-#include <time.h>
 
 #include "../tests/testutil.h"
 #include "engram_nccl.h"
@@ -38,19 +37,6 @@
 
 #define ALPHABET 4096
 #define SEC 1000000000ull
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 #define CUDA_OK(call)                                                                            \
     do {                                                                                         \
@@ -65,7 +51,7 @@ static void sleep_ms(int ms)
 /* a host function on a stream: the stream is busy for `ms` milliseconds */
 static void sleeper(void *ms)
 {
-    sleep_ms((int)(intptr_t)ms);
+    tu_sleep_ms((int)(intptr_t)ms);
 }
 
 /* waits up to 10 s for the stream to drain: 1 if it did */
@@ -77,7 +63,7 @@ static int drains(cudaStream_t st)
             return 1;
         if (e != cudaErrorNotReady)
             return 0;
-        sleep_ms(10);
+        tu_sleep_ms(10);
     }
     return 0;
 }
@@ -230,9 +216,9 @@ static void world_one(void)
     CHECK_ERR(engram_nccl_wait(c, st, 0, &err), err, -EAGAIN, "a poll");
     engram_nccl_get_info(c, &info);
     CHECK_EQ(info.aborted, 0);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tu_now_ns();
     int rc2 = engram_nccl_wait(c, st, 300000000ull, &err);
-    double secs = (double)(now_ns() - t0) / 1e9;
+    double secs = (double)(tu_now_ns() - t0) / 1e9;
     CHECK_ERR(rc2, err, -ETIMEDOUT, "communicator aborted");
     CHECK(secs >= 0.3 && secs < 10); /* the wait, then ncclCommAbort */
     engram_nccl_get_info(c, &info);
@@ -299,9 +285,9 @@ static void lonely(void)
     uint8_t id[ENGRAM_NCCL_ID_BYTES];
     engram_nccl *c = NULL;
     CHECK_EQ(engram_nccl_unique_id(id, &err), 0);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tu_now_ns();
     int rc = engram_nccl_open(id, 0, 2, 0, 3 * SEC, &c, &err);
-    double s = (double)(now_ns() - t0) / 1e9;
+    double s = (double)(tu_now_ns() - t0) / 1e9;
     CHECK_ERR(rc, err, -ETIMEDOUT, "not every rank joined");
     CHECK(c == NULL);
     CHECK(s >= 3.0 && s < 30.0);
@@ -448,9 +434,9 @@ static int faults(void)
     setenv("STUB_INIT", "7", 1);
     setenv("STUB_ASYNC", "7", 1);
     int a0 = *aborts;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tu_now_ns();
     CHECK_ERR(engram_nccl_open(id, 0, 2, 0, 300000000ull, &c, &err), err, -ETIMEDOUT, "not every rank joined");
-    double secs = (double)(now_ns() - t0) / 1e9;
+    double secs = (double)(tu_now_ns() - t0) / 1e9;
     CHECK(secs >= 0.3 && secs < 5);
     CHECK_EQ(*aborts, a0 + 1);
     setenv("STUB_ASYNC", "5", 1);
@@ -502,9 +488,9 @@ static int faults(void)
     CHECK_EQ(engram_nccl_open(id, 0, 2, 0, SEC, &c, &err), 0);
     CUDA_OK(cudaLaunchHostFunc(st, sleeper, (void *)(intptr_t)800));
     setenv("STUB_ASYNC", "3", 1);
-    t0 = now_ns();
+    t0 = tu_now_ns();
     CHECK_ERR(engram_nccl_wait(c, st, 5 * SEC, &err), err, -EIO, "NCCL error 3");
-    CHECK((double)(now_ns() - t0) / 1e9 < 0.5);
+    CHECK((double)(tu_now_ns() - t0) / 1e9 < 0.5);
     CHECK_EQ(*aborts, a0 + 2);
     CHECK(drains(st));
     engram_nccl_close(c);
@@ -578,7 +564,7 @@ static int child(int rank, int world, const char *idfile, const char *model_path
                 fclose(f);
             }
             if (!got)
-                sleep_ms(10);
+                tu_sleep_ms(10);
         }
         CHECK(got);
         if (!got)
@@ -630,12 +616,12 @@ static void ranks(int world, const char *model_path)
     int status[8], done = 0, refused = 0, ok = 0;
     for (int i = 0; i < world; i++)
         status[i] = -1;
-    uint64_t t0 = now_ns();
-    while (done < world && now_ns() - t0 < 240 * SEC) {
+    uint64_t t0 = tu_now_ns();
+    while (done < world && tu_now_ns() - t0 < 240 * SEC) {
         for (int i = 0; i < world; i++)
             if (status[i] == -1 && pid[i] > 0 && waitpid(pid[i], &status[i], WNOHANG) == pid[i])
                 done++;
-        sleep_ms(20);
+        tu_sleep_ms(20);
     }
     for (int i = 0; i < world; i++) {
         if (status[i] == -1) { /* a hung rank: a failure; ended by its pid */

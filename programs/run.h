@@ -85,6 +85,8 @@ struct shard {
      * before the chunk pids_chunk + 1), the owners of table t's [k][24]
      * positions in pown.  combine: MPI_Iallreduce of the whole buffer. */
     int pgather;
+    uint64_t prows[2];     /* the tables' rows (the owners' split), read at
+                              the prompt's start                          */
     engram_history phist;
     const uint32_t *ptok;  /* the prompt's tokens                         */
     uint32_t *pids;        /* [chunk tokens][48]                          */

@@ -129,16 +129,35 @@ int shard_alloc(struct shard *sh, unsigned B, size_t rowb)
     return 0;
 }
 
-/* A combine begun now: 0, or the plugin's error (nothing in flight). */
-static int comb_begin(struct shard *sh, struct comb_op *o, struct comb *c, const void *send, void *recv,
-                      size_t bytes, engram_error *err)
+/* What a combine moves: send's bytes OR-ed into recv (a step's table, a
+ * prefill chunk with --prefill-method combine), or by default a prefill
+ * chunk's k tokens of table t, read at send, gathered (c: the chunk). */
+struct comb_args {
+    const void *send;
+    void *recv;
+    size_t bytes;
+    int t;
+    size_t c, k;
+};
+/* Begins it: 0 with *op in flight, or the error (nothing in flight). */
+typedef int (*comb_start_fn)(struct run *R, const struct comb_args *a, void **op, engram_error *err);
+
+static int start_combine(struct run *R, const struct comb_args *a, void **op, engram_error *err)
+{
+    return R->sh.mp->combine_begin(a->send, a->recv, a->bytes, op, err);
+}
+
+/* A combine begun now by start, timed in o and counted in c: 0, or the
+ * error (nothing in flight). */
+static int comb_begin(struct run *R, struct comb_op *o, struct comb *c, comb_start_fn start,
+                      const struct comb_args *a, engram_error *err)
 {
     *o = (struct comb_op){.begin_ns = run_ns_now()};
     o->polled_ns = o->begin_ns;
-    int rc = sh->mp->combine_begin(send, recv, bytes, &o->op, err);
+    int rc = start(R, a, &o->op, err);
     if (rc == 0) {
         c->calls++;
-        c->bytes += bytes;
+        c->bytes += a->bytes;
     }
     return rc;
 }
@@ -198,8 +217,9 @@ int shard_step_begin(struct run *R, int t, engram_error *err)
     for (unsigned b = 0; b < R->B && rc == 0; b++)
         memcpy(sh->send[t] + b * row, R->outs + ((size_t)b * R->rpt + (size_t)t * ENGRAM_COLUMNS) * R->rowb,
                row);
+    struct comb_args a = {.send = sh->send[t], .recv = sh->recv[t], .bytes = R->B * row};
     if (rc == 0)
-        rc = comb_begin(sh, &sh->op[t], &sh->dec, sh->send[t], sh->recv[t], R->B * row, err);
+        rc = comb_begin(R, &sh->op[t], &sh->dec, start_combine, &a, err);
     if (rc == 0)
         sh->began[t] = 1;
     return rc;
@@ -256,16 +276,23 @@ void shard_prefill_start(struct run *R, engram_prefill *pf, size_t chunks, const
     sh->ptok = tokens;
     sh->phist = *h;
     sh->pids_chunk = SIZE_MAX;
+    if (sh->pgather) {
+        engram_model_info mi;
+        engram_model_get_info(R->m, &mi);
+        for (int t = 0; t < ENGRAM_TABLES; t++)
+            sh->prows[t] = mi.table[t].rows;
+    }
 }
 
-/* The gather of chunk c's rows of table t ([k][24] in the ring at rows):
+/* The gather of chunk c's rows of table t ([k][24] in the ring at send):
  * the chunk's ids hashed (once, for table 0's; the chunks come in order),
  * the positions' owners, this rank's rows copied into pbuf[t] (the rest is
  * received there), the gather begun. */
-static int prefill_gather_begin(struct run *R, int t, size_t c, const void *rows, size_t k,
-                                engram_error *err)
+static int start_gather(struct run *R, const struct comb_args *a, void **op, engram_error *err)
 {
     struct shard *sh = &R->sh;
+    const int t = a->t;
+    const size_t c = a->c, k = a->k;
     int rc = 0;
     if (sh->pids_chunk != c) {
         if (c != (sh->pids_chunk == SIZE_MAX ? 0 : sh->pids_chunk + 1)) {
@@ -281,9 +308,7 @@ static int prefill_gather_begin(struct run *R, int t, size_t c, const void *rows
             return rc;
         sh->pids_chunk = c;
     }
-    engram_model_info mi;
-    engram_model_get_info(R->m, &mi);
-    const uint64_t rows_t = mi.table[t].rows;
+    const uint64_t rows_t = sh->prows[t];
     const size_t rowb = R->rowb, n = k * ENGRAM_COLUMNS;
     uint64_t received = 0;
     for (size_t i = 0; i < n; i++) {
@@ -292,11 +317,11 @@ static int prefill_gather_begin(struct run *R, int t, size_t c, const void *rows
         uint32_t o = sh->mp->owner(rows_t, id, (unsigned)sh->world);
         sh->pown[i] = o;
         if (o == (uint32_t)sh->rank)
-            memcpy(sh->pbuf[t] + i * rowb, (const uint8_t *)rows + i * rowb, rowb);
+            memcpy(sh->pbuf[t] + i * rowb, (const uint8_t *)a->send + i * rowb, rowb);
         else
             received += rowb;
     }
-    rc = sh->mp->gather_begin(sh->pbuf[t], rowb, sh->pown, n, &sh->pop[t].op, err);
+    rc = sh->mp->gather_begin(sh->pbuf[t], rowb, sh->pown, n, op, err);
     if (rc == 0)
         sh->pre_recv += received;
     return rc;
@@ -318,18 +343,10 @@ static int prefill_begin_next(struct run *R, int block, int *begun, engram_error
     const void *rows = NULL;
     size_t k = 0;
     int rc = engram_prefill_wait(sh->pf, t, c, &rows, NULL, &k, err);
-    if (rc == 0 && sh->pgather) {
-        struct comb_op *o = &sh->pop[t];
-        *o = (struct comb_op){.begin_ns = run_ns_now()};
-        o->polled_ns = o->begin_ns;
-        rc = prefill_gather_begin(R, t, c, rows, k, err);
-        if (rc == 0) {
-            sh->pre.calls++;
-            sh->pre.bytes += k * ENGRAM_COLUMNS * R->rowb;
-        }
-    } else if (rc == 0) {
-        rc = comb_begin(sh, &sh->pop[t], &sh->pre, rows, sh->pbuf[t], k * ENGRAM_COLUMNS * R->rowb, err);
-    }
+    struct comb_args a = {.send = rows, .recv = sh->pbuf[t], .bytes = k * ENGRAM_COLUMNS * R->rowb,
+                          .t = t, .c = c, .k = k};
+    if (rc == 0)
+        rc = comb_begin(R, &sh->pop[t], &sh->pre, sh->pgather ? start_gather : start_combine, &a, err);
     if (rc == 0) {
         sh->pchunk[t] = c;
         sh->pfull[t] = 1;
@@ -521,8 +538,10 @@ static int dp_setup(struct run *R, engram_error *err)
     sh->hist = calloc(R->B, sizeof *sh->hist);
     sh->xids = malloc(maxk * ENGRAM_ROWS_PER_TOKEN * sizeof *sh->xids);
     sh->xout = malloc(maxk * ENGRAM_ROWS_PER_TOKEN * R->rowb);
-    if (!sh->hist || !sh->xids || !sh->xout)
+    if (!sh->hist || !sh->xids || !sh->xout) {
+        shard_dp_close(sh); /* all or nothing: the reader too, so a later call starts afresh */
         return -ENOMEM;
+    }
     for (unsigned b = 0; b < R->B; b++)
         engram_session_history(R->ss[b].s, &sh->hist[b]);
     return 0;

@@ -7,6 +7,10 @@
 #   expect_rc RC NEEDLE DESCRIPTION COMMAND...
 #                        COMMAND exits RC and says NEEDLE (stdout in
 #                        $T/out, stderr in $T/err)
+#   mpi_env NAME [OPTION...]
+#                        (after tmpdir) Open MPI for the MPI tests: NAME
+#                        fails where there is no mpirun; MPIRUN the command
+#                        (oversubscribed, as root), with the OPTIONs
 #   finish NAME          the closing line "NAME: N passed, N failed" and
 #                        the exit status (0: none failed); the last command
 pass=0
@@ -28,6 +32,18 @@ expect_rc() {
     lib_rc=$?
     if [ "$lib_rc" -eq "$lib_want" ] && grep -q -- "$lib_needle" "$T/out" "$T/err"; then ok; else
         bad "$lib_what (rc $lib_rc, wanted $lib_want and '$lib_needle')"; head -3 "$T/err" >&2; fi
+}
+
+mpi_env() {
+    lib_name=$1; shift
+    command -v mpirun >/dev/null 2>&1 || { echo "$lib_name: no mpirun"; echo "$lib_name: 0 passed, 1 failed"; exit 1; }
+    # In a container: root allowed, no CMA/ptrace single copy (vader's
+    # default needs ptrace rights containers lack), shared memory and self
+    # only, no session directory trouble in a private TMPDIR.
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader \
+        OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        TMPDIR="$T"
+    MPIRUN="mpirun --oversubscribe --allow-run-as-root${*:+ $*}"
 }
 
 finish() {

@@ -18,14 +18,7 @@ NPS=${*:-2 4}
 P=$B/tests/mpi/test_mpi_combine
 tmpdir mpi
 [ -x "$P" ] || { echo "test_mpi: $P not built (no mpicc?)"; echo "test_mpi: 0 passed, 1 failed"; exit 1; }
-command -v mpirun >/dev/null 2>&1 || { echo "test_mpi: no mpirun"; echo "test_mpi: 0 passed, 1 failed"; exit 1; }
-# In a container: root allowed, no CMA/ptrace single copy (vader's default
-# needs ptrace rights containers lack), shared memory and self only, no
-# session directory trouble in a private TMPDIR.
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader \
-    OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    TMPDIR="$T"
-MPIRUN="mpirun --oversubscribe --allow-run-as-root -q"
+mpi_env test_mpi -q
 # a sanitizer's report in a run that exits non-zero by design
 SANREP="WARNING: ThreadSanitizer|ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:"
 case $B in *san-address*)

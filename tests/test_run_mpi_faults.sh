@@ -23,12 +23,7 @@ E="$B/engram"
 tmpdir runmpif
 [ -f "$B/engram-mpi.so" ] || { echo "test_run_mpi_faults: $B/engram-mpi.so not built (no mpicc?)";
     echo "test_run_mpi_faults: 0 passed, 1 failed"; exit 1; }
-command -v mpirun >/dev/null 2>&1 || { echo "test_run_mpi_faults: no mpirun"; echo "test_run_mpi_faults: 0 passed, 1 failed"; exit 1; }
-# as tests/test_mpi.sh: root allowed, no CMA single copy, shared memory only
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader \
-    OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    TMPDIR="$T"
-MPIRUN="mpirun --oversubscribe --allow-run-as-root"
+mpi_env test_run_mpi_faults
 EXE=$(readlink -f "$E")
 
 M="$T/m.gguf"

@@ -9,25 +9,13 @@
 #include <unistd.h>
 
 #include "util.h"
-
-__attribute__((format(printf, 5, 0)))
-static int err_vset(engram_error *err, int code, uint64_t offset, uint64_t row,
-                    const char *fmt, va_list ap)
-{
-    if (err) {
-        err->code = code;
-        err->offset = offset;
-        err->row = row;
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    }
-    return code;
-}
+#include "error_fill.h"
 
 int err_set(engram_error *err, int code, uint64_t offset, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    err_vset(err, code, offset, ENGRAM_NO_ROW, fmt, ap);
+    err_vfill(err, code, offset, ENGRAM_NO_ROW, fmt, ap);
     va_end(ap);
     return code;
 }
@@ -36,7 +24,7 @@ int err_set_row(engram_error *err, int code, uint64_t row, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    err_vset(err, code, ENGRAM_NO_OFFSET, row, fmt, ap);
+    err_vfill(err, code, ENGRAM_NO_OFFSET, row, fmt, ap);
     va_end(ap);
     return code;
 }
@@ -45,7 +33,7 @@ int err_set_at(engram_error *err, int code, uint64_t offset, uint64_t row, const
 {
     va_list ap;
     va_start(ap, fmt);
-    err_vset(err, code, offset, row, fmt, ap);
+    err_vfill(err, code, offset, row, fmt, ap);
     va_end(ap);
     return code;
 }

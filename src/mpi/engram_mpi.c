@@ -9,11 +9,12 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "common/error_fill.h"
 
 #define PIECE_DEFAULT ((size_t)1 << 30)
 
@@ -48,23 +49,6 @@ struct engram_mpi_op {
     MPI_Request req[];
 };
 
-static int fail(engram_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(engram_error *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        memset(err, 0, sizeof *err);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-        err->code = code;
-        err->offset = ENGRAM_NO_OFFSET;
-        err->row = ENGRAM_NO_ROW;
-    }
-    return code;
-}
-
 /* MPI's error code as -EIO with MPI's text, into msg (msg of 256). */
 static void mpi_text(char *msg, size_t n, const char *call, int rc)
 {
@@ -79,7 +63,7 @@ static int fail_mpi(engram_error *err, const char *call, int rc)
 {
     char msg[256];
     mpi_text(msg, sizeof msg, call, rc);
-    return fail(err, -EIO, "%s", msg);
+    return err_fail(err, -EIO, "%s", msg);
 }
 
 static uint64_t now_ns(void)
@@ -92,21 +76,21 @@ static uint64_t now_ns(void)
 int engram_mpi_open(MPI_Comm comm, const engram_mpi_opts *opts, engram_mpi **out, engram_error *err)
 {
     if (!out)
-        return fail(err, -EINVAL, "engram_mpi_open: out is NULL");
+        return err_fail(err, -EINVAL, "engram_mpi_open: out is NULL");
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
     if (!inited || finalized)
-        return fail(err, -EINVAL, "engram_mpi_open: MPI is not initialized (or already finalized)");
+        return err_fail(err, -EINVAL, "engram_mpi_open: MPI is not initialized (or already finalized)");
     if (comm == MPI_COMM_NULL)
-        return fail(err, -EINVAL, "engram_mpi_open: comm is MPI_COMM_NULL");
+        return err_fail(err, -EINVAL, "engram_mpi_open: comm is MPI_COMM_NULL");
     size_t piece = opts && opts->piece_bytes ? opts->piece_bytes : PIECE_DEFAULT;
     if (piece > INT_MAX)
-        return fail(err, -EINVAL, "engram_mpi_open: piece_bytes %zu is above INT_MAX (MPI counts are int)",
-                    piece);
+        return err_fail(err, -EINVAL, "engram_mpi_open: piece_bytes %zu is above INT_MAX (MPI counts are int)",
+                        piece);
     engram_mpi *m = calloc(1, sizeof *m);
     if (!m)
-        return fail(err, -ENOMEM, "engram_mpi_open: out of memory");
+        return err_fail(err, -ENOMEM, "engram_mpi_open: out of memory");
     /* the duplicate is collective: every rank gets here, so it returns everywhere */
     int rc = MPI_Comm_dup(comm, &m->comm);
     if (rc != MPI_SUCCESS) {
@@ -229,22 +213,22 @@ int engram_mpi_combine_begin_into(engram_mpi *m, const void *send, void *recv, s
                                   engram_mpi_op **out, engram_error *err)
 {
     if (!m || !out || ((!send || !recv) && bytes))
-        return fail(err, -EINVAL, "engram_mpi_combine_begin: %s is NULL",
-                    !m ? "m" : !out ? "out" : !send ? "send" : "recv");
+        return err_fail(err, -EINVAL, "engram_mpi_combine_begin: %s is NULL",
+                        !m ? "m" : !out ? "out" : !send ? "send" : "recv");
     if (m->xbusy)
-        return fail(err, -EBUSY, "engram_mpi_combine_begin: an exchange is in progress on this engram_mpi "
-                    "(its phases start collectives as it goes: wait for it first)");
+        return err_fail(err, -EBUSY, "engram_mpi_combine_begin: an exchange is in progress on this engram_mpi "
+                        "(its phases start collectives as it goes: wait for it first)");
     const uint8_t *s = send;
     uint8_t *r = recv;
     int in_place = s == r;
     if (!in_place && bytes && s < r + bytes && r < s + bytes)
-        return fail(err, -EINVAL, "engram_mpi_combine_begin_into: send and recv overlap (not the same buffer)");
+        return err_fail(err, -EINVAL, "engram_mpi_combine_begin_into: send and recv overlap (not the same buffer)");
     size_t pieces = bytes ? (bytes - 1) / m->piece + 1 : 0;
     if (pieces > INT_MAX)
-        return fail(err, -EINVAL, "engram_mpi_combine_begin: %zu bytes are too many pieces", bytes);
+        return err_fail(err, -EINVAL, "engram_mpi_combine_begin: %zu bytes are too many pieces", bytes);
     engram_mpi_op *op = op_new(m, (int)pieces);
     if (!op)
-        return fail(err, -ENOMEM, "engram_mpi_combine_begin: out of memory");
+        return err_fail(err, -ENOMEM, "engram_mpi_combine_begin: out of memory");
     op->nreq = (int)pieces;
     for (size_t i = 0; i < pieces; i++) {
         size_t off = i * m->piece, len = bytes - off < m->piece ? bytes - off : m->piece;
@@ -272,7 +256,7 @@ int engram_mpi_combine_begin(engram_mpi *m, void *buf, size_t bytes, engram_mpi_
                              engram_error *err)
 {
     if (!buf && bytes)
-        return fail(err, -EINVAL, "engram_mpi_combine_begin: buf is NULL");
+        return err_fail(err, -EINVAL, "engram_mpi_combine_begin: buf is NULL");
     return engram_mpi_combine_begin_into(m, buf, buf, bytes, out, err);
 }
 
@@ -289,18 +273,18 @@ int engram_mpi_owners(const uint64_t rows[ENGRAM_TABLES], const uint32_t *ids, c
                       size_t n, unsigned world, uint32_t *owner, engram_error *err)
 {
     if (!rows || (n && (!ids || !owner)))
-        return fail(err, -EINVAL, "engram_mpi_owners: %s is NULL", !rows ? "rows" : !ids ? "ids" : "owner");
+        return err_fail(err, -EINVAL, "engram_mpi_owners: %s is NULL", !rows ? "rows" : !ids ? "ids" : "owner");
     if (!world)
-        return fail(err, -EINVAL, "engram_mpi_owners: world is 0");
+        return err_fail(err, -EINVAL, "engram_mpi_owners: world is 0");
     for (size_t i = 0; i < n; i++) {
         if (mask && !mask[i])
             continue;
         for (int c = 0; c < ENGRAM_ROWS_PER_TOKEN; c++) {
             int t = c / ENGRAM_COLUMNS;
             if (ids[i * ENGRAM_ROWS_PER_TOKEN + c] >= rows[t])
-                return fail(err, -EINVAL, "engram_mpi_owners: token %zu column %d: row %u of table %d is "
-                            "not below its %llu rows", i, c, ids[i * ENGRAM_ROWS_PER_TOKEN + c], t,
-                            (unsigned long long)rows[t]);
+                return err_fail(err, -EINVAL, "engram_mpi_owners: token %zu column %d: row %u of table %d is "
+                                "not below its %llu rows", i, c, ids[i * ENGRAM_ROWS_PER_TOKEN + c], t,
+                                (unsigned long long)rows[t]);
         }
     }
     for (size_t i = 0; i < n; i++)
@@ -316,20 +300,20 @@ int engram_mpi_gather_begin(engram_mpi *m, void *buf, size_t row_bytes, const ui
                             size_t n, engram_mpi_op **out, engram_error *err)
 {
     if (!m || !out || (n && (!buf || !owner)))
-        return fail(err, -EINVAL, "engram_mpi_gather_begin: %s is NULL",
-                    !m ? "m" : !out ? "out" : !buf ? "buf" : "owner");
+        return err_fail(err, -EINVAL, "engram_mpi_gather_begin: %s is NULL",
+                        !m ? "m" : !out ? "out" : !buf ? "buf" : "owner");
     if (n && (row_bytes == 0 || row_bytes > INT_MAX))
-        return fail(err, -EINVAL, "engram_mpi_gather_begin: row_bytes %zu is not in 1..INT_MAX", row_bytes);
+        return err_fail(err, -EINVAL, "engram_mpi_gather_begin: row_bytes %zu is not in 1..INT_MAX", row_bytes);
     if (n > INT_MAX)
-        return fail(err, -EINVAL, "engram_mpi_gather_begin: %zu positions (at most INT_MAX)", n);
+        return err_fail(err, -EINVAL, "engram_mpi_gather_begin: %zu positions (at most INT_MAX)", n);
     if (m->xbusy)
-        return fail(err, -EBUSY, "engram_mpi_gather_begin: an exchange is in progress on this engram_mpi "
-                    "(its phases start collectives as it goes: wait for it first)");
+        return err_fail(err, -EBUSY, "engram_mpi_gather_begin: an exchange is in progress on this engram_mpi "
+                        "(its phases start collectives as it goes: wait for it first)");
     size_t w = (size_t)m->world;
     for (size_t i = 0; i < n; i++)
         if (owner[i] != ENGRAM_MPI_NOBODY && owner[i] >= w)
-            return fail(err, -EINVAL, "engram_mpi_gather_begin: position %zu: owner %u is not below the "
-                        "world's %zu ranks", i, owner[i], w);
+            return err_fail(err, -EINVAL, "engram_mpi_gather_begin: position %zu: owner %u is not below the "
+                            "world's %zu ranks", i, owner[i], w);
     engram_mpi_op *op = op_new(m, 1);
     int *counts = calloc(w, sizeof *counts), *displs = calloc(w, sizeof *displs);
     if (!op || !counts || !displs)
@@ -388,7 +372,7 @@ oom:
     free(displs);
     if (op)
         op_release(op);
-    return fail(err, -ENOMEM, "engram_mpi_gather_begin: out of memory");
+    return err_fail(err, -ENOMEM, "engram_mpi_gather_begin: out of memory");
 }
 
 /* The op's collectives completed (rc: MPI's result): scatter a gather's
@@ -424,22 +408,22 @@ static void xchg_progress(engram_mpi_op *op, int block);
 static int op_result(const engram_mpi_op *op, engram_error *err)
 {
     if (op->cancelled && op->state == OP_RUNNING)
-        return fail(err, -ECANCELED, "engram_mpi: the op was cancelled");
+        return err_fail(err, -ECANCELED, "engram_mpi: the op was cancelled");
     if (op->state == OP_FAILED)
-        return fail(err, op->code, "%s", op->msg);
+        return err_fail(err, op->code, "%s", op->msg);
     return 0;
 }
 
 int engram_mpi_combine_poll(engram_mpi_op *op, engram_error *err)
 {
     if (!op)
-        return fail(err, -EINVAL, "engram_mpi_combine_poll: op is NULL");
+        return err_fail(err, -EINVAL, "engram_mpi_combine_poll: op is NULL");
     if (op->state != OP_RUNNING || op->cancelled)
         return op_result(op, err);
     if (op->xc) {
         xchg_progress(op, 0);
         if (op->state == OP_RUNNING)
-            return fail(err, -EAGAIN, "engram_mpi_combine_poll: not yet");
+            return err_fail(err, -EAGAIN, "engram_mpi_combine_poll: not yet");
         return op_result(op, err);
     }
     int done = 0;
@@ -447,14 +431,14 @@ int engram_mpi_combine_poll(engram_mpi_op *op, engram_error *err)
     if (rc != MPI_SUCCESS || done)
         op_finish(op, rc, "MPI_Testall");
     if (op->state == OP_RUNNING)
-        return fail(err, -EAGAIN, "engram_mpi_combine_poll: not yet");
+        return err_fail(err, -EAGAIN, "engram_mpi_combine_poll: not yet");
     return op_result(op, err);
 }
 
 int engram_mpi_combine_wait(engram_mpi_op *op, uint64_t timeout_ns, engram_error *err)
 {
     if (!op)
-        return fail(err, -EINVAL, "engram_mpi_combine_wait: op is NULL");
+        return err_fail(err, -EINVAL, "engram_mpi_combine_wait: op is NULL");
     if (op->state != OP_RUNNING || op->cancelled)
         return op_result(op, err);
     if (timeout_ns == ENGRAM_FOREVER && op->xc) {
@@ -476,8 +460,8 @@ int engram_mpi_combine_wait(engram_mpi_op *op, uint64_t timeout_ns, engram_error
         if (rc != -EAGAIN)
             return rc;
         if (now_ns() >= deadline)
-            return fail(err, -ETIMEDOUT, "engram_mpi_combine_wait: not complete after %llu ns (a rank has "
-                        "not joined the collective; nothing lost: wait again)", (unsigned long long)timeout_ns);
+            return err_fail(err, -ETIMEDOUT, "engram_mpi_combine_wait: not complete after %llu ns (a rank has "
+                            "not joined the collective; nothing lost: wait again)", (unsigned long long)timeout_ns);
         sched_yield();
     }
 }
@@ -565,6 +549,26 @@ static int cmp_key(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The positions of an exchange's ids (token p / 48, column p % 48) whose
+ * token is not masked, in order: *p moved to the first such position at or
+ * after it, with its table in *t and its row in *id; 0 when none is left. */
+static int xnext(const uint32_t *ids, const uint8_t *mask, size_t n, size_t *p, int *t, uint32_t *id)
+{
+    while (*p < n * ENGRAM_ROWS_PER_TOKEN && mask && !mask[*p / ENGRAM_ROWS_PER_TOKEN])
+        *p = (*p / ENGRAM_ROWS_PER_TOKEN + 1) * ENGRAM_ROWS_PER_TOKEN;
+    if (*p >= n * ENGRAM_ROWS_PER_TOKEN)
+        return 0;
+    *t = (int)(*p % ENGRAM_ROWS_PER_TOKEN) / ENGRAM_COLUMNS;
+    *id = ids[*p];
+    return 1;
+}
+
+/* A row's sort key, by owner, table and id: owner << 32 | request. */
+static uint64_t xkey(const uint64_t rows[ENGRAM_TABLES], unsigned world, int t, uint32_t id)
+{
+    return (uint64_t)engram_mpi_owner(rows[t], id, world) << 32 | XREQ(t, id);
+}
+
 static size_t xrow_bytes(engram_dtype d)
 {
     return d == ENGRAM_F32 ? ENGRAM_ROW_VALUES * 4 : d == ENGRAM_RAW ? ENGRAM_ROW_BYTES : ENGRAM_ROW_VALUES * 2;
@@ -644,10 +648,10 @@ static int xchg_serve(engram_mpi_op *op)
             uint32_t q = x->rreq[i];
             engram_error e = {0};
             if (XREQ_ID(q) >= x->rows[XREQ_T(q)])
-                x->sstat[s] = fail(&e, -EINVAL, "row %u of table %d asked by rank %d is not below its %llu rows",
-                                   XREQ_ID(q), XREQ_T(q), s, (unsigned long long)x->rows[XREQ_T(q)]);
+                x->sstat[s] = err_fail(&e, -EINVAL, "row %u of table %d asked by rank %d is not below its %llu rows",
+                                       XREQ_ID(q), XREQ_T(q), s, (unsigned long long)x->rows[XREQ_T(q)]);
             else if (i > a && x->rreq[i - 1] >= q)
-                x->sstat[s] = fail(&e, -EINVAL, "the requests of rank %d are not sorted and distinct", s);
+                x->sstat[s] = err_fail(&e, -EINVAL, "the requests of rank %d are not sorted and distinct", s);
             if (x->sstat[s] && !x->served_rc) {
                 x->served_rc = x->sstat[s];
                 snprintf(x->served_msg, sizeof x->served_msg, "%.190s", e.msg);
@@ -783,39 +787,33 @@ int engram_mpi_exchange_begin(engram_mpi *m, const engram_model *model, engram_r
                               void *out, engram_mpi_op **opp, engram_error *err)
 {
     if (!m || !model || !r || !opp || (n && (!ids || !out)))
-        return fail(err, -EINVAL, "engram_mpi_exchange_begin: %s is NULL",
-                    !m ? "m" : !model ? "model" : !r ? "r" : !opp ? "op" : !ids ? "ids" : "out");
+        return err_fail(err, -EINVAL, "engram_mpi_exchange_begin: %s is NULL",
+                        !m ? "m" : !model ? "model" : !r ? "r" : !opp ? "op" : !ids ? "ids" : "out");
     if (dtype != ENGRAM_BF16 && dtype != ENGRAM_F32 && dtype != ENGRAM_RAW)
-        return fail(err, -EINVAL, "engram_mpi_exchange_begin: dtype %d is not BF16, F32 or RAW", (int)dtype);
+        return err_fail(err, -EINVAL, "engram_mpi_exchange_begin: dtype %d is not BF16, F32 or RAW", (int)dtype);
     if (m->xbusy)
-        return fail(err, -EBUSY, "engram_mpi_exchange_begin: an exchange is in progress on this engram_mpi "
-                    "(wait for it first)");
+        return err_fail(err, -EBUSY, "engram_mpi_exchange_begin: an exchange is in progress on this engram_mpi "
+                        "(wait for it first)");
     engram_model_info mi;
     engram_model_get_info(model, &mi);
     if (mi.family.member != ENGRAM_MEMBER_V41)
-        return fail(err, -EINVAL, "engram_mpi_exchange_begin: the model is not V4.1 (%s): the exchange "
-                    "moves V4.1's 48 rows a token", mi.family.name);
+        return err_fail(err, -EINVAL, "engram_mpi_exchange_begin: the model is not V4.1 (%s): the exchange "
+                        "moves V4.1's 48 rows a token", mi.family.name);
     if (mi.shard.world > 1 && (mi.shard.world != (uint32_t)m->world || mi.shard.rank != (uint32_t)m->rank))
-        return fail(err, -EINVAL, "engram_mpi_exchange_begin: the model is shard %u of %u, this rank is %d "
-                    "of %d (each rank reads its own block)", mi.shard.rank, mi.shard.world, m->rank, m->world);
+        return err_fail(err, -EINVAL, "engram_mpi_exchange_begin: the model is shard %u of %u, this rank is %d "
+                        "of %d (each rank reads its own block)", mi.shard.rank, mi.shard.world, m->rank, m->world);
     size_t npos = n * ENGRAM_ROWS_PER_TOKEN;
     if (n > (size_t)INT_MAX / ENGRAM_ROWS_PER_TOKEN / (size_t)m->world)
-        return fail(err, -EINVAL, "engram_mpi_exchange_begin: %zu tokens (at most INT_MAX / 48 / world: "
-                    "the others' requests of one rank must fit MPI's int counts)", n);
+        return err_fail(err, -EINVAL, "engram_mpi_exchange_begin: %zu tokens (at most INT_MAX / 48 / world: "
+                        "the others' requests of one rank must fit MPI's int counts)", n);
     size_t want = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (mask && !mask[i])
-            continue;
-        for (int c = 0; c < ENGRAM_ROWS_PER_TOKEN; c++) {
-            int t = c / ENGRAM_COLUMNS;
-            uint32_t id = ids[i * ENGRAM_ROWS_PER_TOKEN + (size_t)c];
-            if (id >= mi.table[t].rows || id > 0x7fffffffu)
-                return fail(err, -EINVAL, "engram_mpi_exchange_begin: token %zu column %d: row %u of table %d "
-                            "is not below its %llu rows (and 2^31)", i, c, id, t,
-                            (unsigned long long)mi.table[t].rows);
-        }
-        want += ENGRAM_ROWS_PER_TOKEN;
-    }
+    int t;
+    uint32_t id;
+    for (size_t p = 0; xnext(ids, mask, n, &p, &t, &id); p++, want++)
+        if (id >= mi.table[t].rows || id > 0x7fffffffu)
+            return err_fail(err, -EINVAL, "engram_mpi_exchange_begin: token %zu column %d: row %u of table %d "
+                            "is not below its %llu rows (and 2^31)", p / ENGRAM_ROWS_PER_TOKEN,
+                            (int)(p % ENGRAM_ROWS_PER_TOKEN), id, t, (unsigned long long)mi.table[t].rows);
     size_t w = (size_t)m->world;
     engram_mpi_op *op = op_new(m, 2);
     struct xchg *x = calloc(1, sizeof *x);
@@ -839,17 +837,10 @@ int engram_mpi_exchange_begin(engram_mpi *m, const engram_model *model, engram_r
     x->rstat = calloc(w, sizeof(int));
     if (!x->slot || !x->scount || !x->sdispl || !x->rcount || !x->rdispl || !x->sstat || !x->rstat)
         goto oom;
-    /* the distinct rows, by owner, table and id: owner << 32 | request */
+    /* the distinct rows, in key order */
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (mask && !mask[i])
-            continue;
-        for (int c = 0; c < ENGRAM_ROWS_PER_TOKEN; c++) {
-            int t = c / ENGRAM_COLUMNS;
-            uint32_t id = ids[i * ENGRAM_ROWS_PER_TOKEN + (size_t)c];
-            keys[k++] = (uint64_t)engram_mpi_owner(x->rows[t], id, (unsigned)w) << 32 | XREQ(t, id);
-        }
-    }
+    for (size_t p = 0; xnext(ids, mask, n, &p, &t, &id); p++)
+        keys[k++] = xkey(x->rows, (unsigned)w, t, id);
     qsort(keys, k, sizeof *keys, cmp_key);
     size_t d = 0;
     for (size_t i = 0; i < k; i++)
@@ -866,18 +857,13 @@ int engram_mpi_exchange_begin(engram_mpi *m, const engram_model *model, engram_r
     }
     for (size_t o = 1; o < w; o++)
         x->sdispl[o] = x->sdispl[o - 1] + x->scount[o - 1];
-    for (size_t i = 0; i < n; i++)
-        for (int c = 0; c < ENGRAM_ROWS_PER_TOKEN; c++) {
-            size_t p = i * ENGRAM_ROWS_PER_TOKEN + (size_t)c;
-            if (mask && !mask[i]) {
-                x->slot[p] = ENGRAM_MPI_NOBODY;
-                continue;
-            }
-            int t = c / ENGRAM_COLUMNS;
-            uint64_t key = (uint64_t)engram_mpi_owner(x->rows[t], ids[p], (unsigned)w) << 32 | XREQ(t, ids[p]);
-            const uint64_t *hit = bsearch(&key, keys, d, sizeof *keys, cmp_key);
-            x->slot[p] = (uint32_t)(hit - keys);
-        }
+    for (size_t p = 0; p < npos; p++)
+        x->slot[p] = ENGRAM_MPI_NOBODY;
+    for (size_t p = 0; xnext(ids, mask, n, &p, &t, &id); p++) {
+        uint64_t key = xkey(x->rows, (unsigned)w, t, id);
+        const uint64_t *hit = bsearch(&key, keys, d, sizeof *keys, cmp_key);
+        x->slot[p] = (uint32_t)(hit - keys);
+    }
     free(keys);
     keys = NULL;
     x->info.rows_asked = d;
@@ -908,7 +894,7 @@ oom:
         op_release(op);
     else
         xchg_free(x);
-    return fail(err, -ENOMEM, "engram_mpi_exchange_begin: out of memory");
+    return err_fail(err, -ENOMEM, "engram_mpi_exchange_begin: out of memory");
 }
 
 void engram_mpi_exchange_get_info(const engram_mpi_op *op, engram_mpi_exchange_info *info)

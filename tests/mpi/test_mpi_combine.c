@@ -17,7 +17,6 @@
  *                               must not hide a leak of ours)
  * A rank that sees wrong rows prints "WRONG ROWS" (the script greps it). */
 #include <mpi.h>
-#include <time.h>
 
 #include "../testutil.h"
 #include "engram_mpi.h"
@@ -26,19 +25,6 @@
 static int rank, world;
 static engram_model *model;
 static uint64_t table_rows[2];
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static size_t row_bytes_of(engram_dtype d)
 {
@@ -256,7 +242,7 @@ static void test_late(engram_mpi *m)
         engram_mpi_op *op = NULL;
         int late = rank == world - 1;
         if (late)
-            sleep_ms(300);
+            tu_sleep_ms(300);
         int rc = method == 0 ? engram_mpi_combine_begin(m, share, n * rb, &op, &err)
                              : engram_mpi_gather_begin(m, share, rb, owner, n, &op, &err);
         CHECK_EQ(rc, 0);
@@ -270,10 +256,10 @@ static void test_late(engram_mpi *m)
                 for (size_t p = 0; p < n; p++)
                     if (owner[p] != (uint32_t)rank)
                         CHECK(share[p * rb] == 0 && memcmp(share + p * rb, share + p * rb + 1, rb - 1) == 0);
-            uint64_t t0 = now_ns();
+            uint64_t t0 = tu_now_ns();
             int timeouts = 0;
             while ((rc = engram_mpi_combine_wait(op, 20 * 1000000ull, &err)) == -ETIMEDOUT &&
-                   now_ns() - t0 < 30ull * 1000000000ull)
+                   tu_now_ns() - t0 < 30ull * 1000000000ull)
                 timeouts++;
             CHECK_EQ(rc, 0);
             CHECK(timeouts >= 1);
@@ -298,7 +284,7 @@ static void test_cancel(engram_mpi *m)
     engram_mpi_op *op = NULL;
     int late = rank == world - 1;
     if (late) {
-        sleep_ms(200);
+        tu_sleep_ms(200);
         CHECK_EQ(engram_mpi_combine_begin(m, buf, bytes, &op, &err), 0);
         CHECK_EQ(engram_mpi_combine_wait(op, ENGRAM_FOREVER, &err), 0);
         engram_mpi_combine_free(op);
@@ -309,11 +295,11 @@ static void test_cancel(engram_mpi *m)
         CHECK_ERR(engram_mpi_combine_poll(op, &err), err, -ECANCELED, "cancelled");
         engram_mpi_combine_free(op); /* parked on m until MPI completes it */
         engram_mpi_info info;
-        uint64_t t0 = now_ns();
+        uint64_t t0 = tu_now_ns();
         do {
-            sleep_ms(5);
+            tu_sleep_ms(5);
             engram_mpi_get_info(m, &info);
-        } while (info.pending && now_ns() - t0 < 30ull * 1000000000ull);
+        } while (info.pending && tu_now_ns() - t0 < 30ull * 1000000000ull);
         CHECK_EQ(info.pending, 0);
     }
     free(buf);
@@ -418,11 +404,11 @@ static int exit_case(engram_mpi *m)
     engram_error err;
     engram_mpi_op *op = NULL;
     int rc = engram_mpi_combine_begin(m, share, n * rb, &op, &err);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tu_now_ns();
     int timeouts = 0;
     if (rc == 0)
         while ((rc = engram_mpi_combine_wait(op, 100 * 1000000ull, &err)) == -ETIMEDOUT &&
-               now_ns() - t0 < 20ull * 1000000000ull)
+               tu_now_ns() - t0 < 20ull * 1000000000ull)
             timeouts++;
     if (rc == 0) {
         same(share, want, n * rb, "a combine a dead rank never joined"); /* must not happen */
@@ -544,12 +530,12 @@ static void bench(engram_mpi *m, uint64_t timeout)
                 /* the OR of a combined buffer with the others' is itself: no refill */
                 MPI_Barrier(MPI_COMM_WORLD);
                 engram_mpi_op *op = NULL;
-                uint64_t t0 = now_ns();
+                uint64_t t0 = tu_now_ns();
                 int rc = method == 0 ? engram_mpi_combine_begin(m, share, bytes, &op, NULL)
                                      : engram_mpi_gather_begin(m, share, rb, owner, n, &op, NULL);
                 if (rc == 0)
                     rc = engram_mpi_combine_wait(op, timeout, NULL);
-                uint64_t dt = now_ns() - t0;
+                uint64_t dt = tu_now_ns() - t0;
                 CHECK_EQ(rc, 0);
                 engram_mpi_combine_free(op);
                 if (it >= 0)

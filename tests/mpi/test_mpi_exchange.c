@@ -11,7 +11,6 @@
  * refuses to start (its ops stay MPI's while a request is active).  Each rank prints its count line; a
  * rank that sees wrong rows prints "WRONG ROWS". */
 #include <mpi.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../testutil.h"
@@ -38,19 +37,6 @@ int MPI_Ialltoallv(const void *sb, const int sc[], const int sd[], MPI_Datatype 
         return MPI_ERR_OTHER;
     }
     return PMPI_Ialltoallv(sb, sc, sd, st, rb, rc, rd, rt, comm, req);
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static size_t rb_of(engram_dtype d)
@@ -204,16 +190,16 @@ static void test_late(engram_mpi *m, engram_model *mine, engram_reader *rd)
     engram_mpi_op *op = NULL;
     int late = rank == world - 1;
     if (late)
-        sleep_ms(300);
+        tu_sleep_ms(300);
     CHECK_EQ(engram_mpi_exchange_begin(m, mine, rd, ids, mask, n, ENGRAM_BF16, out, &op, &err), 0);
     int rc = -1;
     if (op && !late) {
         rc = engram_mpi_combine_wait(op, 20 * 1000000ull, &err);
         CHECK_ERR(rc, err, -ETIMEDOUT, "not complete");
-        uint64_t t0 = now_ns();
+        uint64_t t0 = tu_now_ns();
         int timeouts = 1;
         while ((rc = engram_mpi_combine_wait(op, 20 * 1000000ull, &err)) == -ETIMEDOUT &&
-               now_ns() - t0 < 30ull * 1000000000ull)
+               tu_now_ns() - t0 < 30ull * 1000000000ull)
             timeouts++;
         CHECK_EQ(rc, 0);
         CHECK(timeouts >= 2);
@@ -324,11 +310,11 @@ static void test_cancel(engram_mpi *m, engram_model *mine, engram_reader *rd)
     CHECK_ERR(engram_mpi_combine_poll(op, &err), err, -ECANCELED, "cancelled");
     engram_mpi_combine_free(op);
     engram_mpi_info info;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tu_now_ns();
     do {
         engram_mpi_get_info(m2, &info);
-        sleep_ms(1);
-    } while (info.pending && now_ns() - t0 < 30ull * 1000000000ull);
+        tu_sleep_ms(1);
+    } while (info.pending && tu_now_ns() - t0 < 30ull * 1000000000ull);
     CHECK_EQ(info.pending, 0);
     uint8_t canary[512];
     memset(canary, 0xA5, sizeof canary);
@@ -386,7 +372,7 @@ static void test_rows_refused(engram_model *mine, engram_reader *rd)
      * with the op's buffers freed, MPI wrote into freed memory here */
     for (int i = 0; i < 3; i++) {
         MPI_Barrier(MPI_COMM_WORLD);
-        sleep_ms(100);
+        tu_sleep_ms(100);
     }
     engram_mpi_get_info(refused_handle, &info);
     if (rank != 0)
