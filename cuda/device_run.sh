@@ -21,14 +21,14 @@ echo "== bench_cuda"
 "$BIN/bench_cuda" > "$OUT/bench_cuda.txt" 2>&1; echo "bench_cuda rc=$?"; cat "$OUT/bench_cuda.txt"
 echo "== test_apply.sh on the GPU"
 mkdir -p /tmp/b && cp "$BIN/engram" "$BIN/engram-cuda.so" /tmp/b/
-for dev in cuda-fma cuda cuda-fast; do
+for dev in cuda-fma cuda; do
     ENGRAM_DEVICE=$dev PY=python3 sh tests/test_apply.sh /tmp/b > "$OUT/test_apply_$dev.txt" 2>&1
     echo "test_apply.sh ($dev) rc=$?"
     grep -E "layer|end to end|gate and|projection|passed|FAIL" "$OUT/test_apply_$dev.txt" | head -30
 done
 echo "== engram run --device cuda"
 /tmp/b/engram build /tmp/m5120.gguf --base 16000 --width 5120 --fill normal --seed 1 > "$OUT/run.txt" 2>&1
-for args in "--device cuda" "--device cuda --no-overlap" "--device cuda --no-prefetch" "--device cuda-fma" "--device cuda-fast" "--threads 8"; do
+for args in "--device cuda" "--device cuda --no-overlap" "--device cuda --no-prefetch" "--device cuda-fma" "--threads 8"; do
     echo "-- engram run /tmp/m5120.gguf --sessions 8 --decode 64 $args" >> "$OUT/run.txt"
     /tmp/b/engram run /tmp/m5120.gguf --sessions 8 --decode 64 $args >> "$OUT/run.txt" 2>&1
 done

@@ -300,20 +300,44 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     *bf16 = 0;
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
     if (n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY)) {
-        /* decode: every token in one pass over the weights (mmv.cuh) */
+        /* decode: every token in one pass over the weights (mmv.cuh); from
+         * two n-tiles on, the tokens' operands made first (mmv_prep_kernel,
+         * into the F16 rows' workspace, which the decode path does not use),
+         * the projection its programmatic dependent */
         unsigned groups = (c->N + MMV_ROWS - 1) / MMV_ROWS;
         unsigned blocks = (groups + MMV_GROUPS - 1) / MMV_GROUPS;
-        switch ((n + 7) / 8) {
+        unsigned nt = (n + 7) / 8;
+        uint4 *frag = (uint4 *)c->e16;
+        float2 *pw = (float2 *)(frag + (size_t)(K / 32) * nt * 32);
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(blocks);
+        cfg.blockDim = dim3(MMV_WARPS * 32);
+        cfg.stream = st;
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = c->pdl ? 1 : 0;
+        cudaError_t e = cudaSuccess;
+        switch (nt) {
+        case 1:
+            mmv_kernel<1><<<blocks, MMV_WARPS * 32, 0, st>>>(c->w, raw, stride, a->d_step, a->raw_step, (int)n,
+                                                             (int)c->N, kv, (int)c->N, NULL, NULL);
+            e = cudaGetLastError();
+            break;
 #define CASE(NT)                                                                               \
     case NT:                                                                                   \
-        mmv_kernel<NT><<<blocks, MMV_WARPS * 32, 0, st>>>(c->w, raw, stride, a->d_step,          \
-                                                          a->raw_step, (int)n, (int)c->N, kv,  \
-                                                          (int)c->N);                          \
+        mmv_prep_kernel<NT><<<K / 32, NT * 32, 0, st>>>(raw, stride, a->d_step, a->raw_step,    \
+                                                        (int)n, frag, pw);                     \
+        CK(cudaGetLastError(), "mmv_prep_kernel");                                             \
+        e = cudaLaunchKernelEx(&cfg, mmv_kernel<NT>, c->w, raw, stride, a->d_step, a->raw_step, \
+                               (int)n, (int)c->N, kv, (int)c->N, (const uint4 *)frag,           \
+                               (const float2 *)pw);                                             \
         break;
-            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+            CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
         }
-        CK(cudaGetLastError(), "mmv_kernel");
+        CK(e, "mmv_kernel");
         return 0;
     }
     if (a->flags & ENGRAM_CUDA_FMA_ONLY) {

@@ -48,6 +48,12 @@
 #ifndef MMV_RT
 #define MMV_RT 2 /* row tiles of 16 outputs per warp */
 #endif
+#ifndef MMV_UNROLL_PRE
+#define MMV_UNROLL_PRE 2 /* the same for NT >= 2 */
+#endif
+#ifndef MMV_MIN_BLOCKS
+#define MMV_MIN_BLOCKS 2 /* blocks an SM holds at once, at least (caps the registers) */
+#endif
 #ifndef MMV_KSPLIT
 #define MMV_KSPLIT 2 /* parts of K per output (a divisor of 24 and of MMV_WARPS) */
 #endif
@@ -57,8 +63,8 @@
 #define MMV_ROWS (16 * MMV_RT)                   /* outputs per warp     */
 #define MMV_GROUPS (MMV_WARPS / MMV_KSPLIT)      /* output groups a block */
 #define MMV_PART_BLOCKS (K / 32 / MMV_KSPLIT)    /* blocks of 32 per part */
+static_assert(MMV_PART_BLOCKS % MMV_UNROLL == 0 && MMV_PART_BLOCKS % MMV_UNROLL_PRE == 0, "MMV_UNROLL");
 static_assert(MMV_WARPS % MMV_KSPLIT == 0 && (K / 256) % MMV_KSPLIT == 0, "MMV_KSPLIT");
-static_assert(MMV_PART_BLOCKS % MMV_UNROLL == 0 && MMV_UNROLL % 2 == 0, "MMV_UNROLL");
 #define MMV_PRAGMA(x) _Pragma(#x)
 #define MMV_UNROLL_N(n) MMV_PRAGMA(unroll n)
 
@@ -112,16 +118,51 @@ __device__ __forceinline__ void codes_f16(uint2 c, unsigned s, unsigned (&b)[4])
 }
 
 /*
+ * For NT >= 2 n-tiles, the tokens' operands are made once per call rather
+ * than by every warp: lane (g, q)'s B fragment of n-tile nt at block kb of
+ * 32 inputs (token nt * 8 + g, inputs 8q..8q+7, as codes_f16 makes them)
+ * into frag[(kb * NT + nt) * 32 + lane], and the block scales of the
+ * lane's C columns (tokens nt * 8 + 2q, + 1; e8m0_pow2, 0 past n) into
+ * pw[...]: one coalesced 16-byte and one 8-byte load per n-tile in the
+ * projection, the same values.  Grid K / 32 blocks of NT x 32 threads;
+ * the projection is its programmatic dependent.
+ */
+template <int NT>
+__global__ void __launch_bounds__(NT * 32)
+mmv_prep_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_step, size_t raw_step, int n,
+                uint4 *__restrict__ frag, float2 *__restrict__ pw)
+{
+    pdl_launch_dependents();
+    if (d_step)
+        raw += (size_t)(*d_step) * raw_step;
+    const int kb = blockIdx.x, nt = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int j = kb >> 3, b = kb & 7, tg = nt * 8 + g, t0 = nt * 8 + 2 * q;
+    const size_t co = (size_t)j * ROW + b * 32 + 8 * q, so = (size_t)j * ROW + 256 + b;
+    unsigned bb[4] = {0u, 0u, 0u, 0u};
+    if (tg < n)
+        codes_f16(*(const uint2 *)(raw + (size_t)tg * stride + co), raw[(size_t)tg * stride + so], bb);
+    float p0 = t0 < n ? e8m0_pow2(raw[(size_t)t0 * stride + so]) : 0.0f;
+    float p1 = t0 + 1 < n ? e8m0_pow2(raw[(size_t)(t0 + 1) * stride + so]) : 0.0f;
+    size_t o = ((size_t)kb * NT + nt) * 32 + lane;
+    frag[o] = make_uint4(bb[0], bb[1], bb[2], bb[3]);
+    pw[o] = make_float2(p0, p1);
+}
+
+/*
  * NT n-tiles of 8 tokens (n <= 8 NT; tokens past n are zeros and not
- * written).  Block: MMV_GROUPS output groups of MMV_ROWS x MMV_KSPLIT
+ * written).  NT = 1: the lane decodes its token's codes itself; NT >= 2:
+ * the operands come from mmv_prep_kernel (frag, pw), which this kernel
+ * waits for (a programmatic dependent launch) before its first read.  Block: MMV_GROUPS output groups of MMV_ROWS x MMV_KSPLIT
  * parts, a warp each; part p of group r is warp r * MMV_KSPLIT + p.
  */
 template <int NT>
-__global__ void __launch_bounds__(MMV_WARPS * 32)
+__global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MIN_BLOCKS)
 mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride,
-           const int *d_step, size_t raw_step, int n, int n_out, float *__restrict__ kv, int ldkv)
+           const int *d_step, size_t raw_step, int n, int n_out, float *__restrict__ kv, int ldkv,
+           const uint4 *__restrict__ frag, const float2 *__restrict__ pw)
 {
-    __shared__ float part[MMV_KSPLIT > 1 ? MMV_WARPS : 1][MMV_RT * NT * 4][32];
+    /* parts 1.. of each group: [group][part - 1][value][lane] */
+    __shared__ float part[MMV_KSPLIT > 1 ? MMV_GROUPS * (MMV_KSPLIT - 1) : 1][MMV_RT * NT * 4][32];
     pdl_launch_dependents();
     if (d_step)
         raw += (size_t)(*d_step) * raw_step;
@@ -138,10 +179,8 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
             int r = row0 + rt * 16 + g + 8 * h;
             wr[rt][h] = w + (size_t)(live && r < n_out ? r : 0) * K + 8 * q;
         }
-    /* this lane's tokens in n-tile nt: B column g (token nt * 8 + g), C
-     * columns 2q, 2q+1; none past n */
+    /* NT = 1: this lane's tokens, B column g, C columns 2q, 2q+1; none past n */
     const uint8_t *rb = raw + (size_t)g * stride, *rc = raw + (size_t)(2 * q) * stride;
-    const size_t step8 = 8 * stride;
     float acc[MMV_RT][NT][4];
 #pragma unroll
     for (int rt = 0; rt < MMV_RT; rt++)
@@ -153,7 +192,9 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
     if (live) {
         /* U blocks of 32 inputs a round: their weights and codes loaded
          * first (U x MMV_RT x 32 bytes a lane in flight), then multiplied */
-        constexpr int U = NT <= 2 ? MMV_UNROLL : NT <= 5 ? MMV_UNROLL / 2 : 1;
+        constexpr int U = NT == 1 ? MMV_UNROLL : MMV_UNROLL_PRE;
+        if (NT > 1)
+            pdl_wait(); /* mmv_prep_kernel's operands */
         const int kb0 = p * MMV_PART_BLOCKS;
 #pragma unroll 1
         for (int kb = kb0; kb < kb0 + MMV_PART_BLOCKS; kb += U) {
@@ -171,14 +212,12 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
 #pragma unroll
                     for (int h = 0; h < 2; h++)
                         a[u][rt][h] = __ldg((const uint4 *)(wr[rt][h] + wo));
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const uint8_t *tb = rb + nt * step8, *tc = rc + nt * step8;
-                    bool vb = nt * 8 + g < n, v0 = nt * 8 + 2 * q < n, v1 = nt * 8 + 2 * q + 1 < n;
-                    cd[u][nt] = vb ? __ldg((const uint2 *)(tb + co)) : make_uint2(0u, 0u);
-                    sb[u][nt] = vb ? __ldg(tb + so) : 3u;
-                    s0[u][nt] = v0 ? __ldg(tc + so) : 0u;
-                    s1[u][nt] = v1 ? __ldg(tc + stride + so) : 0u;
+                if (NT == 1) {
+                    bool vb = g < n, v0 = 2 * q < n, v1 = 2 * q + 1 < n;
+                    cd[u][0] = vb ? __ldg((const uint2 *)(rb + co)) : make_uint2(0u, 0u);
+                    sb[u][0] = vb ? __ldg(rb + so) : 3u;
+                    s0[u][0] = v0 ? __ldg(rc + so) : 0u;
+                    s1[u][0] = v1 ? __ldg(rc + stride + so) : 0u;
                 }
             }
 #pragma unroll
@@ -186,8 +225,22 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     unsigned bb[4];
-                    codes_f16(cd[u][nt], sb[u][nt], bb); /* zeros past n */
-                    float p0 = e8m0_pow2(s0[u][nt]), p1 = e8m0_pow2(s1[u][nt]);
+                    float p0, p1;
+                    if (NT == 1) {
+                        codes_f16(cd[u][nt], sb[u][nt], bb); /* zeros past n */
+                        p0 = e8m0_pow2(s0[u][nt]);
+                        p1 = e8m0_pow2(s1[u][nt]);
+                    } else {
+                        size_t o = ((size_t)(kb + u) * NT + nt) * 32 + lane;
+                        uint4 f = __ldg(frag + o);
+                        float2 pp = __ldg(pw + o);
+                        bb[0] = f.x;
+                        bb[1] = f.y;
+                        bb[2] = f.z;
+                        bb[3] = f.w;
+                        p0 = pp.x;
+                        p1 = pp.y;
+                    }
 #pragma unroll
                     for (int rt = 0; rt < MMV_RT; rt++) {
                         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -212,7 +265,7 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        part[warp][(rt * NT + nt) * 4 + i][lane] = acc[rt][nt][i];
+                        part[warp - warp / MMV_KSPLIT - 1][(rt * NT + nt) * 4 + i][lane] = acc[rt][nt][i];
         }
         __syncthreads();
         if (p)
@@ -225,7 +278,7 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        acc[rt][nt][i] += part[warp + pp][(rt * NT + nt) * 4 + i][lane];
+                        acc[rt][nt][i] += part[warp - warp / MMV_KSPLIT + pp - 1][(rt * NT + nt) * 4 + i][lane];
     }
     if (!live)
         return;
