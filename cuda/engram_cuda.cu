@@ -261,7 +261,7 @@ static int check_args(const engram_cuda_layer *c, const engram_cuda_args *a, int
     if (a->raw_stride && (a->raw_stride < (size_t)ENGRAM_COLUMNS * ROW || a->raw_stride % 8))
         return set_err(err, -EINVAL, "raw_stride: at least 24 x 264 bytes, a multiple of 8");
     if (a->d_step && a->n > ENGRAM_CUDA_GEMV_MAX)
-        return set_err(err, -EINVAL, "d_step is for the decode path (n <= 8)");
+        return set_err(err, -EINVAL, "d_step is for the decode path (n <= ENGRAM_CUDA_GEMV_MAX = 64)");
     if ((uintptr_t)a->raw % 8 || a->raw_step % 8)
         return set_err(err, -EINVAL, "raw and raw_step: multiples of 8 bytes");
     if (a->flags & ~(unsigned)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_SERIAL_GATE))
@@ -317,7 +317,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = at;
-        cfg.numAttrs = c->pdl ? 1 : 0;
+        cfg.numAttrs = c->pdl && !(a->flags & ENGRAM_CUDA_SERIAL_GATE) ? 1 : 0;
         cudaError_t e = cudaSuccess;
         switch (nt) {
         case 1:

@@ -343,8 +343,13 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
     cg::cluster_group cl = cg::this_cluster();
     const int t = blockIdx.x / GATE_CTAS, rank = (int)cl.block_rank();
     int ks = kshift ? kshift[t] : 0; /* kv rows of the F16 path are kv * 2^-ks */
-    if (mask && !mask[t])
-        return; /* the whole cluster */
+    if (mask && !mask[t]) {
+        /* the whole cluster; not before the projection has finished, so
+         * that no grid of this call outlives the gate's (the next call's
+         * kernels reuse the workspace) */
+        pdl_wait();
+        return;
+    }
     if (d_step)
         resid = (char *)resid + (size_t)(*d_step) * resid_step;
     __shared__ float sh[GATE_THREADS / 32][3 * GATE_GROUP];

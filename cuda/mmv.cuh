@@ -20,8 +20,10 @@
  *  - that sum times 2^(s-127) (exact while the result is a normal float) is
  *    added to the output's F32 sum with one FMA, the blocks in input
  *    order: the tensor cores' sums are promoted to F32 every 32 products;
- *  - where SPEC section 7 rounds (values below 2^-126: scales under 3) the
- *    codes are replaced by the rounded values x 2^(127-s), exact in F16;
+ *  - where SPEC section 7 rounds a value (block scales under 3: below
+ *    2^-133, BF16's subnormal step; from 3 up every value is exact in
+ *    BF16) the codes are replaced by the rounded values x 2^(127-s), exact
+ *    in F16;
  *  - the MMV_KSPLIT parts of K are added in part order at the end.
  * Column j of an mma's result depends on column j of B alone, so a token's
  * sums are those of the same token alone.

@@ -268,6 +268,24 @@ static void shrink(uint8_t *raw, uint16_t *bf, unsigned n)
     }
 }
 
+/* Every third of n tokens with every block scale 0, 1 or 2 and codes of
+ * exponent field 0 or 1 (values of 2^-136 .. 2^-134 and subnormal: SPEC
+ * section 7 rounds them to BF16's 2^-133 step, changing most), its BF16
+ * values redone: the decode path must sum the rounded values. */
+static void sub3(uint8_t *raw, uint16_t *bf, unsigned n)
+{
+    for (unsigned t = 0; t < n; t += 3) {
+        uint8_t *tr = raw + (size_t)t * 24 * 264;
+        for (int r = 0; r < 24; r++) {
+            for (int i = 0; i < 256; i++)
+                tr[r * 264 + i] &= 0x8f;
+            for (int b = 0; b < 8; b++)
+                tr[r * 264 + 256 + b] = (uint8_t)(tr[r * 264 + 256 + b] % 3);
+        }
+        CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, tr, 24, bf + (size_t)t * K, NULL), 0);
+    }
+}
+
 /* `bytes` bytes of device memory (cudaFree), holding a copy of init's
  * unless init is NULL. */
 static void *dev_buf(size_t bytes, const void *init)
@@ -369,18 +387,19 @@ static float bf16_of(double v)
  * section 7 rounds below 2^-126) in the decode path and in the GEMM's. */
 static void projection(fx *f, const uint16_t *w16, unsigned flags)
 {
-    const unsigned ns[] = {1, 2, 7, 8, 9, 33, 64, 64, 64, 300, 300, 300, 2100};
+    /* n-tiles of 8 tokens 1 .. 8 in the decode path */
+    const unsigned ns[] = {1, 2, 7, 8, 9, 17, 25, 33, 41, 49, 64, 64, 64, 64, 300, 300, 300, 2100};
     const double u = 0x1p-24, gamma = K * u / (1 - K * u);
     engram_cuda_layer *c = flags & VIA_CUBLAS ? f->cb : f->c;
     for (unsigned q = 0; q < sizeof ns / sizeof ns[0]; q++) {
         unsigned n = ns[q];
-        int wide = q == 7 || q == 10, tiny = q == 8 || q == 11;
+        int wide = q == 11 || q == 15, tiny = q == 12 || q == 16, below3 = q == 13;
         if ((flags & VIA_CUBLAS) && n <= ENGRAM_CUDA_GEMV_MAX)
             continue; /* the same decode path either way */
         if (f->W > 64 && n > 300)
             continue; /* the double reference at W = 5120 is slow on the host */
         rowset r;
-        rowset_new(&r, f, n, 100 + n, 1, wide ? widen : tiny ? shrink : NULL);
+        rowset_new(&r, f, n, 100 + n, 1, wide ? widen : tiny ? shrink : below3 ? sub3 : NULL);
         const uint16_t *bf = r.bf;
         float *d_kv = (float *)dev_buf((size_t)n * f->N * 4, NULL),
               *kv = (float *)malloc((size_t)n * f->N * 4);
@@ -417,7 +436,8 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
                flags & ENGRAM_CUDA_FMA_ONLY ? "GEMV, FMA_ONLY"
                : n <= ENGRAM_CUDA_GEMV_MAX ? "decode, mma promoted every 32"
                : flags & VIA_CUBLAS ? "cuBLAS F16 GEMM" : "F16 GEMM, promoted",
-               wide ? ", a third too wide for F16" : tiny ? ", a third with block scales <= 6" : "", checked, worst, beyond, unwritten,
+               wide ? ", a third too wide for F16" : tiny ? ", a third with block scales <= 6"
+               : below3 ? ", a third with scales < 3, values SPEC rounds" : "", checked, worst, beyond, unwritten,
                100.0 * rdiff / (checked ? checked : 1));
         CHECK_EQ(beyond, 0);
         CHECK_EQ(unwritten, 0);
@@ -674,6 +694,26 @@ static void invariance_and_graph(fx *f)
     }
     CHECK(same);
     printf("W=%u decode path batch-invariant (alone vs among %u): %s\n", f->W, n, same ? "yes" : "NO");
+    /* and the first k of them in calls of 1 .. 8 n-tiles (17, 25, 41, 49:
+     * 3, 4, 6, 7), from another offset into the rows (token 3 on) */
+    {
+        const unsigned ks[] = {2, 9, 17, 25, 41, 49, 61};
+        float *kvk = (float *)malloc((size_t)n * f->N * 4);
+        int ksame = 1;
+        for (unsigned i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+            a.raw = d_raw + (size_t)3 * 24 * 264;
+            a.n = ks[i];
+            CHECK_EQ(engram_cuda_project(f->c, &a, d_kv, &err), 0);
+            CU(cudaMemcpy(kvk, d_kv, (size_t)ks[i] * f->N * 4, cudaMemcpyDeviceToHost));
+            ksame &= memcmp(kvk, kv64 + (size_t)3 * f->N, (size_t)ks[i] * f->N * 4) == 0;
+        }
+        CHECK(ksame);
+        printf("W=%u decode path: calls of 2, 9, 17, 25, 41, 49, 61 tokens the bits of the call of %u: %s\n",
+               f->W, n, ksame ? "yes" : "NO");
+        free(kvk);
+        a.raw = d_raw;
+        a.n = n;
+    }
     /* FMA_ONLY: 13 tokens in one call (gemv_kernel<8>, <5>) in the bits of
      * each alone (gemv1_kernel) */
     {
@@ -765,6 +805,76 @@ static void invariance_and_graph(fx *f)
     free(x0);
     free(xd);
     free(xgph);
+}
+
+/* FMA_ONLY's apply of more tokens than the workspace holds as F32 kv
+ * (ENGRAM_CUDA_BLOCK / 2 where the wgmma GEMM runs): 2100 tokens in one
+ * call, in rounds, the bits of the same tokens in calls of 700 (one round
+ * each; both the GEMVs and the block gate); masked tokens untouched; a NaN
+ * in token 1500's residual named by its index in the call. */
+static void fma_rounds(fx *f)
+{
+    const unsigned n = 2100, part = 700;
+    size_t per = (size_t)f->S * f->W;
+    rowset r;
+    rowset_new(&r, f, n, 950, 0, NULL);
+    float *x0 = (float *)malloc(n * per * 4), *xa = (float *)malloc(n * per * 4),
+          *xb = (float *)malloc(n * per * 4);
+    uint64_t seed = 95;
+    for (size_t i = 0; i < n * per; i++)
+        x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
+    uint8_t *mask = (uint8_t *)malloc(n);
+    for (unsigned i = 0; i < n; i++)
+        mask[i] = i % 7 != 5;
+    float *d_x = (float *)dev_buf(n * per * 4, x0);
+    uint8_t *d_mask = (uint8_t *)dev_buf(n, mask);
+    engram_cuda_args a = args_of(r.d_raw, n, d_x);
+    a.mask = d_mask;
+    a.flags = ENGRAM_CUDA_FMA_ONLY;
+    engram_error err;
+    CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+    CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+    CU(cudaMemcpy(xa, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+    for (unsigned t0 = 0; t0 < n; t0 += part) {
+        engram_cuda_args b = a;
+        b.raw = r.d_raw + (size_t)t0 * 24 * 264;
+        b.resid = d_x + t0 * per;
+        b.mask = d_mask + t0;
+        b.n = part;
+        CHECK_EQ(engram_cuda_apply(f->c, &b, &err), 0);
+    }
+    CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+    CU(cudaMemcpy(xb, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+    long masked_changed = 0, moved = 0;
+    for (unsigned t = 0; t < n; t++) {
+        int diff = memcmp(xa + t * per, x0 + t * per, per * 4) != 0;
+        if (mask[t])
+            moved += diff;
+        else
+            masked_changed += diff;
+    }
+    int same = memcmp(xa, xb, n * per * 4) == 0;
+    CHECK(same);
+    CHECK_EQ(masked_changed, 0);
+    CHECK(moved > (long)n / 2);
+    CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+    float nan = NAN;
+    CU(cudaMemcpy(d_x + 1500 * per + 3, &nan, 4, cudaMemcpyHostToDevice));
+    CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+    CHECK_ERR(engram_cuda_sync(f->c, NULL, &err), err, -EDOM, "token 1500");
+    CU(cudaMemcpy(xb, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(xb + 1500 * per + 4, x0 + 1500 * per + 4, (per - 4) * 4) == 0);
+    printf("W=%u FMA_ONLY apply of %u tokens (in rounds): the bits of calls of %u: %s; masked tokens "
+           "changed: %ld; a NaN in token 1500 named: %s\n", f->W, n, part, same ? "yes" : "NO",
+           masked_changed, strstr(err.msg, "token 1500") ? "yes" : "NO");
+    rowset_free(&r);
+    CU(cudaFree(d_x));
+    CU(cudaFree(d_mask));
+    free(x0);
+    free(xa);
+    free(xb);
+    free(mask);
 }
 
 /* The gate of n <= 64 tokens launched as a programmatic dependent of the
@@ -1110,9 +1220,11 @@ int main(void)
     printf("CUDA: %d device%s\n", n_dev, n_dev > 1 ? "s" : "");
     /* 63: N = 315 outputs, odd; 5128: 641 chunks of 8 columns, past what
      * the prefill gate keeps in registers (applies only) */
-    const uint32_t widths[4] = {64, 5120, 63, 5128};
+    /* 40: N = 200 outputs, an odd number of the decode path's groups of 32
+     * (a warp past the outputs) */
+    const uint32_t widths[5] = {64, 5120, 63, 5128, 40};
     /* ENGRAM_TEST_CUDA_QUICK=1: W = 64 alone (mutation runs: a binary per mutant) */
-    const int nw = getenv("ENGRAM_TEST_CUDA_QUICK") ? 1 : 4;
+    const int nw = getenv("ENGRAM_TEST_CUDA_QUICK") ? 1 : 5;
     for (int q = 0; q < nw; q++) {
         fx f;
         memset(&f, 0, sizeof f);
@@ -1135,6 +1247,7 @@ int main(void)
             if (q == 0) {
                 arguments(f.L);
                 faults(&f);
+                fma_rounds(&f);
             }
             applies(&f);
             invariance_and_graph(&f);

@@ -33,7 +33,8 @@
  * a workspace for ENGRAM_CUDA_BLOCK tokens: their rows as F16 (25.2 MB) and
  * kv as BF16, the wgmma GEMM's output (N x BLOCK x 2 bytes, 104.9 MB at
  * W = 5120); 445 MB in all at W = 5120.  Where the wgmma GEMM cannot run,
- * cuBLAS writes F32 kv and that part doubles (550 MB in all).
+ * cuBLAS writes F32 kv and that part doubles (550 MB in all).  Not
+ * counted: the CUDA context and cuBLAS's handle (its own workspace).
  * Calls on one cuda layer are ordered on the stream they are given and must
  * not run concurrently (one workspace); use a layer per stream.
  */
@@ -56,9 +57,11 @@ extern "C" {
 #define ENGRAM_CUDA_FMA_ONLY 1u
 /* (2u was ENGRAM_CUDA_FAST_SUMS, cuBLAS's sums for prefill: removed, short
  * of the tolerance; refused as an unknown flag) */
-/* engram_cuda_args.flags: for n <= ENGRAM_CUDA_GEMV_MAX, the gate launched
- * only when the projection has finished.  By default (compute capability
- * 9.0 and up) it is a programmatic dependent launch: its blocks are
+/* engram_cuda_args.flags: for n <= ENGRAM_CUDA_GEMV_MAX, every kernel of
+ * the call launched only when the one before has finished (for 9 and more
+ * tokens the decode projection follows a kernel that prepares the tokens'
+ * operands).  By default (compute capability 9.0 and up) the projection and
+ * the gate are programmatic dependent launches: the gate's blocks are
  * scheduled while the projection finishes and wait on the device for its results (the same bits;
  * hides the gate's launch).  For measuring, and for tools that cannot
  * follow such edges. */
