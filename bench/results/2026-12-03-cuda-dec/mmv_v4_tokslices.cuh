@@ -1,0 +1,308 @@
+/*
+ * mmv.cuh - the decode projection (n <= ENGRAM_CUDA_GEMV_MAX tokens) on the
+ * tensor cores, one pass over the weights for every token of the call:
+ * kv = W e, F16 weights times the decoded rows.
+ *
+ * Decode reads 2 bytes of weights for every 2 x n flops: at n <= 64 the
+ * weights' read time is the floor, and the work is to keep the memory
+ * busy.  A warp owns 16 x MMV_RT outputs over a part of K and streams their
+ * weights once, 16-byte loads, several blocks of 32 inputs in flight; every
+ * token of the call (n-tiles of 8, the mma's n) is multiplied against the
+ * same registers.
+ *
+ * The arithmetic, per output and token, is the same whatever n and
+ * wherever the token sits in its tile (a token's bits do not depend on its
+ * batch):
+ *  - a block of 32 inputs shares one E8M0 scale 2^(s-127) (SPEC section 7),
+ *    so the tensor cores take the E4M3 codes themselves, converted to F16
+ *    exactly (cvt.rn.f16x2.e4m3x2), and sum the block's 32 exact products
+ *    (two mma.m16n8k16, F32 accumulation starting from zero);
+ *  - that sum times 2^(s-127) (exact while the result is a normal float) is
+ *    added to the output's F32 sum with one FMA, the blocks in input
+ *    order: the tensor cores' sums are promoted to F32 every 32 products;
+ *  - where SPEC section 7 rounds (values below 2^-126: scales under 3) the
+ *    codes are replaced by the rounded values x 2^(127-s), exact in F16;
+ *  - the MMV_KSPLIT parts of K are added in part order at the end.
+ * Column j of an mma's result depends on column j of B alone, so a token's
+ * sums are those of the same token alone.
+ *
+ * Operand layout (PTX mma.m16n8k16, row.col): lane (g, q) = (lane / 4,
+ * lane % 4) holds A at rows g, g+8 and B at column g.  The 16 k-positions
+ * of one mma are mapped to inputs so that each lane's operands are 8
+ * consecutive inputs (16 bytes of a weight row, 8 bytes of codes):
+ * k-positions 2q, 2q+1 -> inputs 8q, 8q+1 and 2q+8, 2q+9 -> 8q+2, 8q+3 in
+ * the first mma of a block, 8q+4..8q+7 in the second, the same map for A
+ * and B (a sum does not depend on which k-position carries which product).
+ */
+#ifndef ENGRAM_CUDA_MMV_CUH
+#define ENGRAM_CUDA_MMV_CUH
+
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+#include "row_decode.cuh"
+
+#ifndef MMV_WARPS
+#define MMV_WARPS 4 /* warps per block, unless the token slices need more */
+#endif
+#ifndef MMV_RT
+#define MMV_RT 2 /* row tiles of 16 outputs per warp */
+#endif
+#ifndef MMV_UNROLL_PRE
+#define MMV_UNROLL_PRE 2 /* the same for NT >= 2 */
+#endif
+#define MMV_MAX_WARPS 8 /* warps of a block at most (token slices x parts) */
+#ifndef MMV_MIN_BLOCKS
+#define MMV_MIN_BLOCKS 2 /* blocks an SM holds at once, at least (caps the registers) */
+#endif
+#ifndef MMV_KSPLIT
+#define MMV_KSPLIT 2 /* parts of K per output (a divisor of 24 and of MMV_WARPS) */
+#endif
+#ifndef MMV_UNROLL
+#define MMV_UNROLL 4 /* blocks of 32 inputs in flight per warp */
+#endif
+#define MMV_ROWS (16 * MMV_RT)                   /* outputs per warp     */
+#define MMV_PART_BLOCKS (K / 32 / MMV_KSPLIT)    /* blocks of 32 per part */
+static_assert(MMV_PART_BLOCKS % MMV_UNROLL == 0 && MMV_PART_BLOCKS % MMV_UNROLL_PRE == 0, "MMV_UNROLL");
+static_assert(MMV_WARPS % MMV_KSPLIT == 0 && (K / 256) % MMV_KSPLIT == 0, "MMV_KSPLIT");
+#define MMV_PRAGMA(x) _Pragma(#x)
+#define MMV_UNROLL_N(n) MMV_PRAGMA(unroll n)
+
+/* two E4M3 codes (low byte first) -> two F16 values, exact */
+__device__ __forceinline__ unsigned e4m3x2_f16x2(unsigned c)
+{
+    unsigned r;
+    unsigned short h = (unsigned short)c;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(h));
+    return r;
+}
+
+/* d += A B, m16n8k16, F16 operands, F32 accumulation */
+__device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
+                                         unsigned a3, unsigned b0, unsigned b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* 2^(s-127) for an E8M0 scale s <= 254 (255 never reaches here: rows are
+ * checked to decode) */
+__device__ __forceinline__ float e8m0_pow2(unsigned s)
+{
+    return __uint_as_float(s ? s << 23 : 0x00400000u);
+}
+
+/* Eight codes of one block (scale s) as four F16 pairs: the codes
+ * themselves, or where SPEC section 7 rounds (s < 3), the BF16 values
+ * x 2^(127-s) (multiples of 2^-8 up to 448: exact in F16). */
+__device__ __forceinline__ void codes_f16(uint2 c, unsigned s, unsigned (&b)[4])
+{
+    if (s >= 3) {
+        b[0] = e4m3x2_f16x2(c.x);
+        b[1] = e4m3x2_f16x2(c.x >> 16);
+        b[2] = e4m3x2_f16x2(c.y);
+        b[3] = e4m3x2_f16x2(c.y >> 16);
+        return;
+    }
+    float up = __uint_as_float((254u - s) << 23);
+    unsigned w[2] = {c.x, c.y};
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        unsigned pair = w[p >> 1] >> (16 * (p & 1));
+        __half2 v = __floats2half2_rn(decode1(pair & 0xffu, (int)s) * up,
+                                      decode1((pair >> 8) & 0xffu, (int)s) * up);
+        b[p] = *(unsigned *)&v;
+    }
+}
+
+/*
+ * For NT >= 2 n-tiles, the tokens' operands are made once per call rather
+ * than by every warp: lane (g, q)'s B fragment of n-tile nt at block kb of
+ * 32 inputs (token nt * 8 + g, inputs 8q..8q+7, as codes_f16 makes them)
+ * into frag[(kb * NT + nt) * 32 + lane], and the block scales of the
+ * lane's C columns (tokens nt * 8 + 2q, + 1; e8m0_pow2, 0 past n) into
+ * pw[...]: one coalesced 16-byte and one 8-byte load per n-tile in the
+ * projection, the same values.  Grid K / 32 blocks of NT x 32 threads;
+ * the projection is its programmatic dependent.
+ */
+template <int NT>
+__global__ void __launch_bounds__(NT * 32)
+mmv_prep_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_step, size_t raw_step, int n,
+                uint4 *__restrict__ frag, float2 *__restrict__ pw)
+{
+    pdl_launch_dependents();
+    if (d_step)
+        raw += (size_t)(*d_step) * raw_step;
+    const int kb = blockIdx.x, nt = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int j = kb >> 3, b = kb & 7, tg = nt * 8 + g, t0 = nt * 8 + 2 * q;
+    const size_t co = (size_t)j * ROW + b * 32 + 8 * q, so = (size_t)j * ROW + 256 + b;
+    unsigned bb[4] = {0u, 0u, 0u, 0u};
+    if (tg < n)
+        codes_f16(*(const uint2 *)(raw + (size_t)tg * stride + co), raw[(size_t)tg * stride + so], bb);
+    float p0 = t0 < n ? e8m0_pow2(raw[(size_t)t0 * stride + so]) : 0.0f;
+    float p1 = t0 + 1 < n ? e8m0_pow2(raw[(size_t)(t0 + 1) * stride + so]) : 0.0f;
+    size_t o = ((size_t)kb * NT + nt) * 32 + lane;
+    frag[o] = make_uint4(bb[0], bb[1], bb[2], bb[3]);
+    pw[o] = make_float2(p0, p1);
+}
+
+/*
+ * ntiles n-tiles of 8 tokens (n <= 8 ntiles; tokens past n are zeros and
+ * not written), NTW of them per warp: a block is groups x ts x MMV_KSPLIT
+ * warps (ts = ceil(ntiles / NTW) token slices; blockDim.x / 32 warps),
+ * warp ((group * ts) + slice) * MMV_KSPLIT + part, so the slices of a group
+ * read the same weights at about the same time (one read from memory, the
+ * others from the caches) and a warp keeps the sums of NTW n-tiles only.
+ * ntiles = 1 (NTW = 1): the lane decodes its token's codes itself;
+ * ntiles >= 2 (NTW = 2): the operands come from mmv_prep_kernel (frag, pw),
+ * which this kernel waits for (a programmatic dependent launch) before its
+ * first read.
+ */
+template <int NTW>
+__global__ void __launch_bounds__(MMV_MAX_WARPS * 32, MMV_MIN_BLOCKS)
+mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride,
+           const int *d_step, size_t raw_step, int n, int ntiles, int n_out, float *__restrict__ kv,
+           int ldkv, const uint4 *__restrict__ frag, const float2 *__restrict__ pw)
+{
+    /* parts 1.. of each (group, slice): [pair][part - 1][value][lane] */
+    __shared__ float part[MMV_KSPLIT > 1 ? MMV_MAX_WARPS / MMV_KSPLIT * (MMV_KSPLIT - 1) : 1]
+                         [MMV_RT * NTW * 4][32];
+    pdl_launch_dependents();
+    if (d_step)
+        raw += (size_t)(*d_step) * raw_step;
+    const int ts = (ntiles + NTW - 1) / NTW, gpb = (int)(blockDim.x >> 5) / (ts * MMV_KSPLIT);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int pair = warp / MMV_KSPLIT, p = warp % MMV_KSPLIT, th = pair % ts;
+    const int grp = blockIdx.x * gpb + pair / ts;
+    const int row0 = grp * MMV_ROWS, tile0 = th * NTW;
+    const bool live = row0 < n_out; /* a warp past the outputs still meets the barrier */
+    /* this lane's weight rows (clamped: rows past n_out load row 0, never stored) */
+    const uint16_t *wr[MMV_RT][2];
+#pragma unroll
+    for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = row0 + rt * 16 + g + 8 * h;
+            wr[rt][h] = w + (size_t)(live && r < n_out ? r : 0) * K + 8 * q;
+        }
+    /* NTW = 1: this lane's tokens, B column g, C columns 2q, 2q+1; none past n */
+    const uint8_t *rb = raw + (size_t)g * stride, *rc = raw + (size_t)(2 * q) * stride;
+    float acc[MMV_RT][NTW][4];
+#pragma unroll
+    for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[rt][nt][i] = 0.0f;
+    if (live) {
+        /* U blocks of 32 inputs a round: their weights (and for NTW = 1 the
+         * codes) loaded first (U x MMV_RT x 32 bytes a lane in flight), then
+         * multiplied */
+        constexpr int U = NTW == 1 ? MMV_UNROLL : MMV_UNROLL_PRE;
+        if (NTW > 1)
+            pdl_wait(); /* mmv_prep_kernel's operands */
+        const int kb0 = p * MMV_PART_BLOCKS;
+#pragma unroll 1
+        for (int kb = kb0; kb < kb0 + MMV_PART_BLOCKS; kb += U) {
+            uint4 a[U][MMV_RT][2];
+            uint2 cd[U];
+            unsigned sb[U], s0[U], s1[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int j = (kb + u) >> 3, b = (kb + u) & 7;
+                const size_t wo = (size_t)(kb + u) * 32;          /* input offset in a weight row */
+                const size_t co = (size_t)j * ROW + b * 32 + 8 * q; /* this lane's codes in a token */
+                const size_t so = (size_t)j * ROW + 256 + b;       /* the block's scale */
+#pragma unroll
+                for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        a[u][rt][h] = __ldg((const uint4 *)(wr[rt][h] + wo));
+                if (NTW == 1) {
+                    bool vb = g < n, v0 = 2 * q < n, v1 = 2 * q + 1 < n;
+                    cd[u] = vb ? __ldg((const uint2 *)(rb + co)) : make_uint2(0u, 0u);
+                    sb[u] = vb ? __ldg(rb + so) : 3u;
+                    s0[u] = v0 ? __ldg(rc + so) : 0u;
+                    s1[u] = v1 ? __ldg(rc + stride + so) : 0u;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int nt = 0; nt < NTW; nt++) {
+                    if (tile0 + nt >= ntiles) /* the last slice's second tile: none */
+                        break;
+                    unsigned bb[4];
+                    float p0, p1;
+                    if (NTW == 1) {
+                        codes_f16(cd[u], sb[u], bb); /* zeros past n */
+                        p0 = e8m0_pow2(s0[u]);
+                        p1 = e8m0_pow2(s1[u]);
+                    } else {
+                        size_t o = ((size_t)(kb + u) * ntiles + tile0 + nt) * 32 + lane;
+                        uint4 f = __ldg(frag + o);
+                        float2 pp = __ldg(pw + o);
+                        bb[0] = f.x;
+                        bb[1] = f.y;
+                        bb[2] = f.z;
+                        bb[3] = f.w;
+                        p0 = pp.x;
+                        p1 = pp.y;
+                    }
+#pragma unroll
+                    for (int rt = 0; rt < MMV_RT; rt++) {
+                        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma16816(c, a[u][rt][0].x, a[u][rt][1].x, a[u][rt][0].y, a[u][rt][1].y,
+                                 bb[0], bb[1]);
+                        mma16816(c, a[u][rt][0].z, a[u][rt][1].z, a[u][rt][0].w, a[u][rt][1].w,
+                                 bb[2], bb[3]);
+                        acc[rt][nt][0] = fmaf(c[0], p0, acc[rt][nt][0]);
+                        acc[rt][nt][1] = fmaf(c[1], p1, acc[rt][nt][1]);
+                        acc[rt][nt][2] = fmaf(c[2], p0, acc[rt][nt][2]);
+                        acc[rt][nt][3] = fmaf(c[3], p1, acc[rt][nt][3]);
+                    }
+                }
+        }
+    }
+    if (MMV_KSPLIT > 1) {
+        /* parts 1.. hand their sums to part 0, which adds them in part order */
+        if (p) {
+#pragma unroll
+            for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+                for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        part[pair * (MMV_KSPLIT - 1) + p - 1][(rt * NTW + nt) * 4 + i][lane] = acc[rt][nt][i];
+        }
+        __syncthreads();
+        if (p)
+            return;
+#pragma unroll
+        for (int pp = 1; pp < MMV_KSPLIT; pp++)
+#pragma unroll
+            for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+                for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        acc[rt][nt][i] += part[pair * (MMV_KSPLIT - 1) + pp - 1][(rt * NTW + nt) * 4 + i][lane];
+    }
+    if (!live)
+        return;
+#pragma unroll
+    for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int r = row0 + rt * 16 + g + (i >> 1) * 8, t = (tile0 + nt) * 8 + 2 * q + (i & 1);
+                if (r < n_out && t < n)
+                    kv[(size_t)t * ldkv + r] = acc[rt][nt][i];
+            }
+}
+
+#endif
