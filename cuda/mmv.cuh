@@ -67,8 +67,6 @@
 #define MMV_PART_BLOCKS (K / 32 / MMV_KSPLIT)    /* blocks of 32 per part */
 static_assert(MMV_PART_BLOCKS % MMV_UNROLL == 0 && MMV_PART_BLOCKS % MMV_UNROLL_PRE == 0, "MMV_UNROLL");
 static_assert(MMV_WARPS % MMV_KSPLIT == 0 && (K / 256) % MMV_KSPLIT == 0, "MMV_KSPLIT");
-#define MMV_PRAGMA(x) _Pragma(#x)
-#define MMV_UNROLL_N(n) MMV_PRAGMA(unroll n)
 
 /* two E4M3 codes (low byte first) -> two F16 values, exact */
 __device__ __forceinline__ unsigned e4m3x2_f16x2(unsigned c)
@@ -201,8 +199,8 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
 #pragma unroll 1
         for (int kb = kb0; kb < kb0 + MMV_PART_BLOCKS; kb += U) {
             uint4 a[U][MMV_RT][2];
-            uint2 cd[U][NT];
-            unsigned sb[U][NT], s0[U][NT], s1[U][NT];
+            uint2 cd[U]; /* NT = 1: the token's codes and scales */
+            unsigned sb[U], s0[U], s1[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int j = (kb + u) >> 3, b = (kb + u) & 7;
@@ -216,10 +214,10 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
                         a[u][rt][h] = __ldg((const uint4 *)(wr[rt][h] + wo));
                 if (NT == 1) {
                     bool vb = g < n, v0 = 2 * q < n, v1 = 2 * q + 1 < n;
-                    cd[u][0] = vb ? __ldg((const uint2 *)(rb + co)) : make_uint2(0u, 0u);
-                    sb[u][0] = vb ? __ldg(rb + so) : 3u;
-                    s0[u][0] = v0 ? __ldg(rc + so) : 0u;
-                    s1[u][0] = v1 ? __ldg(rc + stride + so) : 0u;
+                    cd[u] = vb ? __ldg((const uint2 *)(rb + co)) : make_uint2(0u, 0u);
+                    sb[u] = vb ? __ldg(rb + so) : 3u;
+                    s0[u] = v0 ? __ldg(rc + so) : 0u;
+                    s1[u] = v1 ? __ldg(rc + stride + so) : 0u;
                 }
             }
 #pragma unroll
@@ -229,9 +227,9 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
                     unsigned bb[4];
                     float p0, p1;
                     if (NT == 1) {
-                        codes_f16(cd[u][nt], sb[u][nt], bb); /* zeros past n */
-                        p0 = e8m0_pow2(s0[u][nt]);
-                        p1 = e8m0_pow2(s1[u][nt]);
+                        codes_f16(cd[u], sb[u], bb); /* zeros past n */
+                        p0 = e8m0_pow2(s0[u]);
+                        p1 = e8m0_pow2(s1[u]);
                     } else {
                         size_t o = ((size_t)(kb + u) * NT + nt) * 32 + lane;
                         uint4 f = __ldg(frag + o);
