@@ -28,13 +28,6 @@
 
 #include "cuda_check.h"
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static int cmpf(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -339,9 +332,9 @@ int main(int argc, char **argv)
             double host_us[20];
             for (int i = 0; i < 20; i++) {
                 CU(cudaStreamSynchronize(st));
-                uint64_t t0 = now_ns();
+                uint64_t t0 = tu_now_ns();
                 CU(cudaMemcpyAsync(d_c, src, cbytes, cudaMemcpyHostToDevice, st));
-                host_us[i] = (double)(now_ns() - t0) / 1e3;
+                host_us[i] = (double)(tu_now_ns() - t0) / 1e3;
             }
             CU(cudaStreamSynchronize(st));
             qsort(host_us, 20, sizeof host_us[0], [](const void *x, const void *y) {

@@ -42,13 +42,6 @@ static const unsigned Ns[NB] = {1, 2, 4, 8, 16, 64, 2048};
 /* set 0's tokens checked against float64: every token of n <= 8, and spread up to 2047 */
 static const unsigned Ref[NREF] = {0, 1, 2, 3, 4, 5, 6, 7, 11, 15, 40, 63, 300, 1000, 1500, 2047};
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static int cmpf(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -367,9 +360,9 @@ int main(int argc, char **argv)
         CU(cudaMallocHost(&h_raw[q], NMAX * raw_tok));
         CU(cudaMallocHost(&h_ef[q], (size_t)NMAX * K * 4));
         EK(engram_model_read_raw(m, 0, ids, NMAX * 24, h_raw[q], &err));
-        uint64_t t0 = now_ns();
+        uint64_t t0 = tu_now_ns();
         EK(engram_rows_decode_f32(ENGRAM_SIMD_AUTO, h_raw[q], NMAX * 24, h_ef[q], &err));
-        dec_ms += (double)(now_ns() - t0) / 1e6 / NSET;
+        dec_ms += (double)(tu_now_ns() - t0) / 1e6 / NSET;
         float *hx = q ? h_x : h_x0;
         for (size_t i = 0; i < NMAX * per; i++) {
             uint64_t r = tu_rand(&seed);
@@ -400,9 +393,9 @@ int main(int argc, char **argv)
     for (int r = 0; r < NREF; r++)
         for (int i = 0; i < K; i++)
             e[(size_t)r * K + i] = h_ef[0][(size_t)Ref[r] * K + i];
-    uint64_t t0 = now_ns();
+    uint64_t t0 = tu_now_ns();
     reference(hw, hq, e, h_x0, W, S, ref, op);
-    printf("float64 reference of %d tokens: %.1f s on the CPU\n\n", NREF, (double)(now_ns() - t0) / 1e9);
+    printf("float64 reference of %d tokens: %.1f s on the CPU\n\n", NREF, (double)(tu_now_ns() - t0) / 1e9);
 
     engram_cuda_args a;
     memset(&a, 0, sizeof a);

@@ -269,6 +269,26 @@ static int check_args(const engram_cuda_layer *c, const engram_cuda_args *a, int
     return 0;
 }
 
+/* A launch on st that may begin while the stream's previous kernel
+ * finishes (programmatic stream serialization, compute capability 9.0 and
+ * up, unless ENGRAM_CUDA_SERIAL_GATE): the kernel waits for it with
+ * pdl_wait() before reading what it wrote.  at: the attribute's storage,
+ * the caller's, alive until the launch. */
+static cudaLaunchConfig_t dependent_cfg(const engram_cuda_layer *c, unsigned flags, dim3 grid, dim3 block,
+                                        cudaStream_t st, cudaLaunchAttribute *at)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = st;
+    *at = cudaLaunchAttribute{};
+    at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at->val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl && !(flags & ENGRAM_CUDA_SERIAL_GATE) ? 1 : 0;
+    return cfg;
+}
+
 /* kv (n x N, F32) = e16 (n x K) x W^T on the tensor cores through cuBLAS:
  * exact products, the tensor cores' own sums (where the wgmma GEMM cannot
  * run: a GPU other than compute capability 9.0). */
@@ -309,15 +329,8 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         unsigned nt = (n + 7) / 8;
         uint4 *frag = (uint4 *)c->e16;
         float2 *pw = (float2 *)(frag + (size_t)(K / 32) * nt * 32);
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(blocks);
-        cfg.blockDim = dim3(MMV_WARPS * 32);
-        cfg.stream = st;
-        cudaLaunchAttribute at[1] = {};
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = c->pdl && !(a->flags & ENGRAM_CUDA_SERIAL_GATE) ? 1 : 0;
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg = dependent_cfg(c, a->flags, dim3(blocks), dim3(MMV_WARPS * 32), st, &at);
         cudaError_t e = cudaSuccess;
         switch (nt) {
         case 1:
@@ -441,15 +454,8 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
         const uint8_t *mk = a->mask ? a->mask + t0 : NULL;
         int bf = a->resid_dtype == ENGRAM_BF16;
         if (k <= ENGRAM_CUDA_GEMV_MAX) {
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(k * GATE_CTAS);
-            cfg.blockDim = dim3(GATE_THREADS);
-            cfg.stream = st;
-            cudaLaunchAttribute at[1] = {};
-            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[0].val.programmaticStreamSerializationAllowed = 1;
-            cfg.attrs = at;
-            cfg.numAttrs = c->pdl && !(a->flags & ENGRAM_CUDA_SERIAL_GATE) ? 1 : 0;
+            cudaLaunchAttribute at;
+            cudaLaunchConfig_t cfg = dependent_cfg(c, a->flags, dim3(k * GATE_CTAS), dim3(GATE_THREADS), st, &at);
             CK(cudaLaunchKernelEx(&cfg, gate_kernel, (const float *)c->kv, (int)c->N,
                                   (const float *)c->wq, (void *)resid, bf, mk, (int)c->W, (int)c->S,
                                   c->status, (int)t0, a->d_step, a->resid_step,
