@@ -18,6 +18,7 @@
  * (for a profiler: ncu --metrics gpu__time_duration.sum bench_cuda MODEL).
  * The prefill apply is timed with an F32 and with a BF16 residual.
  * BENCH_CUDA_DECODE_ONLY=1: stop after the decode rows (kernel variants).
+ * BENCH_CUDA_DECODE_ONCE=B: three decode applies of B tokens, then stop (for ncu).
  */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -194,6 +195,17 @@ int main(int argc, char **argv)
                 return 1;
             }
         printf("three prefill applies of %u tokens done\n", n);
+        return 0;
+    }
+
+    if (getenv("BENCH_CUDA_DECODE_ONCE")) { /* for a profiler: three decode applies of that many tokens */
+        a.n = (unsigned)atoi(getenv("BENCH_CUDA_DECODE_ONCE"));
+        for (int i = 0; i < 3; i++)
+            if (engram_cuda_apply(c, &a, &err) < 0 || engram_cuda_sync(c, st, &err) < 0) {
+                fprintf(stderr, "%s\n", err.msg);
+                return 1;
+            }
+        printf("three decode applies of %u tokens done\n", a.n);
         return 0;
     }
 

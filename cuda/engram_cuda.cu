@@ -323,29 +323,30 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         /* decode: every token in one pass over the weights (mmv.cuh); from
          * two n-tiles on, the tokens' operands made first (mmv_prep_kernel,
          * into the F16 rows' workspace, which the decode path does not use),
-         * the projection its programmatic dependent */
+         * the projection (mmv_staged_kernel) its programmatic dependent */
         unsigned groups = (c->N + MMV_ROWS - 1) / MMV_ROWS;
         unsigned blocks = (groups + MMV_GROUPS - 1) / MMV_GROUPS;
+        unsigned sblocks = (groups + MMV_SGROUPS - 1) / MMV_SGROUPS;
         unsigned nt = (n + 7) / 8;
         uint4 *frag = (uint4 *)c->e16;
         float2 *pw = (float2 *)(frag + (size_t)(K / 32) * nt * 32);
         cudaLaunchAttribute at;
-        cudaLaunchConfig_t cfg = dependent_cfg(c, a->flags, dim3(blocks), dim3(MMV_WARPS * 32), st, &at);
+        cudaLaunchConfig_t cfg = dependent_cfg(c, a->flags, dim3(sblocks), dim3(MMV_SWARPS * 32), st, &at);
         cudaError_t e = cudaSuccess;
         switch (nt) {
         case 1:
-            mmv_kernel<1><<<blocks, MMV_WARPS * 32, 0, st>>>(c->w, raw, stride, a->d_step, a->raw_step, (int)n,
-                                                             (int)c->N, kv, (int)c->N, NULL, NULL);
+            mmv_kernel<<<blocks, MMV_WARPS * 32, 0, st>>>(c->w, raw, stride, a->d_step, a->raw_step, (int)n,
+                                                          (int)c->N, kv, (int)c->N);
             e = cudaGetLastError();
             break;
-#define CASE(NT)                                                                               \
-    case NT:                                                                                   \
-        mmv_prep_kernel<NT><<<K / 32, NT * 32, 0, st>>>(raw, stride, a->d_step, a->raw_step,    \
-                                                        (int)n, frag, pw);                     \
-        CK(cudaGetLastError(), "mmv_prep_kernel");                                             \
-        e = cudaLaunchKernelEx(&cfg, mmv_kernel<NT>, c->w, raw, stride, a->d_step, a->raw_step, \
-                               (int)n, (int)c->N, kv, (int)c->N, (const uint4 *)frag,           \
-                               (const float2 *)pw);                                             \
+#define CASE(NT)                                                                                \
+    case NT:                                                                                    \
+        mmv_prep_kernel<NT><<<K / 32, NT * 32, 0, st>>>(raw, stride, a->d_step, a->raw_step,     \
+                                                        (int)n, frag, pw);                      \
+        CK(cudaGetLastError(), "mmv_prep_kernel");                                              \
+        cfg.dynamicSmemBytes = mmv_staged_smem(NT);                                             \
+        e = cudaLaunchKernelEx(&cfg, mmv_staged_kernel<NT>, c->w, (int)n, (int)c->N, kv, (int)c->N, \
+                               (const uint4 *)frag, (const float2 *)pw);                        \
         break;
             CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE

@@ -50,9 +50,6 @@
 #ifndef MMV_RT
 #define MMV_RT 2 /* row tiles of 16 outputs per warp */
 #endif
-#ifndef MMV_UNROLL_PRE
-#define MMV_UNROLL_PRE 2 /* the same for NT >= 2 */
-#endif
 #ifndef MMV_MIN_BLOCKS
 #define MMV_MIN_BLOCKS 2 /* blocks an SM holds at once, at least (caps the registers) */
 #endif
@@ -61,6 +58,16 @@
 #endif
 #ifndef MMV_UNROLL
 #define MMV_UNROLL 4 /* blocks of 32 inputs in flight per warp */
+#endif
+/* two n-tiles and more: mmv_staged_kernel */
+#ifndef MMV_UNROLL_PRE
+#define MMV_UNROLL_PRE 2 /* blocks of 32 inputs a round */
+#endif
+#ifndef MMV_SWARPS
+#define MMV_SWARPS 8 /* warps per block */
+#endif
+#ifndef MMV_SMIN_BLOCKS
+#define MMV_SMIN_BLOCKS 2 /* blocks an SM holds at once, at least (caps the registers at 128) */
 #endif
 #define MMV_ROWS (16 * MMV_RT)                   /* outputs per warp     */
 #define MMV_GROUPS (MMV_WARPS / MMV_KSPLIT)      /* output groups a block */
@@ -149,20 +156,69 @@ mmv_prep_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_ste
 }
 
 /*
- * NT n-tiles of 8 tokens (n <= 8 NT; tokens past n are zeros and not
- * written).  NT = 1: the lane decodes its token's codes itself; NT >= 2:
- * the operands come from mmv_prep_kernel (frag, pw), which this kernel
- * waits for (a programmatic dependent launch) before its first read.  Block: MMV_GROUPS output groups of MMV_ROWS x MMV_KSPLIT
- * parts, a warp each; part p of group r is warp r * MMV_KSPLIT + p.
+ * The end of a projection: parts 1.. of each output group hand their sums
+ * to part 0 through shared memory (slot(pp): the MMV_RT x NT x 4 x 32
+ * floats of part pp >= 1 of the thread's group), which adds them in part
+ * order and stores its outputs (rows past n_out and tokens past n are not
+ * written).  Every thread of the block calls it (one barrier).
  */
-template <int NT>
+template <int NT, typename Slot>
+__device__ __forceinline__ void mmv_finish(float (&acc)[MMV_RT][NT][4], int p, Slot slot, bool live, int row0,
+                                           int n, int n_out, float *__restrict__ kv, int ldkv)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    if (MMV_KSPLIT > 1) {
+        if (p) {
+            float *d = slot(p);
+#pragma unroll
+            for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        d[((rt * NT + nt) * 4 + i) * 32 + lane] = acc[rt][nt][i];
+        }
+        __syncthreads();
+        if (p)
+            return;
+#pragma unroll
+        for (int pp = 1; pp < MMV_KSPLIT; pp++) {
+            const float *d = slot(pp);
+#pragma unroll
+            for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        acc[rt][nt][i] += d[((rt * NT + nt) * 4 + i) * 32 + lane];
+        }
+    }
+    if (!live)
+        return;
+#pragma unroll
+    for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int r = row0 + rt * 16 + g + (i >> 1) * 8, t = nt * 8 + 2 * q + (i & 1);
+                if (r < n_out && t < n)
+                    kv[(size_t)t * ldkv + r] = acc[rt][nt][i];
+            }
+}
+
+/*
+ * One n-tile: up to 8 tokens (tokens past n are zeros and not written),
+ * each lane decoding its token's codes itself.  Block: MMV_GROUPS output
+ * groups of MMV_ROWS x MMV_KSPLIT parts, a warp each; part p of group r is
+ * warp r * MMV_KSPLIT + p.
+ */
 __global__ void __launch_bounds__(MMV_WARPS * 32, MMV_MIN_BLOCKS)
 mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride,
-           const int *d_step, size_t raw_step, int n, int n_out, float *__restrict__ kv, int ldkv,
-           const uint4 *__restrict__ frag, const float2 *__restrict__ pw)
+           const int *d_step, size_t raw_step, int n, int n_out, float *__restrict__ kv, int ldkv)
 {
     /* parts 1.. of each group: [group][part - 1][value][lane] */
-    __shared__ float part[MMV_KSPLIT > 1 ? MMV_GROUPS * (MMV_KSPLIT - 1) : 1][MMV_RT * NT * 4][32];
+    __shared__ float part[MMV_KSPLIT > 1 ? MMV_GROUPS * (MMV_KSPLIT - 1) : 1][MMV_RT * 4][32];
     pdl_launch_dependents();
     if (d_step)
         raw += (size_t)(*d_step) * raw_step;
@@ -179,27 +235,23 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
             int r = row0 + rt * 16 + g + 8 * h;
             wr[rt][h] = w + (size_t)(live && r < n_out ? r : 0) * K + 8 * q;
         }
-    /* NT = 1: this lane's tokens, B column g, C columns 2q, 2q+1; none past n */
+    /* this lane's tokens: B column g, C columns 2q, 2q+1; none past n */
     const uint8_t *rb = raw + (size_t)g * stride, *rc = raw + (size_t)(2 * q) * stride;
-    float acc[MMV_RT][NT][4];
+    float acc[MMV_RT][1][4];
 #pragma unroll
     for (int rt = 0; rt < MMV_RT; rt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                acc[rt][nt][i] = 0.0f;
+        for (int i = 0; i < 4; i++)
+            acc[rt][0][i] = 0.0f;
     if (live) {
         /* U blocks of 32 inputs a round: their weights and codes loaded
          * first (U x MMV_RT x 32 bytes a lane in flight), then multiplied */
-        constexpr int U = NT == 1 ? MMV_UNROLL : MMV_UNROLL_PRE;
-        if (NT > 1)
-            pdl_wait(); /* mmv_prep_kernel's operands */
+        constexpr int U = MMV_UNROLL;
         const int kb0 = p * MMV_PART_BLOCKS;
 #pragma unroll 1
         for (int kb = kb0; kb < kb0 + MMV_PART_BLOCKS; kb += U) {
             uint4 a[U][MMV_RT][2];
-            uint2 cd[U]; /* NT = 1: the token's codes and scales */
+            uint2 cd[U];
             unsigned sb[U], s0[U], s1[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -212,86 +264,167 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
 #pragma unroll
                     for (int h = 0; h < 2; h++)
                         a[u][rt][h] = __ldg((const uint4 *)(wr[rt][h] + wo));
-                if (NT == 1) {
-                    bool vb = g < n, v0 = 2 * q < n, v1 = 2 * q + 1 < n;
-                    cd[u] = vb ? __ldg((const uint2 *)(rb + co)) : make_uint2(0u, 0u);
-                    sb[u] = vb ? __ldg(rb + so) : 3u;
-                    s0[u] = v0 ? __ldg(rc + so) : 0u;
-                    s1[u] = v1 ? __ldg(rc + stride + so) : 0u;
-                }
+                bool vb = g < n, v0 = 2 * q < n, v1 = 2 * q + 1 < n;
+                cd[u] = vb ? __ldg((const uint2 *)(rb + co)) : make_uint2(0u, 0u);
+                sb[u] = vb ? __ldg(rb + so) : 3u;
+                s0[u] = v0 ? __ldg(rc + so) : 0u;
+                s1[u] = v1 ? __ldg(rc + stride + so) : 0u;
             }
 #pragma unroll
-            for (int u = 0; u < U; u++)
+            for (int u = 0; u < U; u++) {
+                unsigned bb[4];
+                codes_f16(cd[u], sb[u], bb); /* zeros past n */
+                float p0 = e8m0_pow2(s0[u]), p1 = e8m0_pow2(s1[u]);
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    unsigned bb[4];
-                    float p0, p1;
-                    if (NT == 1) {
-                        codes_f16(cd[u], sb[u], bb); /* zeros past n */
-                        p0 = e8m0_pow2(s0[u]);
-                        p1 = e8m0_pow2(s1[u]);
-                    } else {
-                        size_t o = ((size_t)(kb + u) * NT + nt) * 32 + lane;
-                        uint4 f = __ldg(frag + o);
-                        float2 pp = __ldg(pw + o);
-                        bb[0] = f.x;
-                        bb[1] = f.y;
-                        bb[2] = f.z;
-                        bb[3] = f.w;
-                        p0 = pp.x;
-                        p1 = pp.y;
-                    }
-#pragma unroll
-                    for (int rt = 0; rt < MMV_RT; rt++) {
-                        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        mma16816(c, a[u][rt][0].x, a[u][rt][1].x, a[u][rt][0].y, a[u][rt][1].y,
-                                 bb[0], bb[1]);
-                        mma16816(c, a[u][rt][0].z, a[u][rt][1].z, a[u][rt][0].w, a[u][rt][1].w,
-                                 bb[2], bb[3]);
-                        acc[rt][nt][0] = fmaf(c[0], p0, acc[rt][nt][0]);
-                        acc[rt][nt][1] = fmaf(c[1], p1, acc[rt][nt][1]);
-                        acc[rt][nt][2] = fmaf(c[2], p0, acc[rt][nt][2]);
-                        acc[rt][nt][3] = fmaf(c[3], p1, acc[rt][nt][3]);
-                    }
+                for (int rt = 0; rt < MMV_RT; rt++) {
+                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma16816(c, a[u][rt][0].x, a[u][rt][1].x, a[u][rt][0].y, a[u][rt][1].y, bb[0], bb[1]);
+                    mma16816(c, a[u][rt][0].z, a[u][rt][1].z, a[u][rt][0].w, a[u][rt][1].w, bb[2], bb[3]);
+                    acc[rt][0][0] = fmaf(c[0], p0, acc[rt][0][0]);
+                    acc[rt][0][1] = fmaf(c[1], p1, acc[rt][0][1]);
+                    acc[rt][0][2] = fmaf(c[2], p0, acc[rt][0][2]);
+                    acc[rt][0][3] = fmaf(c[3], p1, acc[rt][0][3]);
                 }
+            }
         }
     }
-    if (MMV_KSPLIT > 1) {
-        /* parts 1.. hand their sums to part 0, which adds them in part order */
-        if (p) {
+    /* part pp of group r: part[r (MMV_KSPLIT - 1) + pp - 1] */
+    mmv_finish<1>(acc, p, [&](int pp) { return &part[(warp / MMV_KSPLIT) * (MMV_KSPLIT - 1) + pp - 1][0][0]; },
+                  live, row0, n, n_out, kv, ldkv);
+}
+
+/*
+ * Two n-tiles or more (9 to 64 tokens): the operands come from
+ * mmv_prep_kernel (frag, pw), which this kernel waits for (a programmatic
+ * dependent launch) before its first read, and are staged in shared
+ * memory: the MMV_SGROUPS warps of a block that share a part of K read the
+ * operands of U = MMV_UNROLL_PRE blocks of 32 inputs from there, copied once
+ * for all of them (cp.async, two buffers a part: the next round's copy runs
+ * under this round's products).  Each warp loads its weights for the round
+ * first (a burst), then multiplies every n-tile against them.  The
+ * products, their order and the parts' sum are mmv_kernel's: a token's
+ * bits are the same alone and among 64.
+ * H200 (bench/results/2026-12-03-cuda-dec, runs 6-8): with each warp
+ * reading the operands itself (through L1) and 8 warps an SM, 64 tokens
+ * took 2.6x the weights' floor and 32 tokens 1.95x; staged, with two
+ * blocks of 8 warps an SM (registers capped at 128), 2.3x and 1.55x.  The
+ * extra warps made the difference (one block of 8 warps an SM, staged,
+ * gained nothing); streaming the weights one block ahead instead of a burst
+ * a round was slower everywhere (run 7).
+ * Block: MMV_KSPLIT parts x MMV_SGROUPS output groups of MMV_ROWS; part p
+ * of group gi is warp p * MMV_SGROUPS + gi.  Dynamic shared memory:
+ * mmv_staged_smem(NT) bytes (48 KB at NT = 8), through which the parts'
+ * sums also pass at the end.
+ */
+#define MMV_SGROUPS (MMV_SWARPS / MMV_KSPLIT)
+static_assert(MMV_SWARPS % MMV_KSPLIT == 0, "MMV_SWARPS");
+
+/* a part's buffer: U x NT x 32 fragments (16 bytes) then as many scale
+ * pairs (8 bytes), in 16-byte units */
+#define MMV_SLAB(NT) (MMV_UNROLL_PRE * (NT) * 32)
+#define MMV_SBUF(NT) (MMV_SLAB(NT) * 3 / 2)
+static constexpr size_t mmv_staged_smem(int nt)
+{
+    return (size_t)MMV_KSPLIT * 2 * MMV_SBUF(nt) * 16;
+}
+static_assert(mmv_staged_smem(8) <= 48 * 1024, "the staged kernel's buffers fit the default limit");
+static_assert((size_t)MMV_SGROUPS * (MMV_KSPLIT - 1) * MMV_RT * 4 * 32 * 4 <= mmv_staged_smem(1),
+              "the parts' sums fit in the buffers (both grow with NT)");
+
+__device__ __forceinline__ void mmv_cp16(uint4 *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src)
+                 : "memory");
+}
+
+template <int NT>
+__global__ void __launch_bounds__(MMV_SWARPS * 32, MMV_SMIN_BLOCKS)
+mmv_staged_kernel(const uint16_t *__restrict__ w, int n, int n_out, float *__restrict__ kv, int ldkv,
+                  const uint4 *__restrict__ frag, const float2 *__restrict__ pw)
+{
+    extern __shared__ uint4 mmv_sm[];
+    constexpr int U = MMV_UNROLL_PRE, SLAB = MMV_SLAB(NT), SBUF = MMV_SBUF(NT), PT = MMV_SGROUPS * 32;
+    pdl_launch_dependents();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int p = warp / MMV_SGROUPS, gi = warp % MMV_SGROUPS, tp = threadIdx.x - p * PT;
+    const int row0 = (blockIdx.x * MMV_SGROUPS + gi) * MMV_ROWS;
+    const bool live = row0 < n_out; /* a warp past the outputs still copies and meets the barriers */
+    const uint16_t *wr[MMV_RT][2];
 #pragma unroll
-            for (int rt = 0; rt < MMV_RT; rt++)
+    for (int rt = 0; rt < MMV_RT; rt++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        part[warp - warp / MMV_KSPLIT - 1][(rt * NT + nt) * 4 + i][lane] = acc[rt][nt][i];
+        for (int h = 0; h < 2; h++) {
+            int r = row0 + rt * 16 + g + 8 * h;
+            wr[rt][h] = w + (size_t)(live && r < n_out ? r : 0) * K + 8 * q;
         }
-        __syncthreads();
-        if (p)
-            return;
-#pragma unroll
-        for (int pp = 1; pp < MMV_KSPLIT; pp++)
-#pragma unroll
-            for (int rt = 0; rt < MMV_RT; rt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        acc[rt][nt][i] += part[warp - warp / MMV_KSPLIT + pp - 1][(rt * NT + nt) * 4 + i][lane];
-    }
-    if (!live)
-        return;
+    float acc[MMV_RT][NT][4];
 #pragma unroll
     for (int rt = 0; rt < MMV_RT; rt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = row0 + rt * 16 + g + (i >> 1) * 8, t = nt * 8 + 2 * q + (i & 1);
-                if (r < n_out && t < n)
-                    kv[(size_t)t * ldkv + r] = acc[rt][nt][i];
+            for (int i = 0; i < 4; i++)
+                acc[rt][nt][i] = 0.0f;
+    uint4 *buf = mmv_sm + (size_t)p * 2 * SBUF;
+    const int kb0 = p * MMV_PART_BLOCKS;
+    pdl_wait(); /* mmv_prep_kernel's operands */
+    /* this part's copy of the operands of blocks [kb, kb + U) into buffer b */
+    auto stage = [&](int kb, int b) {
+        const uint4 *gf = frag + (size_t)kb * NT * 32, *gp = (const uint4 *)(pw + (size_t)kb * NT * 32);
+        uint4 *d = buf + b * SBUF;
+        for (int i = tp; i < SBUF; i += PT)
+            mmv_cp16(d + i, i < SLAB ? (const void *)(gf + i) : (const void *)(gp + (i - SLAB)));
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    stage(kb0, 0);
+#pragma unroll 1
+    for (int kb = kb0, r = 0; kb < kb0 + MMV_PART_BLOCKS; kb += U, r ^= 1) {
+        uint4 a[U][MMV_RT][2];
+        if (live)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        a[u][rt][h] = __ldg((const uint4 *)(wr[rt][h] + (size_t)(kb + u) * 32));
+        /* this round's operands are in (each thread's copies, then the
+         * part's barrier); every warp of the part is done with the other
+         * buffer, which the next round's copy may now fill */
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + p), "r"(PT) : "memory");
+        if (kb + U < kb0 + MMV_PART_BLOCKS)
+            stage(kb + U, r ^ 1);
+        if (!live)
+            continue;
+        const uint4 *sf = buf + r * SBUF;
+        const float2 *sp = (const float2 *)(sf + SLAB);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint4 f = sf[(u * NT + nt) * 32 + lane];
+                float2 pp = sp[(u * NT + nt) * 32 + lane];
+#pragma unroll
+                for (int rt = 0; rt < MMV_RT; rt++) {
+                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma16816(c, a[u][rt][0].x, a[u][rt][1].x, a[u][rt][0].y, a[u][rt][1].y, f.x, f.y);
+                    mma16816(c, a[u][rt][0].z, a[u][rt][1].z, a[u][rt][0].w, a[u][rt][1].w, f.z, f.w);
+                    acc[rt][nt][0] = fmaf(c[0], pp.x, acc[rt][nt][0]);
+                    acc[rt][nt][1] = fmaf(c[1], pp.y, acc[rt][nt][1]);
+                    acc[rt][nt][2] = fmaf(c[2], pp.x, acc[rt][nt][2]);
+                    acc[rt][nt][3] = fmaf(c[3], pp.y, acc[rt][nt][3]);
+                }
             }
+    }
+    /* the parts' sums pass through the buffers: part pp of group gi at
+     * [pp - 1][gi][value][lane] */
+    __syncthreads(); /* every warp is done with the buffers */
+    float *sums = (float *)mmv_sm;
+    mmv_finish<NT>(acc, p,
+                   [&](int pp) { return sums + ((pp - 1) * MMV_SGROUPS + gi) * (MMV_RT * NT * 4 * 32); },
+                   live, row0, n, n_out, kv, ldkv);
 }
 
 #endif
