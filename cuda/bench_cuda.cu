@@ -212,7 +212,7 @@ int main(int argc, char **argv)
     printf("decode (B <= %u: mma over the F16 weights, one pass for all B; FMA_ONLY: the CUDA-core\n"
            "GEMVs, 8 tokens a pass, the decode path before issue #25)\n", ENGRAM_CUDA_GEMV_MAX);
     printf("   B   apply us  / floor   projection us  / floor   FMA_ONLY apply us  / floor\n");
-    const unsigned Bs[] = {1, 2, 3, 4, 5, 6, 8, 16, 32, 64};
+    const unsigned Bs[] = {1, 2, 3, 4, 5, 6, 8, 16, 24, 32, 40, 48, 56, 64};
     for (unsigned q = 0; q < sizeof Bs / sizeof Bs[0]; q++) {
         a.n = Bs[q];
         a.flags = 0;

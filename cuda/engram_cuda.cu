@@ -13,7 +13,8 @@
  * cuda/README.md says how the paths are chosen and what they measured.
  *
  * Dispatch, per block of ENGRAM_CUDA_BLOCK tokens (project_block):
- *  - n <= ENGRAM_CUDA_GEMV_MAX (64): mmv_kernel<NT>, NT = ceil(n / 8);
+ *  - n <= ENGRAM_CUDA_GEMV_MAX (64): mmv_kernel (up to 8 tokens), or
+ *    mmv_prep_kernel<NT> then mmv_staged_kernel<NT>, NT = ceil(n / 8);
  *  - ENGRAM_CUDA_FMA_ONLY: gemv1_kernel (one token) or gemv_kernel<T>
  *    (T = 2..8), 8 tokens a launch;
  *  - else decode16_kernel, then ws_gemm (where the layer's probe found the
@@ -351,7 +352,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
             CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
         }
-        CK(e, "mmv_kernel");
+        CK(e, "the decode projection (mmv_kernel / mmv_staged_kernel)");
         return 0;
     }
     if (a->flags & ENGRAM_CUDA_FMA_ONLY) {

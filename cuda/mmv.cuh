@@ -317,7 +317,7 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
  * sums also pass at the end.
  */
 #define MMV_SGROUPS (MMV_SWARPS / MMV_KSPLIT)
-static_assert(MMV_SWARPS % MMV_KSPLIT == 0, "MMV_SWARPS");
+static_assert(MMV_SWARPS % MMV_KSPLIT == 0 && MMV_KSPLIT <= 2, "MMV_SWARPS; one named barrier a part (ids 1, 2)");
 
 /* a part's buffer: U x NT x 32 fragments (16 bytes) then as many scale
  * pairs (8 bytes), in 16-byte units */
@@ -327,6 +327,8 @@ static constexpr size_t mmv_staged_smem(int nt)
 {
     return (size_t)MMV_KSPLIT * 2 * MMV_SBUF(nt) * 16;
 }
+/* dynamic shared memory only: the staged kernel has no static __shared__
+ * (one added would count against the same 48 KB at NT = 8) */
 static_assert(mmv_staged_smem(8) <= 48 * 1024, "the staged kernel's buffers fit the default limit");
 static_assert((size_t)MMV_SGROUPS * (MMV_KSPLIT - 1) * MMV_RT * 4 * 32 * 4 <= mmv_staged_smem(1),
               "the parts' sums fit in the buffers (both grow with NT)");
@@ -349,7 +351,10 @@ mmv_staged_kernel(const uint16_t *__restrict__ w, int n, int n_out, float *__res
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int p = warp / MMV_SGROUPS, gi = warp % MMV_SGROUPS, tp = threadIdx.x - p * PT;
     const int row0 = (blockIdx.x * MMV_SGROUPS + gi) * MMV_ROWS;
-    const bool live = row0 < n_out; /* a warp past the outputs still copies and meets the barriers */
+    /* a warp past the outputs still copies and meets every barrier (it must:
+     * a warp that left early would hang its part's named barrier and the
+     * block's __syncthreads) */
+    const bool live = row0 < n_out;
     const uint16_t *wr[MMV_RT][2];
 #pragma unroll
     for (int rt = 0; rt < MMV_RT; rt++)
@@ -393,7 +398,10 @@ mmv_staged_kernel(const uint16_t *__restrict__ w, int n, int n_out, float *__res
          * part's barrier); every warp of the part is done with the other
          * buffer, which the next round's copy may now fill */
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + p), "r"(PT) : "memory");
+        if (p == 0) /* immediate ids: a register id reserves all 16 barriers */
+            asm volatile("bar.sync 1, %0;\n" ::"n"(PT) : "memory");
+        else
+            asm volatile("bar.sync 2, %0;\n" ::"n"(PT) : "memory");
         if (kb + U < kb0 + MMV_PART_BLOCKS)
             stage(kb + U, r ^ 1);
         if (!live)
