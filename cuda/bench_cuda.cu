@@ -187,25 +187,17 @@ int main(int argc, char **argv)
     a.resid = d_x;
     a.resid_dtype = ENGRAM_F32;
     a.stream = st;
-    if (getenv("BENCH_CUDA_PREFILL_ONCE")) { /* for a profiler: three prefill applies, then stop */
-        a.n = n;
+    /* for a profiler: three applies of the prefill's 2048 tokens or of B
+     * decode tokens, then stop */
+    const char *dec_once = getenv("BENCH_CUDA_DECODE_ONCE");
+    if (getenv("BENCH_CUDA_PREFILL_ONCE") || dec_once) {
+        a.n = dec_once ? (unsigned)atoi(dec_once) : n;
         for (int i = 0; i < 3; i++)
             if (engram_cuda_apply(c, &a, &err) < 0 || engram_cuda_sync(c, st, &err) < 0) {
                 fprintf(stderr, "%s\n", err.msg);
                 return 1;
             }
-        printf("three prefill applies of %u tokens done\n", n);
-        return 0;
-    }
-
-    if (getenv("BENCH_CUDA_DECODE_ONCE")) { /* for a profiler: three decode applies of that many tokens */
-        a.n = (unsigned)atoi(getenv("BENCH_CUDA_DECODE_ONCE"));
-        for (int i = 0; i < 3; i++)
-            if (engram_cuda_apply(c, &a, &err) < 0 || engram_cuda_sync(c, st, &err) < 0) {
-                fprintf(stderr, "%s\n", err.msg);
-                return 1;
-            }
-        printf("three decode applies of %u tokens done\n", a.n);
+        printf("three applies of %u tokens done\n", a.n);
         return 0;
     }
 

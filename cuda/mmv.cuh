@@ -155,6 +155,38 @@ mmv_prep_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_ste
     pw[o] = make_float2(p0, p1);
 }
 
+/* This lane's weight rows, for row tiles of 16 from row0 (clamped: rows
+ * past n_out, or every row of a warp that is not live, load row 0 and are
+ * never stored). */
+__device__ __forceinline__ void mmv_rows(const uint16_t *w, int row0, bool live, int n_out,
+                                         const uint16_t *(&wr)[MMV_RT][2])
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int rt = 0; rt < MMV_RT; rt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = row0 + rt * 16 + g + 8 * h;
+            wr[rt][h] = w + (size_t)(live && r < n_out ? r : 0) * K + 8 * q;
+        }
+}
+
+/* One block of 32 inputs of one row tile and n-tile, the arithmetic of both
+ * kernels: the 32 exact products summed by two mma from zero (a: the
+ * weights' A fragments of rows g and g + 8, b: the tokens' B fragment),
+ * then promoted into the lane's four sums with the scales p0, p1 of its C
+ * columns 2q, 2q + 1. */
+__device__ __forceinline__ void mmv_block(float (&acc)[4], const uint4 (&a)[2], uint4 b, float p0, float p1)
+{
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma16816(c, a[0].x, a[1].x, a[0].y, a[1].y, b.x, b.y);
+    mma16816(c, a[0].z, a[1].z, a[0].w, a[1].w, b.z, b.w);
+    acc[0] = fmaf(c[0], p0, acc[0]);
+    acc[1] = fmaf(c[1], p1, acc[1]);
+    acc[2] = fmaf(c[2], p0, acc[2]);
+    acc[3] = fmaf(c[3], p1, acc[3]);
+}
+
 /*
  * The end of a projection: parts 1.. of each output group hand their sums
  * to part 0 through shared memory (slot(pp): the MMV_RT x NT x 4 x 32
@@ -226,15 +258,8 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
     const int grp = blockIdx.x * MMV_GROUPS + warp / MMV_KSPLIT, p = warp % MMV_KSPLIT;
     const int row0 = grp * MMV_ROWS;
     const bool live = row0 < n_out; /* a warp past the outputs still meets the barrier */
-    /* this lane's weight rows (clamped: rows past n_out load row 0, never stored) */
     const uint16_t *wr[MMV_RT][2];
-#pragma unroll
-    for (int rt = 0; rt < MMV_RT; rt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int r = row0 + rt * 16 + g + 8 * h;
-            wr[rt][h] = w + (size_t)(live && r < n_out ? r : 0) * K + 8 * q;
-        }
+    mmv_rows(w, row0, live, n_out, wr);
     /* this lane's tokens: B column g, C columns 2q, 2q+1; none past n */
     const uint8_t *rb = raw + (size_t)g * stride, *rc = raw + (size_t)(2 * q) * stride;
     float acc[MMV_RT][1][4];
@@ -276,15 +301,8 @@ mmv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size
                 codes_f16(cd[u], sb[u], bb); /* zeros past n */
                 float p0 = e8m0_pow2(s0[u]), p1 = e8m0_pow2(s1[u]);
 #pragma unroll
-                for (int rt = 0; rt < MMV_RT; rt++) {
-                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma16816(c, a[u][rt][0].x, a[u][rt][1].x, a[u][rt][0].y, a[u][rt][1].y, bb[0], bb[1]);
-                    mma16816(c, a[u][rt][0].z, a[u][rt][1].z, a[u][rt][0].w, a[u][rt][1].w, bb[2], bb[3]);
-                    acc[rt][0][0] = fmaf(c[0], p0, acc[rt][0][0]);
-                    acc[rt][0][1] = fmaf(c[1], p1, acc[rt][0][1]);
-                    acc[rt][0][2] = fmaf(c[2], p0, acc[rt][0][2]);
-                    acc[rt][0][3] = fmaf(c[3], p1, acc[rt][0][3]);
-                }
+                for (int rt = 0; rt < MMV_RT; rt++)
+                    mmv_block(acc[rt][0], a[u][rt], make_uint4(bb[0], bb[1], bb[2], bb[3]), p0, p1);
             }
         }
     }
@@ -348,7 +366,7 @@ mmv_staged_kernel(const uint16_t *__restrict__ w, int n, int n_out, float *__res
     extern __shared__ uint4 mmv_sm[];
     constexpr int U = MMV_UNROLL_PRE, SLAB = MMV_SLAB(NT), SBUF = MMV_SBUF(NT), PT = MMV_SGROUPS * 32;
     pdl_launch_dependents();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int p = warp / MMV_SGROUPS, gi = warp % MMV_SGROUPS, tp = threadIdx.x - p * PT;
     const int row0 = (blockIdx.x * MMV_SGROUPS + gi) * MMV_ROWS;
     /* a warp past the outputs still copies and meets every barrier (it must:
@@ -356,13 +374,7 @@ mmv_staged_kernel(const uint16_t *__restrict__ w, int n, int n_out, float *__res
      * block's __syncthreads) */
     const bool live = row0 < n_out;
     const uint16_t *wr[MMV_RT][2];
-#pragma unroll
-    for (int rt = 0; rt < MMV_RT; rt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int r = row0 + rt * 16 + g + 8 * h;
-            wr[rt][h] = w + (size_t)(live && r < n_out ? r : 0) * K + 8 * q;
-        }
+    mmv_rows(w, row0, live, n_out, wr);
     float acc[MMV_RT][NT][4];
 #pragma unroll
     for (int rt = 0; rt < MMV_RT; rt++)
@@ -415,15 +427,8 @@ mmv_staged_kernel(const uint16_t *__restrict__ w, int n, int n_out, float *__res
                 uint4 f = sf[(u * NT + nt) * 32 + lane];
                 float2 pp = sp[(u * NT + nt) * 32 + lane];
 #pragma unroll
-                for (int rt = 0; rt < MMV_RT; rt++) {
-                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma16816(c, a[u][rt][0].x, a[u][rt][1].x, a[u][rt][0].y, a[u][rt][1].y, f.x, f.y);
-                    mma16816(c, a[u][rt][0].z, a[u][rt][1].z, a[u][rt][0].w, a[u][rt][1].w, f.z, f.w);
-                    acc[rt][nt][0] = fmaf(c[0], pp.x, acc[rt][nt][0]);
-                    acc[rt][nt][1] = fmaf(c[1], pp.y, acc[rt][nt][1]);
-                    acc[rt][nt][2] = fmaf(c[2], pp.x, acc[rt][nt][2]);
-                    acc[rt][nt][3] = fmaf(c[3], pp.y, acc[rt][nt][3]);
-                }
+                for (int rt = 0; rt < MMV_RT; rt++)
+                    mmv_block(acc[rt][nt], a[u][rt], f, pp.x, pp.y);
             }
     }
     /* the parts' sums pass through the buffers: part pp of group gi at
