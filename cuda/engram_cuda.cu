@@ -24,9 +24,10 @@
  *    x 2^k (the gate's operand); otherwise the GEMM's kv stays x 2^-k
  *    (kshift) and the gate or scale_kernel puts 2^k back.  The decode
  *    path's and the GEMVs' kv is unscaled.
- * Then the gate (engram_cuda_apply): gate_kernel for n <= 64 (a
- * programmatic dependent launch of the projection on 9.0+, unless
- * ENGRAM_CUDA_SERIAL_GATE), gate_block_kernel<KV, V16, KEEP> otherwise.
+ * Then the gate (engram_cuda_apply): gate_kernel<PRE> for n <= 64 (PRE
+ * where gate_pre(W, S), the model's shape; a programmatic dependent launch
+ * of the projection on 9.0+, unless ENGRAM_CUDA_SERIAL_GATE),
+ * gate_block_kernel<KV, V16, KEEP> otherwise.
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -458,7 +459,8 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
         if (k <= ENGRAM_CUDA_GEMV_MAX) {
             cudaLaunchAttribute at;
             cudaLaunchConfig_t cfg = dependent_cfg(c, a->flags, dim3(k * GATE_CTAS), dim3(GATE_THREADS), st, &at);
-            CK(cudaLaunchKernelEx(&cfg, gate_kernel, (const float *)c->kv, (int)c->N,
+            auto gate = gate_pre((int)c->W, (int)c->S) ? gate_kernel<true> : gate_kernel<false>;
+            CK(cudaLaunchKernelEx(&cfg, gate, (const float *)c->kv, (int)c->N,
                                   (const float *)c->wq, (void *)resid, bf, mk, (int)c->W, (int)c->S,
                                   c->status, (int)t0, a->d_step, a->resid_step,
                                   (const int *)(scaled ? c->kshift : NULL)),

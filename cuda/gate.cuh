@@ -4,10 +4,11 @@
  * the outputs (by bounds, or of every one), then the update; a token is
  * written whole or not at all (a non-finite one is recorded in the layer's
  * status), masked tokens are not touched.
- *  - gate_kernel: n <= 8, one token per cluster of 8 blocks, sums exchanged
- *    through distributed shared memory, launched as a programmatic
- *    dependent of the decode GEMV;
- *  - gate_block_kernel: n > 8, one block per token.
+ *  - gate_kernel<PRE>: n <= 64, one token per cluster of 8 blocks, sums
+ *    exchanged through distributed shared memory, launched as a
+ *    programmatic dependent of the decode projection (PRE: the model's
+ *    shapes, S <= 4 and W <= 8 GATE_PRE GATE_THREADS = 6144);
+ *  - gate_block_kernel: n > 64, one block per token.
  * Both are kept small: at B = 1 the cluster kernel took 24 us (ncu) with
  * inlined ldexpf and integer divisions in its unrolled loops, 12 us without
  * them (our guess: instruction fetch on 8 cold SMs).
@@ -51,15 +52,16 @@ __device__ __forceinline__ float load_x(const void *x, int bf16, int i)
  * xor-shuffle trees within warps and across the warps in warp 0; every
  * block then adds the blocks' sums in rank order through distributed shared
  * memory (the same order, so the same gates, in every block).  Outputs are
- * computed once into registers (GATE_KEEP per thread; beyond that, twice),
- * checked, and written only if no block of the token found one non-finite:
- * the token is written whole or not at all.  Masked tokens: untouched.
- * Launched as a programmatic dependent of the decode GEMV: x, q and the
- * update's x are loaded (and x.x summed) before the wait for kv, v with
- * k after it.  The blocks' verdicts travel with their sums: if every x and
- * scaled v of the token is below 2^126 in magnitude and the gates are
- * finite, every output is finite (|x + g v| < 2^127, 0 <= g <= 1) and the
- * blocks write without a second exchange; otherwise the check above.
+ * computed once into registers (PRE: GATE_PRE columns of every stream a
+ * thread; otherwise twice, to check them and to write them), checked, and
+ * written only if no block of the token found one non-finite: the token is
+ * written whole or not at all.  Masked tokens: untouched.  Launched as a
+ * programmatic dependent of the decode projection: PRE, x and q loaded (and
+ * x.x summed) before the wait for kv, v with k after it.  The blocks'
+ * verdicts travel with their sums (PRE): if every x and scaled v of the
+ * token is below 2^126 in magnitude and the gates are finite, every output
+ * is finite (|x + g v| < 2^127, 0 <= g <= 1) and the blocks write without a
+ * second exchange; otherwise the check above.
  */
 #define GATE_CTAS 8
 
@@ -83,78 +85,45 @@ __device__ __forceinline__ int cluster_any_bad(cg::cluster_group &cl, int *sbad,
     return any;
 }
 #define GATE_GROUP 4
-#define GATE_KEEP 12
 #ifndef GATE_PRE
 #define GATE_PRE 3 /* columns per thread loaded before the wait for kv */
 #endif
 
-/* gate_kernel's phases, one function each, inlined into it: the same
- * sm_90a machine code as when they were the kernel's own 245 lines (checked
- * on the cubin; its column loop stays in the kernel, unrolled by 2: inside
- * a helper it compiled to other instructions).  A block's share of a
- * token: the columns [lo, lo + cols) of each of the S streams of its
- * residual xt (BF16 or F32); kvt: the token's kv, v its values. */
+/* gate_kernel's phases, one function each, inlined into it (its column
+ * loop stays in the kernel, unrolled by 2: inside a helper it compiled to
+ * other instructions).  A block's share of a token: the columns
+ * [lo, lo + cols) of each of the S streams of its residual xt (BF16 or
+ * F32); kvt: the token's kv, v its values. */
 
-/* The update's elements of this thread (with GATE_KEEP or fewer) and
- * their x, loaded before the wait for kv: element e of the block is
- * (stream e / cols, column lo + e % cols), stepped without divisions (a
- * small kernel: fewer instructions to fetch).  sq[q]: the stream (S: none),
- * iq[q]: the column, y[q]: x. */
-__device__ __forceinline__ void gate_keep_load(const char *xt, int bf16, int W, int S, int lo, int cols,
-                                               float *y, int *sq, int *iq)
-{
-    int s = cols > 0 ? 0 : S, i = threadIdx.x; /* no columns: no elements */
-    if (cols > 0)
-        while (i >= cols && s < S) {
-            i -= cols;
-            s++;
-        }
-#pragma unroll
-    for (int q = 0; q < GATE_KEEP; q++) {
-        sq[q] = s;
-        iq[q] = lo + i;
-        y[q] = s < S ? load_x(xt, bf16, s * W + lo + i) : 0.0f;
-        i += GATE_THREADS;
-        while (i >= cols && s < S) {
-            i -= cols;
-            s++;
-        }
-    }
-}
-
-/* Up to GATE_PRE columns per thread and S <= GATE_GROUP (W = 5120: 640
- * columns a block): x and q, which the GEMV does not write, are loaded
- * before the wait for kv, and x.x summed; the sums' order is that of
- * gate_sums_column, so the bits are the same.  Zeros unless pre. */
-__device__ __forceinline__ void gate_pre_load(int pre, const char *xt, int bf16, const float *wq, int W,
-                                              int S, int lo, int cols, float (*px)[GATE_GROUP],
-                                              float (*pq)[GATE_GROUP], float *pxx)
+/* gate_kernel<true>'s elements (S <= GATE_GROUP, up to GATE_PRE columns
+ * per thread: W <= 6144): x[j][s] and q[j][s] of stream s at column
+ * lo + threadIdx.x + j GATE_THREADS (zeros outside the block's share),
+ * which the projection does not write, loaded before the wait for kv, and
+ * x.x summed in gate_sums_column's order (the same bits).  x is also the
+ * update's: kept in registers until the write. */
+__device__ __forceinline__ void gate_pre_load(const char *xt, int bf16, const float *wq, int W, int S, int lo,
+                                              int cols, float (*x)[GATE_GROUP], float (*q)[GATE_GROUP],
+                                              float *xx)
 {
 #pragma unroll
-    for (int s = 0; s < GATE_GROUP; s++) {
-        pxx[s] = 0.0f;
+    for (int j = 0; j < GATE_PRE; j++) {
+        int i = lo + threadIdx.x + j * GATE_THREADS;
 #pragma unroll
-        for (int j = 0; j < GATE_PRE; j++)
-            px[j][s] = pq[j][s] = 0.0f;
-    }
-    if (pre) {
-#pragma unroll
-        for (int j = 0; j < GATE_PRE; j++) {
-            int i = lo + threadIdx.x + j * GATE_THREADS;
-#pragma unroll
-            for (int s = 0; s < GATE_GROUP; s++)
-                if (s < S && i < lo + cols) {
-                    px[j][s] = load_x(xt, bf16, s * W + i);
-                    pq[j][s] = wq[(size_t)s * W + i];
-                }
+        for (int s = 0; s < GATE_GROUP; s++) {
+            bool in = s < S && i < lo + cols;
+            x[j][s] = in ? load_x(xt, bf16, s * W + i) : 0.0f;
+            q[j][s] = in ? wq[(size_t)s * W + i] : 0.0f;
         }
-#pragma unroll
-        for (int j = 0; j < GATE_PRE; j++)
-#pragma unroll
-            for (int s = 0; s < GATE_GROUP; s++)
-                if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols)
-                    pxx[s] = fmaf(px[j][s], px[j][s], pxx[s]);
     }
+#pragma unroll
+    for (int s = 0; s < GATE_GROUP; s++)
+        xx[s] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GATE_PRE; j++)
+#pragma unroll
+        for (int s = 0; s < GATE_GROUP; s++)
+            if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols)
+                xx[s] = fmaf(x[j][s], x[j][s], xx[s]);
 }
 
 /* This thread's partial sums of streams 0 .. GATE_GROUP - 1 (with pre:
@@ -272,46 +241,8 @@ __device__ __forceinline__ void gate_exchange(cg::cluster_group &cl, int ok, flo
     __syncthreads();
 }
 
-/* The kept elements' outputs (y: x, vs: v scaled and rounded), written to
- * the residual: at once when safe (finite by the bounds: the other blocks
- * are waited for only before leaving), else after the cluster's verdict
- * (cluster_any_bad), and not at all if a block found one non-finite. */
-__device__ __forceinline__ void gate_write_kept(cg::cluster_group &cl, int safe, char *xt, int bf16, int W,
-                                                int S, float *y, const float *vs, const int *sq, int *iq,
-                                                const float *gs, int *sbad, int rank, int *status,
-                                                int token_base, int t)
-{
-    int bad = 0;
-#pragma unroll
-    for (int q = 0; q < GATE_KEEP; q++)
-        if (sq[q] < S) {
-            y[q] = bf16r(fmaf(gs[sq[q]], vs[q], y[q]));
-            bad |= !isfinite(y[q]);
-        }
-#pragma unroll
-    for (int q = 0; q < GATE_KEEP; q++)
-        iq[q] += sq[q] * W; /* the residual's index, for the writes */
-    /* safe: finite by the bounds, written without asking the other
-     * blocks (which are waited for only before leaving) */
-    if (!safe) {
-        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-        if (cluster_any_bad(cl, sbad, bad, rank, status, token_base + t))
-            return;
-    }
-#pragma unroll
-    for (int q = 0; q < GATE_KEEP; q++)
-        if (sq[q] < S) {
-            if (bf16)
-                ((unsigned short *)xt)[iq[q]] = (unsigned short)(__float_as_uint(y[q]) >> 16);
-            else
-                ((float *)xt)[iq[q]] = y[q];
-        }
-    if (safe)
-        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-/* More elements than GATE_KEEP a thread: each output computed twice, x
- * and v read again, to check it and then to write it. */
+/* gate_kernel<false>'s update: each output computed twice, x and v read
+ * again, to check it and then to write it. */
 __device__ __forceinline__ void gate_write_strided(cg::cluster_group &cl, char *xt, int bf16, const float *v,
                                                    int ks, int W, int lo, int cols, int total,
                                                    const float *gs, int *sbad, int rank, int *status,
@@ -335,7 +266,65 @@ __device__ __forceinline__ void gate_write_strided(cg::cluster_group &cl, char *
     }
 }
 
-__global__ void __cluster_dims__(GATE_CTAS, 1, 1) __launch_bounds__(GATE_THREADS)
+/* gate_kernel<true>'s update: y = x + g v of its kept elements (x: x[j][s],
+ * v: vs[j], the column's scaled value), written at once when safe (finite
+ * by the bounds: the other blocks are waited for only before leaving), else
+ * after the cluster's verdict (cluster_any_bad), and not at all if a block
+ * found one non-finite. */
+__device__ __forceinline__ void gate_write_pre(cg::cluster_group &cl, int safe, char *xt, int bf16, int W,
+                                               int S, int lo, int cols, float (*x)[GATE_GROUP],
+                                               const float *vs, const float *gs, int *sbad, int rank,
+                                               int *status, int token_base, int t)
+{
+    int bad = 0;
+#pragma unroll
+    for (int j = 0; j < GATE_PRE; j++)
+#pragma unroll
+        for (int s = 0; s < GATE_GROUP; s++)
+            if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols) {
+                x[j][s] = bf16r(fmaf(gs[s], vs[j], x[j][s]));
+                bad |= !isfinite(x[j][s]);
+            }
+    if (!safe) {
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        if (cluster_any_bad(cl, sbad, bad, rank, status, token_base + t))
+            return;
+    }
+#pragma unroll
+    for (int j = 0; j < GATE_PRE; j++)
+#pragma unroll
+        for (int s = 0; s < GATE_GROUP; s++) {
+            int i = lo + threadIdx.x + j * GATE_THREADS;
+            if (s < S && i < lo + cols) {
+                if (bf16)
+                    ((unsigned short *)xt)[s * W + i] = (unsigned short)(__float_as_uint(x[j][s]) >> 16);
+                else
+                    ((float *)xt)[s * W + i] = x[j][s];
+            }
+        }
+    if (safe)
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* PRE (gate_pre(W, S): S <= GATE_GROUP and W <= 8 GATE_PRE GATE_THREADS,
+ * the model's 4 x 5120): each thread's elements sit at GATE_PRE columns of
+ * every stream, x and q loaded before the wait for kv and x kept for the
+ * update, the column's v loaded once for its S elements: 3 blocks an SM
+ * (GATE_PRE_MINB; no spills), so that 32 tokens' 256 blocks are one wave
+ * (kept stream-major, as before, they took 128 registers, 2 blocks an SM,
+ * and the gate of 16 to 64 tokens grew by 0.3 us a token).  Otherwise
+ * (W > 6144 or S > 4: no model we know) every element is read twice.  The
+ * sums and outputs are the same bits either way. */
+#ifndef GATE_PRE_MINB
+#define GATE_PRE_MINB 3
+#endif
+static inline int gate_pre(int W, int S)
+{
+    return S <= GATE_GROUP && (W + GATE_CTAS - 1) / GATE_CTAS <= GATE_PRE * GATE_THREADS;
+}
+
+template <bool PRE>
+__global__ void __cluster_dims__(GATE_CTAS, 1, 1) __launch_bounds__(GATE_THREADS, PRE ? GATE_PRE_MINB : 1)
 gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq, void *resid,
             int bf16, const uint8_t *mask, int W, int S, int *status, int token_base,
             const int *d_step, size_t resid_step, const int *kshift)
@@ -355,69 +344,69 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
     __shared__ float sh[GATE_THREADS / 32][3 * GATE_GROUP];
     __shared__ float part[3 * ENGRAM_MAX_STREAMS]; /* this block's sums  */
     __shared__ float gs[ENGRAM_MAX_STREAMS];
-    __shared__ int sbad;
+    __shared__ int sbad, sok, allok;
+    __shared__ float tot[3 * ENGRAM_MAX_STREAMS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int span = (W + GATE_CTAS - 1) / GATE_CTAS, lo = min(W, rank * span),
               cols = min(W, lo + span) - lo;
     const float *kvt = kv + (size_t)t * ldkv, *v = kvt + (size_t)S * W;
     size_t es = bf16 ? 2 : 4;
     char *xt = (char *)resid + (size_t)t * S * W * es;
-    /* before the wait for kv: the update's elements, and x and q for the sums */
-    const int total = S * cols;
-    const int keep = total <= GATE_THREADS * GATE_KEEP;
-    float y[GATE_KEEP];
-    int sq[GATE_KEEP], iq[GATE_KEEP];
-    if (keep)
-        gate_keep_load(xt, bf16, W, S, lo, cols, y, sq, iq);
-    const int pre = S <= GATE_GROUP && cols <= GATE_PRE * GATE_THREADS;
-    float px[GATE_PRE][GATE_GROUP], pq[GATE_PRE][GATE_GROUP], pxx[GATE_GROUP];
-    gate_pre_load(pre, xt, bf16, wq, W, S, lo, cols, px, pq, pxx);
-    pdl_wait(); /* kv: the GEMV's */
-    /* v of the update's elements, loaded with phase 1's k: one latency; ok:
-     * every x and scaled v of this thread below 2^126 in magnitude (and not
-     * NaN), so that y = x + g v, 0 <= g <= 1, is finite in F32 and in BF16 */
-    float vs[GATE_KEEP];
-    int ok = keep;
-    if (keep) {
+    if constexpr (PRE) {
+        float x[GATE_PRE][GATE_GROUP], q[GATE_PRE][GATE_GROUP], xx[GATE_GROUP];
+        gate_pre_load(xt, bf16, wq, W, S, lo, cols, x, q, xx);
+        pdl_wait(); /* kv: the projection's */
+        /* the columns' v, loaded with the sums' k: one latency */
+        float vs[GATE_PRE];
 #pragma unroll
-        for (int q = 0; q < GATE_KEEP; q++)
-            vs[q] = sq[q] < S ? v[iq[q]] : 0.0f;
-    }
-    for (int s0 = 0; s0 < S; s0 += GATE_GROUP) {
+        for (int j = 0; j < GATE_PRE; j++) {
+            int i = lo + threadIdx.x + j * GATE_THREADS;
+            vs[j] = i < lo + cols ? v[i] : 0.0f;
+        }
         float p[3 * GATE_GROUP];
 #pragma unroll
-        for (int q = 0; q < 3 * GATE_GROUP; q++)
-            p[q] = 0.0f;
-        const int ns = min(GATE_GROUP, S - s0);
-        if (pre) { /* s0 = 0, the only group */
-            gate_sums_pre(p, kvt, ks, W, S, lo, cols, px, pq, pxx);
-        } else { /* the loop here, not in the helper: see above */
+        for (int k = 0; k < 3 * GATE_GROUP; k++)
+            p[k] = 0.0f;
+        gate_sums_pre(p, kvt, ks, W, S, lo, cols, x, q, xx);
+        gate_block_sums(p, sh, part, 0, S, warp, lane);
+        /* ok: every x and scaled v of this thread below 2^126 in magnitude
+         * (and not NaN), so that y = x + g v, 0 <= g <= 1, is finite in F32
+         * and in BF16 */
+        int ok = 1;
+#pragma unroll
+        for (int j = 0; j < GATE_PRE; j++) {
+            vs[j] = bf16r(pow2scale(vs[j], ks));
+            if (lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols) {
+                ok &= fabsf(vs[j]) < 0x1p126f;
+#pragma unroll
+                for (int s = 0; s < GATE_GROUP; s++)
+                    ok &= s >= S || fabsf(x[j][s]) < 0x1p126f;
+            }
+        }
+        gate_exchange(cl, ok, part, &sok, &allok, tot, gs, W, S);
+        int safe = allok; /* the cluster's: every block takes the same branch */
+        for (int s = 0; s < S; s++)
+            safe &= isfinite(gs[s]);
+        gate_write_pre(cl, safe, xt, bf16, W, S, lo, cols, x, vs, gs, &sbad, rank, status, token_base, t);
+    } else {
+        pdl_wait(); /* kv: the projection's */
+        for (int s0 = 0; s0 < S; s0 += GATE_GROUP) {
+            float p[3 * GATE_GROUP];
+#pragma unroll
+            for (int k = 0; k < 3 * GATE_GROUP; k++)
+                p[k] = 0.0f;
+            const int ns = min(GATE_GROUP, S - s0);
+            /* the loop here, not in the helper: see above */
 #pragma unroll 2
             for (int i = lo + threadIdx.x; i < lo + cols; i += GATE_THREADS)
                 gate_sums_column(p, i, s0, ns, xt, bf16, wq, kvt, ks, W);
+            gate_block_sums(p, sh, part, s0, S, warp, lane);
         }
-        gate_block_sums(p, sh, part, s0, S, warp, lane);
-    }
-    if (keep) {
-#pragma unroll
-        for (int q = 0; q < GATE_KEEP; q++) {
-            vs[q] = bf16r(pow2scale(vs[q], ks));
-            ok &= sq[q] >= S || (fabsf(y[q]) < 0x1p126f && fabsf(vs[q]) < 0x1p126f);
-        }
-    }
-    __shared__ int sok, allok;
-    __shared__ float tot[3 * ENGRAM_MAX_STREAMS];
-    gate_exchange(cl, ok, part, &sok, &allok, tot, gs, W, S);
-    /* this block's outputs: all streams, its columns.  Every block of the
-     * cluster takes the same branch: allok and gs are the cluster's. */
-    int safe = allok;
-    for (int q = 0; q < S; q++)
-        safe &= isfinite(gs[q]);
-    if (keep)
-        gate_write_kept(cl, safe, xt, bf16, W, S, y, vs, sq, iq, gs, &sbad, rank, status, token_base, t);
-    else
-        gate_write_strided(cl, xt, bf16, v, ks, W, lo, cols, total, gs, &sbad, rank, status, token_base,
+        /* no bounds checked: the outputs are, before any is written */
+        gate_exchange(cl, 0, part, &sok, &allok, tot, gs, W, S);
+        gate_write_strided(cl, xt, bf16, v, ks, W, lo, cols, S * cols, gs, &sbad, rank, status, token_base,
                            t);
+    }
 }
 
 /*

@@ -1,7 +1,8 @@
 /*
  * test_cuda.cu - the CUDA path against the CPU path and a double-precision
  * reference, on models the builder writes (W = 64, the real W = 5120, W = 63: an odd number of
- * outputs, and for the applies alone W = 5128: past what the prefill gate keeps in registers):
+ * outputs, and for the applies alone W = 5128: past what the prefill gate keeps in registers,
+ * and W = 6400: past what the decode gate's PRE kernel takes):
  *  - without a GPU (CI): engram_cuda_available says why, opening a layer
  *    fails with -ENODEV and that reason; nothing else runs;
  *  - with one: the device memory a layer asks cudaMalloc for is what
@@ -1222,9 +1223,12 @@ int main(void)
      * the prefill gate keeps in registers (applies only) */
     /* 40: N = 200 outputs, an odd number of the decode path's groups of 32
      * (a warp past the outputs) */
-    const uint32_t widths[5] = {64, 5120, 63, 5128, 40};
+    /* 6400: 800 columns a block of the decode gate's clusters, past what
+     * its PRE kernel takes (the stream-major one, elements read twice;
+     * applies only) */
+    const uint32_t widths[6] = {64, 5120, 63, 5128, 40, 6400};
     /* ENGRAM_TEST_CUDA_QUICK=1: W = 64 alone (mutation runs: a binary per mutant) */
-    const int nw = getenv("ENGRAM_TEST_CUDA_QUICK") ? 1 : 5;
+    const int nw = getenv("ENGRAM_TEST_CUDA_QUICK") ? 1 : 6;
     for (int q = 0; q < nw; q++) {
         fx f;
         memset(&f, 0, sizeof f);
@@ -1234,7 +1238,7 @@ int main(void)
             CHECK(0);
             continue;
         }
-        if (q == 3) {
+        if (q == 3 || q == 5) {
             applies(&f);
             unaligned_resid(&f);
         } else {
