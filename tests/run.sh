@@ -5,9 +5,7 @@
 # Two streams: gcc and ASan+UBSan in the foreground; TSan, clang and the
 # short libFuzzer runs beside them on the second core (no test depends on
 # another, none asserts a time; page-cache checks count their own file's
-# pages), that stream's report printed after the first's.  The second
-# stream, shorter, ends with a few of the gcc build's script tests (MOVED),
-# once that build is done: the two streams then take about as long.
+# pages), that stream's report printed after the first's.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 sh tools/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
@@ -95,24 +93,15 @@ second_stream() {
                 -max_len=4096 -print_final_stats=1 "$LOG/corpus_ple" tests/fuzz/ple_seeds
         fi
     fi
-    # MOVED: the gcc build's tests that only need it (private temporary
-    # directories; not the MPI ones, whose fault test finds ranks by their
-    # environment), once the first stream has built it
-    while [ ! -e "$LOG/gcc.built" ]; do sleep 1; done
-    run "test_files.sh (devices, FIFOs, links, same file, memory limits)" sh tests/test_files.sh build
-    run "test_outputs.sh (full disk, SIGKILL)" sh tests/test_outputs.sh build
-    run "test_cli" sh tests/test_cli.sh build
-    run "emulate_ple (PLE kernels on the host vs CPU)" build/cuda/emulate_ple
     echo "$pass $fail" >"$LOG/second.count"
 }
 second_stream >"$LOG/second.log" 2>&1 &
 second_pid=$!
 
 SEEDS="$LOG/seeds"
-build "gcc -O2"
-: >"$LOG/gcc.built" # the second stream's MOVED tests may start (they fail if it did not build)
-{
+build "gcc -O2" && {
     suite "" build
+    run "test_cli" sh tests/test_cli.sh build
     run "test_install (make install, pkg-config, library split)" sh tests/test_install.sh build
     run "test_apply.sh (numpy float64 reference)" sh tests/test_apply.sh build
     run "test_ple_apply.sh (PLE output stage vs numpy float64)" sh tests/test_ple_apply.sh build
@@ -122,6 +111,8 @@ build "gcc -O2"
     run "test_run.sh (engram run vs serial apply)" sh tests/test_run.sh build
     run "test_ple_run.sh (engram run on a PLE model vs serial apply)" sh tests/test_ple_run.sh build
     run "test_fallback.sh (refusals: same outputs)" sh tests/test_fallback.sh build
+    run "test_outputs.sh (full disk, SIGKILL)" sh tests/test_outputs.sh build
+    run "test_files.sh (devices, FIFOs, links, same file, memory limits)" sh tests/test_files.sh build
     run "test_envfail.sh (the CLI's environment failing)" sh tests/test_envfail.sh build
     run "test_inputs.sh (unbounded inputs, directories)" sh tests/test_inputs.sh build
     run "stress_sessions (64 threads, 5 s)" build/tests/stress_sessions --threads 64 --seconds 5
@@ -147,6 +138,7 @@ build "gcc -O2"
             fi
         done
     fi
+    run "emulate_ple (PLE kernels on the host vs CPU)" build/cuda/emulate_ple
     # the Python binding (Debian's /usr/bin/python3: numpy, torch, pytest)
     if run "build: python module (make python)" make -j"$JOBS" WERROR=1 python; then
         run "pytest tests/python (binding vs CLI and C API)" env ENGRAM_BUILD=build \
