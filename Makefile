@@ -242,7 +242,7 @@ $(BUILD)/tests/test_interleave: tests/test_interleave.c tests/testutil.h $(BUILD
 
 $(BUILD)/tests/test_tools: tests/test_tools.c tests/testutil.h $(ALLOC_SHIM) $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc -o $@ $< tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=read -o $@ $< tests/alloc_shim.c $(LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/tests/test_parsers: tests/test_parsers.c programs/cli.c programs/device.c programs/cli.h tests/testutil.h \
     $(ALLOC_SHIM) $(LIBS)

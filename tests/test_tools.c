@@ -139,9 +139,7 @@ static int write_text(const char *name, const char *text, char *path, size_t n)
  * strings: "Ġ" = 0x20, "Ċ" = 0x0A, "Ã©" = C3 A9 ("é"), "Ã" alone = C3
  * (invalid UTF-8), "ï¿½" = EF BF BD (U+FFFD), "Ä°" = C4 B0 (U+0130).
  */
-static void small_tokenizer(void)
-{
-    const char *json =
+static const char *small_json =
         "{\"version\":\"1.0\",\"added_tokens\":["
         "{\"id\":9,\"content\":\"<\xef\xbd\x9c" "end\xef\xbd\x9c>\",\"special\":true},"
         "{\"id\":10,\"content\":\"\xef\xbc\xa1\xef\xbc\xa2\",\"special\":false},"
@@ -151,6 +149,10 @@ static void small_tokenizer(void)
         "\"\\u0120\":0,\"\\u0120\\u0120\":1,\"A\":2,\"a\":3,\"\\u00c3\\u00a9\":4,\"\\u00c3\":5,"
         "\"\\u010a\":6,\"\\u00ef\\u00bf\\u00bd\":8,\"x\":10,\"\\u00c4\\u00b0\":11,\"\\u00e9\":12},"
         "\"merges\":[]}}";
+
+static void small_tokenizer(void)
+{
+    const char *json = small_json;
     /* id : text             -> key             compressed id
      *  0 : " "              -> " "             0
      *  1 : "  "             -> " "             0
@@ -455,12 +457,110 @@ static void quantizer(void)
     CHECK_EQ(engram_rows_quantize_f32(NULL, 1, q, NULL, &err), -EINVAL);
 }
 
+/* read(2) as the tokenizer's loader sees it (linked with --wrap=read, see
+ * the Makefile): READ_PLAIN passes through; READ_CHOPPY answers every other
+ * call EINTR or EAGAIN and the rest one byte at a time; READ_EIO fails the
+ * second call; READ_GROWS, once the file is read, returns spaces for ever:
+ * a file that grows while it is parsed. */
+enum { READ_PLAIN, READ_CHOPPY, READ_EIO, READ_GROWS };
+static int read_mode;
+static long read_calls;
+ssize_t __real_read(int fd, void *buf, size_t n);
+ssize_t __wrap_read(int fd, void *buf, size_t n);
+ssize_t __wrap_read(int fd, void *buf, size_t n)
+{
+    long k = ++read_calls;
+    switch (read_mode) {
+    case READ_CHOPPY:
+        if (k % 2) {
+            errno = k % 4 == 1 ? EINTR : EAGAIN;
+            return -1;
+        }
+        return __real_read(fd, buf, n ? 1 : 0);
+    case READ_EIO:
+        if (k == 2) {
+            errno = EIO;
+            return -1;
+        }
+        return __real_read(fd, buf, n);
+    case READ_GROWS: {
+        ssize_t r = __real_read(fd, buf, n);
+        if (r != 0)
+            return r;
+        memset(buf, ' ', n);
+        return (ssize_t)n;
+    }
+    default:
+        return __real_read(fd, buf, n);
+    }
+}
+
+/* The tokenizer read through interrupted, short and failing reads, one
+ * that never ends, and every counted allocation failing: the same map, or
+ * the error, nothing returned. */
+static void tokenizer_reads(void)
+{
+    char path[600];
+    CHECK_EQ(write_text("reads.json", small_json, path, sizeof path), 0);
+    engram_tokmap plain, tm;
+    engram_error err;
+    int rc = engram_tokmap_from_json(path, &plain, &err);
+    CHECK_EQ(rc, 0);
+    if (rc < 0)
+        return;
+    size_t len = strlen(small_json);
+    read_mode = READ_CHOPPY;
+    read_calls = 0;
+    rc = engram_tokmap_from_json(path, &tm, &err);
+    read_mode = READ_PLAIN;
+    CHECK_EQ(rc, 0);
+    CHECK(read_calls >= 2 * (long)len); /* every byte its own read, after a refusal */
+    if (rc == 0) {
+        CHECK_EQ(tm.vocab, plain.vocab);
+        CHECK(memcmp(tm.map, plain.map, plain.vocab * sizeof *tm.map) == 0);
+        CHECK(memcmp(tm.sha256, plain.sha256, 32) == 0);
+        engram_tokmap_free(&tm);
+    }
+    read_mode = READ_EIO;
+    read_calls = 0;
+    memset(&tm, 0x5a, sizeof tm);
+    rc = engram_tokmap_from_json(path, &tm, &err);
+    read_mode = READ_PLAIN;
+    CHECK_ERR(rc, err, -EIO, "cannot read");
+    read_mode = READ_GROWS;
+    read_calls = 0;
+    rc = engram_tokmap_from_json(path, &tm, &err);
+    read_mode = READ_PLAIN;
+    CHECK_ERR(rc, err, -EFBIG, "grew past the limit");
+    CHECK(read_calls >= (long)(ENGRAM_TOKENIZER_MAX_BYTES / 65536));
+    /* every allocation the library makes on the way failing in turn */
+    lib_alloc = (struct fail_plan){0, 0, 1}; /* counts only */
+    rc = engram_tokmap_from_json(path, &tm, &err);
+    long total = lib_alloc.calls;
+    lib_alloc.armed = 0;
+    CHECK_EQ(rc, 0);
+    if (rc == 0)
+        engram_tokmap_free(&tm);
+    CHECK(total >= 2);
+    for (long k = 1; k <= total; k++) {
+        lib_alloc = (struct fail_plan){0, k, 1};
+        rc = engram_tokmap_from_json(path, &tm, &err);
+        lib_alloc.armed = 0;
+        CHECK_ERR(rc, err, -ENOMEM, "");
+        if (rc == 0)
+            engram_tokmap_free(&tm);
+    }
+    engram_tokmap_free(&plain);
+    unlink(path);
+}
+
 int main(void)
 {
     multipliers();
     normalize();
     small_tokenizer();
     hostile_tokenizers();
+    tokenizer_reads();
     sha256_vectors();
     quantizer();
     tu_cleanup();

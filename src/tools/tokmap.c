@@ -244,8 +244,41 @@ void engram_tokmap_free(engram_tokmap *tm)
     memset(tm, 0, sizeof *tm);
 }
 
+/* What jansson's loader pulls from: the descriptor, read in pieces of
+ * sizeof buf (json_loadfd reads one byte a call: 7.8 M system calls, 3 s,
+ * for the DeepSeek V3 tokenizer), never more than ENGRAM_TOKENIZER_MAX_BYTES
+ * in all, so a file that grows after its fstat is still bounded. */
+struct json_src {
+    int fd;
+    int err;      /* 0, or the errno that ended the read */
+    uint64_t got; /* bytes handed to the parser */
+    char buf[1 << 16];
+};
+
+static size_t json_src_read(void *dst, size_t len, void *data)
+{
+    struct json_src *s = data;
+    if (len > sizeof s->buf)
+        len = sizeof s->buf;
+    for (;;) {
+        ssize_t r = read(s->fd, dst, len);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (r < 0) {
+            s->err = errno;
+            return (size_t)-1;
+        }
+        if ((s->got += (uint64_t)r) > ENGRAM_TOKENIZER_MAX_BYTES) {
+            s->err = EFBIG;
+            return (size_t)-1;
+        }
+        return (size_t)r;
+    }
+}
+
 /* The tokenizer.json at path, parsed; the size limit is checked on the
- * descriptor that is then parsed.  0 or a negative errno (err filled). */
+ * descriptor that is then parsed, and again while it is read.  0 or a
+ * negative errno (err filled). */
 static int load_json(const char *path, json_t **root, engram_error *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -267,8 +300,29 @@ static int load_json(const char *path, json_t **root, engram_error *err)
                        (unsigned long long)st.st_size, ENGRAM_TOKENIZER_MAX_BYTES);
     }
     json_error_t je;
-    *root = json_loadfd(fd, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+    struct json_src *src = malloc(sizeof *src);
+    if (!src) {
+        close(fd);
+        return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "%s: out of memory", path);
+    }
+    src->fd = fd;
+    src->err = 0;
+    src->got = 0;
+    *root = json_load_callback(json_src_read, src, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+    int e = src->err;
+    free(src);
     close(fd);
+    /* jansson takes a failed read for the end of the input: a document
+     * complete before it would parse */
+    if (e && *root) {
+        json_decref(*root);
+        *root = NULL;
+    }
+    if (e == EFBIG)
+        return err_set(err, -EFBIG, ENGRAM_NO_OFFSET, "'%s' grew past the limit of %u bytes", path,
+                       ENGRAM_TOKENIZER_MAX_BYTES);
+    if (e)
+        return err_set(err, -e, ENGRAM_NO_OFFSET, "cannot read '%s': %s", path, strerror(e));
     if (!*root)
         return err_set(err, -EBADMSG, je.position >= 0 ? (uint64_t)je.position : ENGRAM_NO_OFFSET,
                        "%s: line %d column %d: %s", path, je.line, je.column, je.text);
