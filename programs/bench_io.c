@@ -96,8 +96,8 @@ static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode 
     snprintf(cmd, sizeof cmd,
              "fio --name=engram --filename='%s' --readonly --direct=1 --rw=randread %s "
              "--ioengine=io_uring --iodepth=%u %s --offset=%" PRIu64 " --size=%" PRIu64
-             " --runtime=%.0f --time_based --norandommap --randrepeat=0 --output-format=json 2>/dev/null",
-             b->path, bs, depth, extra, off, size, secs < 1 ? 1 : secs);
+             " --runtime=%.0fms --time_based --norandommap --randrepeat=0 --output-format=json 2>/dev/null",
+             b->path, bs, depth, extra, off, size, secs < 0.1 ? 100 : secs * 1000);
     FILE *p = popen(cmd, "r");
     if (!p)
         return r;
@@ -218,7 +218,7 @@ static int section_depths(struct bench *b, struct depth_point *pts)
         /* Shared disks drift: engram and both fio runs take turns in
          * ROUNDS rounds, and each reports its median round. */
         double ours_r[ROUNDS], plain_r[ROUNDS], mix_r[ROUNDS], batched_r[ROUNDS], cores_r[ROUNDS];
-        double slice = b->seconds / ROUNDS < 1 ? 1 : b->seconds / ROUNDS;
+        double slice = b->seconds / ROUNDS;
         engram_io_stats st;
         engram_reader_get_stats(r, &st);
         unsigned r_depth = st.depth;
@@ -336,8 +336,8 @@ static void section_sizes(struct bench *b)
     unsigned deep = 1;
     for (int d = 0; d < b->n_depths; d++)
         deep = b->depths[d] > deep ? b->depths[d] : deep;
-    double secs = b->seconds / 2 < 1 ? 1 : b->seconds / 2;
-    printf("    read sizes (fio alone, %.0f s each): a row inside one %u-byte block is one read of\n"
+    double secs = b->seconds / 2;
+    printf("    read sizes (fio alone, %.1f s each): a row inside one %u-byte block is one read of\n"
            "    %u B, one across two blocks (%u%% of this file's rows) a read of %u B; (x): rows/s\n"
            "    against %u B reads; mix: the rows/s of this file's share of each, 1 / sum(share / rate)\n",
            secs, b->align, b->align, b->cross_pct, 2 * b->align, b->align);
@@ -467,8 +467,9 @@ static const char *bench_io_help =
     "     engram with a row cache of --cache SIZE (default 256M; 0 leaves it out).\n"
     "Default depths 1,2,4,8,16,32,48,64,128,256; --seconds per measurement (8), split\n"
     "into 4 rounds in which engram and the fio runs take turns in rotating order\n"
-    "(medians reported: shared disks drift); --max-tokens N (up to 2^24) reads the\n"
-    "first N tokens of each corpus; else a corpus of more than 2^24 is refused.\n"
+    "(medians reported: shared disks drift; a fio run lasts at least 0.1 s);\n"
+    "--max-tokens N (up to 2^24) reads the first N tokens of each corpus; else a\n"
+    "corpus of more than 2^24 is refused.\n"
     "fio must be installed (apt-get install fio) for the device-limit columns.\n";
 
 /* What the command line asks beyond the run's settings. */
