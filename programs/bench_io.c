@@ -336,7 +336,7 @@ static void section_sizes(struct bench *b)
     unsigned deep = 1;
     for (int d = 0; d < b->n_depths; d++)
         deep = b->depths[d] > deep ? b->depths[d] : deep;
-    double secs = b->seconds / 2;
+    double secs = b->seconds / 2 < 0.1 ? 0.1 : b->seconds / 2; /* fio's shortest run */
     printf("    read sizes (fio alone, %.1f s each): a row inside one %u-byte block is one read of\n"
            "    %u B, one across two blocks (%u%% of this file's rows) a read of %u B; (x): rows/s\n"
            "    against %u B reads; mix: the rows/s of this file's share of each, 1 / sum(share / rate)\n",
