@@ -95,6 +95,13 @@ __device__ __forceinline__ int cluster_any_bad(cg::cluster_group &cl, int *sbad,
  * [lo, lo + cols) of each of the S streams of its residual xt (BF16 or
  * F32); kvt: the token's kv, v its values. */
 
+/* 1 if this thread's column j of a block's share, lo + threadIdx.x +
+ * j GATE_THREADS, is inside the share [lo, lo + cols) */
+__device__ __forceinline__ bool gate_col_in(int j, int cols)
+{
+    return (int)threadIdx.x + j * GATE_THREADS < cols;
+}
+
 /* gate_kernel<true>'s elements (S <= GATE_GROUP, up to GATE_PRE columns
  * per thread: W <= 6144): x[j][s] and q[j][s] of stream s at column
  * lo + threadIdx.x + j GATE_THREADS (zeros outside the block's share),
@@ -110,7 +117,7 @@ __device__ __forceinline__ void gate_pre_load(const char *xt, int bf16, const fl
         int i = lo + threadIdx.x + j * GATE_THREADS;
 #pragma unroll
         for (int s = 0; s < GATE_GROUP; s++) {
-            bool in = s < S && i < lo + cols;
+            bool in = s < S && gate_col_in(j, cols);
             x[j][s] = in ? load_x(xt, bf16, s * W + i) : 0.0f;
             q[j][s] = in ? wq[(size_t)s * W + i] : 0.0f;
         }
@@ -122,7 +129,7 @@ __device__ __forceinline__ void gate_pre_load(const char *xt, int bf16, const fl
     for (int j = 0; j < GATE_PRE; j++)
 #pragma unroll
         for (int s = 0; s < GATE_GROUP; s++)
-            if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols)
+            if (s < S && gate_col_in(j, cols))
                 xx[s] = fmaf(x[j][s], x[j][s], xx[s]);
 }
 
@@ -140,13 +147,13 @@ __device__ __forceinline__ void gate_sums_pre(float *p, const float *kvt, int ks
 #pragma unroll
         for (int s = 0; s < GATE_GROUP; s++) {
             int i = lo + threadIdx.x + j * GATE_THREADS;
-            kr[j][s] = s < S && i < lo + cols ? kvt[(size_t)s * W + i] : 0.0f;
+            kr[j][s] = s < S && gate_col_in(j, cols) ? kvt[(size_t)s * W + i] : 0.0f;
         }
 #pragma unroll
     for (int j = 0; j < GATE_PRE; j++)
 #pragma unroll
         for (int s = 0; s < GATE_GROUP; s++)
-            if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols) {
+            if (s < S && gate_col_in(j, cols)) {
                 float k = bf16r(pow2scale(kr[j][s], ks));
                 p[3 * s] = fmaf(px[j][s] * pq[j][s], k, p[3 * s]);
                 p[3 * s + 2] = fmaf(k, k, p[3 * s + 2]);
@@ -281,7 +288,7 @@ __device__ __forceinline__ void gate_write_pre(cg::cluster_group &cl, int safe, 
     for (int j = 0; j < GATE_PRE; j++)
 #pragma unroll
         for (int s = 0; s < GATE_GROUP; s++)
-            if (s < S && lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols) {
+            if (s < S && gate_col_in(j, cols)) {
                 x[j][s] = bf16r(fmaf(gs[s], vs[j], x[j][s]));
                 bad |= !isfinite(x[j][s]);
             }
@@ -295,7 +302,7 @@ __device__ __forceinline__ void gate_write_pre(cg::cluster_group &cl, int safe, 
 #pragma unroll
         for (int s = 0; s < GATE_GROUP; s++) {
             int i = lo + threadIdx.x + j * GATE_THREADS;
-            if (s < S && i < lo + cols) {
+            if (s < S && gate_col_in(j, cols)) {
                 if (bf16)
                     ((unsigned short *)xt)[s * W + i] = (unsigned short)(__float_as_uint(x[j][s]) >> 16);
                 else
@@ -361,7 +368,7 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
 #pragma unroll
         for (int j = 0; j < GATE_PRE; j++) {
             int i = lo + threadIdx.x + j * GATE_THREADS;
-            vs[j] = i < lo + cols ? v[i] : 0.0f;
+            vs[j] = gate_col_in(j, cols) ? v[i] : 0.0f;
         }
         float p[3 * GATE_GROUP];
 #pragma unroll
@@ -376,7 +383,7 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
 #pragma unroll
         for (int j = 0; j < GATE_PRE; j++) {
             vs[j] = bf16r(pow2scale(vs[j], ks));
-            if (lo + (int)threadIdx.x + j * GATE_THREADS < lo + cols) {
+            if (gate_col_in(j, cols)) {
                 ok &= fabsf(vs[j]) < 0x1p126f;
 #pragma unroll
                 for (int s = 0; s < GATE_GROUP; s++)
