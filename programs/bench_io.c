@@ -70,6 +70,14 @@ enum fio_mode {
     FIO_BS2           /* bs = 2 x alignment only (rows that straddle two)     */
 };
 
+#define FIO_MIN_S 0.1 /* fio's shortest run, in seconds */
+
+/* fio's run for secs seconds, FIO_MIN_S at least */
+static double fio_secs(double secs)
+{
+    return secs < FIO_MIN_S ? FIO_MIN_S : secs;
+}
+
 static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode mode, double secs)
 {
     struct fio_result r = {0};
@@ -97,7 +105,7 @@ static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode 
              "fio --name=engram --filename='%s' --readonly --direct=1 --rw=randread %s "
              "--ioengine=io_uring --iodepth=%u %s --offset=%" PRIu64 " --size=%" PRIu64
              " --runtime=%.0fms --time_based --norandommap --randrepeat=0 --output-format=json 2>/dev/null",
-             b->path, bs, depth, extra, off, size, secs < 0.1 ? 100 : secs * 1000);
+             b->path, bs, depth, extra, off, size, fio_secs(secs) * 1000);
     FILE *p = popen(cmd, "r");
     if (!p)
         return r;
@@ -336,7 +344,7 @@ static void section_sizes(struct bench *b)
     unsigned deep = 1;
     for (int d = 0; d < b->n_depths; d++)
         deep = b->depths[d] > deep ? b->depths[d] : deep;
-    double secs = b->seconds / 2 < 0.1 ? 0.1 : b->seconds / 2; /* fio's shortest run */
+    double secs = fio_secs(b->seconds / 2);
     printf("    read sizes (fio alone, %.1f s each): a row inside one %u-byte block is one read of\n"
            "    %u B, one across two blocks (%u%% of this file's rows) a read of %u B; (x): rows/s\n"
            "    against %u B reads; mix: the rows/s of this file's share of each, 1 / sum(share / rate)\n",

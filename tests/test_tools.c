@@ -152,7 +152,6 @@ static const char *small_json =
 
 static void small_tokenizer(void)
 {
-    const char *json = small_json;
     /* id : text             -> key             compressed id
      *  0 : " "              -> " "             0
      *  1 : "  "             -> " "             0
@@ -171,7 +170,7 @@ static void small_tokenizer(void)
      * 13 : added " "        -> " "             0 */
     static const uint32_t want[14] = {0, 0, 1, 1, 2, 3, 0, 4, 5, 6, 7, 8, 9, 0};
     char path[600];
-    CHECK_EQ(write_text("tok.json", json, path, sizeof path), 0);
+    CHECK_EQ(write_text("tok.json", small_json, path, sizeof path), 0);
     engram_tokmap tm;
     engram_error err;
     int rc = engram_tokmap_from_json(path, &tm, &err);
