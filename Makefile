@@ -192,7 +192,7 @@ CUDA_WRAP_test_cuda = -Xlinker --wrap=calloc,--wrap=malloc,--wrap=cudaMalloc,--w
 endif
 comma := ,
 
-# The PLE kernels compiled for the host, a CUDA thread a CPU thread
+# The PLE kernels compiled for the host, a CUDA thread a fiber
 # (cuda/emulate_ple.cpp): their logic checked against the CPU path where no
 # GPU is.  Needs no nvcc; built on demand.
 $(BUILD)/cuda/emulate_ple: cuda/emulate_ple.cpp cuda/ple_kernels.cuh $(LIBS) Makefile

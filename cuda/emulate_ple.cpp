@@ -1,8 +1,9 @@
 /*
  * emulate_ple.cpp - the PLE kernels of cuda/ple_kernels.cuh compiled for
- * the host and run there, a CUDA thread as a CPU thread (a block's threads
- * at once, __syncthreads a barrier, warp shuffles through a shared array
- * and a barrier of the warp), against the CPU path (src/output/ple_apply.h).
+ * the host and run there, a CUDA thread as a fiber (a block's threads as
+ * many contexts on one CPU thread, switched at barriers: __syncthreads a
+ * barrier of the block, warp shuffles through a shared array and a barrier
+ * of the warp), against the CPU path (src/output/ple_apply.h).
  * It checks the kernels' logic where no GPU is: the GEMV's indexing and
  * sums, the gate's Sum16 chains, the convolution's frame ring, chunks,
  * workspace blocks and the state's advance, masked positions, a BF16
@@ -31,10 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <algorithm>
-#include <barrier>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 extern "C" {
@@ -56,7 +57,7 @@ float f16_to_f32(uint16_t h);
 struct dim3e {
     unsigned x, y, z;
 };
-static thread_local dim3e blockIdx, threadIdx;
+static dim3e blockIdx, threadIdx; /* the running fiber's (set at each switch) */
 static dim3e blockDim;
 struct uint4 {
     unsigned x, y, z, w;
@@ -112,17 +113,48 @@ static inline float __fsqrt_rn(float a)
     return sqrtf(a);
 }
 
+/* Fibers: the threads of the running block, resumed in turn by run();
+ * one runs until it waits at a barrier (or ends), then hands back.  Until
+ * 2026-12-03 each CUDA thread was a std::thread, made and joined for every
+ * block, with std::barrier: 19 s on the 2-core VM and 32 s of CPU, two
+ * thirds of it in the kernel (69 s in the suite's first stream); as fibers
+ * 8 s.  The same report either way, line for line: one block at a time,
+ * every thread's arithmetic its own. */
+struct fiber {
+    ucontext_t uc;
+    unsigned t;
+    bool done;
+};
+static ucontext_t sched_uc;
+static fiber *cur;
+
+/* a barrier of n fibers: the last to arrive opens it */
+struct fbar {
+    int n, count;
+    unsigned gen;
+};
+static void fbar_wait(fbar &b)
+{
+    unsigned g = b.gen;
+    if (++b.count == b.n) {
+        b.count = 0;
+        b.gen++;
+        return;
+    }
+    while (b.gen == g)
+        swapcontext(&cur->uc, &sched_uc);
+}
+
 struct block_ctx {
-    std::barrier<> *all;
-    std::barrier<> *warp[32];
+    fbar all;
+    fbar warp[32];
     float lanes[32][32];
 };
 static block_ctx *blk;
-static std::mutex atomic_mu;
 
 static void __syncthreads()
 {
-    blk->all->arrive_and_wait();
+    fbar_wait(blk->all);
 }
 
 /* every lane of the warp publishes v, then reads lane src's (its own if
@@ -131,9 +163,9 @@ static float exchange(float v, int src)
 {
     int w = (int)threadIdx.x / 32, l = (int)threadIdx.x % 32;
     blk->lanes[w][l] = v;
-    blk->warp[w]->arrive_and_wait();
+    fbar_wait(blk->warp[w]);
     float r = src >= 0 && src < 32 ? blk->lanes[w][src] : v;
-    blk->warp[w]->arrive_and_wait();
+    fbar_wait(blk->warp[w]);
     return r;
 }
 static float __shfl_sync(unsigned, float v, int src)
@@ -149,9 +181,8 @@ static float __shfl_down_sync(unsigned, float v, int d)
     int l = (int)(threadIdx.x % 32);
     return exchange(v, l + d < 32 ? l + d : l);
 }
-static int atomicMin(int *p, int v)
+static int atomicMin(int *p, int v) /* one fiber runs at a time */
 {
-    std::lock_guard<std::mutex> g(atomic_mu);
     int o = *p;
     if (v < o)
         *p = v;
@@ -163,32 +194,102 @@ using std::min;
 
 float4 ple_smem4[(9 * 4096 + 32) / 4 + 1];
 
-/* a grid, one block at a time, every thread of a block a CPU thread */
+/* a grid, one block at a time, every thread of a block a fiber (stacks of
+ * FIBER_STACK bytes for the kernels' locals: the run passed with 4 KB) */
+#define FIBER_STACK (256 * 1024)
+#define FIBER_GUARD 4096
+#define FIBER_SLOT (FIBER_STACK + FIBER_GUARD)
+static void (*fiber_body)(void *);
+static uint64_t fiber_rs = 0x9e3779b97f4a7c15ull; /* the schedule's xorshift */
+static void *fiber_arg;
+
+static void fiber_entry()
+{
+    fiber_body(fiber_arg);
+    cur->done = true; /* then back to run() through uc_link */
+}
+
+/* getcontext and swapcontext return twice (as setjmp does): kept out of
+ * run(), whose loop counters would otherwise not be safe across them */
+static __attribute__((noinline)) void fiber_init(fiber &f, unsigned t, char *stack)
+{
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = stack;
+    f.uc.uc_stack.ss_size = FIBER_STACK;
+    f.uc.uc_link = &sched_uc;
+    f.t = t;
+    f.done = false;
+    makecontext(&f.uc, fiber_entry, 0);
+}
+
+static __attribute__((noinline)) void fiber_resume(fiber &f)
+{
+    cur = &f;
+    swapcontext(&sched_uc, &f.uc);
+}
+
 template <typename F> static void run(unsigned gx, unsigned gy, unsigned threads, F body)
 {
     blockDim = {threads, 1, 1};
+    std::vector<fiber> f(threads);
+    std::vector<unsigned> order(threads);
+    for (unsigned t = 0; t < threads; t++)
+        order[t] = t;
+    /* the stacks, each above an inaccessible page (an overflow faults),
+     * kept for the next grid (allocated and faulted in anew for each grid
+     * they took 14.0 s of the run instead of 8.2) */
+    static char *stacks;
+    static unsigned stacks_for;
+    if (threads > stacks_for) {
+        if (stacks)
+            munmap(stacks, (size_t)stacks_for * FIBER_SLOT);
+        void *m = mmap(NULL, (size_t)threads * FIBER_SLOT, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+        if (m == MAP_FAILED) {
+            fprintf(stderr, "emulate_ple: no memory for %u stacks\n", threads);
+            exit(2);
+        }
+        stacks = (char *)m;
+        stacks_for = threads;
+        for (unsigned t = 0; t < threads; t++)
+            if (mprotect(stacks + (size_t)t * FIBER_SLOT, FIBER_GUARD, PROT_NONE) != 0) {
+                fprintf(stderr, "emulate_ple: mprotect failed\n");
+                exit(2);
+            }
+    }
+    fiber_body = [](void *p) { (*(F *)p)(); };
+    fiber_arg = &body;
+    block_ctx b;
+    blk = &b;
     for (unsigned by = 0; by < gy; by++)
         for (unsigned bx = 0; bx < gx; bx++) {
-            std::barrier<> all((ptrdiff_t)threads);
-            std::vector<std::barrier<> *> warps;
-            block_ctx b;
-            b.all = &all;
-            for (unsigned w = 0; w < threads / 32; w++) {
-                warps.push_back(new std::barrier<>(32));
-                b.warp[w] = warps.back();
-            }
-            blk = &b;
-            std::vector<std::thread> th;
+            b.all = fbar{(int)threads, 0, 0};
+            for (unsigned w = 0; w < threads / 32; w++)
+                b.warp[w] = fbar{32, 0, 0};
             for (unsigned t = 0; t < threads; t++)
-                th.emplace_back([=] {
+                fiber_init(f[t], t, stacks + (size_t)t * FIBER_SLOT + FIBER_GUARD);
+            /* each pass in its own order (a fixed-seed shuffle): a read of
+             * another thread's write that no barrier orders sees the old
+             * value about half the times it happens (with a fixed order, or
+             * forward and backward in turn, a removed __syncthreads went
+             * unnoticed that the threads' version caught) */
+            for (unsigned live = threads; live;) {
+                for (unsigned i = threads - 1; i > 0; i--) {
+                    fiber_rs ^= fiber_rs << 13;
+                    fiber_rs ^= fiber_rs >> 7;
+                    fiber_rs ^= fiber_rs << 17;
+                    std::swap(order[i], order[fiber_rs % (i + 1)]);
+                }
+                for (unsigned i = 0; i < threads; i++) {
+                    unsigned t = order[i];
+                    if (f[t].done)
+                        continue;
                     blockIdx = {bx, by, 0};
                     threadIdx = {t, 0, 0};
-                    body();
-                });
-            for (auto &t : th)
-                t.join();
-            for (auto p : warps)
-                delete p;
+                    fiber_resume(f[t]);
+                    live -= f[t].done;
+                }
+            }
         }
 }
 
