@@ -34,6 +34,7 @@
 
 #include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <vector>
@@ -127,6 +128,9 @@ struct fiber {
 };
 static ucontext_t sched_uc;
 static fiber *cur;
+/* arrivals at barriers and fibers finished: a pass of run() over a block
+ * that adds none is a deadlock */
+static unsigned long fiber_progress;
 
 /* a barrier of n fibers: the last to arrive opens it */
 struct fbar {
@@ -136,6 +140,7 @@ struct fbar {
 static void fbar_wait(fbar &b)
 {
     unsigned g = b.gen;
+    fiber_progress++;
     if (++b.count == b.n) {
         b.count = 0;
         b.gen++;
@@ -197,8 +202,6 @@ float4 ple_smem4[(9 * 4096 + 32) / 4 + 1];
 /* a grid, one block at a time, every thread of a block a fiber (stacks of
  * FIBER_STACK bytes for the kernels' locals: the run passed with 4 KB) */
 #define FIBER_STACK (256 * 1024)
-#define FIBER_GUARD 4096
-#define FIBER_SLOT (FIBER_STACK + FIBER_GUARD)
 static void (*fiber_body)(void *);
 static uint64_t fiber_rs = 0x9e3779b97f4a7c15ull; /* the schedule's xorshift */
 static void *fiber_arg;
@@ -206,11 +209,13 @@ static void *fiber_arg;
 static void fiber_entry()
 {
     fiber_body(fiber_arg);
-    cur->done = true; /* then back to run() through uc_link */
-}
+    cur->done = true;
+    fiber_progress++;
+} /* then back to run() through uc_link */
 
-/* getcontext and swapcontext return twice (as setjmp does): kept out of
- * run(), whose loop counters would otherwise not be safe across them */
+/* GCC takes getcontext for a function that returns twice (as setjmp) and
+ * would warn that run()'s loop counters may be clobbered (-Wclobbered):
+ * the context calls live in these two */
 static __attribute__((noinline)) void fiber_init(fiber &f, unsigned t, char *stack)
 {
     getcontext(&f.uc);
@@ -228,23 +233,24 @@ static __attribute__((noinline)) void fiber_resume(fiber &f)
     swapcontext(&sched_uc, &f.uc);
 }
 
-template <typename F> static void run(unsigned gx, unsigned gy, unsigned threads, F body)
+/* The stacks of `threads` fibers, each above an inaccessible page (an
+ * overflow faults), one pool for every grid (allocated and faulted in anew
+ * for each grid they took 14.0 s of the run instead of 8.2).  *slot: the
+ * bytes from one stack's guard page to the next's. */
+static char *fiber_stacks(unsigned threads, size_t *slot)
 {
-    blockDim = {threads, 1, 1};
-    std::vector<fiber> f(threads);
-    std::vector<unsigned> order(threads);
-    for (unsigned t = 0; t < threads; t++)
-        order[t] = t;
-    /* the stacks, each above an inaccessible page (an overflow faults),
-     * kept for the next grid (allocated and faulted in anew for each grid
-     * they took 14.0 s of the run instead of 8.2) */
     static char *stacks;
     static unsigned stacks_for;
+    static size_t page, step;
+    if (!page) {
+        page = (size_t)sysconf(_SC_PAGESIZE);
+        step = page + (FIBER_STACK + page - 1) / page * page;
+    }
+    *slot = step;
     if (threads > stacks_for) {
         if (stacks)
-            munmap(stacks, (size_t)stacks_for * FIBER_SLOT);
-        void *m = mmap(NULL, (size_t)threads * FIBER_SLOT, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+            munmap(stacks, (size_t)stacks_for * step);
+        void *m = mmap(NULL, (size_t)threads * step, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) {
             fprintf(stderr, "emulate_ple: no memory for %u stacks\n", threads);
             exit(2);
@@ -252,27 +258,44 @@ template <typename F> static void run(unsigned gx, unsigned gy, unsigned threads
         stacks = (char *)m;
         stacks_for = threads;
         for (unsigned t = 0; t < threads; t++)
-            if (mprotect(stacks + (size_t)t * FIBER_SLOT, FIBER_GUARD, PROT_NONE) != 0) {
+            if (mprotect(stacks + (size_t)t * step, page, PROT_NONE) != 0) {
                 fprintf(stderr, "emulate_ple: mprotect failed\n");
                 exit(2);
             }
     }
+    return stacks;
+}
+
+/* blocks (bx0 + x, by0 + y), x < gx, y < gy, in that order */
+template <typename F>
+static void run(unsigned gx, unsigned gy, unsigned threads, F body, unsigned bx0 = 0, unsigned by0 = 0)
+{
+    blockDim = {threads, 1, 1};
+    std::vector<fiber> f(threads);
+    std::vector<unsigned> order(threads);
+    for (unsigned t = 0; t < threads; t++)
+        order[t] = t;
+    size_t slot;
+    char *stacks = fiber_stacks(threads, &slot);
     fiber_body = [](void *p) { (*(F *)p)(); };
     fiber_arg = &body;
     block_ctx b;
     blk = &b;
-    for (unsigned by = 0; by < gy; by++)
-        for (unsigned bx = 0; bx < gx; bx++) {
+    for (unsigned by = by0; by < by0 + gy; by++)
+        for (unsigned bx = bx0; bx < bx0 + gx; bx++) {
             b.all = fbar{(int)threads, 0, 0};
             for (unsigned w = 0; w < threads / 32; w++)
                 b.warp[w] = fbar{32, 0, 0};
             for (unsigned t = 0; t < threads; t++)
-                fiber_init(f[t], t, stacks + (size_t)t * FIBER_SLOT + FIBER_GUARD);
-            /* each pass in its own order (a fixed-seed shuffle): a read of
-             * another thread's write that no barrier orders sees the old
+                fiber_init(f[t], t, stacks + (size_t)t * slot + (slot - FIBER_STACK));
+            /* each pass in its own order (a fixed-seed shuffle): between two
+             * barriers a thread runs whole, so a read of another thread's
+             * write that a missing barrier leaves unordered sees the old
              * value about half the times it happens (with a fixed order, or
              * forward and backward in turn, a removed __syncthreads went
-             * unnoticed that the threads' version caught) */
+             * unnoticed that the threads' version caught).  What fibers
+             * cannot show: a race inside one such stretch (a plain
+             * read-modify-write of shared data by several threads). */
             for (unsigned live = threads; live;) {
                 for (unsigned i = threads - 1; i > 0; i--) {
                     fiber_rs ^= fiber_rs << 13;
@@ -280,6 +303,7 @@ template <typename F> static void run(unsigned gx, unsigned gy, unsigned threads
                     fiber_rs ^= fiber_rs << 17;
                     std::swap(order[i], order[fiber_rs % (i + 1)]);
                 }
+                const unsigned long before = fiber_progress;
                 for (unsigned i = 0; i < threads; i++) {
                     unsigned t = order[i];
                     if (f[t].done)
@@ -288,6 +312,12 @@ template <typename F> static void run(unsigned gx, unsigned gy, unsigned threads
                     threadIdx = {t, 0, 0};
                     fiber_resume(f[t]);
                     live -= f[t].done;
+                }
+                if (live && fiber_progress == before) {
+                    /* every live thread waits at a barrier the others will never reach */
+                    fprintf(stderr, "emulate_ple: block (%u, %u) of %u threads deadlocked at a barrier (%u still running)\n",
+                            bx, by, threads, live);
+                    exit(3);
                 }
             }
         }
@@ -634,13 +664,15 @@ static void chunks(uint32_t W, size_t B, double cut_p)
                                gy = (unsigned)((k + PCONV_CHUNK - 1) / PCONV_CHUNK);
                 for (int by = (int)gy - 1; by >= 0; by--)
                     for (int bx = (int)gx - 1; bx >= 0; bx--)
-                        run(1, 1, PCONV_THREADS, [&, bx, by] {
-                            blockIdx = {(unsigned)bx, (unsigned)by, 0};
-                            ple_conv_kernel<false>(kvx.data() + b0 * NN, (int)NN, xe.data() + b0 * C,
-                                                   alpha.data() + b0 * 4, rn.data() + b0, flag.data() + b0,
-                                                   l.gc.data(), l.taps.data(), se.data(), (int)W, (int)k,
-                                                   &status, (int)b0);
-                        });
+                        run(
+                            1, 1, PCONV_THREADS,
+                            [&] {
+                                ple_conv_kernel<false>(kvx.data() + b0 * NN, (int)NN, xe.data() + b0 * C,
+                                                       alpha.data() + b0 * 4, rn.data() + b0, flag.data() + b0,
+                                                       l.gc.data(), l.taps.data(), se.data(), (int)W, (int)k,
+                                                       &status, (int)b0);
+                            },
+                            (unsigned)bx, (unsigned)by);
             }
             at = cut;
         }

@@ -24,7 +24,7 @@
 #include <cuda_runtime.h>
 #endif
 /* cuda/emulate_ple.cpp compiles these kernels for the host (threads as
- * CPU threads) and defines this as it must */
+ * fibers) and defines this as it must */
 #ifndef PLE_EXTERN_SHARED
 #define PLE_EXTERN_SHARED extern __shared__
 #endif
