@@ -123,7 +123,6 @@ static inline float __fsqrt_rn(float a)
  * every thread's arithmetic its own. */
 struct fiber {
     ucontext_t uc;
-    unsigned t;
     bool done;
 };
 static ucontext_t sched_uc;
@@ -203,7 +202,15 @@ float4 ple_smem4[(9 * 4096 + 32) / 4 + 1];
  * FIBER_STACK bytes for the kernels' locals: the run passed with 4 KB) */
 #define FIBER_STACK (256 * 1024)
 static void (*fiber_body)(void *);
-static uint64_t fiber_rs = 0x9e3779b97f4a7c15ull; /* the schedule's xorshift */
+/* one step of the xorshift generator in s (the schedule's and the data's) */
+static uint64_t xorshift(uint64_t &s)
+{
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+}
+static uint64_t fiber_rs = 0x9e3779b97f4a7c15ull; /* the schedule's */
 static void *fiber_arg;
 
 static void fiber_entry()
@@ -216,13 +223,12 @@ static void fiber_entry()
 /* GCC takes getcontext for a function that returns twice (as setjmp) and
  * would warn that run()'s loop counters may be clobbered (-Wclobbered):
  * the context calls live in these two */
-static __attribute__((noinline)) void fiber_init(fiber &f, unsigned t, char *stack)
+static __attribute__((noinline)) void fiber_init(fiber &f, char *stack)
 {
     getcontext(&f.uc);
     f.uc.uc_stack.ss_sp = stack;
     f.uc.uc_stack.ss_size = FIBER_STACK;
     f.uc.uc_link = &sched_uc;
-    f.t = t;
     f.done = false;
     makecontext(&f.uc, fiber_entry, 0);
 }
@@ -287,7 +293,7 @@ static void run(unsigned gx, unsigned gy, unsigned threads, F body, unsigned bx0
             for (unsigned w = 0; w < threads / 32; w++)
                 b.warp[w] = fbar{32, 0, 0};
             for (unsigned t = 0; t < threads; t++)
-                fiber_init(f[t], t, stacks + (size_t)t * slot + (slot - FIBER_STACK));
+                fiber_init(f[t], stacks + (size_t)t * slot + (slot - FIBER_STACK));
             /* each pass in its own order (a fixed-seed shuffle): between two
              * barriers a thread runs whole, so a read of another thread's
              * write that a missing barrier leaves unordered sees the old
@@ -297,12 +303,8 @@ static void run(unsigned gx, unsigned gy, unsigned threads, F body, unsigned bx0
              * cannot show: a race inside one such stretch (a plain
              * read-modify-write of shared data by several threads). */
             for (unsigned live = threads; live;) {
-                for (unsigned i = threads - 1; i > 0; i--) {
-                    fiber_rs ^= fiber_rs << 13;
-                    fiber_rs ^= fiber_rs >> 7;
-                    fiber_rs ^= fiber_rs << 17;
-                    std::swap(order[i], order[fiber_rs % (i + 1)]);
-                }
+                for (unsigned i = threads - 1; i > 0; i--)
+                    std::swap(order[i], order[xorshift(fiber_rs) % (i + 1)]);
                 const unsigned long before = fiber_progress;
                 for (unsigned i = 0; i < threads; i++) {
                     unsigned t = order[i];
@@ -315,7 +317,8 @@ static void run(unsigned gx, unsigned gy, unsigned threads, F body, unsigned bx0
                 }
                 if (live && fiber_progress == before) {
                     /* every live thread waits at a barrier the others will never reach */
-                    fprintf(stderr, "emulate_ple: block (%u, %u) of %u threads deadlocked at a barrier (%u still running)\n",
+                    fprintf(stderr,
+                            "emulate_ple: block (%u, %u) of %u threads deadlocked at a barrier (%u still running)\n",
                             bx, by, threads, live);
                     exit(3);
                 }
@@ -328,10 +331,7 @@ static void run(unsigned gx, unsigned gy, unsigned threads, F body, unsigned bx0
 static uint64_t rs = 88172645463325252ull;
 static double U()
 {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (double)(rs >> 11) * 0x1p-53;
+    return (double)(xorshift(rs) >> 11) * 0x1p-53;
 }
 static double N()
 {
