@@ -7,6 +7,8 @@
  *    the CUDA-core GEMVs (ENGRAM_CUDA_FMA_ONLY, the decode path before issue
  *    #25), vs the time to read the layer's F16 weights at that bandwidth
  *    (issue #25's targets: <= 1.10x at B = 1, 1.30x at 2-8, 1.50x at 16-64);
+ *    beside them cuBLAS's F16 GEMM alone on the same B (what the vendor's
+ *    library does with these shapes: inexact sums, no gate);
  *  - prefill: the projection of 2048 tokens (rows decoded to F16 x 2^-k,
  *    exact; the promoted wgmma GEMM) and the whole apply, vs cuBLAS's F16
  *    GEMM on the same shapes (the speed floor; issue #25's target <= 1.05x);
@@ -19,6 +21,7 @@
  * The prefill apply is timed with an F32 and with a BF16 residual.
  * BENCH_CUDA_DECODE_ONLY=1: stop after the decode rows (kernel variants).
  * BENCH_CUDA_DECODE_ONCE=B: three decode applies of B tokens, then stop (for ncu).
+ * BENCH_CUDA_GEMM_ONCE=B: cuBLAS's GEMM of B tokens, 3 + 3 times, then stop (for ncu).
  */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -201,9 +204,41 @@ int main(int argc, char **argv)
         return 0;
     }
 
+    /* cuBLAS's F16 GEMM on the same shapes (the layer's weights, F16 tokens,
+     * F32 out): the vendor's speed for B tokens, and prefill's floor */
+    __half *e16, *w16;
+    CU(cudaMalloc(&e16, (size_t)n * K * 2));
+    CU(cudaMalloc(&w16, (size_t)N * K * 2));
+    uint16_t *hw = (uint16_t *)malloc((size_t)N * K * 2);
+    engram_layer_export(L, hw, NULL);
+    CU(cudaMemcpy(w16, hw, (size_t)N * K * 2, cudaMemcpyHostToDevice));
+    __half *he = (__half *)malloc((size_t)n * K * 2);
+    for (size_t i = 0; i < (size_t)n * K; i++)
+        he[i] = __float2half((float)((int)(i % 97) - 48) / 64.0f);
+    CU(cudaMemcpy(e16, he, (size_t)n * K * 2, cudaMemcpyHostToDevice));
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasCreate failed\n");
+        return 1;
+    }
+    cublasSetStream(h, st);
+    const float one = 1.0f, zero = 0.0f;
+    auto gemm = [&](unsigned m, int reps) {
+        return timed(st, reps, [&] {
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)m, K, &one, w16, CUDA_R_16F, K, e16, CUDA_R_16F,
+                         K, &zero, d_kv, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        });
+    };
+    if (const char *g1 = getenv("BENCH_CUDA_GEMM_ONCE")) { /* for a profiler: which kernels cuBLAS runs */
+        gemm((unsigned)atoi(g1), 3);
+        printf("cuBLAS GEMMs of %u tokens done\n", (unsigned)atoi(g1));
+        return 0;
+    }
+
     printf("decode (B <= %u: mma over the F16 weights, one pass for all B; FMA_ONLY: the CUDA-core\n"
-           "GEMVs, 8 tokens a pass, the decode path before issue #25)\n", ENGRAM_CUDA_GEMV_MAX);
-    printf("   B   apply us  / floor   projection us  / floor   FMA_ONLY apply us  / floor\n");
+           "GEMVs, 8 tokens a pass, the decode path before issue #25; cuBLAS: its F16 GEMM alone on\n"
+           "the same shapes, inexact sums, no gate)\n", ENGRAM_CUDA_GEMV_MAX);
+    printf("   B   apply us  / floor   projection us  / floor   FMA_ONLY apply us  / floor   cuBLAS GEMM us  / floor\n");
     const unsigned Bs[] = {1, 2, 3, 4, 5, 6, 8, 16, 24, 32, 40, 48, 56, 64};
     for (unsigned q = 0; q < sizeof Bs / sizeof Bs[0]; q++) {
         a.n = Bs[q];
@@ -213,8 +248,9 @@ int main(int argc, char **argv)
         a.flags = ENGRAM_CUDA_FMA_ONLY;
         float fm = timed(st, 30, [&] { engram_cuda_apply(c, &a, &err); });
         a.flags = 0;
-        printf("%4u %10.1f   %6.3f %12.1f   %6.3f %16.1f   %6.3f\n", Bs[q], ms * 1e3, ms / floor_ms,
-               pj * 1e3, pj / floor_ms, fm * 1e3, fm / floor_ms);
+        float cb = gemm(Bs[q], 100);
+        printf("%4u %10.1f   %6.3f %12.1f   %6.3f %16.1f   %6.3f %14.1f   %6.3f\n", Bs[q], ms * 1e3,
+               ms / floor_ms, pj * 1e3, pj / floor_ms, fm * 1e3, fm / floor_ms, cb * 1e3, cb / floor_ms);
     }
     a.n = 1;
     a.flags = ENGRAM_CUDA_SERIAL_GATE;
@@ -276,24 +312,7 @@ int main(int argc, char **argv)
     float app16 = timed(st, 10, [&] { engram_cuda_apply(c, &a, &err); });
     a.resid = d_x;
     a.resid_dtype = ENGRAM_F32;
-    __half *e16, *w16;
-    CU(cudaMalloc(&e16, (size_t)n * K * 2));
-    CU(cudaMalloc(&w16, (size_t)N * K * 2));
-    uint16_t *hw = (uint16_t *)malloc((size_t)N * K * 2);
-    engram_layer_export(L, hw, NULL);
-    CU(cudaMemcpy(w16, hw, (size_t)N * K * 2, cudaMemcpyHostToDevice));
-    __half *he = (__half *)malloc((size_t)n * K * 2);
-    for (size_t i = 0; i < (size_t)n * K; i++)
-        he[i] = __float2half((float)((int)(i % 97) - 48) / 64.0f);
-    CU(cudaMemcpy(e16, he, (size_t)n * K * 2, cudaMemcpyHostToDevice));
-    cublasHandle_t h;
-    cublasCreate(&h);
-    cublasSetStream(h, st);
-    const float one = 1.0f, zero = 0.0f;
-    float blas = timed(st, 10, [&] {
-        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)n, K, &one, w16, CUDA_R_16F, K, e16,
-                     CUDA_R_16F, K, &zero, d_kv, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    });
+    float blas = gemm(n, 10);
     double fl = 2.0 * n * N * K;
     printf("prefill, %u tokens x %d outputs x %d inputs (%.0f GFLOP)\n", n, N, K, fl / 1e9);
     printf("  cuBLAS F16 GEMM (inexact floor) %8.3f ms = %6.0f TFLOP/s\n", blas, fl / (blas * 1e-3) / 1e12);
