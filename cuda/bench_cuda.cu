@@ -235,7 +235,7 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    printf("decode (B <= %u: mma over the F16 weights, one pass for all B; FMA_ONLY: the CUDA-core\n"
+    printf("decode (B <= %u: the tensor cores, one pass over the F16 weights for all B; FMA_ONLY: the CUDA-core\n"
            "GEMVs, 8 tokens a pass, the decode path before issue #25; cuBLAS: its F16 GEMM alone on\n"
            "the same shapes, inexact sums, no gate)\n", ENGRAM_CUDA_GEMV_MAX);
     printf("   B   apply us  / floor   projection us  / floor   FMA_ONLY apply us  / floor   cuBLAS GEMM us  / floor\n");

@@ -5,15 +5,20 @@
  * call to the kernels, one header per stage, each with the CPU path
  * (src/output/kernels.c) as its reference:
  *   row_decode.cuh  rows -> values (decode1; decode16_kernel: F16 x 2^-k)
- *   mmv.cuh         decode projection on the tensor cores (n <= 64, one pass)
+ *   mmv.cuh         decode projection on the tensor cores without wgmma (n <= 64)
  *   gemv.cuh        projection on the CUDA cores (FMA_ONLY, wide tokens)
- *   ws_gemm.cuh     projection on the tensor cores (n > 64; wgmma, sm_90a)
+ *   ws_gemm.cuh     projection on the tensor cores (wgmma, sm_90a): prefill
+ *                   (ws_gemm_kernel) and decode (wsd_kernel), the same sums
  *   gate.cuh        gate and update (cluster kernel n <= 64, block kernel n > 64)
  *   common.cuh      what they share (K, ROW, BF16 rounding, dependent launch)
  * cuda/README.md says how the paths are chosen and what they measured.
  *
  * Dispatch, per block of ENGRAM_CUDA_BLOCK tokens (project_block):
- *  - n <= ENGRAM_CUDA_GEMV_MAX (64): mmv_kernel (up to 8 tokens), or
+ *  - n <= ENGRAM_CUDA_GEMV_MAX (64) where the wgmma GEMM runs:
+ *    decode16_kernel, wsd_kernel (its programmatic dependent), then
+ *    gemv_list_kernel for the wide tokens: the prefill's arithmetic, so a
+ *    token's kv is the same bits whatever n;
+ *  - n <= 64 elsewhere: mmv_kernel (up to 8 tokens), or
  *    mmv_prep_kernel<NT> then mmv_staged_kernel<NT>, NT = ceil(n / 8);
  *  - ENGRAM_CUDA_FMA_ONLY: gemv1_kernel (one token) or gemv_kernel<T>
  *    (T = 2..8), 8 tokens a launch;
@@ -22,8 +27,8 @@
  *    gemv_list_kernel for the tokens decode16 listed as too wide for F16
  *    (their kv unscaled).  For the apply the wgmma GEMM writes kv as BF16
  *    x 2^k (the gate's operand); otherwise the GEMM's kv stays x 2^-k
- *    (kshift) and the gate or scale_kernel puts 2^k back.  The decode
- *    path's and the GEMVs' kv is unscaled.
+ *    (kshift) and the gate or scale_kernel puts 2^k back (so too for
+ *    wsd_kernel's).  mmv's and the GEMVs' kv is unscaled.
  * Then the gate (engram_cuda_apply): gate_kernel<PRE> for n <= 64 (PRE
  * where gate_pre(W, S), the model's shape; a programmatic dependent launch
  * of the projection on 9.0+, unless ENGRAM_CUDA_SERIAL_GATE),
@@ -50,6 +55,13 @@
 #include "mmv.cuh"
 #include "gate.cuh"
 
+/* The fewest tokens of a decode call that take wsd_kernel where it runs
+ * (fewer take mmv).  1 in the library: above 1 a token's bits would depend
+ * on its call's size again; a knob for measuring (run 26: 9). */
+#ifndef WSD_MIN
+#define WSD_MIN 1
+#endif
+
 struct engram_cuda_layer {
     int device;
     uint32_t W, S, N;
@@ -63,14 +75,15 @@ struct engram_cuda_layer {
     int *status;             /* first non-finite token, INT_MAX  */
     cublasHandle_t blas;
     int tc;                  /* ws_gemm runs here (sm_90a code, maps made) */
-    /* the copy engine's maps of e16 (BLOCK rows) and w (ws_maps): 3 x 128
-     * bytes, 64-byte aligned inside (calloc aligns to 16) */
-    unsigned char maps[3 * sizeof(CUtensorMap) + 64];
+    /* the copy engine's maps of e16 (BLOCK rows) and w: ws_maps' three,
+     * then wsd_maps' two; 5 x 128 bytes, 64-byte aligned inside (calloc
+     * aligns to 16) */
+    unsigned char maps[5 * sizeof(CUtensorMap) + 64];
     int pdl;                 /* programmatic dependent launch (9.0+) */
     uint64_t bytes;
 };
 
-/* c's three maps (ws_maps) */
+/* c's five maps (ws_maps, then wsd_maps) */
 static CUtensorMap *layer_maps(engram_cuda_layer *c)
 {
     return (CUtensorMap *)(((uintptr_t)c->maps + 63) & ~(uintptr_t)63);
@@ -183,7 +196,8 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
      * (a driver that runs this runtime has cuTensorMapEncodeTiled, and the
      * maps' arguments are fixed: a failure is the driver's, and named) */
     c->tc = ws_probe(c->status);
-    if (c->tc && ws_maps(layer_maps(c), c->e16, blk, c->w, c->N) < 0)
+    if (c->tc && (ws_maps(layer_maps(c), c->e16, blk, c->w, c->N) < 0 ||
+                  wsd_maps(layer_maps(c) + 3, c->e16, blk, c->w, c->N) < 0))
         return set_err(err, -EIO, "cuTensorMapEncodeTiled failed or is missing from the driver");
     /* kv's workspace: the wgmma GEMM hands the gate BF16 kv, so BLOCK
      * tokens of it take the bytes of BLOCK / 2 tokens of F32 kv, which the
@@ -321,8 +335,29 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     int want16 = *bf16;
     *bf16 = 0;
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
+    if (n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY) && c->tc && n >= WSD_MIN) {
+        /* decode where the wgmma GEMM runs: the prefill's arithmetic in the
+         * decode's shape (wsd_kernel), so a token's kv is the same bits
+         * whatever n: its rows x 2^-k as F16 (decode16_kernel), the GEMM a
+         * programmatic dependent (its first tiles of weights asked for
+         * before it waits), then the GEMV for tokens too wide for F16 */
+        unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
+        unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
+        CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, sizeof(int), st), "cudaMemsetAsync");
+        decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, a->d_step, a->raw_step, c->e16, c->kshift,
+                                                          c->wide);
+        CK(cudaGetLastError(), "decode16_kernel");
+        CK(wsd_gemm(layer_maps(c) + 3, (int)n, (int)c->N, kv, c->pdl && !(a->flags & ENGRAM_CUDA_SERIAL_GATE), st),
+           "wsd_kernel");
+        gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, raw, stride, a->d_step, a->raw_step, c->wide,
+                                                             (int)c->N, kv, (int)c->N);
+        CK(cudaGetLastError(), "gemv_list_kernel");
+        *scaled = 1;
+        return 0;
+    }
     if (n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY)) {
-        /* decode: every token in one pass over the weights (mmv.cuh); from
+        /* decode without wgmma: every token in one pass over the weights
+         * (mmv.cuh, mma.sync, its own order of the sums); from
          * two n-tiles on, the tokens' operands made first (mmv_prep_kernel,
          * into the F16 rows' workspace, which the decode path does not use),
          * the projection (mmv_staged_kernel) its programmatic dependent */
@@ -386,7 +421,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         return 0;
     }
     CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, sizeof(int), st), "cudaMemsetAsync");
-    decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, c->e16, c->kshift, c->wide);
+    decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, NULL, 0, c->e16, c->kshift, c->wide);
     CK(cudaGetLastError(), "decode16_kernel");
     unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
     unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
@@ -395,7 +430,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         CK(ws_gemm(layer_maps(c), (int)n, (int)c->N, want16, kv, c->kshift, st), "ws_gemm_kernel");
         if (want16) {
             gemv_list_kernel<unsigned short><<<lb, GEMV_THREADS, 0, st>>>(
-                c->w, raw, stride, c->wide, (int)c->N, (unsigned short *)kv, (int)c->N);
+                c->w, raw, stride, NULL, 0, c->wide, (int)c->N, (unsigned short *)kv, (int)c->N);
             CK(cudaGetLastError(), "gemv_list_kernel");
             *bf16 = 1;
             return 0;
@@ -405,7 +440,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         if (rc < 0)
             return rc;
     }
-    gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, raw, stride, c->wide, (int)c->N,
+    gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, raw, stride, NULL, 0, c->wide, (int)c->N,
                                                          kv, (int)c->N);
     CK(cudaGetLastError(), "gemv_list_kernel");
     *scaled = 1;

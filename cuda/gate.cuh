@@ -338,7 +338,6 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
 {
     cg::cluster_group cl = cg::this_cluster();
     const int t = blockIdx.x / GATE_CTAS, rank = (int)cl.block_rank();
-    int ks = kshift ? kshift[t] : 0; /* kv rows of the F16 path are kv * 2^-ks */
     if (mask && !mask[t]) {
         /* the whole cluster; not before the projection has finished, so
          * that no grid of this call outlives the gate's (the next call's
@@ -363,6 +362,10 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
         float x[GATE_PRE][GATE_GROUP], q[GATE_PRE][GATE_GROUP], xx[GATE_GROUP];
         gate_pre_load(xt, bf16, wq, W, S, lo, cols, x, q, xx);
         pdl_wait(); /* kv: the projection's */
+        /* kv rows of the F16 paths are kv * 2^-ks; kshift is written by
+         * decode16_kernel, a grid before the projection: read after the
+         * wait like kv */
+        const int ks = kshift ? kshift[t] : 0;
         /* the columns' v, loaded with the sums' k: one latency */
         float vs[GATE_PRE];
 #pragma unroll
@@ -397,6 +400,7 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
         gate_write_pre(cl, safe, xt, bf16, W, S, lo, cols, x, vs, gs, &sbad, rank, status, token_base, t);
     } else {
         pdl_wait(); /* kv: the projection's */
+        const int ks = kshift ? kshift[t] : 0; /* as above */
         for (int s0 = 0; s0 < S; s0 += GATE_GROUP) {
             float p[3 * GATE_GROUP];
 #pragma unroll

@@ -207,8 +207,11 @@ __device__ __forceinline__ void store_kv(unsigned short *p, float v)
 template <typename KV>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_list_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride,
-                 const int *wide, int n_out, KV *__restrict__ kv, int ldkv)
+                 const int *d_step, size_t raw_step, const int *wide, int n_out, KV *__restrict__ kv, int ldkv)
 {
+    pdl_launch_dependents(); /* the decode gate's blocks load the residual meanwhile */
+    if (d_step)
+        raw += (size_t)(*d_step) * raw_step;
     int count = wide[ENGRAM_CUDA_BLOCK];
     for (int q = 0; q < count; q++) {
         int t = wide[q];

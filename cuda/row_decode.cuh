@@ -52,8 +52,12 @@ __device__ __forceinline__ float decode1(unsigned c, int sc)
  */
 #define SPAN_MAX 21
 __global__ void __launch_bounds__(ENGRAM_COLUMNS * 8)
-decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, __half *e16, int *kshift, int *wide)
+decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_step, size_t raw_step, __half *e16,
+                int *kshift, int *wide)
 {
+    pdl_launch_dependents(); /* the decode GEMM (wsd_kernel) asks for its weights meanwhile */
+    if (d_step)
+        raw += (size_t)(*d_step) * raw_step;
     /* thread j: block j & 7 (32 codes, 8-byte loads; raw and stride are
      * multiples of 8) of row j >> 3 */
     int t = blockIdx.x, row = threadIdx.x >> 3, blk = threadIdx.x & 7;

@@ -8,8 +8,10 @@
  *  - with one: the device memory a layer asks cudaMalloc for is what
  *    engram_cuda_layer_bytes reports and engram_cuda.h states (the wgmma
  *    GEMM's layer, and one where it is refused: cuBLAS's GEMM);
- *    projections of n = 1..64 tokens (the decode path: mma, sums promoted
- *    every 32 products), 65..300 and 2100 tokens (F16 GEMM path, two
+ *    projections of n = 1..64 tokens (the decode path: where the wgmma
+ *    GEMM runs, the prefill's F16 GEMM arithmetic in the decode's shape,
+ *    wsd_kernel; in the layer without it mma.sync, sums promoted every 32
+ *    products), 65..300 and 2100 tokens (F16 GEMM path, two
  *    blocks: the promoted wgmma GEMM, and in the layer without it cuBLAS's;
  *    the accurate paths may round at most 0.1% of sampled outputs otherwise
  *    than float64), FMA_ONLY (the GEMVs) for every n, and at n = 64 and 300
@@ -27,7 +29,9 @@
  *    named by sync; a residual off a 16-byte boundary (no 16-byte loads):
  *    the aligned one's bits, neighbours untouched;
  *  - the decode path is batch-invariant: a token's output is the same bits
- *    alone and among 64; FMA_ONLY's GEMVs the same among 13 and alone;
+ *    alone and among 64, in both layers; where the wgmma GEMM runs, also
+ *    the bits of the same tokens among 300 (the prefill GEMM); FMA_ONLY's
+ *    GEMVs the same among 13 and alone;
  *  - a captured CUDA graph with a device-side step index replays four
  *    steps of 16 tokens to the same bits as direct calls;
  *  - staging: a pool with engram_cuda_host_hooks has its reader's buffers
@@ -395,8 +399,6 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
     for (unsigned q = 0; q < sizeof ns / sizeof ns[0]; q++) {
         unsigned n = ns[q];
         int wide = q == 11 || q == 15, tiny = q == 12 || q == 16, below3 = q == 13;
-        if ((flags & VIA_CUBLAS) && n <= ENGRAM_CUDA_GEMV_MAX)
-            continue; /* the same decode path either way */
         if (f->W > 64 && n > 300)
             continue; /* the double reference at W = 5120 is slow on the host */
         rowset r;
@@ -435,7 +437,8 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
         printf("W=%u n=%4u (%s%s): %ld sampled outputs, worst %.3g of gamma_K sum|e w|, %ld beyond, "
                "%ld unwritten; BF16 rounding unlike float64's: %.3f%%\n", f->W, n,
                flags & ENGRAM_CUDA_FMA_ONLY ? "GEMV, FMA_ONLY"
-               : n <= ENGRAM_CUDA_GEMV_MAX ? "decode, mma promoted every 32"
+               : n <= ENGRAM_CUDA_GEMV_MAX && (flags & VIA_CUBLAS) ? "decode without wgmma, mma promoted every 32"
+               : n <= ENGRAM_CUDA_GEMV_MAX ? "decode, F16 GEMM promoted (wsd)"
                : flags & VIA_CUBLAS ? "cuBLAS F16 GEMM" : "F16 GEMM, promoted",
                wide ? ", a third too wide for F16" : tiny ? ", a third with block scales <= 6"
                : below3 ? ", a third with scales < 3, values SPEC rounds" : "", checked, worst, beyond, unwritten,
@@ -489,14 +492,12 @@ static void applies(fx *f)
         uint8_t *d_mask = (uint8_t *)dev_buf(n, mask);
         engram_cuda_args a = args_of(r.d_raw, n, d_x);
         a.mask = d_mask;
-        /* the default path, (n > 64) the gate on cuBLAS's F32 kv (the layer
-         * without the wgmma GEMM), and the GEMVs' (FMA_ONLY); the same
-         * tolerances */
+        /* the default path, the layer without the wgmma GEMM (n <= 64: mmv;
+         * n > 64: the gate on cuBLAS's F32 kv), and the GEMVs' (FMA_ONLY);
+         * the same tolerances */
         const unsigned fl[3] = {0, VIA_CUBLAS, ENGRAM_CUDA_FMA_ONLY};
         float *xd = (float *)malloc(n * per * 4); /* the default path's outputs */
         for (int v = 0; v < 3; v++) {
-            if (v == 1 && n <= ENGRAM_CUDA_GEMV_MAX)
-                continue; /* the decode path either way */
             engram_cuda_layer *c = fl[v] & VIA_CUBLAS ? f->cb : f->c;
             CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
             a.flags = fl[v] & ~VIA_CUBLAS;
@@ -523,7 +524,8 @@ static void applies(fx *f)
             printf("W=%u apply n=%3u%s%s: %ld outputs vs CPU: %.4f%% exact, %.4f%% within one BF16 step, "
                    "%ld beyond 4 steps of the operands; masked tokens changed: %ld\n", f->W, n,
                    wide ? " (a third too wide for F16)" : "",
-                   v == 1 ? " cuBLAS's GEMM" : v == 2 ? " FMA_ONLY" : "", total, 100.0 * exact / total,
+                   v == 1 ? (n <= ENGRAM_CUDA_GEMV_MAX ? " without wgmma (mmv)" : " cuBLAS's GEMM")
+                   : v == 2 ? " FMA_ONLY" : "", total, 100.0 * exact / total,
                    100.0 * within1 / total, beyond2, masked_changed);
             CHECK(within1 >= total * 0.995);
             if (!wide)
@@ -531,7 +533,7 @@ static void applies(fx *f)
             CHECK_EQ(masked_changed, 0);
             if (v == 0)
                 memcpy(xd, xg, n * per * 4);
-            if (wide && v == 2 && n > ENGRAM_CUDA_GEMV_MAX) { /* the wide tokens: FMA_ONLY's bits */
+            if (wide && v == 2) { /* the wide tokens (the GEMV inside the GEMM paths): FMA_ONLY's bits */
                 long differ = 0;
                 for (unsigned t = 0; t < n; t += 3)
                     differ += memcmp(xg + t * per, xd + t * per, per * 4) != 0;
@@ -670,31 +672,33 @@ static void unaligned_resid(fx *f)
     free(hb);
 }
 
-/* decode path: a token alone = among 64 (ENGRAM_CUDA_GEMV_MAX); graph
- * capture with a step index. */
-static void invariance_and_graph(fx *f)
+/* decode path of layer c (path: its name): a token alone = among 64
+ * (ENGRAM_CUDA_GEMV_MAX), every third token too wide for F16; where the
+ * wgmma GEMM runs, = among 300; graph capture with a step index (the wide
+ * tokens' GEMV follows it too). */
+static void invariance_and_graph(fx *f, engram_cuda_layer *c, const char *path)
 {
     const unsigned n = ENGRAM_CUDA_GEMV_MAX;
     size_t per = (size_t)f->S * f->W;
     rowset r;
-    rowset_new(&r, f, n, 300, 0, NULL);
+    rowset_new(&r, f, n, 300, 1, widen); /* every third token too wide for F16: the GEMV inside wsd's path */
     uint8_t *d_raw = r.d_raw;
     float *d_kv = (float *)dev_buf(n * f->N * 4, NULL), *kv64 = (float *)malloc(n * f->N * 4),
           *kv1 = (float *)malloc(f->N * 4);
     engram_cuda_args a = args_of(d_raw, n, NULL);
     engram_error err;
-    CHECK_EQ(engram_cuda_project(f->c, &a, d_kv, &err), 0);
+    CHECK_EQ(engram_cuda_project(c, &a, d_kv, &err), 0);
     CU(cudaMemcpy(kv64, d_kv, n * f->N * 4, cudaMemcpyDeviceToHost));
     int same = 1;
     for (unsigned t = 0; t < n; t += 3) {
         a.raw = d_raw + (size_t)t * 24 * 264;
         a.n = 1;
-        CHECK_EQ(engram_cuda_project(f->c, &a, d_kv, &err), 0);
+        CHECK_EQ(engram_cuda_project(c, &a, d_kv, &err), 0);
         CU(cudaMemcpy(kv1, d_kv, f->N * 4, cudaMemcpyDeviceToHost));
         same &= memcmp(kv1, kv64 + (size_t)t * f->N, f->N * 4) == 0;
     }
     CHECK(same);
-    printf("W=%u decode path batch-invariant (alone vs among %u): %s\n", f->W, n, same ? "yes" : "NO");
+    printf("W=%u decode path (%s) batch-invariant (alone vs among %u): %s\n", f->W, path, n, same ? "yes" : "NO");
     /* and the first k of them in calls of 1 .. 8 n-tiles (17, 25, 33, 41,
      * 49: 3, 4, 5, 6, 7), from another offset into the rows (token 3 on) */
     {
@@ -704,20 +708,40 @@ static void invariance_and_graph(fx *f)
         for (unsigned i = 0; i < sizeof ks / sizeof ks[0]; i++) {
             a.raw = d_raw + (size_t)3 * 24 * 264;
             a.n = ks[i];
-            CHECK_EQ(engram_cuda_project(f->c, &a, d_kv, &err), 0);
+            CHECK_EQ(engram_cuda_project(c, &a, d_kv, &err), 0);
             CU(cudaMemcpy(kvk, d_kv, (size_t)ks[i] * f->N * 4, cudaMemcpyDeviceToHost));
             ksame &= memcmp(kvk, kv64 + (size_t)3 * f->N, (size_t)ks[i] * f->N * 4) == 0;
         }
         CHECK(ksame);
-        printf("W=%u decode path: calls of 2, 9, 17, 25, 33, 41, 49, 61 tokens the bits of the call of %u: %s\n",
-               f->W, n, ksame ? "yes" : "NO");
+        printf("W=%u decode path (%s): calls of 2, 9, 17, 25, 33, 41, 49, 61 tokens the bits of the call of %u: "
+               "%s\n", f->W, path, n, ksame ? "yes" : "NO");
         free(kvk);
         a.raw = d_raw;
         a.n = n;
     }
+    /* where the wgmma GEMM runs, decode takes the prefill's arithmetic: the
+     * 64 tokens as the first of 300 (the prefill GEMM, 3 token tiles) give
+     * the bits of their call of 64 */
+    if (c == f->c) {
+        const unsigned np = 300;
+        rowset rp;
+        rowset_new(&rp, f, np, 301, 0, NULL);
+        CU(cudaMemcpy(rp.d_raw, d_raw, (size_t)n * 24 * 264, cudaMemcpyDeviceToDevice));
+        float *kvp = (float *)malloc((size_t)np * f->N * 4), *d_kvp = (float *)dev_buf((size_t)np * f->N * 4, NULL);
+        engram_cuda_args b = args_of(rp.d_raw, np, NULL);
+        CHECK_EQ(engram_cuda_project(c, &b, d_kvp, &err), 0);
+        CU(cudaMemcpy(kvp, d_kvp, (size_t)np * f->N * 4, cudaMemcpyDeviceToHost));
+        int psame = memcmp(kvp, kv64, (size_t)n * f->N * 4) == 0;
+        CHECK(psame);
+        printf("W=%u decode (%s): 64 tokens the bits of the same tokens among %u (the prefill GEMM): %s\n", f->W,
+               path, np, psame ? "yes" : "NO");
+        rowset_free(&rp);
+        CU(cudaFree(d_kvp));
+        free(kvp);
+    }
     /* FMA_ONLY: 13 tokens in one call (gemv_kernel<8>, <5>) in the bits of
      * each alone (gemv1_kernel) */
-    {
+    if (c == f->c) {
         const unsigned nf = 13;
         rowset rf;
         rowset_new(&rf, f, nf, 310, 0, NULL);
@@ -726,13 +750,13 @@ static void invariance_and_graph(fx *f)
               *d_kvf = (float *)dev_buf((size_t)nf * f->N * 4, NULL);
         engram_cuda_args b = args_of(d_rf, nf, NULL);
         b.flags = ENGRAM_CUDA_FMA_ONLY;
-        CHECK_EQ(engram_cuda_project(f->c, &b, d_kvf, &err), 0);
+        CHECK_EQ(engram_cuda_project(c, &b, d_kvf, &err), 0);
         CU(cudaMemcpy(kvf, d_kvf, (size_t)nf * f->N * 4, cudaMemcpyDeviceToHost));
         int fsame = 1;
         for (unsigned t = 0; t < nf; t += 4) {
             b.raw = d_rf + (size_t)t * 24 * 264;
             b.n = 1;
-            CHECK_EQ(engram_cuda_project(f->c, &b, d_kv, &err), 0);
+            CHECK_EQ(engram_cuda_project(c, &b, d_kv, &err), 0);
             CU(cudaMemcpy(kv1, d_kv, f->N * 4, cudaMemcpyDeviceToHost));
             fsame &= memcmp(kv1, kvf + (size_t)t * f->N, f->N * 4) == 0;
         }
@@ -740,12 +764,12 @@ static void invariance_and_graph(fx *f)
         printf("W=%u FMA_ONLY: %u tokens in one call, each alone's bits: %s\n", f->W, nf,
                fsame ? "yes" : "NO");
         b.flags = 2; /* unknown (was FAST_SUMS) */
-        CHECK_ERR(engram_cuda_project(f->c, &b, d_kvf, &err), err, -EINVAL, "flags");
+        CHECK_ERR(engram_cuda_project(c, &b, d_kvf, &err), err, -EINVAL, "flags");
         b.flags = 8; /* unknown */
-        CHECK_ERR(engram_cuda_project(f->c, &b, d_kvf, &err), err, -EINVAL, "flags");
+        CHECK_ERR(engram_cuda_project(c, &b, d_kvf, &err), err, -EINVAL, "flags");
         b.flags = 0;
         b.raw = d_rf + 4; /* misaligned */
-        CHECK_ERR(engram_cuda_project(f->c, &b, d_kvf, &err), err, -EINVAL, "multiples of 8");
+        CHECK_ERR(engram_cuda_project(c, &b, d_kvf, &err), err, -EINVAL, "multiples of 8");
         rowset_free(&rf);
         CU(cudaFree(d_kvf));
         free(kvf);
@@ -764,9 +788,9 @@ static void invariance_and_graph(fx *f)
         a.resid = d_x + (size_t)s * B * per;
         a.resid_dtype = ENGRAM_F32;
         a.n = B;
-        CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+        CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
     }
-    CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
     CU(cudaMemcpy(xd, d_x, steps * B * per * 4, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(d_x, x0, steps * B * per * 4, cudaMemcpyHostToDevice));
     cudaStream_t st;
@@ -780,7 +804,7 @@ static void invariance_and_graph(fx *f)
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+    CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
     CU(cudaStreamEndCapture(st, &g));
     CU(cudaGraphInstantiate(&ge, g, 0));
     for (int s = 0; s < (int)steps; s++) {
@@ -788,11 +812,11 @@ static void invariance_and_graph(fx *f)
         CU(cudaStreamSynchronize(st)); /* s lives on the host stack */
         CU(cudaGraphLaunch(ge, st));
     }
-    CHECK_EQ(engram_cuda_sync(f->c, st, &err), 0);
+    CHECK_EQ(engram_cuda_sync(c, st, &err), 0);
     CU(cudaMemcpy(xgph, d_x, steps * B * per * 4, cudaMemcpyDeviceToHost));
     int gsame = memcmp(xgph, xd, steps * B * per * 4) == 0;
     CHECK(gsame);
-    printf("W=%u graph with a device-side step index: 4 replays %s direct calls\n", f->W,
+    printf("W=%u graph with a device-side step index (%s): 4 replays %s direct calls\n", f->W, path,
            gsame ? "equal" : "DIFFER FROM");
     CU(cudaGraphExecDestroy(ge));
     CU(cudaGraphDestroy(g));
@@ -878,13 +902,14 @@ static void fma_rounds(fx *f)
     free(mask);
 }
 
-/* The gate of n <= 64 tokens launched as a programmatic dependent of the
- * GEMV (the default on 9.0+) against launched after it
- * (ENGRAM_CUDA_SERIAL_GATE): 48 applies queued back to back without a host
- * wait, each on other rows, into two residuals updated in place.  A gate
- * that read kv before the GEMV had written it would read the previous
- * apply's kv (other rows) and the two would differ. */
-static void dependent_launch(fx *f)
+/* The kernels of n <= 64 tokens launched as programmatic dependents (the
+ * default on 9.0+: the gate of the projection; in c = f->c also wsd_kernel
+ * of decode16_kernel) against launched serially (ENGRAM_CUDA_SERIAL_GATE):
+ * 48 applies queued back to back without a host wait, each on other rows,
+ * into two residuals updated in place.  A kernel that read its operands
+ * before they were written would read the previous apply's (other rows)
+ * and the two would differ. */
+static void dependent_launch(fx *f, engram_cuda_layer *c, const char *path)
 {
     const unsigned rounds = 48, Bs[4] = {1, 3, 8, ENGRAM_CUDA_GEMV_MAX}, BM = ENGRAM_CUDA_GEMV_MAX;
     size_t per = (size_t)f->S * f->W;
@@ -905,19 +930,19 @@ static void dependent_launch(fx *f)
             a.raw = rs.d_raw + (size_t)r * BM * 24 * 264;
             a.resid = d_xa;
             a.flags = 0;
-            CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+            CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
             a.resid = d_xb;
             a.flags = ENGRAM_CUDA_SERIAL_GATE;
-            CHECK_EQ(engram_cuda_apply(f->c, &a, &err), 0);
+            CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
         }
-        CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0);
+        CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
         CU(cudaMemcpy(xa, d_xa, BM * per * 4, cudaMemcpyDeviceToHost));
         CU(cudaMemcpy(xb, d_xb, BM * per * 4, cudaMemcpyDeviceToHost));
         int same = memcmp(xa, xb, Bs[q] * per * 4) == 0, moved = memcmp(xa, x0, Bs[q] * per * 4) != 0;
         CHECK(same);
         CHECK(moved);
-        printf("W=%u B=%u: %u applies with the gate a dependent launch %s those with it serial\n", f->W,
-               Bs[q], rounds, same ? "equal" : "DIFFER FROM");
+        printf("W=%u B=%u (%s): %u applies with dependent launches %s those with them serial\n", f->W, Bs[q],
+               path, rounds, same ? "equal" : "DIFFER FROM");
     }
     rowset_free(&rs);
     CU(cudaFree(d_xa));
@@ -1254,8 +1279,10 @@ int main(void)
                 fma_rounds(&f);
             }
             applies(&f);
-            invariance_and_graph(&f);
-            dependent_launch(&f);
+            invariance_and_graph(&f, f.c, "wsd, the prefill's arithmetic");
+            invariance_and_graph(&f, f.cb, "mmv, without wgmma");
+            dependent_launch(&f, f.c, "wsd");
+            dependent_launch(&f, f.cb, "mmv");
             unaligned_kv(&f);
             unaligned_resid(&f);
             if (q == 0)

@@ -1,7 +1,9 @@
 /*
- * ws_gemm.cuh - the projection of n > 8 tokens on the tensor cores with F32
- * promotion, warp-specialized (included by engram_cuda.cu, gemv.cuh and
- * gemm_variants.cu, after K; wgmma, TMA and setmaxnreg: sm_90a machine code).
+ * ws_gemm.cuh - the projection on the tensor cores with F32 promotion,
+ * warp-specialized (included by engram_cuda.cu, gemv.cuh and
+ * gemm_variants.cu, after K; wgmma, TMA and setmaxnreg: sm_90a machine
+ * code): ws_gemm_kernel for n > 64 tokens (below), wsd_kernel for n <= 64
+ * (further down: the same sums in the decode's shape).
  *
  * kv[t][o] = sum_i e16[t][i] * w[o][i] for t < n, o < N, i < K = 6144, both
  * operands F16 with K contiguous.  A CTA owns 128 tokens x WS_BN outputs and
@@ -89,11 +91,13 @@ __device__ __forceinline__ void ws_wgmma(float *d, uint64_t da, uint64_t db, int
 #endif
 }
 
-/* keeps the compiler from moving reads of r across the waits before it */
+/* keeps the compiler from moving reads of r (NACC floats) across the waits
+ * before it */
+template <int NACC = WS_ACC>
 __device__ __forceinline__ void ws_fence(float *r)
 {
 #pragma unroll
-    for (int i = 0; i < WS_ACC; i++)
+    for (int i = 0; i < NACC; i++)
         asm volatile("" : "+f"(r[i])::"memory");
 }
 
@@ -298,6 +302,146 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
 #endif
 }
 
+/* ------------------------------------------------- the decode shape */
+
+/*
+ * wsd_kernel: the same sums for n <= 64 tokens (ENGRAM_CUDA_GEMV_MAX), in
+ * the shape of cuBLAS's own kernels for these shapes (nvjet_sm90_hss_
+ * 256xB_64x5, bench/results/2026-12-03-cuda-dec/run24): a CTA owns
+ * WSD_BM = 256 outputs over the whole of K (100 CTAs at W = 5120, one
+ * wave), the weights are wgmma's A straight from shared memory (boxes of
+ * 256 x 64, 128-byte swizzle), the tokens B (one box of 64 x 64; columns
+ * past n hold whatever e16 holds there and are not stored: a column of the
+ * result depends on its own column of B alone).  The producer streams
+ * WSD_STAGES stages of 40 KB; two consumers own 128 outputs each (two
+ * m64n64k16 a k16 step into one partial), promoted to F32 every WS_PROM
+ * k-tiles with ordinary F32 adds as ws_gemm_kernel promotes: the same
+ * products in the same k16 groups and the same order of adds, so the same
+ * bits as ws_gemm_kernel, A and B swapped (run 25: every output of n = 1,
+ * 8, 16, 32, 64 tokens).  A token's kv is then the same whatever the number
+ * of tokens of its call.
+ * A programmatic dependent of decode16_kernel: the first WSD_STAGES tiles
+ * of weights are asked for before it waits (griddepcontrol.wait) for the
+ * tokens' rows.  Output: F32 kv (x 2^-k, as ws_gemm's F32 output).
+ */
+#define WSD_BM 256
+#define WSD_BN 64
+#ifndef WSD_STAGES
+#define WSD_STAGES 5
+#endif
+#define WSD_A_BYTES (WSD_BM * WS_BK * 2)
+#define WSD_B_BYTES (WSD_BN * WS_BK * 2)
+#define WSD_STAGE_BYTES (WSD_A_BYTES + WSD_B_BYTES)
+#define WSD_SMEM (WSD_STAGES * WSD_STAGE_BYTES + 1024)
+#define WSD_ACC 64 /* two m64n64 accumulators per consumer thread */
+
+__device__ __forceinline__ void wsd_wgmma(float *d, uint64_t da, uint64_t db, int scale_d)
+{
+#ifdef WS_SM90A
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(scale_d));
+#endif
+}
+
+__global__ void __launch_bounds__(WS_THREADS, 1)
+wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te, int n, int N,
+           float *__restrict__ kv)
+{
+#ifdef WS_SM90A
+    extern __shared__ uint8_t ws_smem_raw[];
+    __shared__ __align__(8) uint64_t full[WSD_STAGES], empty[WSD_STAGES];
+    uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(ws_smem_raw) + 1023) & ~1023u;
+    uint32_t bfull = (uint32_t)__cvta_generic_to_shared(full),
+             bempty = (uint32_t)__cvta_generic_to_shared(empty);
+    const int n0 = blockIdx.x * WSD_BM, KT = K / WS_BK, wg = threadIdx.x >> 7;
+    static_assert(K / WS_BK >= WSD_STAGES, "the first stages are all filled before the wait");
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WSD_STAGES; s++) {
+            ws_bar_init(bfull + 8 * s, 1);
+            ws_bar_init(bempty + 8 * s, 8); /* each consumer warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0) {
+            /* the weights do not depend on the tokens: the first stages'
+             * tiles go out before the wait for decode16_kernel */
+            for (int kt = 0; kt < WSD_STAGES; kt++) {
+                uint32_t sa = sbase + kt * WSD_STAGE_BYTES;
+                ws_bar_expect(bfull + 8 * kt, WSD_STAGE_BYTES);
+                ws_tma(sa, &tw, bfull + 8 * kt, kt * WS_BK, n0);
+            }
+            asm volatile("griddepcontrol.wait;\n" ::: "memory");
+            for (int kt = 0; kt < WSD_STAGES; kt++)
+                ws_tma(sbase + kt * WSD_STAGE_BYTES + WSD_A_BYTES, &te, bfull + 8 * kt, kt * WS_BK, 0);
+            for (int kt = WSD_STAGES; kt < KT; kt++) {
+                int s = kt % WSD_STAGES;
+                uint32_t sa = sbase + s * WSD_STAGE_BYTES;
+                ws_bar_wait(bempty + 8 * s, ((kt / WSD_STAGES) & 1) ^ 1);
+                ws_bar_expect(bfull + 8 * s, WSD_STAGE_BYTES);
+                ws_tma(sa, &tw, bfull + 8 * s, kt * WS_BK, n0);
+                ws_tma(sa + WSD_A_BYTES, &te, bfull + 8 * s, kt * WS_BK, 0);
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int cw = wg - 1, lane = threadIdx.x & 31;
+        float acc[WSD_ACC], p[WSD_ACC];
+#pragma unroll
+        for (int i = 0; i < WSD_ACC; i++)
+            acc[i] = p[i] = 0.0f;
+        for (int g = 0; g < KT / WS_PROM; g++) {
+#pragma unroll
+            for (int j = 0; j < WS_PROM; j++) {
+                int kt = g * WS_PROM + j, s = kt % WSD_STAGES;
+                ws_bar_wait(bfull + 8 * s, (kt / WSD_STAGES) & 1);
+                uint32_t sa = sbase + s * WSD_STAGE_BYTES + cw * 128 * 128,
+                         sb = sbase + s * WSD_STAGE_BYTES + WSD_A_BYTES;
+                if (j == 0)
+                    ws_fence<WSD_ACC>(p);
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                for (int kk = 0; kk < WS_BK / 16; kk++) {
+                    wsd_wgmma(p, ws_desc(sa + kk * 32), ws_desc(sb + kk * 32), j > 0 || kk > 0);
+                    wsd_wgmma(p + 32, ws_desc(sa + 64 * 128 + kk * 32), ws_desc(sb + kk * 32), j > 0 || kk > 0);
+                }
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                if (j > 0) { /* tile kt - 1 is read: its stage goes back */
+                    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                    __syncwarp();
+                    if (lane == 0)
+                        ws_bar_arrive(bempty + 8 * ((kt - 1) % WSD_STAGES), 1);
+                }
+            }
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            __syncwarp();
+            if (lane == 0)
+                ws_bar_arrive(bempty + 8 * ((g * WS_PROM + WS_PROM - 1) % WSD_STAGES), 1);
+            ws_fence<WSD_ACC>(p);
+#pragma unroll
+            for (int i = 0; i < WSD_ACC; i++)
+                acc[i] += p[i];
+        }
+        /* D fragment i of m64 half h: output 16 warp + lane/4 + 8 ((i/2)%2),
+         * token 8 (i/4) + 2 (lane%4) + i%2 */
+        const int warp = (threadIdx.x >> 5) & 3;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                int o = n0 + cw * 128 + h * 64 + warp * 16 + (lane >> 2) + 8 * ((i >> 1) & 1);
+                int t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+                if (t < n && o < N)
+                    kv[(size_t)t * N + o] = acc[h * 32 + i];
+            }
+    }
+#endif
+}
+
 /* ---------------------------------------------------------------- host */
 
 typedef CUresult (*ws_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -336,6 +480,13 @@ static int ws_maps(CUtensorMap m[3], const void *e16, unsigned rows_e, const voi
     return 0;
 }
 
+/* The decode kernel's maps: m[0] tokens e16 (rows_e rows) in boxes of
+ * WSD_BN, m[1] weights w (N rows) in boxes of WSD_BM. */
+static int wsd_maps(CUtensorMap m[2], const void *e16, unsigned rows_e, const void *w, unsigned N)
+{
+    return ws_map(&m[0], e16, rows_e, WSD_BN) < 0 || ws_map(&m[1], w, N, WSD_BM) < 0 ? -1 : 0;
+}
+
 __global__ void ws_probe_kernel(int *out)
 {
 #ifdef WS_SM90A
@@ -351,7 +502,9 @@ static int ws_setup(void)
     int ok = cudaFuncSetAttribute(ws_gemm_kernel<WS_F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   WS_SMEM) == cudaSuccess &&
              cudaFuncSetAttribute(ws_gemm_kernel<WS_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  WS_SMEM) == cudaSuccess;
+                                  WS_SMEM) == cudaSuccess &&
+             cudaFuncSetAttribute(wsd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WSD_SMEM) ==
+                 cudaSuccess;
     cudaGetLastError();
     return ok ? 0 : -1;
 }
@@ -381,6 +534,25 @@ static cudaError_t ws_gemm(const CUtensorMap m[3], int n, int N, int out_bf16, v
     if (out_bf16)
         return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_BF16>, m[0], tb, n, N, out, kshift, cl);
     return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_F32>, m[0], tb, n, N, out, kshift, cl);
+}
+
+/* kv (n x N, F32) of n <= WSD_BN tokens through wsd_kernel and maps made
+ * by wsd_maps, a programmatic dependent of the stream's previous kernel
+ * where pdl (then that kernel's tokens are waited for inside).  The
+ * launch's error, or 0. */
+static cudaError_t wsd_gemm(const CUtensorMap m[2], int n, int N, float *kv, int pdl, cudaStream_t st)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((N + WSD_BM - 1) / WSD_BM);
+    cfg.blockDim = dim3(WS_THREADS);
+    cfg.dynamicSmemBytes = WSD_SMEM;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, wsd_kernel, m[1], m[0], n, N, kv); /* the weights' map first */
 }
 
 /* 1 if the code this device runs has the wgmma kernel (sm_90a machine code;

@@ -12,19 +12,22 @@
  * ENGRAM_RAW, already checked to decode) and are decoded on the GPU (E4M3 x
  * 2^E8M0, rounded to BF16 as SPEC.md section 7 says).  The projection, by
  * the number n of tokens of a call:
- *  - n <= ENGRAM_CUDA_GEMV_MAX (decode, batched decode): one pass over
- *    the weights for all n tokens, on the tensor cores: exact products,
- *    each block of 32 products (one E8M0 scale) summed by the tensor cores
- *    and promoted to F32, the blocks in input order: the same bits for a
- *    token whatever n <= 64 (not the CPU's bits: another order; the same
- *    accuracy).
- *  - larger n (prefill), on compute capability 9.0: exact products on the
- *    tensor cores, their sums promoted to F32 every 256 products.  A token
- *    whose block scales span more than 21 binades (trained tables: a few)
- *    takes the GEMV's arithmetic instead (slower).  On other GPUs, cuBLAS's
- *    F16 GEMM: its own sums, less accurate (short of the CPU path's
- *    tolerance at W = 5120).  ENGRAM_CUDA_FMA_ONLY takes a GEMV's
- *    arithmetic (F32 FMAs on the CUDA cores) for every n.
+ *  - on compute capability 9.0 (sm_90a code), every n: exact products on
+ *    the tensor cores, their sums promoted to F32 every 256 products, one
+ *    pass over the weights for all n <= ENGRAM_CUDA_GEMV_MAX tokens
+ *    (decode, batched decode) and a GEMM for more (prefill): the same
+ *    arithmetic, so a token's projection is the same bits whatever the
+ *    number of tokens of its call (not the CPU's bits: another order; the
+ *    same accuracy).  A token whose block scales span more than 21 binades
+ *    (trained tables: a few) takes the GEMV's arithmetic instead (slower).
+ *  - on other GPUs, n <= ENGRAM_CUDA_GEMV_MAX: one pass over the weights on
+ *    the tensor cores (mma.sync), each block of 32 products (one E8M0
+ *    scale) summed by the tensor cores and promoted to F32, the blocks in
+ *    input order: the same bits for a token whatever n <= 64.  Larger n:
+ *    cuBLAS's F16 GEMM, its own sums, less accurate (short of the CPU
+ *    path's tolerance at W = 5120).
+ *  - ENGRAM_CUDA_FMA_ONLY takes a GEMV's arithmetic (F32 FMAs on the CUDA
+ *    cores) for every n.
  * Then the gate and update, fused, with engram.h's arithmetic (the device's
  * expf/sqrtf): a token is written whole or not at all, masked tokens are
  * not touched.
@@ -58,13 +61,15 @@ extern "C" {
 /* (2u was ENGRAM_CUDA_FAST_SUMS, cuBLAS's sums for prefill: removed, short
  * of the tolerance; refused as an unknown flag) */
 /* engram_cuda_args.flags: for n <= ENGRAM_CUDA_GEMV_MAX, every kernel of
- * the call launched only when the one before has finished (for 9 and more
- * tokens the decode projection follows a kernel that prepares the tokens'
- * operands).  By default (compute capability 9.0 and up) the projection and
- * the gate are programmatic dependent launches: the gate's blocks are
- * scheduled while the projection finishes and wait on the device for its results (the same bits;
- * hides the gate's launch).  For measuring, and for tools that cannot
- * follow such edges. */
+ * the call launched only when the one before has finished (the decode
+ * projection follows a kernel that prepares the tokens' operands, except
+ * for up to 8 tokens without wgmma).  By default (compute capability 9.0
+ * and up) the projection and the gate are programmatic dependent launches:
+ * with wgmma the projection asks for its first weights while the operands
+ * are made; the gate's blocks are scheduled before the projection's last
+ * kernel finishes; each waits on the device for the results it reads (the
+ * same bits; hides the launches).  For measuring, and for tools that
+ * cannot follow such edges. */
 #define ENGRAM_CUDA_SERIAL_GATE 4u
 
 /* 1 if a CUDA device can be used (err not touched); else 0, and err (if
