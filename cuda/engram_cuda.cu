@@ -359,7 +359,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         /* decode without wgmma: every token in one pass over the weights
          * (mmv.cuh, mma.sync, its own order of the sums); from
          * two n-tiles on, the tokens' operands made first (mmv_prep_kernel,
-         * into the F16 rows' workspace, which the decode path does not use),
+         * into the F16 rows' workspace, unused otherwise on this path),
          * the projection (mmv_staged_kernel) its programmatic dependent */
         unsigned groups = (c->N + MMV_ROWS - 1) / MMV_ROWS;
         unsigned blocks = (groups + MMV_GROUPS - 1) / MMV_GROUPS;
