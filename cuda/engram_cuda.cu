@@ -335,27 +335,11 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     int want16 = *bf16;
     *bf16 = 0;
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
-    if (n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY) && c->tc && n >= WSD_MIN) {
-        /* decode where the wgmma GEMM runs: the prefill's arithmetic in the
-         * decode's shape (wsd_kernel), so a token's kv is the same bits
-         * whatever n: its rows x 2^-k as F16 (decode16_kernel), the GEMM a
-         * programmatic dependent (its first tiles of weights asked for
-         * before it waits), then the GEMV for tokens too wide for F16 */
-        unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
-        unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
-        CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, sizeof(int), st), "cudaMemsetAsync");
-        decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, a->d_step, a->raw_step, c->e16, c->kshift,
-                                                          c->wide);
-        CK(cudaGetLastError(), "decode16_kernel");
-        CK(wsd_gemm(layer_maps(c) + 3, (int)n, (int)c->N, kv, c->pdl && !(a->flags & ENGRAM_CUDA_SERIAL_GATE), st),
-           "wsd_kernel");
-        gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, raw, stride, a->d_step, a->raw_step, c->wide,
-                                                             (int)c->N, kv, (int)c->N);
-        CK(cudaGetLastError(), "gemv_list_kernel");
-        *scaled = 1;
-        return 0;
-    }
-    if (n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY)) {
+    /* decode where the wgmma GEMM runs: the prefill's path below with
+     * wsd_kernel for the GEMM (the same sums in the decode's shape), so a
+     * token's kv is the same bits whatever n */
+    const int dec = n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY) && c->tc && n >= WSD_MIN;
+    if (n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY) && !dec) {
         /* decode without wgmma: every token in one pass over the weights
          * (mmv.cuh, mma.sync, its own order of the sums); from
          * two n-tiles on, the tokens' operands made first (mmv_prep_kernel,
@@ -420,12 +404,25 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         }
         return 0;
     }
+    /* the device-side step index: the decode path's only */
+    const int *ds = dec ? a->d_step : NULL;
+    size_t rstep = dec ? a->raw_step : 0;
     CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, sizeof(int), st), "cudaMemsetAsync");
-    decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, NULL, 0, c->e16, c->kshift, c->wide);
+    decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, ds, rstep, c->e16, c->kshift, c->wide);
     CK(cudaGetLastError(), "decode16_kernel");
     unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
     unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
-    if (c->tc) {
+    if (dec) {
+        /* F32 kv x 2^-k (n <= 64: the gate's F32 kv); a programmatic
+         * dependent of decode16_kernel, its first tiles of weights asked for
+         * before it waits; maps: wsd_maps' (tokens, weights) */
+        const CUtensorMap *m = layer_maps(c) + 3;
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg =
+            dependent_cfg(c, a->flags, dim3((c->N + WSD_BM - 1) / WSD_BM), dim3(WS_THREADS), st, &at);
+        cfg.dynamicSmemBytes = WSD_SMEM;
+        CK(cudaLaunchKernelEx(&cfg, wsd_kernel, m[1], m[0], (int)n, (int)c->N, kv), "wsd_kernel");
+    } else if (c->tc) {
         /* exact products, sums promoted to F32 every 256 products */
         CK(ws_gemm(layer_maps(c), (int)n, (int)c->N, want16, kv, c->kshift, st), "ws_gemm_kernel");
         if (want16) {
@@ -440,8 +437,8 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         if (rc < 0)
             return rc;
     }
-    gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, raw, stride, NULL, 0, c->wide, (int)c->N,
-                                                         kv, (int)c->N);
+    gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, raw, stride, ds, rstep, c->wide, (int)c->N, kv,
+                                                         (int)c->N);
     CK(cudaGetLastError(), "gemv_list_kernel");
     *scaled = 1;
     return 0;

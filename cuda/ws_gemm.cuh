@@ -536,25 +536,6 @@ static cudaError_t ws_gemm(const CUtensorMap m[3], int n, int N, int out_bf16, v
     return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_F32>, m[0], tb, n, N, out, kshift, cl);
 }
 
-/* kv (n x N, F32) of n <= WSD_BN tokens through wsd_kernel and maps made
- * by wsd_maps, a programmatic dependent of the stream's previous kernel
- * where pdl (then that kernel's tokens are waited for inside).  The
- * launch's error, or 0. */
-static cudaError_t wsd_gemm(const CUtensorMap m[2], int n, int N, float *kv, int pdl, cudaStream_t st)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((N + WSD_BM - 1) / WSD_BM);
-    cfg.blockDim = dim3(WS_THREADS);
-    cfg.dynamicSmemBytes = WSD_SMEM;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, wsd_kernel, m[1], m[0], n, N, kv); /* the weights' map first */
-}
-
 /* 1 if the code this device runs has the wgmma kernel (sm_90a machine code;
  * the PTX JIT-compiled for other devices has not) and its shared-memory
  * limit is raised; 0 otherwise (then the cuBLAS GEMM is used).  Runs a probe
