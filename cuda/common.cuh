@@ -1,8 +1,8 @@
 /*
  * common.cuh - what the CUDA path's kernels share: a row's size, K (the
- * values of a token's 24 rows), BF16 rounding, exact scaling by a power of
- * two, and the two sides of a programmatic dependent launch (the decode
- * GEMVs in gemv.cuh, the cluster gate in gate.cuh).
+ * values of a token's 24 rows), BF16 rounding (as F32 and as bits), exact
+ * scaling by a power of two, and the two sides of a programmatic dependent
+ * launch (the decode projections, the cluster gate in gate.cuh).
  */
 #ifndef ENGRAM_CUDA_COMMON_CUH
 #define ENGRAM_CUDA_COMMON_CUH
@@ -25,6 +25,16 @@ __device__ __forceinline__ float bf16r(float f)
     return __uint_as_float(u);
 }
 
+/* f as BF16 bits, rounded to nearest even; a NaN stays a NaN (the kv the
+ * wgmma GEMM and gemv_list_kernel hand the prefill gate) */
+__device__ __forceinline__ unsigned ws_bf16_bits(float f)
+{
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fc0u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
 /* x * 2^ks rounded once to nearest (as ldexpf would): a multiplication by
  * an exact power of two, 2^ks a normal float. */
 __device__ __forceinline__ float pow2scale(float x, int ks)
@@ -33,9 +43,11 @@ __device__ __forceinline__ float pow2scale(float x, int ks)
 }
 
 /* Programmatic dependent launch (sm_90+; no-ops elsewhere and when the
- * kernel was launched without the attribute): the decode GEMVs let the
- * gate's blocks be scheduled at once; the gate waits, before its first read
- * of kv, until the GEMV grid has finished and its writes are visible. */
+ * kernel was launched without the attribute): the decode projection's last
+ * kernel lets the gate's blocks be scheduled at once (decode16_kernel so
+ * lets wsd_kernel in); the dependent waits, before its first read of what
+ * the grid before it writes, until that grid has finished and its writes
+ * are visible. */
 __device__ __forceinline__ void pdl_launch_dependents()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -15,9 +15,11 @@
  *
  * Dispatch, per block of ENGRAM_CUDA_BLOCK tokens (project_block):
  *  - n <= ENGRAM_CUDA_GEMV_MAX (64) where the wgmma GEMM runs:
- *    decode16_kernel, wsd_kernel (its programmatic dependent), then
- *    gemv_list_kernel for the wide tokens: the prefill's arithmetic, so a
- *    token's kv is the same bits whatever n;
+ *    decode16_kernel (flagging the wide tokens), then wsd_kernel, its
+ *    programmatic dependent, which also gives the wide tokens the GEMV's
+ *    sums and, for engram_cuda_project, puts 2^k back: the prefill's
+ *    arithmetic in two launches, so a token's kv is the same bits whatever
+ *    n;
  *  - n <= 64 elsewhere: mmv_kernel (up to 8 tokens), or
  *    mmv_prep_kernel<NT> then mmv_staged_kernel<NT>, NT = ceil(n / 8);
  *  - ENGRAM_CUDA_FMA_ONLY: gemv1_kernel (one token) or gemv_kernel<T>
@@ -27,8 +29,9 @@
  *    gemv_list_kernel for the tokens decode16 listed as too wide for F16
  *    (their kv unscaled).  For the apply the wgmma GEMM writes kv as BF16
  *    x 2^k (the gate's operand); otherwise the GEMM's kv stays x 2^-k
- *    (kshift) and the gate or scale_kernel puts 2^k back (so too for
- *    wsd_kernel's).  mmv's and the GEMVs' kv is unscaled.
+ *    (kshift) and the gate or scale_kernel puts 2^k back (wsd_kernel's:
+ *    the gate, or wsd_kernel itself for engram_cuda_project).  mmv's and
+ *    the GEMVs' kv is unscaled.
  * Then the gate (engram_cuda_apply): gate_kernel<PRE> for n <= 64 (PRE
  * where gate_pre(W, S), the model's shape; a programmatic dependent launch
  * of the projection on 9.0+, unless ENGRAM_CUDA_SERIAL_GATE),
@@ -50,8 +53,8 @@
 
 #include "common.cuh"
 #include "row_decode.cuh"
-#include "ws_gemm.cuh"
 #include "gemv.cuh"
+#include "ws_gemm.cuh"
 #include "mmv.cuh"
 #include "gate.cuh"
 
@@ -71,7 +74,8 @@ struct engram_cuda_layer {
     unsigned kv_f32;         /* tokens of F32 kv the workspace holds */
     __half *e16;             /* [BLOCK][K] rows x 2^-k, F16      */
     int *kshift;             /* [BLOCK] k of each token          */
-    int *wide;               /* [BLOCK] tokens too wide for F16; wide[BLOCK] = count */
+    int *wide;               /* [BLOCK] tokens too wide for F16; wide[BLOCK] = count;
+                              * then GEMV_MAX flags, the decode path's (wide_flags) */
     int *status;             /* first non-finite token, INT_MAX  */
     cublasHandle_t blas;
     int tc;                  /* ws_gemm runs here (sm_90a code, maps made) */
@@ -82,6 +86,12 @@ struct engram_cuda_layer {
     int pdl;                 /* programmatic dependent launch (9.0+) */
     uint64_t bytes;
 };
+
+/* the decode path's flags of wide tokens (decode16_kernel, wsd_kernel) */
+static int *wide_flags(engram_cuda_layer *c)
+{
+    return c->wide + ENGRAM_CUDA_BLOCK + 1;
+}
 
 /* c's five maps (ws_maps, then wsd_maps) */
 static CUtensorMap *layer_maps(engram_cuda_layer *c)
@@ -190,7 +200,7 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
     CK(cudaMalloc(&c->wq, (size_t)c->S * c->W * 4), "cudaMalloc (norms)");
     CK(cudaMalloc(&c->e16, blk * K * 2), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->kshift, blk * sizeof(int)), "cudaMalloc (workspace)");
-    CK(cudaMalloc(&c->wide, (blk + 1) * sizeof(int)), "cudaMalloc (workspace)");
+    CK(cudaMalloc(&c->wide, (blk + 1 + ENGRAM_CUDA_GEMV_MAX) * sizeof(int)), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->status, sizeof(int)), "cudaMalloc (status)");
     /* the wgmma GEMM where this device runs sm_90a code; its copy maps then
      * (a driver that runs this runtime has cuTensorMapEncodeTiled, and the
@@ -210,7 +220,7 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
        "cudaDeviceGetAttribute");
     c->pdl = major >= 9;
     c->bytes = nw * 2 + (uint64_t)c->S * c->W * 4 + (uint64_t)c->kv_f32 * c->N * 4 + blk * K * 2 +
-               (2 * blk + 2) * sizeof(int);
+               (2 * blk + 2 + ENGRAM_CUDA_GEMV_MAX) * sizeof(int);
     uint16_t *hw = (uint16_t *)malloc(nw * 2);
     float *hq = (float *)malloc((size_t)c->S * c->W * 4);
     if (!hw || !hq) {
@@ -326,9 +336,10 @@ static int cublas_gemm(engram_cuda_layer *c, unsigned n, float *kv, cudaStream_t
 
 /* kv for tokens [0, n) of a (n <= one block), F32 in kv, or where the
  * tensor-core GEMM runs and bf16 is set, BF16 kv x 2^k in kv's first half
- * (*bf16 cleared otherwise); *scaled: F32 kv x 2^-k (kshift) */
+ * (*bf16 cleared otherwise); *scaled: F32 kv x 2^-k (kshift).  unscale:
+ * the decode GEMM puts 2^k back itself (engram_cuda_project's). */
 static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const uint8_t *raw,
-                         unsigned n, float *kv, cudaStream_t st, int *scaled, int *bf16,
+                         unsigned n, float *kv, cudaStream_t st, int unscale, int *scaled, int *bf16,
                          engram_error *err)
 {
     *scaled = 0;
@@ -336,8 +347,8 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     *bf16 = 0;
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
     /* decode where the wgmma GEMM runs: the prefill's path below with
-     * wsd_kernel for the GEMM (the same sums in the decode's shape), so a
-     * token's kv is the same bits whatever n */
+     * wsd_kernel for the GEMM and the wide tokens (the same sums in the
+     * decode's shape), so a token's kv is the same bits whatever n */
     const int dec = n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY) && c->tc && n >= WSD_MIN;
     if (n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY) && !dec) {
         /* decode without wgmma: every token in one pass over the weights
@@ -404,30 +415,40 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         }
         return 0;
     }
-    /* the device-side step index: the decode path's only */
+    /* the device-side step index and a flag per token (nothing to clear
+     * first): the decode path's; the prefill's list of wide tokens starts
+     * empty */
     const int *ds = dec ? a->d_step : NULL;
     size_t rstep = dec ? a->raw_step : 0;
-    CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, sizeof(int), st), "cudaMemsetAsync");
-    decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, ds, rstep, c->e16, c->kshift, c->wide);
+    int *flag = dec ? wide_flags(c) : NULL;
+    if (!dec)
+        CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, sizeof(int), st), "cudaMemsetAsync");
+    decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, ds, rstep, c->e16, c->kshift, c->wide, flag);
     CK(cudaGetLastError(), "decode16_kernel");
-    unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
-    unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
     if (dec) {
-        /* F32 kv x 2^-k (n <= 64: the gate's F32 kv); a programmatic
-         * dependent of decode16_kernel, its first tiles of weights asked for
-         * before it waits; maps: wsd_maps' (tokens, weights) */
+        /* F32 kv x 2^-k (n <= 64: the gate's F32 kv), or x 1 (unscale);
+         * a programmatic dependent of decode16_kernel, its first tiles of
+         * weights asked for before it waits; maps: wsd_maps' (tokens,
+         * weights) */
         const CUtensorMap *m = layer_maps(c) + 3;
         cudaLaunchAttribute at;
         cudaLaunchConfig_t cfg =
             dependent_cfg(c, a->flags, dim3((c->N + WSD_BM - 1) / WSD_BM), dim3(WS_THREADS), st, &at);
         cfg.dynamicSmemBytes = WSD_SMEM;
-        CK(cudaLaunchKernelEx(&cfg, wsd_kernel, m[1], m[0], (int)n, (int)c->N, kv), "wsd_kernel");
-    } else if (c->tc) {
+        CK(cudaLaunchKernelEx(&cfg, wsd_kernel, m[1], m[0], (int)n, (int)c->N, kv, (const uint16_t *)c->w,
+                              raw, stride, ds, rstep, (const int *)flag, unscale ? (const int *)c->kshift : NULL),
+           "wsd_kernel");
+        *scaled = !unscale;
+        return 0;
+    }
+    unsigned warps = (c->N + GEMV_ROWS - 1) / GEMV_ROWS;
+    unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
+    if (c->tc) {
         /* exact products, sums promoted to F32 every 256 products */
         CK(ws_gemm(layer_maps(c), (int)n, (int)c->N, want16, kv, c->kshift, st), "ws_gemm_kernel");
         if (want16) {
             gemv_list_kernel<unsigned short><<<lb, GEMV_THREADS, 0, st>>>(
-                c->w, raw, stride, NULL, 0, c->wide, (int)c->N, (unsigned short *)kv, (int)c->N);
+                c->w, raw, stride, c->wide, (int)c->N, (unsigned short *)kv, (int)c->N);
             CK(cudaGetLastError(), "gemv_list_kernel");
             *bf16 = 1;
             return 0;
@@ -437,8 +458,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         if (rc < 0)
             return rc;
     }
-    gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, raw, stride, ds, rstep, c->wide, (int)c->N, kv,
-                                                         (int)c->N);
+    gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, raw, stride, c->wide, (int)c->N, kv, (int)c->N);
     CK(cudaGetLastError(), "gemv_list_kernel");
     *scaled = 1;
     return 0;
@@ -457,7 +477,7 @@ extern "C" int engram_cuda_project(engram_cuda_layer *c, const engram_cuda_args 
         unsigned k = a->n - t0 < ENGRAM_CUDA_BLOCK ? a->n - t0 : ENGRAM_CUDA_BLOCK;
         int scaled, bf16 = 0;
         float *out = kv + (size_t)t0 * c->N;
-        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, out, st, &scaled, &bf16,
+        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, out, st, 1, &scaled, &bf16,
                                 err)) < 0)
             return rc;
         if (scaled) {
@@ -482,7 +502,7 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
     for (unsigned t0 = 0; t0 < a->n; t0 += blk) {
         unsigned k = a->n - t0 < blk ? a->n - t0 : blk;
         int scaled, kv16 = k > ENGRAM_CUDA_GEMV_MAX;
-        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, c->kv, st, &scaled, &kv16,
+        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, c->kv, st, 0, &scaled, &kv16,
                                 err)) < 0)
             return rc;
         char *resid = (char *)a->resid + (size_t)t0 * c->S * c->W * es;

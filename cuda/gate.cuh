@@ -341,7 +341,8 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
     if (mask && !mask[t]) {
         /* the whole cluster; not before the projection has finished, so
          * that no grid of this call outlives the gate's (the next call's
-         * kernels reuse the workspace) */
+         * kernels reuse the workspace, and wsd_kernel reads the rows, the
+         * step index and decode16_kernel's flags until its end) */
         pdl_wait();
         return;
     }
@@ -363,8 +364,8 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
         gate_pre_load(xt, bf16, wq, W, S, lo, cols, x, q, xx);
         pdl_wait(); /* kv: the projection's */
         /* kv rows of the F16 paths are kv * 2^-ks; kshift is written by
-         * decode16_kernel, a grid before the projection: read after the
-         * wait like kv */
+         * decode16_kernel, before the projection's grid (which waited for
+         * it): read after the wait like kv */
         const int ks = kshift ? kshift[t] : 0;
         /* the columns' v, loaded with the sums' k: one latency */
         float vs[GATE_PRE];

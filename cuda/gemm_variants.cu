@@ -10,7 +10,8 @@
  * (kv x 2^k, k random in [-20, 20]) against the F32 output rounded here.
  * Build a variant with
  *   nvcc -std=c++17 -O2 -Xptxas -v -gencode=arch=compute_90a,code=sm_90a \
- *        -DWS_BN=192 -DWS_STAGES=5 -o gemm_variants cuda/gemm_variants.cu -lcublas
+ *        -Iinclude -Isrc -DWS_BN=192 -DWS_STAGES=5 -o gemm_variants \
+ *        cuda/gemm_variants.cu -lcublas
  * (ptxas -v: no spills, no C751x "wgmma serialized" notes) and run it on
  * the GPU machine (bench/results/2026-12-01-cuda/ws/).  Until session 6 it
  * also ran the kernel ws_gemm.cuh replaced (tc_gemm.cuh: cp.async, no warp
@@ -25,8 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-static const int K = 6144;
-#include "ws_gemm.cuh"
+#include "ws_gemm.cuh" /* K through common.cuh */
 #include "cuda_check.h"
 static uint64_t rs = 88172645463325252ull;
 static uint64_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return rs; }

@@ -6,8 +6,10 @@
  *  - gemv1_kernel: n = 1, the codes decoded in registers as the weights load;
  *  - gemv_kernel<T>: T = 2..8 tokens, decoded once per block into shared
  *    memory;
- *  - gemv_list_kernel: inside the GEMM path (n > 8), the tokens too wide
- *    for F16 (listed by decode16_kernel), one at a time.
+ *  - gemv_list_kernel: inside the prefill's GEMM path, the tokens too wide
+ *    for F16 (listed by decode16_kernel), one at a time; its sums
+ *    (gemv_rows) are also those of the decode GEMM's wide tokens
+ *    (wsd_kernel, ws_gemm.cuh).
  * Under ENGRAM_CUDA_FMA_ONLY the first two take every n, 8 tokens a launch.
  */
 #ifndef ENGRAM_CUDA_GEMV_CUH
@@ -17,7 +19,6 @@
 
 #include "common.cuh"
 #include "row_decode.cuh"
-#include "ws_gemm.cuh" /* ws_bf16_bits: gemv_list_kernel writes BF16 kv as the GEMM does */
 
 #define GEMV_TOKENS 8
 #define GEMV_ROWS 4
@@ -202,16 +203,44 @@ __device__ __forceinline__ void store_kv(unsigned short *p, float v)
     *p = (unsigned short)ws_bf16_bits(v);
 }
 
+/* One token's outputs o0 .. o0 + GEMV_ROWS - 1 (those below n_out) by one
+ * warp, from its raw rows r: lane l takes the values (l + 32 j) x 8 .. + 7,
+ * F32 FMAs in order, then the xor-shuffle tree; every lane ends with the
+ * sums in s.  The one arithmetic of the wide tokens, in the prefill
+ * (gemv_list_kernel) and in the decode GEMM (wsd_kernel). */
+__device__ __forceinline__ void gemv_rows(const uint16_t *__restrict__ w, const uint8_t *r, int o0, int n_out,
+                                          int lane, float *s)
+{
+    float acc[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j = 0; j < K / 8 / 32; j++) {
+        int i0 = (lane + 32 * j) * 8, row = i0 >> 8, col = i0 & 255;
+        const uint8_t *rr = r + (size_t)row * ROW;
+        int sc = rr[256 + (col >> 5)];
+        for (int rw = 0; rw < GEMV_ROWS; rw++) {
+            if (o0 + rw >= n_out)
+                break;
+            uint4 wv = __ldg((const uint4 *)(w + (size_t)(o0 + rw) * K + i0));
+            float wf[8];
+            halves8(wv, wf);
+            for (int kk = 0; kk < 8; kk++)
+                acc[rw] = fmaf(decode1(rr[col + kk], sc), wf[kk], acc[rw]);
+        }
+    }
+    for (int rw = 0; rw < GEMV_ROWS; rw++) {
+        float v = acc[rw];
+        for (int off = 16; off >= 1; off >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, off);
+        s[rw] = v;
+    }
+}
+
 /* The listed (wide) tokens, one at a time, through the GEMV's arithmetic;
  * their rows of kv are unscaled (k = 0). */
 template <typename KV>
 __global__ void __launch_bounds__(GEMV_THREADS)
-gemv_list_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride,
-                 const int *d_step, size_t raw_step, const int *wide, int n_out, KV *__restrict__ kv, int ldkv)
+gemv_list_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride, const int *wide,
+                 int n_out, KV *__restrict__ kv, int ldkv)
 {
-    pdl_launch_dependents(); /* the decode gate's blocks load the residual meanwhile */
-    if (d_step)
-        raw += (size_t)(*d_step) * raw_step;
     int count = wide[ENGRAM_CUDA_BLOCK];
     for (int q = 0; q < count; q++) {
         int t = wide[q];
@@ -219,29 +248,11 @@ gemv_list_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw
         int o0 = warp * GEMV_ROWS;
         if (o0 >= n_out)
             return;
-        const uint8_t *r = raw + (size_t)t * stride;
-        float acc[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int j = 0; j < K / 8 / 32; j++) {
-            int i0 = (lane + 32 * j) * 8, row = i0 >> 8, col = i0 & 255;
-            const uint8_t *rr = r + (size_t)row * ROW;
-            int sc = rr[256 + (col >> 5)];
-            for (int rw = 0; rw < GEMV_ROWS; rw++) {
-                if (o0 + rw >= n_out)
-                    break;
-                uint4 wv = __ldg((const uint4 *)(w + (size_t)(o0 + rw) * K + i0));
-                float wf[8];
-                halves8(wv, wf);
-                for (int kk = 0; kk < 8; kk++)
-                    acc[rw] = fmaf(decode1(rr[col + kk], sc), wf[kk], acc[rw]);
-            }
-        }
-        for (int rw = 0; rw < GEMV_ROWS; rw++) {
-            float v = acc[rw];
-            for (int off = 16; off >= 1; off >>= 1)
-                v += __shfl_xor_sync(0xffffffffu, v, off);
+        float s[GEMV_ROWS];
+        gemv_rows(w, raw + (size_t)t * stride, o0, n_out, lane, s);
+        for (int rw = 0; rw < GEMV_ROWS; rw++)
             if (lane == 0 && o0 + rw < n_out)
-                store_kv(kv + (size_t)t * ldkv + o0 + rw, v);
-        }
+                store_kv(kv + (size_t)t * ldkv + o0 + rw, s[rw]);
     }
 }
 

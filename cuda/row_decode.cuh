@@ -2,10 +2,11 @@
  * row_decode.cuh - rows to values on the GPU (SPEC.md section 7): a raw row
  * is 256 E4M3 codes and 8 E8M0 block scales, 264 bytes.  decode1 gives one
  * value rounded to BF16, for the GEMVs that decode as they load
- * (gemv.cuh); for n > 8 tokens decode16_kernel writes each token's rows
- * x 2^-k as F16 for the tensor-core GEMM (ws_gemm.cuh) and lists the
- * tokens F16 cannot hold, and scale_kernel puts 2^k back into
- * engram_cuda_project's F32 output (the apply's gate does it itself).
+ * (gemv.cuh); decode16_kernel writes each token's rows x 2^-k as F16 for
+ * the tensor-core GEMM (ws_gemm.cuh) and lists (prefill) or flags (decode)
+ * the tokens F16 cannot hold, and scale_kernel puts 2^k back into
+ * engram_cuda_project's F32 output of more than 64 tokens (the apply's
+ * gate and the decode GEMM do it themselves).
  */
 #ifndef ENGRAM_CUDA_ROW_DECODE_CUH
 #define ENGRAM_CUDA_ROW_DECODE_CUH
@@ -48,12 +49,15 @@ __device__ __forceinline__ float decode1(unsigned c, int sc)
  * [2^-24, 448 * 2^6] and is exact in F16 whenever the token's scales span
  * at most 21 (trained tables: a few).  Then one F16 GEMM (exact products,
  * F32 accumulation) gives kv * 2^-k, and the gate scales it back (a power of
- * two: exact).  Wider tokens are listed and projected by the GEMV instead.
+ * two: exact).  Wider tokens are projected by the GEMV's sums instead: with
+ * flag NULL listed in wide (wide[ENGRAM_CUDA_BLOCK] the count, zeroed
+ * before), else flag[t] = 1 (0 for the others: every token's flag is
+ * written, nothing to clear first).
  */
 #define SPAN_MAX 21
 __global__ void __launch_bounds__(ENGRAM_COLUMNS * 8)
 decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_step, size_t raw_step, __half *e16,
-                int *kshift, int *wide)
+                int *kshift, int *wide, int *flag)
 {
     pdl_launch_dependents(); /* the decode GEMM (wsd_kernel) asks for its weights meanwhile */
     if (d_step)
@@ -86,7 +90,10 @@ decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_ste
     if (smax >= 0 && (smax - smin > SPAN_MAX || smax - 133 < -126)) {
         if (threadIdx.x == 0) {
             kshift[t] = 0;
-            wide[atomicAdd(&wide[ENGRAM_CUDA_BLOCK], 1)] = t;
+            if (flag)
+                flag[t] = 1;
+            else
+                wide[atomicAdd(&wide[ENGRAM_CUDA_BLOCK], 1)] = t;
         }
         return;
     }
@@ -103,11 +110,14 @@ decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_ste
         }
         out[i] = make_uint4(h[0], h[1], h[2], h[3]);
     }
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         kshift[t] = k;
+        if (flag)
+            flag[t] = 0;
+    }
 }
 
-/* kv rows times 2^k (engram_cuda_project's output). */
+/* kv rows times 2^k (engram_cuda_project's output past the decode path). */
 __global__ void scale_kernel(float *kv, int ld, const int *kshift)
 {
     int t = blockIdx.y;

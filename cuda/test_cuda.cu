@@ -203,7 +203,7 @@ static int fx_open(fx *f, const char *name, uint32_t width)
      * engram_cuda_layer_bytes says and what engram_cuda.h states: weights
      * N x K F16, norms S x W F32, BLOCK tokens of rows as F16 and of kv as
      * BF16 (the wgmma GEMM's; F32 where cuBLAS's GEMM takes its place),
-     * 2 x BLOCK + 2 ints */
+     * 2 x BLOCK + 2 + GEMV_MAX ints */
     const uint64_t blk = ENGRAM_CUDA_BLOCK;
     for (int v = 0; v < 2; v++) {
         arm();
@@ -216,7 +216,7 @@ static int fx_open(fx *f, const char *name, uint32_t width)
             return -1;
         }
         uint64_t want = (uint64_t)f->N * K * 2 + (uint64_t)f->S * f->W * 4 + blk * K * 2 +
-                        blk * f->N * (v ? 4 : 2) + (2 * blk + 2) * 4,
+                        blk * f->N * (v ? 4 : 2) + (2 * blk + 2 + ENGRAM_CUDA_GEMV_MAX) * 4,
                  said = engram_cuda_layer_bytes(v ? f->cb : f->c);
         printf("W=%u layer on the device (%s GEMM): %.1f MB counted at cudaMalloc, %.1f MB "
                "reported, %.1f MB stated\n", f->W, v ? "cuBLAS's" : "the wgmma", counted / 1e6,

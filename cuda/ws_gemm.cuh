@@ -1,9 +1,9 @@
 /*
  * ws_gemm.cuh - the projection on the tensor cores with F32 promotion,
- * warp-specialized (included by engram_cuda.cu, gemv.cuh and
- * gemm_variants.cu, after K; wgmma, TMA and setmaxnreg: sm_90a machine
- * code): ws_gemm_kernel for n > 64 tokens (below), wsd_kernel for n <= 64
- * (further down: the same sums in the decode's shape).
+ * warp-specialized (included by engram_cuda.cu and gemm_variants.cu; wgmma,
+ * TMA and setmaxnreg: sm_90a machine code): ws_gemm_kernel for n > 64
+ * tokens (below), wsd_kernel for n <= 64 (further down: the same sums in
+ * the decode's shape, and its wide tokens through gemv.cuh's sums).
  *
  * kv[t][o] = sum_i e16[t][i] * w[o][i] for t < n, o < N, i < K = 6144, both
  * operands F16 with K contiguous.  A CTA owns 128 tokens x WS_BN outputs and
@@ -38,6 +38,9 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+
+#include "common.cuh"
+#include "gemv.cuh" /* gemv_rows: wsd_kernel's wide tokens */
 
 #define WS_BM 128
 #ifndef WS_BN
@@ -163,15 +166,6 @@ __device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *map, 
                  ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
                  "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
                  : "memory");
-}
-
-/* f as BF16 bits, rounded to nearest even; a NaN stays a NaN */
-__device__ __forceinline__ unsigned ws_bf16_bits(float f)
-{
-    unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return 0x7fc0u;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
 /* this CTA's tile: consecutive CTAs (and so the two of a cluster) take
@@ -322,7 +316,14 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
  * of tokens of its call.
  * A programmatic dependent of decode16_kernel: the first WSD_STAGES tiles
  * of weights are asked for before it waits (griddepcontrol.wait) for the
- * tokens' rows.  Output: F32 kv (x 2^-k, as ws_gemm's F32 output).
+ * tokens' rows; it lets its own dependent, the apply's gate, be scheduled
+ * at once.  The tokens decode16_kernel flagged as too wide for F16 (flag[t]):
+ * their columns of the result are not stored; the CTA's consumer warps
+ * then give their outputs the GEMV's sums (gemv_rows, as gemv_list_kernel
+ * in the prefill: the same bits), unscaled (k = 0), from the raw rows.
+ * Output: F32 kv x 2^-k, as ws_gemm's F32 output (the gate puts 2^k back),
+ * or x 1 where kshift is given (kv x 2^kshift[t]: engram_cuda_project's,
+ * as scale_kernel would give it).
  */
 #define WSD_BM 256
 #define WSD_BN 64
@@ -334,6 +335,7 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
 #define WSD_STAGE_BYTES (WSD_A_BYTES + WSD_B_BYTES)
 #define WSD_SMEM (WSD_STAGES * WSD_STAGE_BYTES + 1024)
 #define WSD_ACC 64 /* two m64n64 accumulators per consumer thread */
+static_assert(ENGRAM_CUDA_GEMV_MAX <= WSD_BN && WSD_BN <= 64, "a call's tokens are one box, their flags one word");
 
 __device__ __forceinline__ void wsd_wgmma(float *d, uint64_t da, uint64_t db, int scale_d)
 {
@@ -347,9 +349,15 @@ __device__ __forceinline__ void wsd_wgmma(float *d, uint64_t da, uint64_t db, in
 
 __global__ void __launch_bounds__(WS_THREADS, 1)
 wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te, int n, int N,
-           float *__restrict__ kv)
+           float *__restrict__ kv, const uint16_t *__restrict__ w, const uint8_t *raw, size_t stride,
+           const int *d_step, size_t raw_step, const int *flag, const int *kshift)
 {
 #ifdef WS_SM90A
+    /* the apply's gate (kshift NULL) may be scheduled at once: its blocks
+     * load the residual meanwhile; not engram_cuda_project's caller's
+     * kernels, which might write the rows this kernel reads to its end */
+    if (!kshift)
+        pdl_launch_dependents();
     extern __shared__ uint8_t ws_smem_raw[];
     __shared__ __align__(8) uint64_t full[WSD_STAGES], empty[WSD_STAGES];
     uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(ws_smem_raw) + 1023) & ~1023u;
@@ -426,6 +434,11 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
             for (int i = 0; i < WSD_ACC; i++)
                 acc[i] += p[i];
         }
+        /* decode16_kernel's flags and shifts (only the producer thread has
+         * waited for it so far) */
+        pdl_wait();
+        const uint64_t wm = __ballot_sync(0xffffffffu, lane < n && flag[lane]) |
+                            (uint64_t)__ballot_sync(0xffffffffu, lane + 32 < n && flag[lane + 32]) << 32;
         /* D fragment i of m64 half h: output 16 warp + lane/4 + 8 ((i/2)%2),
          * token 8 (i/4) + 2 (lane%4) + i%2 */
         const int warp = (threadIdx.x >> 5) & 3;
@@ -435,9 +448,25 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
             for (int i = 0; i < 32; i++) {
                 int o = n0 + cw * 128 + h * 64 + warp * 16 + (lane >> 2) + 8 * ((i >> 1) & 1);
                 int t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
-                if (t < n && o < N)
-                    kv[(size_t)t * N + o] = acc[h * 32 + i];
+                if (t < n && o < N && !((wm >> t) & 1))
+                    kv[(size_t)t * N + o] = kshift ? pow2scale(acc[h * 32 + i], kshift[t]) : acc[h * 32 + i];
             }
+        /* the wide tokens (none in trained tables; each costs this CTA a
+         * pass over its weights on 8 warps, where the prefill's
+         * gemv_list_kernel has the whole GPU; not timed): the 8 consumer
+         * warps take the CTA's outputs GEMV_ROWS at a time */
+        if (wm && d_step)
+            raw += (size_t)(*d_step) * raw_step;
+        for (uint64_t m = wm; m; m &= m - 1) {
+            const int t = __ffsll((long long)m) - 1;
+            for (int o0 = n0 + (cw * 4 + warp) * GEMV_ROWS; o0 < n0 + WSD_BM && o0 < N; o0 += 8 * GEMV_ROWS) {
+                float s[GEMV_ROWS];
+                gemv_rows(w, raw + (size_t)t * stride, o0, N, lane, s);
+                for (int rw = 0; rw < GEMV_ROWS; rw++)
+                    if (lane == 0 && o0 + rw < N)
+                        kv[(size_t)t * N + o0 + rw] = kshift ? pow2scale(s[rw], kshift[t]) : s[rw];
+            }
+        }
     }
 #endif
 }
