@@ -20,6 +20,9 @@
  * (for a profiler: ncu --metrics gpu__time_duration.sum bench_cuda MODEL).
  * The prefill apply is timed with an F32 and with a BF16 residual.
  * BENCH_CUDA_DECODE_ONLY=1: stop after the decode rows (kernel variants).
+ * BENCH_CUDA_WIDE=1: token 0 too wide for F16 (one block's scale 30 below
+ * the others'), so that every decode row has a token the F16 paths hand to
+ * the GEMV's sums (trained tables have none: the cost of that path).
  * BENCH_CUDA_DECODE_ONCE=B: three decode applies of B tokens, then stop (for ncu).
  * BENCH_CUDA_GEMM_ONCE=B: cuBLAS's GEMM of B tokens, 3 + 3 times, then stop (for ncu).
  */
@@ -176,6 +179,14 @@ int main(int argc, char **argv)
         for (int i = 0; i < 256; i++)
             vals[i] = ((float)(tu_rand(&seed) & 0xffff) / 65536.0f - 0.5f) * 3.0f;
         engram_rows_quantize_f32(vals, 1, raw + r * 264, NULL, NULL);
+    }
+    if (getenv("BENCH_CUDA_WIDE")) {
+        if (raw[256] < 31) {
+            fprintf(stderr, "BENCH_CUDA_WIDE: token 0's first scale is %d\n", raw[256]);
+            return 1;
+        }
+        raw[256] = (uint8_t)(raw[256] - 30);
+        printf("token 0 too wide for F16 (BENCH_CUDA_WIDE): its first block's scale set 30 below\n");
     }
     uint8_t *d_raw;
     float *d_x, *d_kv;
