@@ -75,10 +75,12 @@ struct engram_cuda_layer {
     __half *e16;             /* [BLOCK][K] rows x 2^-k, F16      */
     int *kshift;             /* [BLOCK] k of each token          */
     int *wide;               /* [BLOCK] tokens too wide for F16; wide[BLOCK] = count;
+                              * wide[BLOCK + 1] = ws_gemm's next unit (ws_ticket);
                               * then GEMV_MAX flags, the decode path's (wide_flags) */
     int *status;             /* first non-finite token, INT_MAX  */
     cublasHandle_t blas;
     int tc;                  /* ws_gemm runs here (sm_90a code, maps made) */
+    int fit[2];              /* ws_gemm's clusters of 1, 2 CTAs at once (ws_fit) */
     /* the copy engine's maps of e16 (BLOCK rows) and w: ws_maps' three,
      * then wsd_maps' two; 5 x 128 bytes, 64-byte aligned inside (calloc
      * aligns to 16) */
@@ -89,6 +91,13 @@ struct engram_cuda_layer {
 
 /* the decode path's flags of wide tokens (decode16_kernel, wsd_kernel) */
 static int *wide_flags(engram_cuda_layer *c)
+{
+    return c->wide + ENGRAM_CUDA_BLOCK + 2;
+}
+
+/* ws_gemm_kernel's ticket of units, zeroed with the prefill's count of wide
+ * tokens (one memset) */
+static int *ws_ticket(engram_cuda_layer *c)
 {
     return c->wide + ENGRAM_CUDA_BLOCK + 1;
 }
@@ -200,12 +209,12 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
     CK(cudaMalloc(&c->wq, (size_t)c->S * c->W * 4), "cudaMalloc (norms)");
     CK(cudaMalloc(&c->e16, blk * K * 2), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->kshift, blk * sizeof(int)), "cudaMalloc (workspace)");
-    CK(cudaMalloc(&c->wide, (blk + 1 + ENGRAM_CUDA_GEMV_MAX) * sizeof(int)), "cudaMalloc (workspace)");
+    CK(cudaMalloc(&c->wide, (blk + 2 + ENGRAM_CUDA_GEMV_MAX) * sizeof(int)), "cudaMalloc (workspace)");
     CK(cudaMalloc(&c->status, sizeof(int)), "cudaMalloc (status)");
     /* the wgmma GEMM where this device runs sm_90a code; its copy maps then
      * (a driver that runs this runtime has cuTensorMapEncodeTiled, and the
      * maps' arguments are fixed: a failure is the driver's, and named) */
-    c->tc = ws_probe(c->status);
+    c->tc = ws_probe(c->status, c->fit);
     if (c->tc && (ws_maps(layer_maps(c), c->e16, blk, c->w, c->N) < 0 ||
                   wsd_maps(layer_maps(c) + 3, c->e16, blk, c->w, c->N) < 0))
         return set_err(err, -EIO, "cuTensorMapEncodeTiled failed or is missing from the driver");
@@ -220,7 +229,7 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
        "cudaDeviceGetAttribute");
     c->pdl = major >= 9;
     c->bytes = nw * 2 + (uint64_t)c->S * c->W * 4 + (uint64_t)c->kv_f32 * c->N * 4 + blk * K * 2 +
-               (2 * blk + 2 + ENGRAM_CUDA_GEMV_MAX) * sizeof(int);
+               (2 * blk + 3 + ENGRAM_CUDA_GEMV_MAX) * sizeof(int);
     uint16_t *hw = (uint16_t *)malloc(nw * 2);
     float *hq = (float *)malloc((size_t)c->S * c->W * 4);
     if (!hw || !hq) {
@@ -417,12 +426,12 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     }
     /* the device-side step index and a flag per token (nothing to clear
      * first): the decode path's; the prefill's list of wide tokens starts
-     * empty */
+     * empty, and ws_gemm's ticket at 0 */
     const int *ds = dec ? a->d_step : NULL;
     size_t rstep = dec ? a->raw_step : 0;
     int *flag = dec ? wide_flags(c) : NULL;
     if (!dec)
-        CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, sizeof(int), st), "cudaMemsetAsync");
+        CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, 2 * sizeof(int), st), "cudaMemsetAsync");
     decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, ds, rstep, c->e16, c->kshift, c->wide, flag);
     CK(cudaGetLastError(), "decode16_kernel");
     if (dec) {
@@ -445,7 +454,8 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
     if (c->tc) {
         /* exact products, sums promoted to F32 every 256 products */
-        CK(ws_gemm(layer_maps(c), (int)n, (int)c->N, want16, kv, c->kshift, st), "ws_gemm_kernel");
+        CK(ws_gemm(layer_maps(c), c->fit, (int)n, (int)c->N, want16, kv, c->kshift, ws_ticket(c), st),
+           "ws_gemm_kernel");
         if (want16) {
             gemv_list_kernel<unsigned short><<<lb, GEMV_THREADS, 0, st>>>(
                 c->w, raw, stride, c->wide, (int)c->N, (unsigned short *)kv, (int)c->N);

@@ -10,7 +10,7 @@
  * (kv x 2^k, k random in [-20, 20]) against the F32 output rounded here.
  * Build a variant with
  *   nvcc -std=c++17 -O2 -Xptxas -v -gencode=arch=compute_90a,code=sm_90a \
- *        -Iinclude -Isrc -DWS_BN=192 -DWS_STAGES=5 -o gemm_variants \
+ *        -Iinclude -Isrc -DWS_BN=176 -DWS_STAGES=5 -o gemm_variants \
  *        cuda/gemm_variants.cu -lcublas
  * (ptxas -v: no spills, no C751x "wgmma serialized" notes) and run it on
  * the GPU machine (bench/results/2026-12-01-cuda/ws/).  Until session 6 it
@@ -42,16 +42,29 @@ template <typename F> static float timed(cudaStream_t st, F fn) {
     qsort(ms, 15, 4, cmpf); return ms[7];
 }
 int main(void) {
-    int ns[] = {2048, 300, 9}, Ns[] = {25600, 320};
+    int ns[8] = {2048, 300, 9}, nn = 3, Ns[] = {25600, 320};
+    if (getenv("GV_NS")) { /* n, comma-separated, up to 8 */
+        const char *s = getenv("GV_NS");
+        for (nn = 0; s && *s && nn < 8; nn++) {
+            ns[nn] = atoi(s);
+            s = strchr(s, ',');
+            s = s ? s + 1 : NULL;
+        }
+    }
     cudaStream_t st; CU(cudaStreamCreate(&st));
     int *d_probe;
     CU(cudaMalloc(&d_probe, sizeof(int)));
-    printf("ws ready: %d (BN %d, stages %d, smem %d)\n", ws_probe(d_probe), WS_BN, WS_STAGES, WS_SMEM);
+    int fit[2], ready = ws_probe(d_probe, fit);
+    if (getenv("GV_GRID_ALL")) /* a CTA per tile, as before the kernel was persistent */
+        fit[0] = fit[1] = 0;
+    printf("ws ready: %d (BN %d, stages %d, smem %d; clusters at once: %d of 1 CTA, %d of 2)\n", ready, WS_BN, WS_STAGES, WS_SMEM, fit[0], fit[1]);
     CU(cudaFree(d_probe));
+    int *dnext; /* ws_gemm's ticket */
+    CU(cudaMalloc(&dnext, sizeof(int)));
     cublasHandle_t h; cublasCreate(&h); cublasSetStream(h, st);
-    for (int qi = 0; qi < 2; qi++) for (int ni = 0; ni < 3; ni++) {
+    for (int qi = 0; qi < 2; qi++) for (int ni = 0; ni < nn; ni++) {
         int n = ns[ni], N = Ns[qi];
-        if (N == 320 && n == 9) continue;
+        if (N == 320 && n < 256) continue;
         size_t ne = (size_t)n * K, nw = (size_t)N * K, no = (size_t)n * N;
         uint16_t *he = (uint16_t *)malloc(ne * 2), *hw = (uint16_t *)malloc(nw * 2);
         for (size_t i = 0; i < ne; i++) { // e4m3-like values x 2^(block offset), as rows x 2^-k give
@@ -74,8 +87,8 @@ int main(void) {
         if (ws_maps(maps, de, n, dw, N) < 0) { printf("ws_maps failed\n"); return 1; }
         const float one = 1, zero = 0;
         auto blas = [&] { cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, dw, CUDA_R_16F, K, de, CUDA_R_16F, K, &zero, k1, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT); };
-        auto ws32 = [&] { CU(ws_gemm(maps, n, N, 0, k2, NULL, st)); };
-        auto ws16 = [&] { CU(ws_gemm(maps, n, N, 1, k16, dks, st)); };
+        auto ws32 = [&] { CU(cudaMemsetAsync(dnext, 0, 4, st)); CU(ws_gemm(maps, fit, n, N, 0, k2, NULL, dnext, st)); };
+        auto ws16 = [&] { CU(cudaMemsetAsync(dnext, 0, 4, st)); CU(ws_gemm(maps, fit, n, N, 1, k16, dks, dnext, st)); };
         blas(); ws32(); ws16(); CU(cudaStreamSynchronize(st)); CU(cudaGetLastError());
         float tb = timed(st, blas), tw = timed(st, ws32), tw16 = timed(st, ws16);
         float *r1 = (float *)malloc(no * 4), *r2 = (float *)malloc(no * 4); uint16_t *r16 = (uint16_t *)malloc(no * 2);

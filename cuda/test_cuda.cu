@@ -11,8 +11,9 @@
  *    projections of n = 1..64 tokens (the decode path: where the wgmma
  *    GEMM runs, the prefill's F16 GEMM arithmetic in the decode's shape,
  *    wsd_kernel; in the layer without it mma.sync, sums promoted every 32
- *    products), 65..300 and 2100 tokens (F16 GEMM path, two
- *    blocks: the promoted wgmma GEMM, and in the layer without it cuBLAS's;
+ *    products), 65..300, 256 and 2100 tokens (F16 GEMM path: CTAs in
+ *    pairs where the token tiles are even in number, 256 and 2100's first
+ *    2048, alone otherwise; two blocks: the promoted wgmma GEMM, and in the layer without it cuBLAS's;
  *    the accurate paths may round at most 0.1% of sampled outputs otherwise
  *    than float64), FMA_ONLY (the GEMVs) for every n, and at n = 64 and 300
  *    every third token with block scales 24 binades apart (at 300 too wide
@@ -203,7 +204,7 @@ static int fx_open(fx *f, const char *name, uint32_t width)
      * engram_cuda_layer_bytes says and what engram_cuda.h states: weights
      * N x K F16, norms S x W F32, BLOCK tokens of rows as F16 and of kv as
      * BF16 (the wgmma GEMM's; F32 where cuBLAS's GEMM takes its place),
-     * 2 x BLOCK + 2 + GEMV_MAX ints */
+     * 2 x BLOCK + 3 + GEMV_MAX ints */
     const uint64_t blk = ENGRAM_CUDA_BLOCK;
     for (int v = 0; v < 2; v++) {
         arm();
@@ -216,7 +217,7 @@ static int fx_open(fx *f, const char *name, uint32_t width)
             return -1;
         }
         uint64_t want = (uint64_t)f->N * K * 2 + (uint64_t)f->S * f->W * 4 + blk * K * 2 +
-                        blk * f->N * (v ? 4 : 2) + (2 * blk + 2 + ENGRAM_CUDA_GEMV_MAX) * 4,
+                        blk * f->N * (v ? 4 : 2) + (2 * blk + 3 + ENGRAM_CUDA_GEMV_MAX) * 4,
                  said = engram_cuda_layer_bytes(v ? f->cb : f->c);
         printf("W=%u layer on the device (%s GEMM): %.1f MB counted at cudaMalloc, %.1f MB "
                "reported, %.1f MB stated\n", f->W, v ? "cuBLAS's" : "the wgmma", counted / 1e6,
@@ -392,8 +393,10 @@ static float bf16_of(double v)
  * section 7 rounds below 2^-126) in the decode path and in the GEMM's. */
 static void projection(fx *f, const uint16_t *w16, unsigned flags)
 {
-    /* n-tiles of 8 tokens 1 .. 8 in the decode path */
-    const unsigned ns[] = {1, 2, 7, 8, 9, 17, 25, 33, 41, 49, 64, 64, 64, 64, 300, 300, 300, 2100};
+    /* n-tiles of 8 tokens 1 .. 8 in the decode path; in the GEMM, 300
+     * tokens (3 token tiles) its CTAs alone, 256 (2) and 2100's first
+     * block of 2048 (16, at W = 64 only) in pairs */
+    const unsigned ns[] = {1, 2, 7, 8, 9, 17, 25, 33, 41, 49, 64, 64, 64, 64, 300, 300, 300, 2100, 256};
     const double u = 0x1p-24, gamma = K * u / (1 - K * u);
     engram_cuda_layer *c = flags & VIA_CUBLAS ? f->cb : f->c;
     for (unsigned q = 0; q < sizeof ns / sizeof ns[0]; q++) {
@@ -455,8 +458,9 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
     }
 }
 
-/* apply on the GPU vs the CPU path; masks; BF16 residual; NaN policy; the
- * last case with every third token's block scales 24 binades apart (too
+/* apply on the GPU vs the CPU path; masks; BF16 residual; NaN policy; 256
+ * tokens: the GEMM's CTAs in pairs; the second cases of 64 and of 300 with
+ * every third token's block scales 24 binades apart (too
  * wide for F16: the GEMV's arithmetic inside the GEMM path, its kv written
  * as BF16 for the gate).  Those tokens' kv sums 32 products 2^24 times
  * larger than the rest: an F32 sum's error, whatever its order, is then
@@ -465,7 +469,7 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
  * FMA_ONLY's bit for bit (the same GEMV order and the same gate). */
 static void applies(fx *f)
 {
-    const unsigned ns[] = {1, 8, 33, 64, 64, 300, 300};
+    const unsigned ns[] = {1, 8, 33, 64, 64, 300, 300, 256};
     for (unsigned q = 0; q < sizeof ns / sizeof ns[0]; q++) {
         unsigned n = ns[q];
         int wide = q == 4 || q == 6;

@@ -6,8 +6,17 @@
  * the decode's shape, and its wide tokens through gemv.cuh's sums).
  *
  * kv[t][o] = sum_i e16[t][i] * w[o][i] for t < n, o < N, i < K = 6144, both
- * operands F16 with K contiguous.  A CTA owns 128 tokens x WS_BN outputs and
- * has three warpgroups:
+ * operands F16 with K contiguous.  A CTA computes tiles of 128 tokens x
+ * WS_BN (176) outputs, one after another: the grid is what the device holds
+ * at once and each cluster takes its next tile (or pair of tiles) from a
+ * ticket at run time (the order that was blockIdx's, so the CTAs at work
+ * at once share a few weights tiles; a static order lost 15% at 9 and 300
+ * tokens, where the last tiles fell to clusters that were not the first
+ * to finish).  Persistent with BN 176 against a CTA per tile with BN 192:
+ * 2048 tokens 0.903-0.909 ms against 0.938-1.008, 1024 0.456-0.459
+ * against 0.493-0.494, 512 0.259-0.260 against 0.280, 300 and 9 alike
+ * (H200, gemm_variants, bench/results/2026-12-04-cuda-dec/run34).  It has
+ * three warpgroups:
  *  - the producer (one thread, 40 registers after setmaxnreg) streams
  *    k-tiles of 64 through a WS_STAGES-deep ring in shared memory with the
  *    tensor memory accelerator: the tokens' tile by itself, the weights'
@@ -30,8 +39,7 @@
  * warp specialization; 1.24-1.36 ms for 2048 tokens on the H200, this one
  * 0.93-0.99): the same bits on every output of every shape measured.
  * Output: F32 kv, or (for the gate) BF16 kv times 2^kshift[t] rounded once
- * to nearest, as the gate rounds them.  Consecutive CTAs share a tile of
- * weights (read once from memory, then from L2).
+ * to nearest, as the gate rounds them.
  */
 #ifndef ENGRAM_CUDA_WS_GEMM_CUH
 #define ENGRAM_CUDA_WS_GEMM_CUH
@@ -44,7 +52,7 @@
 
 #define WS_BM 128
 #ifndef WS_BN
-#define WS_BN 192
+#define WS_BN 176
 #endif
 #ifndef WS_STAGES
 #define WS_STAGES 5
@@ -83,13 +91,18 @@ __device__ __forceinline__ void ws_wgmma(float *d, uint64_t da, uint64_t db, int
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "r"(scale_d));
+#elif WS_BN == 176
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+                 : "l"(da), "l"(db), "r"(scale_d));
 #elif WS_BN == 192
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1, 0, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
                  : "l"(da), "l"(db), "r"(scale_d));
 #else
-#error "WS_BN: 128 or 192"
+#error "WS_BN: 128, 176 or 192"
 #endif
 #endif
 }
@@ -168,125 +181,195 @@ __device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *map, 
                  : "memory");
 }
 
-/* this CTA's tile: consecutive CTAs (and so the two of a cluster) take
- * consecutive token tiles of one weights tile */
-__device__ __forceinline__ void ws_tile(int n, int *m0, int *n0)
+/* unit u's token tile (m0) and weights tile (n0) for the CTA of rank `rank`
+ * in its cluster of cl: a unit is cl consecutive token tiles of one weights
+ * tile, so the two CTAs of a cluster share the weights; units run token
+ * tiles first, so the CTAs at work at once share a few weights tiles
+ * (read once from memory, then from L2) and every token tile */
+__device__ __forceinline__ void ws_tile(int u, int mb, int cl, int rank, int *m0, int *n0)
 {
-    int mb = (n + WS_BM - 1) / WS_BM;
-    *m0 = (blockIdx.x % mb) * WS_BM;
-    *n0 = (blockIdx.x / mb) * WS_BN;
+    int mu = mb / cl;
+    *m0 = ((u % mu) * cl + rank) * WS_BM;
+    *n0 = (u / mu) * WS_BN;
+}
+
+/* until the phase of parity `parity` of barrier b has completed, with the
+ * cluster's writes released before its arrival seen (ws_unit_post's) */
+__device__ __forceinline__ void ws_bar_wait_cl(uint32_t b, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nWS_WAITC:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WS_WAITC;\n}\n" ::"r"(b),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* unit u into slot (a shared int) of each CTA of the cluster of cl, then
+ * one arrival on each one's barrier b, released at cluster scope */
+__device__ __forceinline__ void ws_unit_post(uint32_t slot, uint32_t b, int u, int cl)
+{
+    for (uint32_t cta = 0; cta < (uint32_t)cl; cta++)
+        asm volatile("{\n.reg .b32 ra, rb;\nmapa.shared::cluster.u32 ra, %0, %3;\n"
+                     "mapa.shared::cluster.u32 rb, %1, %3;\n"
+                     "st.shared::cluster.u32 [ra], %2;\n"
+                     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [rb];\n}\n" ::"r"(slot),
+                     "r"(b), "r"(u), "r"(cta)
+                     : "memory");
+}
+
+/* the i-th unit of this CTA's cluster (ws_unit_post's), once posted */
+__device__ __forceinline__ int ws_unit_get(uint32_t slot, uint32_t b, int i)
+{
+    int u;
+    ws_bar_wait_cl(b + 8 * (i & 1), (i >> 1) & 1);
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(u) : "r"(slot + 4 * (i & 1)) : "memory");
+    return u;
 }
 
 /* tb: the weights in boxes of WS_BN / cl rows; launched in clusters of cl
- * (1, or 2 when the token tiles are even in number) */
+ * (1, or 2 when the token tiles are even in number).  Persistent: each
+ * cluster takes units from *next (0 at launch: ws_gemm's caller zeroes it) until
+ * they run out, its first CTA's producer taking the ticket and posting it
+ * to the cluster's consumers and other producer (two slots: a slot is
+ * posted again two units later, when every reader has long read it, since
+ * a unit is more than the WS_STAGES tiles the producers run ahead); the
+ * producers run into the next unit's tiles while the consumers store the
+ * last one's sums.  Any grid size gives the same outputs (ws_gemm sizes it
+ * to the clusters the device holds at once). */
+static_assert(K / WS_BK > WS_STAGES, "a unit is more tiles than the ring holds");
 template <int OUT>
 __global__ void __launch_bounds__(WS_THREADS, 1)
 ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, int n,
-               int N, void *__restrict__ out, const int *__restrict__ kshift, int cl)
+               int N, void *__restrict__ out, const int *__restrict__ kshift, int cl, int *__restrict__ next)
 {
 #ifdef WS_SM90A
     extern __shared__ uint8_t ws_smem_raw[];
-    __shared__ __align__(8) uint64_t full[WS_STAGES], empty[WS_STAGES];
+    __shared__ __align__(8) uint64_t full[WS_STAGES], empty[WS_STAGES], ufull[2];
+    __shared__ int uslot[2];
     uint32_t sbase = (uint32_t)__cvta_generic_to_shared(ws_smem_raw);
     sbase = (sbase + 1023) & ~1023u; /* the swizzle's atoms are 1024-byte aligned */
     uint32_t bfull = (uint32_t)__cvta_generic_to_shared(full),
-             bempty = (uint32_t)__cvta_generic_to_shared(empty);
-    int m0, n0;
-    ws_tile(n, &m0, &n0);
-    const int KT = K / WS_BK, rank = blockIdx.x % cl;
+             bempty = (uint32_t)__cvta_generic_to_shared(empty),
+             bunit = (uint32_t)__cvta_generic_to_shared(ufull), sslot = (uint32_t)__cvta_generic_to_shared(uslot);
+    const int KT = K / WS_BK, rank = blockIdx.x % cl, mb = (n + WS_BM - 1) / WS_BM;
+    const int units = mb / cl * ((N + WS_BN - 1) / WS_BN);
     int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
         for (int s = 0; s < WS_STAGES; s++) {
             ws_bar_init(bfull + 8 * s, 1);
             ws_bar_init(bempty + 8 * s, cl * 8); /* each consumer warp of the cluster */
         }
+        ws_bar_init(bunit, 1);
+        ws_bar_init(bunit + 8, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     ws_cluster_sync(); /* the barriers exist before any CTA of the cluster uses them */
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
-            for (int kt = 0; kt < KT; kt++) {
-                int s = kt % WS_STAGES;
-                uint32_t sa = sbase + s * WS_STAGE_BYTES, sb = sa + WS_A_BYTES;
-                /* the stage's previous tile read by both CTAs' consumers (the
-                 * first WS_STAGES waits pass: that phase is "complete") */
-                ws_bar_wait(bempty + 8 * s, ((kt / WS_STAGES) & 1) ^ 1);
-                ws_bar_expect(bfull + 8 * s, WS_STAGE_BYTES);
-                ws_tma(sa, &ta, bfull + 8 * s, kt * WS_BK, m0);
-                if (cl == 1)
-                    ws_tma(sb, &tb, bfull + 8 * s, kt * WS_BK, n0);
-                else /* this CTA's half, into both */
-                    ws_tma_mc(sb + rank * (WS_BN / 2) * 128, &tb, bfull + 8 * s, kt * WS_BK,
-                              n0 + rank * (WS_BN / 2), (uint16_t)3);
+            int q = 0; /* k-tiles loaded so far: stage q % WS_STAGES, its use q / WS_STAGES */
+            for (int ui = 0;; ui++) {
+                int u;
+                if (rank == 0) {
+                    u = atomicAdd(next, 1);
+                    ws_unit_post(sslot + 4 * (ui & 1), bunit + 8 * (ui & 1), u, cl);
+                } else {
+                    u = ws_unit_get(sslot, bunit, ui);
+                }
+                if (u >= units)
+                    break;
+                int m0, n0;
+                ws_tile(u, mb, cl, rank, &m0, &n0);
+                for (int kt = 0; kt < KT; kt++, q++) {
+                    int s = q % WS_STAGES;
+                    uint32_t sa = sbase + s * WS_STAGE_BYTES, sb = sa + WS_A_BYTES;
+                    /* the stage's previous tile read by both CTAs' consumers (the
+                     * first WS_STAGES waits pass: that phase is "complete") */
+                    ws_bar_wait(bempty + 8 * s, ((q / WS_STAGES) & 1) ^ 1);
+                    ws_bar_expect(bfull + 8 * s, WS_STAGE_BYTES);
+                    ws_tma(sa, &ta, bfull + 8 * s, kt * WS_BK, m0);
+                    if (cl == 1)
+                        ws_tma(sb, &tb, bfull + 8 * s, kt * WS_BK, n0);
+                    else /* this CTA's half, into both */
+                        ws_tma_mc(sb + rank * (WS_BN / 2) * 128, &tb, bfull + 8 * s, kt * WS_BK,
+                                  n0 + rank * (WS_BN / 2), (uint16_t)3);
+                }
             }
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int cw = wg - 1, lane = threadIdx.x & 31;
-        float acc[WS_ACC], p[WS_ACC];
-#pragma unroll
-        for (int i = 0; i < WS_ACC; i++)
-            acc[i] = p[i] = 0.0f;
-        for (int g = 0; g < KT / WS_PROM; g++) {
-#pragma unroll
-            for (int j = 0; j < WS_PROM; j++) {
-                int kt = g * WS_PROM + j, s = kt % WS_STAGES;
-                ws_bar_wait(bfull + 8 * s, (kt / WS_STAGES) & 1);
-                uint32_t sa = sbase + s * WS_STAGE_BYTES + cw * 64 * 128,
-                         sb = sbase + s * WS_STAGE_BYTES + WS_A_BYTES;
-                if (j == 0)
-                    ws_fence(p);
-                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-                for (int kk = 0; kk < WS_BK / 16; kk++)
-                    ws_wgmma(p, ws_desc(sa + kk * 32), ws_desc(sb + kk * 32), j > 0 || kk > 0);
-                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-                if (j > 0) { /* tile kt - 1 is read: its stage goes back */
-                    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                    __syncwarp();
-                    if (lane == 0)
-                        ws_bar_arrive(bempty + 8 * ((kt - 1) % WS_STAGES), cl);
-                }
-            }
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            __syncwarp();
-            if (lane == 0)
-                ws_bar_arrive(bempty + 8 * ((g * WS_PROM + WS_PROM - 1) % WS_STAGES), cl);
-            ws_fence(p);
+        int q0 = 0; /* k-tiles consumed before this unit */
+        for (int ui = 0;; ui++, q0 += KT) {
+            int u = ws_unit_get(sslot, bunit, ui);
+            if (u >= units)
+                break;
+            int m0, n0;
+            ws_tile(u, mb, cl, rank, &m0, &n0);
+            float acc[WS_ACC], p[WS_ACC];
 #pragma unroll
             for (int i = 0; i < WS_ACC; i++)
-                acc[i] += p[i];
-        }
-        /* D fragment i: row 16 warp + lane/4 + 8 ((i/2)%2), column 8 (i/4) + 2 (lane%4) + i%2 */
-        int warp = (threadIdx.x >> 5) & 3;
-        int r0 = m0 + cw * 64 + warp * 16 + (lane >> 2);
-        /* pairs as one store where every pair is aligned: N even, out too */
-        int pairs = !(N & 1) && !((uintptr_t)out & 7);
+                acc[i] = p[i] = 0.0f;
+            for (int g = 0; g < KT / WS_PROM; g++) {
 #pragma unroll
-        for (int i = 0; i < WS_ACC; i += 2) {
-            int t = r0 + 8 * ((i >> 1) & 1), o = n0 + 8 * (i >> 2) + 2 * (lane & 3);
-            if (t >= n || o >= N)
-                continue;
-            if (OUT == WS_F32) {
-                float *kv = (float *)out + (size_t)t * N + o;
-                if (pairs) {
-                    *(float2 *)kv = make_float2(acc[i], acc[i + 1]);
-                } else {
-                    kv[0] = acc[i];
-                    if (o + 1 < N)
-                        kv[1] = acc[i + 1];
+                for (int j = 0; j < WS_PROM; j++) {
+                    int q = q0 + g * WS_PROM + j, s = q % WS_STAGES;
+                    ws_bar_wait(bfull + 8 * s, (q / WS_STAGES) & 1);
+                    uint32_t sa = sbase + s * WS_STAGE_BYTES + cw * 64 * 128,
+                             sb = sbase + s * WS_STAGE_BYTES + WS_A_BYTES;
+                    if (j == 0)
+                        ws_fence(p);
+                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                    for (int kk = 0; kk < WS_BK / 16; kk++)
+                        ws_wgmma(p, ws_desc(sa + kk * 32), ws_desc(sb + kk * 32), j > 0 || kk > 0);
+                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                    if (j > 0) { /* tile q - 1 is read: its stage goes back */
+                        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                        __syncwarp();
+                        if (lane == 0)
+                            ws_bar_arrive(bempty + 8 * ((q - 1) % WS_STAGES), cl);
+                    }
                 }
-            } else {
-                float sc = __int_as_float((kshift[t] + 127) << 23); /* 2^k, |k| <= 126 */
-                unsigned lo = ws_bf16_bits(acc[i] * sc), hi = ws_bf16_bits(acc[i + 1] * sc);
-                unsigned short *kv = (unsigned short *)out + (size_t)t * N + o;
-                if (pairs) {
-                    *(unsigned *)kv = lo | hi << 16;
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                __syncwarp();
+                if (lane == 0)
+                    ws_bar_arrive(bempty + 8 * ((q0 + g * WS_PROM + WS_PROM - 1) % WS_STAGES), cl);
+                ws_fence(p);
+#pragma unroll
+                for (int i = 0; i < WS_ACC; i++)
+                    acc[i] += p[i];
+            }
+            /* D fragment i: row 16 warp + lane/4 + 8 ((i/2)%2), column 8 (i/4) + 2 (lane%4) + i%2 */
+            int warp = (threadIdx.x >> 5) & 3;
+            int r0 = m0 + cw * 64 + warp * 16 + (lane >> 2);
+            /* pairs as one store where every pair is aligned: N even, out too */
+            int pairs = !(N & 1) && !((uintptr_t)out & 7);
+#pragma unroll
+            for (int i = 0; i < WS_ACC; i += 2) {
+                int t = r0 + 8 * ((i >> 1) & 1), o = n0 + 8 * (i >> 2) + 2 * (lane & 3);
+                if (t >= n || o >= N)
+                    continue;
+                if (OUT == WS_F32) {
+                    float *kv = (float *)out + (size_t)t * N + o;
+                    if (pairs) {
+                        *(float2 *)kv = make_float2(acc[i], acc[i + 1]);
+                    } else {
+                        kv[0] = acc[i];
+                        if (o + 1 < N)
+                            kv[1] = acc[i + 1];
+                    }
                 } else {
-                    kv[0] = (unsigned short)lo;
-                    if (o + 1 < N)
-                        kv[1] = (unsigned short)hi;
+                    float sc = __int_as_float((kshift[t] + 127) << 23); /* 2^k, |k| <= 126 */
+                    unsigned lo = ws_bf16_bits(acc[i] * sc), hi = ws_bf16_bits(acc[i + 1] * sc);
+                    unsigned short *kv = (unsigned short *)out + (size_t)t * N + o;
+                    if (pairs) {
+                        *(unsigned *)kv = lo | hi << 16;
+                    } else {
+                        kv[0] = (unsigned short)lo;
+                        if (o + 1 < N)
+                            kv[1] = (unsigned short)hi;
+                    }
                 }
             }
         }
@@ -539,45 +622,79 @@ static int ws_setup(void)
     return ok ? 0 : -1;
 }
 
-/* kv (n x N) = e16 x w^T through maps made by ws_maps (e16 with at least n
- * rows); out F32, or BF16 scaled by 2^kshift[t] (out_bf16).  Pairs of CTAs
- * share the weights where the token tiles pair up (n = 2048: 0.94 ms against
- * 0.98 on the H200), single CTAs otherwise (n = 300: 0.22 ms against 0.26
- * with a CTA of padding in every cluster).  The launch's error, or 0. */
-static cudaError_t ws_gemm(const CUtensorMap m[3], int n, int N, int out_bf16, void *out,
-                           const int *kshift, cudaStream_t st)
+/* The launch of ws_gemm_kernel in clusters of cl CTAs on the grid of
+ * `ctas`, with at[1] its attribute. */
+static cudaLaunchConfig_t ws_cfg(int cl, int ctas, cudaStream_t st, cudaLaunchAttribute at[1])
 {
-    int mb = (n + WS_BM - 1) / WS_BM, cl = mb % 2 ? 1 : 2;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(mb * ((N + WS_BN - 1) / WS_BN));
+    cfg.gridDim = dim3(ctas);
     cfg.blockDim = dim3(WS_THREADS);
     cfg.dynamicSmemBytes = WS_SMEM;
     cfg.stream = st;
-    cudaLaunchAttribute at[1] = {};
+    at[0] = cudaLaunchAttribute{};
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = cl;
     at[0].val.clusterDim.y = 1;
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
+    return cfg;
+}
+
+/* fit[cl - 1]: the clusters of cl = 1, 2 CTAs of ws_gemm_kernel that the
+ * current device runs at once (after ws_setup), or 0 where the runtime
+ * cannot say (ws_gemm then launches a cluster per unit). */
+static void ws_fit(int fit[2])
+{
+    for (int cl = 1; cl <= 2; cl++) {
+        cudaLaunchAttribute at[1];
+        cudaLaunchConfig_t cfg = ws_cfg(cl, cl, 0, at);
+        int k = 0;
+        if (cudaOccupancyMaxActiveClusters(&k, (void *)ws_gemm_kernel<WS_BF16>, &cfg) != cudaSuccess || k < 0)
+            k = 0;
+        fit[cl - 1] = k;
+    }
+    cudaGetLastError();
+}
+
+/* kv (n x N) = e16 x w^T through maps made by ws_maps (e16 with at least n
+ * rows); out F32, or BF16 scaled by 2^kshift[t] (out_bf16); *next (device)
+ * 0 in the stream's order before the call, the kernel's ticket of units.  Pairs of CTAs
+ * share the weights where the token tiles pair up (n = 2048: 0.94 ms against
+ * 0.98 on the H200), single CTAs otherwise (n = 300: 0.22 ms against 0.26
+ * with a CTA of padding in every cluster).  A grid of fit[cl - 1] clusters
+ * (ws_fit), each taking units of cl tiles until none is left; fewer where
+ * there are fewer units, a cluster per unit where fit is 0.  The launch's
+ * error, or 0. */
+static cudaError_t ws_gemm(const CUtensorMap m[3], const int fit[2], int n, int N, int out_bf16, void *out,
+                           const int *kshift, int *next, cudaStream_t st)
+{
+    int mb = (n + WS_BM - 1) / WS_BM, cl = mb % 2 ? 1 : 2;
+    int units = mb / cl * ((N + WS_BN - 1) / WS_BN), f = fit[cl - 1];
+    cudaLaunchAttribute at[1];
+    cudaLaunchConfig_t cfg = ws_cfg(cl, cl * (f > 0 && f < units ? f : units), st, at);
     const CUtensorMap &tb = m[cl == 1 ? 1 : 2];
     if (out_bf16)
-        return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_BF16>, m[0], tb, n, N, out, kshift, cl);
-    return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_F32>, m[0], tb, n, N, out, kshift, cl);
+        return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_BF16>, m[0], tb, n, N, out, kshift, cl, next);
+    return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_F32>, m[0], tb, n, N, out, kshift, cl, next);
 }
 
 /* 1 if the code this device runs has the wgmma kernel (sm_90a machine code;
  * the PTX JIT-compiled for other devices has not) and its shared-memory
- * limit is raised; 0 otherwise (then the cuBLAS GEMM is used).  Runs a probe
+ * limit is raised, with fit filled (ws_fit); 0 otherwise (then the cuBLAS
+ * GEMM is used).  Runs a probe
  * kernel that writes d (a device int) and waits: call at set-up, not during
  * graph capture. */
-static int ws_probe(int *d)
+static int ws_probe(int *d, int fit[2])
 {
     int h = 0;
     ws_probe_kernel<<<1, 1>>>(d);
     int ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1 &&
              ws_setup() == 0;
     cudaGetLastError();
+    fit[0] = fit[1] = 0;
+    if (ok)
+        ws_fit(fit);
     return ok;
 }
 
