@@ -181,6 +181,13 @@ __device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *map, 
                  : "memory");
 }
 
+/* the units of n tokens x N outputs in clusters of cl CTAs (the kernel's
+ * end of work, the host's grid) */
+__host__ __device__ __forceinline__ int ws_units(int n, int N, int cl)
+{
+    return (n + WS_BM - 1) / WS_BM / cl * ((N + WS_BN - 1) / WS_BN);
+}
+
 /* unit u's token tile (m0) and weights tile (n0) for the CTA of rank `rank`
  * in its cluster of cl: a unit is cl consecutive token tiles of one weights
  * tile, so the two CTAs of a cluster share the weights; units run token
@@ -252,7 +259,7 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
              bempty = (uint32_t)__cvta_generic_to_shared(empty),
              bunit = (uint32_t)__cvta_generic_to_shared(ufull), sslot = (uint32_t)__cvta_generic_to_shared(uslot);
     const int KT = K / WS_BK, rank = blockIdx.x % cl, mb = (n + WS_BM - 1) / WS_BM;
-    const int units = mb / cl * ((N + WS_BN - 1) / WS_BN);
+    const int units = ws_units(n, N, cl);
     int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
         for (int s = 0; s < WS_STAGES; s++) {
@@ -670,7 +677,7 @@ static cudaError_t ws_gemm(const CUtensorMap m[3], const int fit[2], int n, int 
                            const int *kshift, int *next, cudaStream_t st)
 {
     int mb = (n + WS_BM - 1) / WS_BM, cl = mb % 2 ? 1 : 2;
-    int units = mb / cl * ((N + WS_BN - 1) / WS_BN), f = fit[cl - 1];
+    int units = ws_units(n, N, cl), f = fit[cl - 1];
     cudaLaunchAttribute at[1];
     cudaLaunchConfig_t cfg = ws_cfg(cl, cl * (f > 0 && f < units ? f : units), st, at);
     const CUtensorMap &tb = m[cl == 1 ? 1 : 2];
