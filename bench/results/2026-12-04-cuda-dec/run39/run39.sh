@@ -1,10 +1,11 @@
 #!/bin/sh
 # issue #25, sitting 39 (prepared in session h, 2026-12-04 21:38-, when no device was lent; builds of the
 # branch wip-25-gpu, commits.txt): h = main 43fb7a5; p = 204658e (the prefill's kernels as programmatic
-# dependents); ep = 1d0456a (+ wsd_kernel EAGER/NARROW; f989d53 changes only comments and test_cuda); epg = 834c8d4 (+ the gate inside the prefill GEMM:
-# groups of 4+ token tiles, 72/216 registers), epg80 (80/208), epg2 (2 groups), epg1 (1 group: no gate in
-# the GEMM, the rest alike); e / nn / n5 = HEAD + wsd EAGER only / NARROW only / both with 5 stages (run38's
-# builds, wsd_eager_narrow.diff on 43fb7a5).
+# dependents); ep = 1d0456a (+ wsd_kernel EAGER/NARROW; f989d53 changes only comments and test_cuda);
+# epg = 1361724 (+ the gate inside the prefill GEMM: groups of 4+ token tiles, 72/216 registers; + the decode
+# of up to 4 tokens inside wsd_kernel), epgnf (no fused decode), epg80 (80/208), epg2 (2 groups), epg1
+# (1 group: no gate in the GEMM); e / nn / n5 = HEAD + wsd EAGER only / NARROW only / both with 5 stages
+# (run38's builds, wsd_eager_narrow.diff on 43fb7a5).
 # Order: decode rows, prefill rows (each bench under a short timeout: a hang costs 40 s), then test_cuda,
 # test_apply.sh (cuda) and bench_ds4 on epg, the whole stack.
 set -u
@@ -14,7 +15,7 @@ R=/tmp/r39; mkdir -p $R
 { date -u; nvidia-smi -L; } > $R/machine.txt 2>&1
 t0=$(date +%s)
 row() { echo "$1 rc=$2 $(grep -E -A14 "^   B " $3 | awk 'NR>1{printf "%s:%s/%s ", $1, $3, $5}') $(( $(date +%s) - t0 ))s"; }
-for round in 1 2; do for v in h ep e nn n5; do
+for round in 1 2; do for v in h ep epg epgnf e nn n5; do
   f=$R/dec_${v}_$round.txt; BENCH_CUDA_DECODE_ONLY=1 timeout 40 .gpubin/$v/bench_cuda > $f 2>&1; row $v.$round $? $f
 done; done
 tar czf $OUT/r39.tgz -C /tmp r39
