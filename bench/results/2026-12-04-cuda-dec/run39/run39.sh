@@ -2,7 +2,7 @@
 # issue #25, sitting 39 (prepared in session h, 2026-12-04 21:38-, when no device was lent; builds of the
 # branch wip-25-gpu, commits.txt): h = main 43fb7a5; p = 204658e (the prefill's kernels as programmatic
 # dependents); ep = 1d0456a (+ wsd_kernel EAGER/NARROW; f989d53 changes only comments and test_cuda);
-# epg = d49f2a8 (+ the gate inside the prefill GEMM: groups of 4+ token tiles, 72/216 registers; + the decode
+# epg = e60afd8 (+ the gate inside the prefill GEMM: groups of 4+ token tiles, 72/216 registers; + the decode
 # of up to 4 tokens inside wsd_kernel), epgnf (no fused decode), epg80 (80/208), epg2 (2 groups), epg1
 # (1 group: no gate in the GEMM), epgg (the groups' order, the gate after the GEMM: the order's cost alone);
 # epgnf/epg80/epg2/epg1 built at 1361724 (d49f2a8 adds only the off-by-default knobs epgg uses);
