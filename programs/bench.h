@@ -13,7 +13,7 @@
 #include "cli.h"
 
 #define MAX_DEPTHS 16
-#define ROUNDS 4
+#define MAX_ROUNDS 32
 #define MAX_CORPORA 8
 
 struct bench {
@@ -27,6 +27,7 @@ struct bench {
     int ple;
     unsigned tables, cols, stride, row_bytes, row_values;
     double seconds;
+    int rounds;               /* section (a): turns engram and fio take */
     unsigned depths[MAX_DEPTHS];
     int n_depths;
     const char *corpora[MAX_CORPORA];

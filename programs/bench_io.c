@@ -195,15 +195,30 @@ struct depth_point {
     double ours, fio;
 };
 
+/* The smallest and largest of v[0..n). */
+static void range_of(const double *v, int n, double *lo, double *hi)
+{
+    *lo = *hi = v[0];
+    for (int i = 1; i < n; i++) {
+        *lo = v[i] < *lo ? v[i] : *lo;
+        *hi = v[i] > *hi ? v[i] : *hi;
+    }
+}
+
 static int section_depths(struct bench *b, struct depth_point *pts)
 {
     printf("\n(a) batch reads of uniformly random rows of table 0, %u-byte aligned reads\n", b->align);
     printf("    fio bs=%u: SPEC.md section 11's command.  fio same sizes: engram's read sizes\n"
            "    (%u%% of rows span two blocks: --bssplit=%u/%u:%u/%u), plain and with batched\n"
-           "    submission + registered file/buffers.  ratio = engram / the better same-size fio.\n",
-           b->align, b->cross_pct, b->align, 100 - b->cross_pct, 2 * b->align, b->cross_pct);
-    printf("    %5s %12s %10s %12s %12s %7s %6s %10s %9s\n", "depth", "engram IOPS", "fio bs=512",
-           "fio same sz", "...batched", "ratio", "cores", "bytes/read", "engine");
+           "    submission + registered file/buffers.  IOPS: each tool's median of %d rounds (they\n"
+           "    take turns, %.2f s each).  ratio: the median over the rounds of engram / the better\n"
+           "    same-size fio of the same round, [its lowest, highest]; of medians: engram's median\n"
+           "    / the better same-size fio median (this column's figure before 2026-12-05).\n",
+           b->align, b->cross_pct, b->align, 100 - b->cross_pct, 2 * b->align, b->cross_pct,
+           b->rounds, b->seconds / b->rounds);
+    printf("    %5s %12s %10s %12s %12s %7s %13s %7s %6s %10s %9s\n", "depth", "engram IOPS",
+           "fio bs=512", "fio same sz", "...batched", "ratio", "[rounds]", "of med", "cores",
+           "bytes/read", "engine");
     uint32_t *rows = malloc((size_t)ENGRAM_BATCH_TOKENS * b->stride * sizeof *rows);
     uint16_t *out = malloc((size_t)ENGRAM_BATCH_TOKENS * b->cols * b->row_values * 2);
     if (!rows || !out) {
@@ -223,14 +238,18 @@ static int section_depths(struct bench *b, struct depth_point *pts)
             return EXIT_SYSTEM;
         }
         size_t tokens = depth * 16u < 4 ? 4 : depth * 16u > ENGRAM_BATCH_TOKENS ? ENGRAM_BATCH_TOKENS : depth * 16u;
-        /* Shared disks drift: engram and both fio runs take turns in
-         * ROUNDS rounds, and each reports its median round. */
-        double ours_r[ROUNDS], plain_r[ROUNDS], mix_r[ROUNDS], batched_r[ROUNDS], cores_r[ROUNDS];
-        double slice = b->seconds / ROUNDS;
+        /* Shared disks drift: engram and the fio runs take turns in
+         * rounds, and each round's engram figure is set against the fio
+         * runs beside it in time (ratio_r); each tool's median round is
+         * reported too. */
+        const int nr = b->rounds;
+        double ours_r[MAX_ROUNDS], plain_r[MAX_ROUNDS], mix_r[MAX_ROUNDS], batched_r[MAX_ROUNDS],
+            cores_r[MAX_ROUNDS], ratio_r[MAX_ROUNDS];
+        double slice = b->seconds / nr;
         engram_io_stats st;
         engram_reader_get_stats(r, &st);
         unsigned r_depth = st.depth;
-        for (int round = 0; round < ROUNDS; round++) {
+        for (int round = 0; round < nr; round++) {
             /* The four runs rotate their order every round, so no tool
              * always follows the same one (burst credits of cloud disks). */
             plain_r[round] = mix_r[round] = batched_r[round] = 0;
@@ -263,21 +282,32 @@ static int section_depths(struct bench *b, struct depth_point *pts)
                 engram_reader_get_stats(r, &st);
                 ours_r[round] = (double)st.rows_read / (t1 - t0);
             }
+            double fio_best = mix_r[round] > batched_r[round] ? mix_r[round] : batched_r[round];
+            ratio_r[round] = fio_best > 0 ? ours_r[round] / fio_best : 0;
         }
         engram_reader_close(r);
-        double iops = median(ours_r, ROUNDS), cores = median(cores_r, ROUNDS);
-        double plain = median(plain_r, ROUNDS), mix = median(mix_r, ROUNDS),
-               batched = median(batched_r, ROUNDS);
+        double lo, hi;
+        range_of(ratio_r, nr, &lo, &hi); /* before median() sorts ratio_r */
+        double ratio = median(ratio_r, nr);
+        double iops = median(ours_r, nr), cores = median(cores_r, nr);
+        double plain = median(plain_r, nr), mix = median(mix_r, nr), batched = median(batched_r, nr);
         double best = mix > batched ? mix : batched;
         pts[d] = (struct depth_point){st.depth, iops, best};
-        printf("    %5u %12.0f %10.0f %12.0f %12.0f %7.2f %6.2f %10.0f %9s\n", st.depth, iops, plain,
-               mix, batched, best > 0 ? iops / best : 0, cores,
-               (double)st.bytes_read / (double)st.rows_read, st.engine);
+        char span[32];
+        snprintf(span, sizeof span, "[%.2f, %.2f]", lo, hi);
+        printf("    %5u %12.0f %10.0f %12.0f %12.0f %7.2f %13s %7.2f %6.2f %10.0f %9s\n", st.depth,
+               iops, plain, mix, batched, ratio, best > 0 ? span : "", best > 0 ? iops / best : 0,
+               cores, (double)st.bytes_read / (double)st.rows_read, st.engine);
         bench_csv_row(b, "depth", "engram_iops", st.depth, iops, "reads/s");
         bench_csv_row(b, "depth", "fio_plain_iops", st.depth, plain, "reads/s");
         bench_csv_row(b, "depth", "fio_same_size_iops", st.depth, mix, "reads/s");
         bench_csv_row(b, "depth", "fio_batched_iops", st.depth, batched, "reads/s");
         bench_csv_row(b, "depth", "engram_cores", st.depth, cores, "cores");
+        if (best > 0) {
+            bench_csv_row(b, "depth", "ratio_rounds_median", st.depth, ratio, "x");
+            bench_csv_row(b, "depth", "ratio_rounds_min", st.depth, lo, "x");
+            bench_csv_row(b, "depth", "ratio_rounds_max", st.depth, hi, "x");
+        }
         fflush(stdout);
     }
     free(rows);
@@ -456,7 +486,7 @@ static int create_file(const char *path, uint64_t bytes)
 /* ------------------------------------------------------------ main */
 
 static const char *bench_io_help =
-    "usage: engram bench io FILE [--create SIZE] [--depths 1,2,...] [--seconds S]\n"
+    "usage: engram bench io FILE [--create SIZE] [--depths 1,2,...] [--seconds S] [--rounds N]\n"
     "                        [--corpus TOKENS]... [--csv OUT.csv] [--svg OUT.svg]\n"
     "                        [--max-tokens N] [--cache SIZE] [--sections abc]\n"
     "                        [--no-fio] [--no-baseline]\n"
@@ -474,8 +504,10 @@ static const char *bench_io_help =
     "     with page-cache growth of both and the share de-duplication saved; also\n"
     "     engram with a row cache of --cache SIZE (default 256M; 0 leaves it out).\n"
     "Default depths 1,2,4,8,16,32,48,64,128,256; --seconds per measurement (8), split\n"
-    "into 4 rounds in which engram and the fio runs take turns in rotating order\n"
-    "(medians reported: shared disks drift; a fio run lasts at least 0.1 s);\n"
+    "into --rounds N (8, up to 32) in which engram and the fio runs take turns in\n"
+    "rotating order (shared disks drift: each round's engram figure is set against\n"
+    "the fio runs of its round, and medians are reported; a fio run lasts at least\n"
+    "0.1 s);\n"
     "--max-tokens N (up to 2^24) reads the first N tokens of each corpus; else a\n"
     "corpus of more than 2^24 is refused.\n"
     "fio must be installed (apt-get install fio) for the device-limit columns.\n";
@@ -493,6 +525,7 @@ static int parse_bench_opts(int argc, char **argv, struct bench *b, struct bench
     memset(b, 0, sizeof *b);
     memset(o, 0, sizeof *o);
     b->seconds = 8;
+    b->rounds = 8;
     b->use_fio = b->use_baseline = 1;
     b->seed = 12345;
     b->cache_bytes = 256ull << 20;
@@ -525,6 +558,12 @@ static int parse_bench_opts(int argc, char **argv, struct bench *b, struct bench
             b->seconds = strtod(v, &end);
             if (end == v || *end || !(b->seconds > 0 && b->seconds <= 86400))
                 return fail_usage("bench io: --seconds takes a number of seconds in (0, 86400]");
+            i++;
+        } else if (!strcmp(a, "--rounds") && v) {
+            uint64_t x;
+            if (parse_u64(v, MAX_ROUNDS, &x) < 0 || x == 0)
+                return fail_usage("bench io: --rounds takes 1 to %d", MAX_ROUNDS);
+            b->rounds = (int)x;
             i++;
         } else if (!strcmp(a, "--corpus") && v) {
             if (b->n_corpora < MAX_CORPORA)

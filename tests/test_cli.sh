@@ -212,6 +212,31 @@ if PATH="$T/fakefio:$PATH" "$ENGRAM" bench io "$T/bench0.gguf" --seconds 1 --dep
 else
     bad "bench io with a fio lacking fields"; tail -5 "$T/b0.txt" >&2
 fi
+# bench io's ratio: each round's engram rows/s over the better same-size fio
+# of that round, the median over the rounds.  A fake fio that answers 1000
+# reads/s plain and 2000 batched makes every round's better one 2000, so the
+# median ratio must be engram's median rows/s / 2000 (a median commutes with
+# scaling), and the rounds' lowest <= median <= highest.
+mkdir -p "$T/fakefio2"
+printf '#!/bin/sh
+case "$*" in *--version*) echo fio-3.33 ;; *--registerfiles*) echo '"'"'{"jobs":[{"read":{"iops":2000.0}}]}'"'"' ;; *) echo '"'"'{"jobs":[{"read":{"iops":1000.0}}]}'"'"' ;; esac
+' \
+    > "$T/fakefio2/fio"
+chmod +x "$T/fakefio2/fio"
+if PATH="$T/fakefio2:$PATH" "$ENGRAM" bench io "$T/bench0.gguf" --seconds 1 --rounds 3 --depths 4 --sections a \
+       --csv "$T/b2.csv" > "$T/b2.txt" 2>&1 \
+   && awk -F, '$1 == "depth" && $3 == 4 { v[$2] = $4 }
+        END { want = v["engram_iops"] / 2000; m = v["ratio_rounds_median"]
+              exit !(want > 0 && m > 0 && (m - want) / want < 1e-4 && (want - m) / want < 1e-4 \
+                     && v["ratio_rounds_min"] <= m && m <= v["ratio_rounds_max"] \
+                     && v["fio_batched_iops"] == 2000 && v["fio_same_size_iops"] == 1000) }' "$T/b2.csv" \
+   && grep -q "median of 3 rounds" "$T/b2.txt"; then
+    ok
+else
+    bad "bench io's per-round ratio"; cat "$T/b2.csv" "$T/b2.txt" >&2
+fi
+expect_rc 2 "rounds takes 1 to 32" "bench io --rounds 0" "$ENGRAM" bench io "$T/bench0.gguf" --rounds 0
+expect_rc 2 "rounds takes 1 to 32" "bench io --rounds 33" "$ENGRAM" bench io "$T/bench0.gguf" --rounds 33
 # bench io: a short run of every section on the small model, fio included
 check "build bench model" "$ENGRAM" build "$T/bench.gguf" --base 20000 --fill pool
 if "$ENGRAM" bench io "$T/bench.gguf" --seconds 1 --depths 4 --max-tokens 3000 --csv "$T/b.csv" --svg "$T/b.svg" > "$T/b.txt" 2>&1 \
