@@ -34,7 +34,9 @@
  *    the bits of the same tokens among 300 (the prefill GEMM); FMA_ONLY's
  *    GEMVs the same among 13 and alone;
  *  - a captured CUDA graph with a device-side step index replays four
- *    steps of 16 tokens to the same bits as direct calls;
+ *    steps of 16 tokens to the same bits as direct calls; a captured
+ *    prefill of 2500 tokens (two blocks, wide and masked tokens, F32 and
+ *    BF16 residuals) replays to a direct call's bits, in both layers;
  *  - staging: a pool with engram_cuda_host_hooks has its reader's buffers
  *    and prefill rings page-locked, rows from them copied asynchronously
  *    give the same GPU output as from a pageable copy (without a GPU: the
@@ -956,6 +958,81 @@ static void dependent_launch(fx *f, engram_cuda_layer *c, const char *path)
     free(xb);
 }
 
+/* The prefill path captured into a CUDA graph (engram_cuda.h: every apply
+ * may be captured): 2500 tokens (two blocks: 2048 + 452), every third too
+ * wide for F16, every seventh masked; the graph replayed twice, each time
+ * from the same residual (set outside the graph), against one direct call
+ * on the same stream, bit for bit; F32 and BF16 residuals.  Its kernels,
+ * the ticket's reset and any launch that reads the host's state at call
+ * time are in the graph only as they were at capture. */
+static void prefill_graph(fx *f, engram_cuda_layer *c, const char *path)
+{
+    const unsigned n = 2500;
+    size_t per = (size_t)f->S * f->W;
+    rowset rs;
+    rowset_new(&rs, f, n, 900, 0, widen);
+    uint8_t *mask = (uint8_t *)malloc(n);
+    for (unsigned t = 0; t < n; t++)
+        mask[t] = t % 7 != 5;
+    uint8_t *d_mask = (uint8_t *)dev_buf(n, mask);
+    engram_error err;
+    for (int bf = 0; bf < 2; bf++) {
+        const size_t es = bf ? 2 : 4, bytes = n * per * es;
+        uint8_t *x0 = (uint8_t *)malloc(bytes), *xd = (uint8_t *)malloc(bytes), *xg = (uint8_t *)malloc(bytes);
+        uint64_t seed = 11;
+        for (size_t i = 0; i < n * per; i++) {
+            float v = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f; /* exact in BF16 */
+            if (bf) {
+                uint32_t u;
+                memcpy(&u, &v, 4);
+                uint16_t h = (uint16_t)(u >> 16);
+                memcpy(x0 + i * 2, &h, 2);
+            } else {
+                memcpy(x0 + i * 4, &v, 4);
+            }
+        }
+        void *d_x = dev_buf(bytes, x0);
+        cudaStream_t st;
+        CU(cudaStreamCreate(&st));
+        engram_cuda_args a = args_of(rs.d_raw, n, d_x);
+        a.resid_dtype = bf ? ENGRAM_BF16 : ENGRAM_F32;
+        a.mask = d_mask;
+        a.stream = st;
+        CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+        CHECK_EQ(engram_cuda_sync(c, st, &err), 0);
+        CU(cudaMemcpy(xd, d_x, bytes, cudaMemcpyDeviceToHost));
+        int moved = memcmp(xd, x0, bytes) != 0;
+        CHECK(moved);
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+        CU(cudaStreamEndCapture(st, &g));
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        int same = 1;
+        for (int rep = 0; rep < 2; rep++) {
+            CU(cudaMemcpy(d_x, x0, bytes, cudaMemcpyHostToDevice));
+            CU(cudaGraphLaunch(ge, st));
+            CHECK_EQ(engram_cuda_sync(c, st, &err), 0);
+            CU(cudaMemcpy(xg, d_x, bytes, cudaMemcpyDeviceToHost));
+            same &= memcmp(xg, xd, bytes) == 0;
+        }
+        CHECK(same);
+        printf("W=%u prefill of %u tokens in a graph (%s, %s residual, wide and masked tokens): 2 replays %s a "
+               "direct call\n", f->W, n, path, bf ? "BF16" : "F32", same ? "equal" : "DIFFER FROM");
+        CU(cudaGraphExecDestroy(ge));
+        CU(cudaGraphDestroy(g));
+        CU(cudaStreamDestroy(st));
+        CU(cudaFree(d_x));
+        free(x0);
+        free(xd);
+        free(xg);
+    }
+    rowset_free(&rs);
+    CU(cudaFree(d_mask));
+    free(mask);
+}
+
 /* Staging: a pool opened with engram_cuda_host_hooks page-locks its
  * reader's buffers and the rings its prefills allocate; rows taken from a
  * ring are those of the model (bit for bit) and copied asynchronously on a
@@ -1287,6 +1364,8 @@ int main(void)
             invariance_and_graph(&f, f.cb, "mmv, without wgmma");
             dependent_launch(&f, f.c, "wsd");
             dependent_launch(&f, f.cb, "mmv");
+            prefill_graph(&f, f.c, "the wgmma GEMM");
+            prefill_graph(&f, f.cb, "cuBLAS's GEMM");
             unaligned_kv(&f);
             unaligned_resid(&f);
             if (q == 0)
