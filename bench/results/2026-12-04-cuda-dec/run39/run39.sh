@@ -8,6 +8,7 @@
 # epgnf/epg80/epg2/epg1 built at 1361724 (d49f2a8 adds only the off-by-default knobs epgg uses);
 # e / nn / n5 = HEAD + wsd EAGER only / NARROW only / both with 5 stages
 # (run38's builds, wsd_eager_narrow.diff on 43fb7a5).
+# epg/test_cuda rebuilt 2026-12-05 at b2656e7 (e60afd8 + the prefill captured into a graph, main's 9b8479a).
 # Order: decode rows, prefill rows (each bench under a short timeout: a hang costs 40 s), then test_cuda,
 # test_apply.sh (cuda) and bench_ds4 on epg, the whole stack.
 set -u
@@ -27,7 +28,7 @@ for round in 1 2; do for v in h p ep epg epg80 epg2 epg1 epgg; do
 done; done
 tar czf $OUT/r39.tgz -C /tmp r39
 echo "== test_cuda (epg) $(( $(date +%s) - t0 ))s"; timeout 300 .gpubin/epg/test_cuda > $R/test_cuda.txt 2>&1; echo "rc=$? $(( $(date +%s) - t0 ))s"
-grep -E "FAIL|NO$|DIFFER" $R/test_cuda.txt | head -10; tail -1 $R/test_cuda.txt
+grep -E "FAIL|NO$|DIFFER|in a graph" $R/test_cuda.txt | head -14; tail -1 $R/test_cuda.txt
 tar czf $OUT/r39.tgz -C /tmp r39
 mkdir -p /tmp/b && cp .gpubin/epg/engram .gpubin/epg/engram-cuda.so /tmp/b/
 ENGRAM_DEVICE=cuda PY=python3 timeout 150 sh tests/test_apply.sh /tmp/b > "$R/test_apply_cuda.txt" 2>&1
