@@ -240,11 +240,13 @@ static int section_depths(struct bench *b, struct depth_point *pts)
         size_t tokens = depth * 16u < 4 ? 4 : depth * 16u > ENGRAM_BATCH_TOKENS ? ENGRAM_BATCH_TOKENS : depth * 16u;
         /* Shared disks drift: engram and the fio runs take turns in
          * rounds, and each round's engram figure is set against the fio
-         * runs beside it in time (ratio_r); each tool's median round is
+         * runs beside it in time (ratio_r, over the nv rounds where a
+         * same-size fio gave a figure); each tool's median round is
          * reported too. */
         const int nr = b->rounds;
         double ours_r[MAX_ROUNDS], plain_r[MAX_ROUNDS], mix_r[MAX_ROUNDS], batched_r[MAX_ROUNDS],
             cores_r[MAX_ROUNDS], ratio_r[MAX_ROUNDS];
+        int nv = 0;
         double slice = b->seconds / nr;
         engram_io_stats st;
         engram_reader_get_stats(r, &st);
@@ -283,12 +285,18 @@ static int section_depths(struct bench *b, struct depth_point *pts)
                 ours_r[round] = (double)st.rows_read / (t1 - t0);
             }
             double fio_best = mix_r[round] > batched_r[round] ? mix_r[round] : batched_r[round];
-            ratio_r[round] = fio_best > 0 ? ours_r[round] / fio_best : 0;
+            if (fio_best > 0)
+                ratio_r[nv++] = ours_r[round] / fio_best;
+            bench_csv_row(b, "round", "engram_iops", st.depth, ours_r[round], "reads/s");
+            bench_csv_row(b, "round", "fio_same_size_iops", st.depth, mix_r[round], "reads/s");
+            bench_csv_row(b, "round", "fio_batched_iops", st.depth, batched_r[round], "reads/s");
         }
         engram_reader_close(r);
-        double lo, hi;
-        range_of(ratio_r, nr, &lo, &hi); /* before median() sorts ratio_r */
-        double ratio = median(ratio_r, nr);
+        double lo = 0, hi = 0, ratio = 0;
+        if (nv > 0) {
+            range_of(ratio_r, nv, &lo, &hi);
+            ratio = median(ratio_r, nv);
+        }
         double iops = median(ours_r, nr), cores = median(cores_r, nr);
         double plain = median(plain_r, nr), mix = median(mix_r, nr), batched = median(batched_r, nr);
         double best = mix > batched ? mix : batched;
@@ -296,14 +304,15 @@ static int section_depths(struct bench *b, struct depth_point *pts)
         char span[32];
         snprintf(span, sizeof span, "[%.2f, %.2f]", lo, hi);
         printf("    %5u %12.0f %10.0f %12.0f %12.0f %7.2f %13s %7.2f %6.2f %10.0f %9s\n", st.depth,
-               iops, plain, mix, batched, ratio, best > 0 ? span : "", best > 0 ? iops / best : 0,
+               iops, plain, mix, batched, ratio, nv > 0 ? span : "", best > 0 ? iops / best : 0,
                cores, (double)st.bytes_read / (double)st.rows_read, st.engine);
         bench_csv_row(b, "depth", "engram_iops", st.depth, iops, "reads/s");
         bench_csv_row(b, "depth", "fio_plain_iops", st.depth, plain, "reads/s");
         bench_csv_row(b, "depth", "fio_same_size_iops", st.depth, mix, "reads/s");
         bench_csv_row(b, "depth", "fio_batched_iops", st.depth, batched, "reads/s");
         bench_csv_row(b, "depth", "engram_cores", st.depth, cores, "cores");
-        if (best > 0) {
+        if (nv > 0) {
+            bench_csv_row(b, "depth", "ratio_rounds", st.depth, nv, "rounds");
             bench_csv_row(b, "depth", "ratio_rounds_median", st.depth, ratio, "x");
             bench_csv_row(b, "depth", "ratio_rounds_min", st.depth, lo, "x");
             bench_csv_row(b, "depth", "ratio_rounds_max", st.depth, hi, "x");
@@ -486,8 +495,8 @@ static int create_file(const char *path, uint64_t bytes)
 /* ------------------------------------------------------------ main */
 
 static const char *bench_io_help =
-    "usage: engram bench io FILE [--create SIZE] [--depths 1,2,...] [--seconds S] [--rounds N]\n"
-    "                        [--corpus TOKENS]... [--csv OUT.csv] [--svg OUT.svg]\n"
+    "usage: engram bench io FILE [--create SIZE] [--depths 1,2,...] [--seconds S]\n"
+    "                        [--rounds N] [--corpus TOKENS]... [--csv OUT.csv] [--svg OUT.svg]\n"
     "                        [--max-tokens N] [--cache SIZE] [--sections abc]\n"
     "                        [--no-fio] [--no-baseline]\n"
     "FILE is a model (V4.1, or a PLE file: its one table, 16 rows per token); with\n"
@@ -506,8 +515,9 @@ static const char *bench_io_help =
     "Default depths 1,2,4,8,16,32,48,64,128,256; --seconds per measurement (8), split\n"
     "into --rounds N (8, up to 32) in which engram and the fio runs take turns in\n"
     "rotating order (shared disks drift: each round's engram figure is set against\n"
-    "the fio runs of its round, and medians are reported; a fio run lasts at least\n"
-    "0.1 s);\n"
+    "the fio runs of its round, and medians are reported; a multiple of 4 gives\n"
+    "each tool each place in the order equally often; a fio run lasts at least\n"
+    "0.1 s); --csv also writes each round's figures (section \"round\");\n"
     "--max-tokens N (up to 2^24) reads the first N tokens of each corpus; else a\n"
     "corpus of more than 2^24 is refused.\n"
     "fio must be installed (apt-get install fio) for the device-limit columns.\n";
