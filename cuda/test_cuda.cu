@@ -970,7 +970,7 @@ static void prefill_graph(fx *f, engram_cuda_layer *c, const char *path)
     const unsigned n = 2500;
     size_t per = (size_t)f->S * f->W;
     rowset rs;
-    rowset_new(&rs, f, n, 900, 0, widen);
+    rowset_new(&rs, f, n, 900, 1, widen); /* widen redoes the BF16 values: asks for them */
     uint8_t *mask = (uint8_t *)malloc(n);
     for (unsigned t = 0; t < n; t++)
         mask[t] = t % 7 != 5;
