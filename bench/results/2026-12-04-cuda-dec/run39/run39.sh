@@ -8,7 +8,7 @@
 # epgnf/epg80/epg2/epg1 built at 1361724 (d49f2a8 adds only the off-by-default knobs epgg uses);
 # e / nn / n5 = HEAD + wsd EAGER only / NARROW only / both with 5 stages
 # (run38's builds, wsd_eager_narrow.diff on 43fb7a5).
-# epg/test_cuda rebuilt 2026-12-05 at b2656e7 (e60afd8 + the prefill captured into a graph, main's 9b8479a).
+# epg/test_cuda rebuilt 2026-12-05 at 0d4e003 (e60afd8 + the prefill captured into a graph: main's 9b8479a and c37b369).
 # Order: decode rows, prefill rows (each bench under a short timeout: a hang costs 40 s), then test_cuda,
 # test_apply.sh (cuda) and bench_ds4 on epg, the whole stack.
 set -u
