@@ -82,9 +82,9 @@ struct engram_cuda_layer {
     int tc;                  /* ws_gemm runs here (sm_90a code, maps made) */
     int fit[2];              /* ws_gemm's clusters of 1, 2 CTAs at once (ws_fit) */
     /* the copy engine's maps of e16 (BLOCK rows) and w: ws_maps' three,
-     * then wsd_maps' two; 5 x 128 bytes, 64-byte aligned inside (calloc
-     * aligns to 16) */
-    unsigned char maps[5 * sizeof(CUtensorMap) + 64];
+     * then wsd_maps' WSD_NMAPS; 8 x 128 bytes, 64-byte aligned inside
+     * (calloc aligns to 16) */
+    unsigned char maps[(3 + WSD_NMAPS) * sizeof(CUtensorMap) + 64];
     int pdl;                 /* programmatic dependent launch (9.0+) */
     uint64_t bytes;
 };
@@ -102,7 +102,7 @@ static int *ws_ticket(engram_cuda_layer *c)
     return c->wide + ENGRAM_CUDA_BLOCK + 1;
 }
 
-/* c's five maps (ws_maps, then wsd_maps) */
+/* c's maps (ws_maps' three, then wsd_maps') */
 static CUtensorMap *layer_maps(engram_cuda_layer *c)
 {
     return (CUtensorMap *)(((uintptr_t)c->maps + 63) & ~(uintptr_t)63);
@@ -324,6 +324,35 @@ static cudaLaunchConfig_t dependent_cfg(const engram_cuda_layer *c, unsigned fla
     return cfg;
 }
 
+/* wsd_kernel<nb> for n tokens (nb: n rounded up to 8, 16, 32 or 64) as a
+ * dependent launch (dependent_cfg) with the maps of wsd_maps; wsd_kernel's
+ * arguments.  The launch's error, or 0. */
+template <int NB>
+static cudaError_t wsd_launch_nb(const engram_cuda_layer *c, cudaLaunchConfig_t cfg, const CUtensorMap *m, int n,
+                                 float *kv, const uint8_t *raw, size_t stride, const int *ds, size_t rstep,
+                                 const int *flag, const int *kshift)
+{
+    cfg.dynamicSmemBytes = wsd_shape<NB>::smem;
+    return cudaLaunchKernelEx(&cfg, wsd_kernel<NB>, m[0], m[1 + (NB == 8 ? 0 : NB == 16 ? 1 : NB == 32 ? 2 : 3)], n,
+                              (int)c->N, kv, (const uint16_t *)c->w, raw, stride, ds, rstep, flag, kshift);
+}
+
+static cudaError_t wsd_launch(engram_cuda_layer *c, unsigned flags, int n, float *kv, const uint8_t *raw,
+                              size_t stride, const int *ds, size_t rstep, const int *flag, const int *kshift,
+                              cudaStream_t st)
+{
+    const CUtensorMap *m = layer_maps(c) + 3;
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = dependent_cfg(c, flags, dim3((c->N + WSD_BM - 1) / WSD_BM), dim3(WS_THREADS), st, &at);
+    if (n <= 8)
+        return wsd_launch_nb<8>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift);
+    if (n <= 16)
+        return wsd_launch_nb<16>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift);
+    if (n <= 32)
+        return wsd_launch_nb<32>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift);
+    return wsd_launch_nb<64>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift);
+}
+
 /* kv (n x N, F32) = e16 (n x K) x W^T on the tensor cores through cuBLAS:
  * exact products, the tensor cores' own sums (where the wgmma GEMM cannot
  * run: a GPU other than compute capability 9.0). */
@@ -437,15 +466,9 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     if (dec) {
         /* F32 kv x 2^-k (n <= 64: the gate's F32 kv), or x 1 (unscale);
          * a programmatic dependent of decode16_kernel, its first tiles of
-         * weights asked for before it waits; maps: wsd_maps' (tokens,
-         * weights) */
-        const CUtensorMap *m = layer_maps(c) + 3;
-        cudaLaunchAttribute at;
-        cudaLaunchConfig_t cfg =
-            dependent_cfg(c, a->flags, dim3((c->N + WSD_BM - 1) / WSD_BM), dim3(WS_THREADS), st, &at);
-        cfg.dynamicSmemBytes = WSD_SMEM;
-        CK(cudaLaunchKernelEx(&cfg, wsd_kernel, m[1], m[0], (int)n, (int)c->N, kv, (const uint16_t *)c->w,
-                              raw, stride, ds, rstep, (const int *)flag, unscale ? (const int *)c->kshift : NULL),
+         * weights asked for before it waits; the tokens' box the call's n
+         * rounded up to 8, 16, 32 or 64 */
+        CK(wsd_launch(c, a->flags, (int)n, kv, raw, stride, ds, rstep, flag, unscale ? c->kshift : NULL, st),
            "wsd_kernel");
         *scaled = !unscale;
         return 0;

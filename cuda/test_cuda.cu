@@ -696,7 +696,7 @@ static void invariance_and_graph(fx *f, engram_cuda_layer *c, const char *path)
     CHECK_EQ(engram_cuda_project(c, &a, d_kv, &err), 0);
     CU(cudaMemcpy(kv64, d_kv, n * f->N * 4, cudaMemcpyDeviceToHost));
     int same = 1;
-    for (unsigned t = 0; t < n; t += 3) {
+    for (unsigned t = 0; t < n; t++) { /* the wide ones (t % 3 == 0) and the others */
         a.raw = d_raw + (size_t)t * 24 * 264;
         a.n = 1;
         CHECK_EQ(engram_cuda_project(c, &a, d_kv, &err), 0);
@@ -706,9 +706,11 @@ static void invariance_and_graph(fx *f, engram_cuda_layer *c, const char *path)
     CHECK(same);
     printf("W=%u decode path (%s) batch-invariant (alone vs among %u): %s\n", f->W, path, n, same ? "yes" : "NO");
     /* and the first k of them in calls of 1 .. 8 n-tiles (17, 25, 33, 41,
-     * 49: 3, 4, 5, 6, 7), from another offset into the rows (token 3 on) */
+     * 49: 3, 4, 5, 6, 7) and of each of wsd_kernel's token boxes (8, 16,
+     * 32, 64) at both of its ends, from another offset into the rows
+     * (token 3 on) */
     {
-        const unsigned ks[] = {2, 9, 17, 25, 33, 41, 49, 61};
+        const unsigned ks[] = {2, 3, 4, 5, 8, 9, 16, 17, 25, 32, 33, 41, 49, 61};
         float *kvk = (float *)malloc((size_t)n * f->N * 4);
         int ksame = 1;
         for (unsigned i = 0; i < sizeof ks / sizeof ks[0]; i++) {
@@ -719,8 +721,9 @@ static void invariance_and_graph(fx *f, engram_cuda_layer *c, const char *path)
             ksame &= memcmp(kvk, kv64 + (size_t)3 * f->N, (size_t)ks[i] * f->N * 4) == 0;
         }
         CHECK(ksame);
-        printf("W=%u decode path (%s): calls of 2, 9, 17, 25, 33, 41, 49, 61 tokens the bits of the call of %u: "
-               "%s\n", f->W, path, n, ksame ? "yes" : "NO");
+        printf("W=%u decode path (%s): calls of 2, 3, 4, 5, 8, 9, 16, 17, 25, 32, 33, 41, 49, 61 tokens the bits "
+               "of the call of %u: %s\n",
+               f->W, path, n, ksame ? "yes" : "NO");
         free(kvk);
         a.raw = d_raw;
         a.n = n;
@@ -917,7 +920,7 @@ static void fma_rounds(fx *f)
  * and the two would differ. */
 static void dependent_launch(fx *f, engram_cuda_layer *c, const char *path)
 {
-    const unsigned rounds = 48, Bs[4] = {1, 3, 8, ENGRAM_CUDA_GEMV_MAX}, BM = ENGRAM_CUDA_GEMV_MAX;
+    const unsigned rounds = 48, Bs[6] = {1, 3, 8, 16, 32, ENGRAM_CUDA_GEMV_MAX}, BM = ENGRAM_CUDA_GEMV_MAX;
     size_t per = (size_t)f->S * f->W;
     rowset rs;
     rowset_new(&rs, f, rounds * BM, 700, 0, NULL);
@@ -928,7 +931,7 @@ static void dependent_launch(fx *f, engram_cuda_layer *c, const char *path)
         x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
     float *d_xa = (float *)dev_buf(BM * per * 4, NULL), *d_xb = (float *)dev_buf(BM * per * 4, NULL);
     engram_error err;
-    for (int q = 0; q < 4; q++) {
+    for (int q = 0; q < 6; q++) {
         CU(cudaMemcpy(d_xa, x0, BM * per * 4, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(d_xb, x0, BM * per * 4, cudaMemcpyHostToDevice));
         engram_cuda_args a = args_of(rs.d_raw, Bs[q], d_xa);

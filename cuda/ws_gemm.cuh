@@ -394,17 +394,20 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
  * 256xB_64x5, bench/results/2026-12-03-cuda-dec/run24): a CTA owns
  * WSD_BM = 256 outputs over the whole of K (100 CTAs at W = 5120, one
  * wave), the weights are wgmma's A straight from shared memory (boxes of
- * 256 x 64, 128-byte swizzle), the tokens B (one box of 64 x 64; columns
- * past n hold whatever e16 holds there and are not stored: a column of the
- * result depends on its own column of B alone).  The producer streams
- * WSD_STAGES stages of 40 KB; two consumers own 128 outputs each (two
- * m64n64k16 a k16 step into one partial), promoted to F32 every WS_PROM
+ * 256 x 64, 128-byte swizzle), the tokens B (one box of NB x 64, NB the
+ * call's n rounded up to 8, 16, 32 or 64; columns past n hold whatever e16
+ * holds there and are not stored: a column of the result depends on its
+ * own column of B alone).  The producer streams wsd_shape<NB>::stages
+ * stages of 32 KB of weights and NB x 128 bytes of tokens (6 where they
+ * fit, 5 at NB = 64: the narrow boxes took 1.27-1.28x the floor to
+ * 1.23-1.25x at one token, run 39); two consumers own 128 outputs each
+ * (two m64nNBk16 a k16 step into one partial), promoted to F32 every WS_PROM
  * k-tiles with ordinary F32 adds as ws_gemm_kernel promotes: the same
  * products in the same k16 groups and the same order of adds, so the same
  * bits as ws_gemm_kernel, A and B swapped (run 25: every output of n = 1,
  * 8, 16, 32, 64 tokens).  A token's kv is then the same whatever the number
  * of tokens of its call.
- * A programmatic dependent of decode16_kernel: the first WSD_STAGES tiles
+ * A programmatic dependent of decode16_kernel: the first stages' tiles
  * of weights are asked for before it waits (griddepcontrol.wait) for the
  * tokens' rows; it lets its own dependent, the apply's gate, be scheduled
  * at once.  The tokens decode16_kernel flagged as too wide for F16 (flag[t]):
@@ -416,27 +419,55 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
  * as scale_kernel would give it).
  */
 #define WSD_BM 256
-#define WSD_BN 64
-#ifndef WSD_STAGES
-#define WSD_STAGES 5
-#endif
+#define WSD_BN 64 /* the widest token box */
 #define WSD_A_BYTES (WSD_BM * WS_BK * 2)
-#define WSD_B_BYTES (WSD_BN * WS_BK * 2)
-#define WSD_STAGE_BYTES (WSD_A_BYTES + WSD_B_BYTES)
-#define WSD_SMEM (WSD_STAGES * WSD_STAGE_BYTES + 1024)
-#define WSD_ACC 64 /* two m64n64 accumulators per consumer thread */
+#define WSD_SMEM_MAX (227 * 1024) /* the opt-in limit of compute capability 9.0 */
 static_assert(ENGRAM_CUDA_GEMV_MAX <= WSD_BN && WSD_BN <= 64, "a call's tokens are one box, their flags one word");
 
-__device__ __forceinline__ void wsd_wgmma(float *d, uint64_t da, uint64_t db, int scale_d)
+/* The shape of wsd_kernel<NB>: a box of NB tokens (8, 16, 32 or 64: the
+ * call's n rounded up), as many stages of weights and tokens as the shared
+ * memory holds (6, 6, 6, 5), unless WSD_STAGES fixes it. */
+template <int NB> struct wsd_shape {
+    static constexpr int b_bytes = NB * WS_BK * 2;
+    static constexpr int stage_bytes = WSD_A_BYTES + b_bytes;
+#ifdef WSD_STAGES
+    static constexpr int stages = WSD_STAGES;
+#else
+    static constexpr int stages = (WSD_SMEM_MAX - 2048) / stage_bytes;
+#endif
+    static constexpr int smem = stages * stage_bytes + 1024;
+    static_assert(stage_bytes % 1024 == 0, "every box on a swizzle atom");
+    static_assert(smem <= WSD_SMEM_MAX - 1024, "the barriers fit beside the stages");
+};
+
+/* one m64nNBk16 into d (NB / 2 floats a thread) */
+template <int NB> __device__ __forceinline__ void wsd_wgmma(float *d, uint64_t da, uint64_t db, int scale_d)
 {
 #ifdef WS_SM90A
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(scale_d));
+    if constexpr (NB == 8)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "l"(da), "l"(db), "r"(scale_d));
+    else if constexpr (NB == 16)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                     : "l"(da), "l"(db), "r"(scale_d));
+    else if constexpr (NB == 32)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                     : "l"(da), "l"(db), "r"(scale_d));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                     : "l"(da), "l"(db), "r"(scale_d));
 #endif
 }
 
+template <int NB>
 __global__ void __launch_bounds__(WS_THREADS, 1)
 wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te, int n, int N,
            float *__restrict__ kv, const uint16_t *__restrict__ w, const uint8_t *raw, size_t stride,
@@ -448,15 +479,17 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
      * kernels, which might write the rows this kernel reads to its end */
     if (!kshift)
         pdl_launch_dependents();
+    typedef wsd_shape<NB> S;
+    constexpr int STAGES = S::stages, STAGE_BYTES = S::stage_bytes, NACC = NB;
     extern __shared__ uint8_t ws_smem_raw[];
-    __shared__ __align__(8) uint64_t full[WSD_STAGES], empty[WSD_STAGES];
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
     uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(ws_smem_raw) + 1023) & ~1023u;
     uint32_t bfull = (uint32_t)__cvta_generic_to_shared(full),
              bempty = (uint32_t)__cvta_generic_to_shared(empty);
     const int n0 = blockIdx.x * WSD_BM, KT = K / WS_BK, wg = threadIdx.x >> 7;
-    static_assert(K / WS_BK >= WSD_STAGES, "the first stages are all filled before the wait");
+    static_assert(K / WS_BK >= STAGES, "the first stages are all filled before the wait");
     if (threadIdx.x == 0) {
-        for (int s = 0; s < WSD_STAGES; s++) {
+        for (int s = 0; s < STAGES; s++) {
             ws_bar_init(bfull + 8 * s, 1);
             ws_bar_init(bempty + 8 * s, 8); /* each consumer warp */
         }
@@ -468,19 +501,19 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
         if (threadIdx.x == 0) {
             /* the weights do not depend on the tokens: the first stages'
              * tiles go out before the wait for decode16_kernel */
-            for (int kt = 0; kt < WSD_STAGES; kt++) {
-                uint32_t sa = sbase + kt * WSD_STAGE_BYTES;
-                ws_bar_expect(bfull + 8 * kt, WSD_STAGE_BYTES);
+            for (int kt = 0; kt < STAGES; kt++) {
+                uint32_t sa = sbase + kt * STAGE_BYTES;
+                ws_bar_expect(bfull + 8 * kt, STAGE_BYTES);
                 ws_tma(sa, &tw, bfull + 8 * kt, kt * WS_BK, n0);
             }
             asm volatile("griddepcontrol.wait;\n" ::: "memory");
-            for (int kt = 0; kt < WSD_STAGES; kt++)
-                ws_tma(sbase + kt * WSD_STAGE_BYTES + WSD_A_BYTES, &te, bfull + 8 * kt, kt * WS_BK, 0);
-            for (int kt = WSD_STAGES; kt < KT; kt++) {
-                int s = kt % WSD_STAGES;
-                uint32_t sa = sbase + s * WSD_STAGE_BYTES;
-                ws_bar_wait(bempty + 8 * s, ((kt / WSD_STAGES) & 1) ^ 1);
-                ws_bar_expect(bfull + 8 * s, WSD_STAGE_BYTES);
+            for (int kt = 0; kt < STAGES; kt++)
+                ws_tma(sbase + kt * STAGE_BYTES + WSD_A_BYTES, &te, bfull + 8 * kt, kt * WS_BK, 0);
+            for (int kt = STAGES; kt < KT; kt++) {
+                int s = kt % STAGES;
+                uint32_t sa = sbase + s * STAGE_BYTES;
+                ws_bar_wait(bempty + 8 * s, ((kt / STAGES) & 1) ^ 1);
+                ws_bar_expect(bfull + 8 * s, STAGE_BYTES);
                 ws_tma(sa, &tw, bfull + 8 * s, kt * WS_BK, n0);
                 ws_tma(sa + WSD_A_BYTES, &te, bfull + 8 * s, kt * WS_BK, 0);
             }
@@ -488,40 +521,41 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int cw = wg - 1, lane = threadIdx.x & 31;
-        float acc[WSD_ACC], p[WSD_ACC];
+        float acc[NACC], p[NACC];
 #pragma unroll
-        for (int i = 0; i < WSD_ACC; i++)
+        for (int i = 0; i < NACC; i++)
             acc[i] = p[i] = 0.0f;
         for (int g = 0; g < KT / WS_PROM; g++) {
 #pragma unroll
             for (int j = 0; j < WS_PROM; j++) {
-                int kt = g * WS_PROM + j, s = kt % WSD_STAGES;
-                ws_bar_wait(bfull + 8 * s, (kt / WSD_STAGES) & 1);
-                uint32_t sa = sbase + s * WSD_STAGE_BYTES + cw * 128 * 128,
-                         sb = sbase + s * WSD_STAGE_BYTES + WSD_A_BYTES;
+                int kt = g * WS_PROM + j, s = kt % STAGES;
+                ws_bar_wait(bfull + 8 * s, (kt / STAGES) & 1);
+                uint32_t sa = sbase + s * STAGE_BYTES + cw * 128 * 128,
+                         sb = sbase + s * STAGE_BYTES + WSD_A_BYTES;
                 if (j == 0)
-                    ws_fence<WSD_ACC>(p);
+                    ws_fence<NACC>(p);
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
                 for (int kk = 0; kk < WS_BK / 16; kk++) {
-                    wsd_wgmma(p, ws_desc(sa + kk * 32), ws_desc(sb + kk * 32), j > 0 || kk > 0);
-                    wsd_wgmma(p + 32, ws_desc(sa + 64 * 128 + kk * 32), ws_desc(sb + kk * 32), j > 0 || kk > 0);
+                    wsd_wgmma<NB>(p, ws_desc(sa + kk * 32), ws_desc(sb + kk * 32), j > 0 || kk > 0);
+                    wsd_wgmma<NB>(p + NB / 2, ws_desc(sa + 64 * 128 + kk * 32), ws_desc(sb + kk * 32),
+                                  j > 0 || kk > 0);
                 }
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 if (j > 0) { /* tile kt - 1 is read: its stage goes back */
                     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
                     __syncwarp();
                     if (lane == 0)
-                        ws_bar_arrive(bempty + 8 * ((kt - 1) % WSD_STAGES), 1);
+                        ws_bar_arrive(bempty + 8 * ((kt - 1) % STAGES), 1);
                 }
             }
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             __syncwarp();
             if (lane == 0)
-                ws_bar_arrive(bempty + 8 * ((g * WS_PROM + WS_PROM - 1) % WSD_STAGES), 1);
-            ws_fence<WSD_ACC>(p);
+                ws_bar_arrive(bempty + 8 * ((g * WS_PROM + WS_PROM - 1) % STAGES), 1);
+            ws_fence<NACC>(p);
 #pragma unroll
-            for (int i = 0; i < WSD_ACC; i++)
+            for (int i = 0; i < NACC; i++)
                 acc[i] += p[i];
         }
         /* decode16_kernel's flags and shifts (only the producer thread has
@@ -535,11 +569,12 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int i = 0; i < 32; i++) {
+            for (int i = 0; i < NB / 2; i++) {
                 int o = n0 + cw * 128 + h * 64 + warp * 16 + (lane >> 2) + 8 * ((i >> 1) & 1);
                 int t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
                 if (t < n && o < N && !((wm >> t) & 1))
-                    kv[(size_t)t * N + o] = kshift ? pow2scale(acc[h * 32 + i], kshift[t]) : acc[h * 32 + i];
+                    kv[(size_t)t * N + o] =
+                        kshift ? pow2scale(acc[h * NB / 2 + i], kshift[t]) : acc[h * NB / 2 + i];
             }
         /* the wide tokens (none in trained tables; each costs this CTA a
          * pass over its weights on 8 warps, where the prefill's
@@ -600,11 +635,18 @@ static int ws_maps(CUtensorMap m[3], const void *e16, unsigned rows_e, const voi
     return 0;
 }
 
-/* The decode kernel's maps: m[0] tokens e16 (rows_e rows) in boxes of
- * WSD_BN, m[1] weights w (N rows) in boxes of WSD_BM. */
-static int wsd_maps(CUtensorMap m[2], const void *e16, unsigned rows_e, const void *w, unsigned N)
+/* The decode kernel's maps: m[0] weights w (N rows) in boxes of WSD_BM,
+ * m[1 + j] tokens e16 (rows_e rows) in boxes of 8 << j (j < WSD_NMAPS - 1:
+ * wsd_kernel<8>, <16>, <32>, <64>). */
+#define WSD_NMAPS 5
+static int wsd_maps(CUtensorMap m[WSD_NMAPS], const void *e16, unsigned rows_e, const void *w, unsigned N)
 {
-    return ws_map(&m[0], e16, rows_e, WSD_BN) < 0 || ws_map(&m[1], w, N, WSD_BM) < 0 ? -1 : 0;
+    if (ws_map(&m[0], w, N, WSD_BM) < 0)
+        return -1;
+    for (int j = 0; j < WSD_NMAPS - 1; j++)
+        if (ws_map(&m[1 + j], e16, rows_e, 8u << j) < 0)
+            return -1;
+    return 0;
 }
 
 __global__ void ws_probe_kernel(int *out)
@@ -623,8 +665,14 @@ static int ws_setup(void)
                                   WS_SMEM) == cudaSuccess &&
              cudaFuncSetAttribute(ws_gemm_kernel<WS_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   WS_SMEM) == cudaSuccess &&
-             cudaFuncSetAttribute(wsd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WSD_SMEM) ==
-                 cudaSuccess;
+             cudaFuncSetAttribute(wsd_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  wsd_shape<8>::smem) == cudaSuccess &&
+             cudaFuncSetAttribute(wsd_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  wsd_shape<16>::smem) == cudaSuccess &&
+             cudaFuncSetAttribute(wsd_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  wsd_shape<32>::smem) == cudaSuccess &&
+             cudaFuncSetAttribute(wsd_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  wsd_shape<64>::smem) == cudaSuccess;
     cudaGetLastError();
     return ok ? 0 : -1;
 }
