@@ -705,10 +705,10 @@ static void invariance_and_graph(fx *f, engram_cuda_layer *c, const char *path)
     }
     CHECK(same);
     printf("W=%u decode path (%s) batch-invariant (alone vs among %u): %s\n", f->W, path, n, same ? "yes" : "NO");
-    /* and the first k of them in calls of 1 .. 8 n-tiles (17, 25, 33, 41,
-     * 49: 3, 4, 5, 6, 7) and of each of wsd_kernel's token boxes (8, 16,
-     * 32, 64) at both of its ends, from another offset into the rows
-     * (token 3 on) */
+    /* and the first k of them, from another offset into the rows (token 3
+     * on), in calls of 2 to 61 tokens: each of wsd_kernel's token boxes
+     * (8: 2-5, 8; 16: 9, 16; 32: 17, 25, 32; 64: 33-61; one token and the
+     * whole 64 are the loop above and the reference call) */
     {
         const unsigned ks[] = {2, 3, 4, 5, 8, 9, 16, 17, 25, 32, 33, 41, 49, 61};
         float *kvk = (float *)malloc((size_t)n * f->N * 4);

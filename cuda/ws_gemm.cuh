@@ -426,7 +426,8 @@ static_assert(ENGRAM_CUDA_GEMV_MAX <= WSD_BN && WSD_BN <= 64, "a call's tokens a
 
 /* The shape of wsd_kernel<NB>: a box of NB tokens (8, 16, 32 or 64: the
  * call's n rounded up), as many stages of weights and tokens as the shared
- * memory holds (6, 6, 6, 5), unless WSD_STAGES fixes it. */
+ * memory holds (6, 6, 6, 5), unless WSD_STAGES fixes it for every NB (at
+ * most 5: more does not fit at NB = 64, which the static_assert refuses). */
 template <int NB> struct wsd_shape {
     static constexpr int b_bytes = NB * WS_BK * 2;
     static constexpr int stage_bytes = WSD_A_BYTES + b_bytes;
