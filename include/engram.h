@@ -927,8 +927,10 @@ void engram_reader_reset_stats(engram_reader *r);
  * flight for it is collected by the pool, which frees the session's memory
  * when the read is back (nothing is written into the caller's buffers after
  * close returns).  Closing the pool with sessions or prefills still open is
- * allowed: every step and prefill in progress fails with -ESHUTDOWN, every
- * read is collected, and the handles stay valid: every later begin fails
+ * allowed: every step and prefill in progress fails with -ESHUTDOWN (a
+ * step whose reads had all come in before the close keeps its rows: its
+ * waits return them), every read is collected, and the handles stay
+ * valid: every later begin fails
  * with -ESHUTDOWN, waits return their step's or prefill's error, and close,
  * end and cancel release them (the last one frees what is left of the
  * pool).  The model must outlive the pool and all its sessions.
