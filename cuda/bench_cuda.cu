@@ -272,6 +272,14 @@ int main(int argc, char **argv)
            "default again: %.1f us = %.2f x)\n", sms * 1e3, sms / floor_ms, dms * 1e3, dms / floor_ms);
     float pms = timed(st, 100, [&] { engram_cuda_project(c, &a, d_kv, &err); });
     printf("   1 (projection alone) %.1f us = %.2f x floor\n", pms * 1e3, pms / floor_ms);
+    /* 32 direct calls back to back: the host's launches ahead of the card,
+     * as in a decode loop without a graph (the rows above time one call on
+     * an idle card, its host-side launch included) */
+    float d32 = timed(st, 20, [&] {
+        for (int i = 0; i < 32; i++)
+            engram_cuda_apply(c, &a, &err);
+    });
+    printf("   1 (32 direct calls back to back) %.1f us each = %.2f x floor\n", d32 * 1e3 / 32, d32 / 32 / floor_ms);
     /* B = 1 as an engine runs it: captured once into a graph with a device-side step index */
     {
         int *d_step;

@@ -82,7 +82,7 @@ struct engram_cuda_layer {
     int tc;                  /* ws_gemm runs here (sm_90a code, maps made) */
     int fit[2];              /* ws_gemm's clusters of 1, 2 CTAs at once (ws_fit) */
     /* the copy engine's maps of e16 (BLOCK rows) and w: ws_maps' three,
-     * then wsd_maps' WSD_NMAPS; 8 x 128 bytes, 64-byte aligned inside
+     * then wsd_maps' WSD_NMAPS; 9 x 128 bytes, 64-byte aligned inside
      * (calloc aligns to 16) */
     unsigned char maps[(3 + WSD_NMAPS) * sizeof(CUtensorMap) + 64];
     int pdl;                 /* programmatic dependent launch (9.0+) */
@@ -332,8 +332,12 @@ static cudaError_t wsd_launch_nb(const engram_cuda_layer *c, cudaLaunchConfig_t 
                                  float *kv, const uint8_t *raw, size_t stride, const int *ds, size_t rstep,
                                  const int *flag, const int *kshift)
 {
-    cfg.dynamicSmemBytes = wsd_shape<NB>::smem;
-    return cudaLaunchKernelEx(&cfg, wsd_kernel<NB>, m[0], m[1 + (NB == 8 ? 0 : NB == 16 ? 1 : NB == 32 ? 2 : 3)], n,
+    typedef wsd_shape<NB> S;
+    cfg.dynamicSmemBytes = S::smem;
+    cfg.gridDim = dim3((c->N + S::bm - 1) / S::bm);
+    cfg.blockDim = dim3(S::threads);
+    return cudaLaunchKernelEx(&cfg, wsd_kernel<NB>, m[S::bm == WSD_BM ? 0 : 5],
+                              m[1 + (NB == 8 ? 0 : NB == 16 ? 1 : NB == 32 ? 2 : 3)], n,
                               (int)c->N, kv, (const uint16_t *)c->w, raw, stride, ds, rstep, flag, kshift);
 }
 
@@ -343,7 +347,7 @@ static cudaError_t wsd_launch(engram_cuda_layer *c, unsigned flags, int n, float
 {
     const CUtensorMap *m = layer_maps(c) + 3;
     cudaLaunchAttribute at;
-    cudaLaunchConfig_t cfg = dependent_cfg(c, flags, dim3((c->N + WSD_BM - 1) / WSD_BM), dim3(WS_THREADS), st, &at);
+    cudaLaunchConfig_t cfg = dependent_cfg(c, flags, dim3(1), dim3(1), st, &at); /* the grid: wsd_launch_nb's */
     if (n <= 8)
         return wsd_launch_nb<8>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift);
     if (n <= 16)

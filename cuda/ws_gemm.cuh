@@ -393,15 +393,20 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
  * the shape of cuBLAS's own kernels for these shapes (nvjet_sm90_hss_
  * 256xB_64x5, bench/results/2026-12-03-cuda-dec/run24): a CTA owns
  * WSD_BM = 256 outputs over the whole of K (100 CTAs at W = 5120, one
- * wave), the weights are wgmma's A straight from shared memory (boxes of
- * 256 x 64, 128-byte swizzle), the tokens B (one box of NB x 64, NB the
+ * wave), or for token boxes up to WSD_HALF_NB 128 outputs, two CTAs an SM
+ * (200 CTAs at W = 5120 over all 132 SMs of an H200 where 100 left 32
+ * idle: one token 1.21-1.23x the floor against 1.23-1.24x, 2-32 tokens
+ * 0.01-0.04x less in two rounds of three; at NB = 64 0.1x more, run 43);
+ * the weights are wgmma's A straight from shared memory (boxes of
+ * 256 or 128 x 64, 128-byte swizzle), the tokens B (one box of NB x 64, NB the
  * call's n rounded up to 8, 16, 32 or 64; columns past n hold whatever e16
  * holds there and are not stored: a column of the result depends on its
  * own column of B alone).  The producer streams wsd_shape<NB>::stages
  * stages of 32 KB of weights and NB x 128 bytes of tokens (6 where they
  * fit, 5 at NB = 64: the narrow boxes took 1.27-1.28x the floor to
- * 1.23-1.25x at one token, run 39); two consumers own 128 outputs each
- * (two m64nNBk16 a k16 step into one partial), promoted to F32 every WS_PROM
+ * 1.23-1.25x at one token, run 39; half of that in the CTAs of 128); a
+ * consumer warpgroup per 128 outputs (two m64nNBk16 a k16 step into one
+ * partial), promoted to F32 every WS_PROM
  * k-tiles with ordinary F32 adds as ws_gemm_kernel promotes: the same
  * products in the same k16 groups and the same order of adds, so the same
  * bits as ws_gemm_kernel, A and B swapped (run 25: every output of n = 1,
@@ -420,8 +425,11 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
  */
 #define WSD_BM 256
 #define WSD_BN 64 /* the widest token box */
-#define WSD_A_BYTES (WSD_BM * WS_BK * 2)
 #define WSD_SMEM_MAX (227 * 1024) /* the opt-in limit of compute capability 9.0 */
+#define WSD_SMEM_SM (228 * 1024)  /* an SM's, of which each CTA's 1 KB the system's */
+#ifndef WSD_HALF_NB
+#define WSD_HALF_NB 32 /* the widest token box that takes CTAs of 128 outputs, two an SM (0: none; run 43) */
+#endif
 static_assert(ENGRAM_CUDA_GEMV_MAX <= WSD_BN && WSD_BN <= 64, "a call's tokens are one box, their flags one word");
 
 /* The shape of wsd_kernel<NB>: a box of NB tokens (8, 16, 32 or 64: the
@@ -429,16 +437,21 @@ static_assert(ENGRAM_CUDA_GEMV_MAX <= WSD_BN && WSD_BN <= 64, "a call's tokens a
  * memory holds (6, 6, 6, 5), unless WSD_STAGES fixes it for every NB (at
  * most 5: more does not fit at NB = 64, which the static_assert refuses). */
 template <int NB> struct wsd_shape {
+    static constexpr int bm = NB <= WSD_HALF_NB ? 128 : WSD_BM; /* outputs a CTA */
+    static constexpr int per_sm = bm == WSD_BM ? 1 : 2;         /* CTAs an SM */
+    static constexpr int threads = 128 + bm;                    /* the producer's warpgroup, a consumer per 128 */
+    static constexpr int a_bytes = bm * WS_BK * 2;
     static constexpr int b_bytes = NB * WS_BK * 2;
-    static constexpr int stage_bytes = WSD_A_BYTES + b_bytes;
+    static constexpr int stage_bytes = a_bytes + b_bytes;
+    static constexpr int budget = per_sm == 1 ? WSD_SMEM_MAX : WSD_SMEM_SM / 2 - 1024;
 #ifdef WSD_STAGES
     static constexpr int stages = WSD_STAGES;
 #else
-    static constexpr int stages = (WSD_SMEM_MAX - 2048) / stage_bytes;
+    static constexpr int stages = (budget - 2048) / stage_bytes;
 #endif
     static constexpr int smem = stages * stage_bytes + 1024;
     static_assert(stage_bytes % 1024 == 0, "every box on a swizzle atom");
-    static_assert(smem <= WSD_SMEM_MAX - 1024, "the barriers fit beside the stages");
+    static_assert(smem <= budget - 1024, "the barriers fit beside the stages");
 };
 
 /* one m64nNBk16 into d (NB / 2 floats a thread) */
@@ -469,7 +482,7 @@ template <int NB> __device__ __forceinline__ void wsd_wgmma(float *d, uint64_t d
 }
 
 template <int NB>
-__global__ void __launch_bounds__(WS_THREADS, 1)
+__global__ void __launch_bounds__(wsd_shape<NB>::threads, wsd_shape<NB>::per_sm)
 wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te, int n, int N,
            float *__restrict__ kv, const uint16_t *__restrict__ w, const uint8_t *raw, size_t stride,
            const int *d_step, size_t raw_step, const int *flag, const int *kshift)
@@ -481,24 +494,26 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
     if (!kshift)
         pdl_launch_dependents();
     typedef wsd_shape<NB> S;
-    constexpr int STAGES = S::stages, STAGE_BYTES = S::stage_bytes, NACC = NB;
+    constexpr int STAGES = S::stages, STAGE_BYTES = S::stage_bytes, NACC = NB, BM = S::bm,
+                  A_BYTES = S::a_bytes, CWARPS = BM / 32;
     extern __shared__ uint8_t ws_smem_raw[];
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
     uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(ws_smem_raw) + 1023) & ~1023u;
     uint32_t bfull = (uint32_t)__cvta_generic_to_shared(full),
              bempty = (uint32_t)__cvta_generic_to_shared(empty);
-    const int n0 = blockIdx.x * WSD_BM, KT = K / WS_BK, wg = threadIdx.x >> 7;
+    const int n0 = blockIdx.x * BM, KT = K / WS_BK, wg = threadIdx.x >> 7;
     static_assert(K / WS_BK >= STAGES, "the first stages are all filled before the wait");
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             ws_bar_init(bfull + 8 * s, 1);
-            ws_bar_init(bempty + 8 * s, 8); /* each consumer warp */
+            ws_bar_init(bempty + 8 * s, CWARPS); /* each consumer warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if constexpr (S::per_sm == 1) /* two an SM: 128 registers a thread from the start */
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
             /* the weights do not depend on the tokens: the first stages'
              * tiles go out before the wait for decode16_kernel */
@@ -509,18 +524,19 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
             }
             asm volatile("griddepcontrol.wait;\n" ::: "memory");
             for (int kt = 0; kt < STAGES; kt++)
-                ws_tma(sbase + kt * STAGE_BYTES + WSD_A_BYTES, &te, bfull + 8 * kt, kt * WS_BK, 0);
+                ws_tma(sbase + kt * STAGE_BYTES + A_BYTES, &te, bfull + 8 * kt, kt * WS_BK, 0);
             for (int kt = STAGES; kt < KT; kt++) {
                 int s = kt % STAGES;
                 uint32_t sa = sbase + s * STAGE_BYTES;
                 ws_bar_wait(bempty + 8 * s, ((kt / STAGES) & 1) ^ 1);
                 ws_bar_expect(bfull + 8 * s, STAGE_BYTES);
                 ws_tma(sa, &tw, bfull + 8 * s, kt * WS_BK, n0);
-                ws_tma(sa + WSD_A_BYTES, &te, bfull + 8 * s, kt * WS_BK, 0);
+                ws_tma(sa + A_BYTES, &te, bfull + 8 * s, kt * WS_BK, 0);
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        if constexpr (S::per_sm == 1)
+            asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int cw = wg - 1, lane = threadIdx.x & 31;
         float acc[NACC], p[NACC];
 #pragma unroll
@@ -532,7 +548,7 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
                 int kt = g * WS_PROM + j, s = kt % STAGES;
                 ws_bar_wait(bfull + 8 * s, (kt / STAGES) & 1);
                 uint32_t sa = sbase + s * STAGE_BYTES + cw * 128 * 128,
-                         sb = sbase + s * STAGE_BYTES + WSD_A_BYTES;
+                         sb = sbase + s * STAGE_BYTES + A_BYTES;
                 if (j == 0)
                     ws_fence<NACC>(p);
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -578,15 +594,16 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
                         kshift ? pow2scale(acc[h * NB / 2 + i], kshift[t]) : acc[h * NB / 2 + i];
             }
         /* the wide tokens (none in trained tables; each costs this CTA a
-         * pass over its weights on 8 warps, where the prefill's
+         * pass over its weights on its consumer warps, where the prefill's
          * gemv_list_kernel has the whole GPU: ~0.9 ms a call with one on
-         * the H200, against ~0.3, bench_cuda's BENCH_CUDA_WIDE): the 8
-         * consumer warps take the CTA's outputs GEMV_ROWS at a time */
+         * the H200 with CTAs of 256 outputs, against ~0.3, bench_cuda's
+         * BENCH_CUDA_WIDE): the consumer warps take the CTA's outputs
+         * GEMV_ROWS at a time */
         if (wm && d_step)
             raw += (size_t)(*d_step) * raw_step;
         for (uint64_t m = wm; m; m &= m - 1) {
             const int t = __ffsll((long long)m) - 1;
-            for (int o0 = n0 + (cw * 4 + warp) * GEMV_ROWS; o0 < n0 + WSD_BM && o0 < N; o0 += 8 * GEMV_ROWS) {
+            for (int o0 = n0 + (cw * 4 + warp) * GEMV_ROWS; o0 < n0 + BM && o0 < N; o0 += CWARPS * GEMV_ROWS) {
                 float s[GEMV_ROWS];
                 gemv_rows(w, raw + (size_t)t * stride, o0, N, lane, s);
                 for (int rw = 0; rw < GEMV_ROWS; rw++)
@@ -637,14 +654,15 @@ static int ws_maps(CUtensorMap m[3], const void *e16, unsigned rows_e, const voi
 }
 
 /* The decode kernel's maps: m[0] weights w (N rows) in boxes of WSD_BM,
- * m[1 + j] tokens e16 (rows_e rows) in boxes of 8 << j (j < WSD_NMAPS - 1:
- * wsd_kernel<8>, <16>, <32>, <64>). */
-#define WSD_NMAPS 5
+ * m[1 + j] tokens e16 (rows_e rows) in boxes of 8 << j (j < 4:
+ * wsd_kernel<8>, <16>, <32>, <64>), m[5] the weights in boxes of 128 (the
+ * CTAs of 128 outputs). */
+#define WSD_NMAPS 6
 static int wsd_maps(CUtensorMap m[WSD_NMAPS], const void *e16, unsigned rows_e, const void *w, unsigned N)
 {
-    if (ws_map(&m[0], w, N, WSD_BM) < 0)
+    if (ws_map(&m[0], w, N, WSD_BM) < 0 || ws_map(&m[5], w, N, 128) < 0)
         return -1;
-    for (int j = 0; j < WSD_NMAPS - 1; j++)
+    for (int j = 0; j < 4; j++)
         if (ws_map(&m[1 + j], e16, rows_e, 8u << j) < 0)
             return -1;
     return 0;
@@ -659,6 +677,18 @@ __global__ void ws_probe_kernel(int *out)
 #endif
 }
 
+/* wsd_kernel<NB>'s shared memory (whether the runtime took it), and the
+ * preference for all of an SM's L1 as shared memory, so that two CTAs of
+ * 128 outputs fit (a hint: refused, it costs speed, not the path) */
+template <int NB> static bool wsd_setup()
+{
+    cudaFuncSetAttribute(wsd_kernel<NB>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+    cudaGetLastError();
+    return cudaFuncSetAttribute(wsd_kernel<NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                wsd_shape<NB>::smem) == cudaSuccess;
+}
+
 /* Raises the kernels' shared-memory limit: 0, or -1. */
 static int ws_setup(void)
 {
@@ -666,14 +696,7 @@ static int ws_setup(void)
                                   WS_SMEM) == cudaSuccess &&
              cudaFuncSetAttribute(ws_gemm_kernel<WS_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   WS_SMEM) == cudaSuccess &&
-             cudaFuncSetAttribute(wsd_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  wsd_shape<8>::smem) == cudaSuccess &&
-             cudaFuncSetAttribute(wsd_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  wsd_shape<16>::smem) == cudaSuccess &&
-             cudaFuncSetAttribute(wsd_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  wsd_shape<32>::smem) == cudaSuccess &&
-             cudaFuncSetAttribute(wsd_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  wsd_shape<64>::smem) == cudaSuccess;
+             wsd_setup<8>() && wsd_setup<16>() && wsd_setup<32>() && wsd_setup<64>();
     cudaGetLastError();
     return ok ? 0 : -1;
 }
