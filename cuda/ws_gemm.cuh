@@ -395,8 +395,9 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
  * WSD_BM = 256 outputs over the whole of K (100 CTAs at W = 5120, one
  * wave), or for token boxes up to WSD_HALF_NB 128 outputs, two CTAs an SM
  * (200 CTAs at W = 5120 over all 132 SMs of an H200 where 100 left 32
- * idle: one token 1.21-1.23x the floor against 1.23-1.24x, 2-32 tokens
- * 0.01-0.04x less in two rounds of three; at NB = 64 0.1x more, run 43);
+ * idle: one token 1.210-1.250x the floor against 1.225-1.266x, 2-32 tokens
+ * 0.01-0.04x less in four rounds of five; at NB = 64 0.1x more; runs 43
+ * and 45);
  * the weights are wgmma's A straight from shared memory (boxes of
  * 256 or 128 x 64, 128-byte swizzle), the tokens B (one box of NB x 64, NB the
  * call's n rounded up to 8, 16, 32 or 64; columns past n hold whatever e16
@@ -434,7 +435,8 @@ static_assert(ENGRAM_CUDA_GEMV_MAX <= WSD_BN && WSD_BN <= 64, "a call's tokens a
 
 /* The shape of wsd_kernel<NB>: a box of NB tokens (8, 16, 32 or 64: the
  * call's n rounded up), as many stages of weights and tokens as the shared
- * memory holds (6, 6, 6, 5), unless WSD_STAGES fixes it for every NB (at
+ * memory holds (6, 6, 5 in CTAs of 128; 5 at NB = 64 in CTAs of 256),
+ * unless WSD_STAGES fixes it for every NB (at
  * most 5: more does not fit at NB = 64, which the static_assert refuses). */
 template <int NB> struct wsd_shape {
     static constexpr int bm = NB <= WSD_HALF_NB ? 128 : WSD_BM; /* outputs a CTA */

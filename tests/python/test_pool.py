@@ -9,6 +9,7 @@ Layer.apply(tokens) (its own hash and reader) for every apply.
 The models are built with build/engram (ENGRAM_BUILD names another build
 directory) into a temporary directory once per run.
 """
+import errno
 import gc
 import os
 import pathlib
@@ -578,7 +579,7 @@ def test_closed_raise(v4):
     try:
         got = st.wait(0)
     except engram.Error as e:
-        assert e.errno == 108  # ESHUTDOWN
+        assert e.errno == errno.ESHUTDOWN
     else:
         ids = m.hash([1], history=m.history())
         assert np.array_equal(got, ref_rows(m, ids, "bfloat16", None)[0])
