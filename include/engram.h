@@ -714,7 +714,9 @@ typedef enum engram_io_engine {
  * exactly the size the caller asks for): the request array of one chunk
  * (2048 x 24 x 8 bytes = 384 KiB), I/O buffers (<= 512 KiB: in-flight reads
  * are capped at 512 KiB / (2 x DIO alignment)), the engine's rings and
- * bookkeeping.  The thread-pool engines also start one thread per slot of
+ * bookkeeping, and a batch's rows between their arrival and their delivery
+ * (up to 64 rows with their records, 24 KiB; fewer where the rest leaves
+ * less of this bound).  The thread-pool engines also start one thread per slot of
  * depth (<= 256), each with a 64 KiB stack. */
 #define ENGRAM_READER_MAX_BYTES (1u << 20)
 

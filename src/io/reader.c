@@ -49,6 +49,11 @@
 /* Hard reap failures in a row while draining before the engine is given
  * up for dead. */
 #define DRAIN_HARD_LIMIT 8
+/* Rows a deferring owner (the batch) holds between a pump and its next
+ * submission: a pump then reaps at most this many completions.  Fewer
+ * where the reader's other buffers leave less of ENGRAM_READER_MAX_BYTES
+ * (at depth 512 about half of it). */
+#define STAGE_MAX 64u
 
 struct slot {
     uint64_t off;          /* aligned file offset of the read       */
@@ -85,6 +90,14 @@ struct engram_reader {
     unsigned *pending, n_pending;  /* owned slots waiting to be queued    */
     unsigned inflight;             /* queued to the engine, not reaped    */
     struct io_cqe *cqes;
+    /* Rows that arrived whole while `defer` is set (the batch): copied out
+     * of their slots, which are free again, and delivered by
+     * reader_deliver_staged() once the reads that replace them are
+     * submitted.  Their jobs' outstanding counts still hold them. */
+    int defer;
+    struct slot *staged;           /* stage_cap records                    */
+    uint8_t *staged_rows;          /* stage_cap x row_bytes                */
+    unsigned n_staged, stage_cap;  /* <= min(depth, STAGE_MAX), see there  */
     struct radix_scratch sort;
     struct rowcache *cache;        /* NULL without one                     */
 
@@ -123,6 +136,15 @@ static engram_io_engine env_engine(void)
     return ENGRAM_IO_AUTO;
 }
 
+/* What the reader holds besides its row cache and its stage. */
+static uint64_t reserved_base(const engram_reader *r)
+{
+    return sizeof *r +
+           (uint64_t)r->depth * (r->slot_size + sizeof *r->slots + sizeof *r->free_slots +
+                                 sizeof *r->pending + sizeof *r->cqes) +
+           (uint64_t)READER_CHUNK_REQS * sizeof *r->users.batch.reqs + (r->eng ? r->eng->bytes : 0);
+}
+
 static void reader_free(engram_reader *r)
 {
     if (r->eng)
@@ -136,6 +158,8 @@ static void reader_free(engram_reader *r)
     free(r->free_slots);
     free(r->pending);
     free(r->cqes);
+    free(r->staged);
+    free(r->staged_rows);
     free(r->users.batch.reqs);
     rowcache_free(r->cache);
     free(r);
@@ -244,6 +268,20 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
                            strerror(-rc));
         }
     }
+    /* the stage takes what ENGRAM_READER_MAX_BYTES leaves, up to STAGE_MAX */
+    uint64_t base = reserved_base(r), per = sizeof *r->staged + r->row_bytes;
+    uint64_t room = base < ENGRAM_READER_MAX_BYTES ? (ENGRAM_READER_MAX_BYTES - base) / per : 0;
+    r->stage_cap = (unsigned)(room < STAGE_MAX ? room : STAGE_MAX);
+    if (r->stage_cap > r->depth)
+        r->stage_cap = r->depth;
+    if (r->stage_cap > 0) {
+        r->staged = calloc(r->stage_cap, sizeof *r->staged);
+        r->staged_rows = malloc((size_t)r->stage_cap * r->row_bytes);
+        if (!r->staged || !r->staged_rows) {
+            reader_free(r);
+            return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
+        }
+    }
     engram_reader_reset_stats(r);
     *out = r;
     return 0;
@@ -311,10 +349,7 @@ void engram_reader_get_stats(const engram_reader *r, engram_io_stats *st)
     st->depth = r->depth;
     st->in_flight = r->inflight;
     st->broken = r->broken;
-    st->reserved_bytes = sizeof *r + (uint64_t)r->depth * (r->slot_size + sizeof *r->slots +
-                                                           sizeof *r->free_slots +
-                                                           sizeof *r->pending + sizeof *r->cqes) +
-                         (uint64_t)READER_CHUNK_REQS * sizeof *r->users.batch.reqs + (r->eng ? r->eng->bytes : 0);
+    st->reserved_bytes = reserved_base(r) + (uint64_t)r->stage_cap * (sizeof *r->staged + r->row_bytes);
     st->host_registered = r->arena_registered ? r->arena_bytes : 0;
     st->cache_bytes = rowcache_bytes(r->cache);
     st->cache_rows = rowcache_rows(r->cache);
@@ -392,13 +427,11 @@ void reader_job_fail(struct rjob *j, int code, const char *what)
     j->live = 0;
 }
 
-/* Records the first error of the slot's job, naming the row and its file
- * offset. */
-__attribute__((format(printf, 4, 5)))
-static void fail_slot(engram_reader *r, unsigned s, int code, const char *fmt, ...)
+/* Records the first error of the read's job (sl: a slot, or a staged
+ * copy of one), naming the row and its file offset. */
+__attribute__((format(printf, 3, 4)))
+static void fail_read(const struct slot *sl, int code, const char *fmt, ...)
 {
-    (void)r;
-    const struct slot *sl = &r->slots[s];
     struct rjob *j = sl->job;
     if (!j || j->rc != 0)
         return;
@@ -457,7 +490,7 @@ static int flush_pending(engram_reader *r, int *submit_err)
         if (err < 0 && io_transient(err))
             break;
         if (err < 0) {
-            fail_slot(r, s, err, "cannot queue the read: %s", strerror(-err));
+            fail_read(&r->slots[s], err, "cannot queue the read: %s", strerror(-err));
             release(r, s);
             i++;
             break;
@@ -520,20 +553,50 @@ static int deliver_rows(struct rjob *j, const uint8_t *raw, size_t lo, size_t hi
     return 0;
 }
 
-/* The row of slot s has arrived whole: deliver it; a row that decodes goes
- * into the cache. */
-static void deliver(engram_reader *r, unsigned s)
+/* The row of read sl (a slot, or a staged copy of one) is in raw, whole:
+ * deliver it; a row that decodes goes into the cache. */
+static void deliver_read(engram_reader *r, const struct slot *sl, const uint8_t *raw)
 {
-    const struct slot *sl = &r->slots[s];
-    const uint8_t *raw = r->arena + (size_t)s * r->slot_size + sl->skip;
     const char *why = "invalid";
     int rc = deliver_rows(sl->job, raw, sl->lo, sl->hi, &why);
     if (rc < 0) {
-        fail_slot(r, s, -EDOM, "%s", why);
+        fail_read(sl, -EDOM, "%s", why);
         return;
     }
     if (rc == 0 && r->cache) /* > 0: the owner took an invalid row itself */
         rowcache_put(r->cache, sl->table, sl->row, raw);
+}
+
+/* Slot s's row has arrived whole and the reader defers deliveries: the row
+ * and the slot's record are copied out and the slot is free again; its
+ * job's outstanding count keeps it until reader_deliver_staged(). */
+static void stage(engram_reader *r, unsigned s)
+{
+    struct slot *sl = &r->slots[s];
+    unsigned k = r->n_staged++;
+    r->staged[k] = *sl;
+    memcpy(r->staged_rows + (size_t)k * r->row_bytes, r->arena + (size_t)s * r->slot_size + sl->skip,
+           r->row_bytes);
+    sl->job = NULL;
+    r->free_slots[r->n_free++] = s;
+}
+
+void reader_deliver_staged(engram_reader *r)
+{
+    for (unsigned k = 0; k < r->n_staged; k++) {
+        const struct slot *sl = &r->staged[k];
+        if (sl->job->rc == 0)
+            deliver_read(r, sl, r->staged_rows + (size_t)k * r->row_bytes);
+        sl->job->outstanding--;
+    }
+    r->n_staged = 0;
+}
+
+void reader_defer(engram_reader *r, int on)
+{
+    if (!on)
+        reader_deliver_staged(r);
+    r->defer = on && r->stage_cap > 0;
 }
 
 /* One completion.  The slot goes back to the free list unless its read is
@@ -554,24 +617,28 @@ static void complete(engram_reader *r, const struct io_cqe *c)
     if (res >= 0) {
         sl->got = sl->from + (uint32_t)res;
         if (sl->got >= sl->need) {
-            deliver(r, s);
+            if (r->defer) { /* the pump reaped no more than the stage holds */
+                stage(r, s);
+                return;
+            }
+            deliver_read(r, sl, r->arena + (size_t)s * r->slot_size + sl->skip);
             release(r, s);
             return;
         }
         if (res == 0) {
-            fail_slot(r, s, -EIO, "short read (end of file after %u of the row's %u bytes)",
+            fail_read(&r->slots[s], -EIO, "short read (end of file after %u of the row's %u bytes)",
                       sl->got > sl->skip ? sl->got - sl->skip : 0, r->row_bytes);
             release(r, s);
             return;
         }
     } else if (res != -EAGAIN && res != -EINTR) {
-        fail_slot(r, s, res, "%s", strerror(-res));
+        fail_read(&r->slots[s], res, "%s", strerror(-res));
         release(r, s);
         return;
     }
     /* A short result or a transient error: read what is missing again. */
     if (++sl->tries > MAX_TRIES) {
-        fail_slot(r, s, res < 0 ? res : -EIO, "read still incomplete after %d attempts (%s)",
+        fail_read(&r->slots[s], res < 0 ? res : -EIO, "read still incomplete after %d attempts (%s)",
                   MAX_TRIES, res < 0 ? strerror(-res) : "short reads");
         release(r, s);
         return;
@@ -582,8 +649,13 @@ static void complete(engram_reader *r, const struct io_cqe *c)
 
 int reader_pump(engram_reader *r, unsigned min)
 {
+    /* deferring: no more completions than the stage has room for (the rest
+     * wait in the engine for the next pump; the owner delivers in between) */
+    unsigned max = r->defer ? r->stage_cap - r->n_staged : r->depth;
+    if (min > max)
+        min = max;
     for (unsigned spins = 0;; spins++) {
-        int n = r->eng->ops->reap(r->eng, r->cqes, r->depth, min);
+        int n = r->eng->ops->reap(r->eng, r->cqes, max, min);
         if (n >= 0) {
             for (int i = 0; i < n; i++)
                 complete(r, &r->cqes[i]);
@@ -600,7 +672,17 @@ int reader_pump(engram_reader *r, unsigned min)
 void reader_drain_all(engram_reader *r, int cancel)
 {
     /* every job with reads here is done for: fail the ones that are not,
-     * so completions are collected rather than delivered */
+     * so completions are collected rather than delivered; rows staged for
+     * delivery are dropped with their jobs */
+    for (unsigned k = 0; k < r->n_staged; k++) {
+        struct rjob *j = r->staged[k].job;
+        if (j->rc == 0) {
+            reader_job_fail(j, -ECANCELED, "abandoned after another read failed");
+            j->abandoned = 1;
+        }
+        j->outstanding--;
+    }
+    r->n_staged = 0;
     for (unsigned s = 0; s < r->depth; s++) {
         struct rjob *j = r->slots[s].job;
         if (j && j->rc == 0) {

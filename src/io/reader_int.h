@@ -72,6 +72,14 @@ static inline int reader_job_finished(const struct rjob *j)
 /* Fails the job (if it has not failed): no more of its rows are issued or
  * delivered; reads in flight are collected by later pumps. */
 void reader_job_fail(struct rjob *j, int code, const char *what);
+/* While deferring (on), a row that arrives whole is copied out of its slot
+ * and the slot freed at once, and the row is delivered by the next
+ * reader_deliver_staged() (or dropped with its job by reader_drain_all):
+ * an owner that submits the reads replacing a pump's rows before
+ * delivering them keeps the device busy while it decodes.  Turning it off
+ * delivers what is staged.  The batch defers; the other owners do not. */
+void reader_defer(engram_reader *r, int on);
+void reader_deliver_staged(engram_reader *r);
 
 /* The memory of the owners behind the reader's public calls, kept by the
  * reader (allocated at open, freed at close) and used by their files only:
