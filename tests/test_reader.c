@@ -40,6 +40,65 @@ static uint64_t expected_reads(const uint32_t *rows, size_t n, int t)
     return total;
 }
 
+/* The bytes of this process's io_uring mappings (rings and submission
+ * entries as the kernel made them), from /proc/self/maps. */
+static uint64_t uring_mapped(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    uint64_t total = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long long a, b;
+        if (strstr(line, "io_uring") && sscanf(line, "%llx-%llx", &a, &b) == 2)
+            total += b - a;
+    }
+    if (f)
+        fclose(f);
+    return total;
+}
+
+static size_t host_reg_bytes;
+static int count_reg(void *ctx, void *p, size_t len)
+{
+    (void)ctx, (void)p;
+    host_reg_bytes += len;
+    return 0;
+}
+static void count_unreg(void *ctx, void *p, size_t len)
+{
+    (void)ctx, (void)p;
+    host_reg_bytes -= len;
+}
+
+/* The deepest io_uring reader's reported memory covers what the kernel
+ * mapped for its rings and the I/O buffers it registered (both seen from
+ * outside the reader), besides its chunk's request array, and stays within
+ * ENGRAM_READER_MAX_BYTES. */
+static void reserved_counts(engram_model *m)
+{
+    uint64_t before = uring_mapped();
+    engram_reader_opts o = {.engine = ENGRAM_IO_URING, .depth = ENGRAM_READER_MAX_DEPTH,
+                            .host = {count_reg, count_unreg, NULL}};
+    engram_reader *r;
+    engram_error err;
+    host_reg_bytes = 0;
+    CHECK_EQ(engram_reader_open(m, &o, &r, &err), 0);
+    uint64_t rings = uring_mapped() - before;
+    engram_io_stats st;
+    engram_reader_get_stats(r, &st);
+    uint64_t reqs = (uint64_t)ENGRAM_BATCH_TOKENS * 24 * 8;
+    CHECK(rings > 0);
+    CHECK_EQ(st.host_registered, host_reg_bytes);
+    CHECK(host_reg_bytes >= (uint64_t)st.depth * 2 * st.align);
+    CHECK(st.reserved_bytes >= rings + host_reg_bytes + reqs);
+    CHECK(st.reserved_bytes <= ENGRAM_READER_MAX_BYTES);
+    printf("depth %u: rings mapped %llu, buffers %zu, requests %llu; reserved %llu of %u\n", st.depth,
+           (unsigned long long)rings, host_reg_bytes, (unsigned long long)reqs,
+           (unsigned long long)st.reserved_bytes, ENGRAM_READER_MAX_BYTES);
+    engram_reader_close(r);
+    CHECK_EQ(host_reg_bytes, 0);
+}
+
 static void batches(engram_model *m)
 {
     const size_t n = 2100; /* two chunks, the last one partial */
@@ -595,6 +654,7 @@ int main(void)
                (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9); \
         t0 = t1;                                                                         \
     } while (0)
+    LAP(reserved_counts(m));
     LAP(batches(m));
     LAP(arguments(m));
     LAP(steps(m));

@@ -174,6 +174,13 @@ static void u_destroy(struct io_engine *e)
     free(u);
 }
 
+static size_t page_up(size_t n)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t p = pg > 0 ? (size_t)pg : 4096;
+    return (n + p - 1) / p * p;
+}
+
 static const struct io_engine_ops uring_ops = {u_queue, u_submit, u_reap, u_cancel, u_wake, u_destroy};
 
 int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, int wakeable,
@@ -191,8 +198,10 @@ int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, i
     struct io_uring_params p;
     memset(&p, 0, sizeof p);
     p.flags = IORING_SETUP_CQSIZE;
-    /* reads in flight (<= depth), cancel completions, the eventfd read */
-    p.cq_entries = 2 * depth + 2;
+    /* reads in flight (<= depth), a cancel's completion or two, the eventfd
+     * read (the kernel rounds it up to a power of two; an overflow would be
+     * kept by the kernel, not lost) */
+    p.cq_entries = depth + 8;
     int rc = io_uring_queue_init_params(depth + (wakeable ? 1 : 0), &u->ring, &p);
     if (rc < 0) {
         if (u->efd >= 0)
@@ -216,9 +225,15 @@ int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, i
     u->base.ops = &uring_ops;
     u->base.name = "io_uring";
     arm_wake(u);
-    /* SQ entries, their index array and the CQ (twice the SQ). */
-    u->base.bytes = sizeof *u + (size_t)depth * (sizeof(struct io_uring_sqe) + sizeof(unsigned)) +
-                    2u * depth * sizeof(struct io_uring_cqe);
+    /* The rings as the kernel made them (entries rounded up to powers of
+     * two, mappings to whole pages): the SQ and CQ rings (one mapping where
+     * the kernel shares it) and the SQ entries. */
+    size_t rings = p.features & IORING_FEAT_SINGLE_MMAP
+                       ? page_up(u->ring.sq.ring_sz > u->ring.cq.ring_sz ? u->ring.sq.ring_sz
+                                                                         : u->ring.cq.ring_sz)
+                       : page_up(u->ring.sq.ring_sz) + page_up(u->ring.cq.ring_sz);
+    u->base.bytes = sizeof *u + rings +
+                    page_up((size_t)u->ring.sq.ring_entries * sizeof(struct io_uring_sqe));
     *out = &u->base;
     return 0;
 }

@@ -5,8 +5,9 @@
  * Every row becomes one read of the aligned block(s) covering its bytes
  * (264 for V4.1, 320 for the PLE member: either may straddle two blocks)
  * into a slot of the reader's arena; the row is validated and decoded
- * (V4.1) or copied / widened (PLE's BF16 rows) straight out of the slot,
- * which is then free again.  What differs between the members is the
+ * (V4.1) or copied / widened (PLE's BF16 rows) out of the slot, which is
+ * then free again; for the batch the row is first copied to a small stage
+ * and decoded after the next reads are submitted (reader_defer).  What differs between the members is the
  * row's size and encoding and the rows per token (the model's family).  Work comes as jobs
  * (reader_int.h): sets of row requests sorted by row (in place, radix.c) so
  * each distinct row is read once per job.  The jobs' owners are the batch
@@ -78,6 +79,8 @@ struct engram_reader {
     enum io_drop drop;
     uint32_t align, slot_size;
     unsigned depth;
+    unsigned slots_alloc;          /* slots allocated (the thread pool may
+                                      use fewer: depth)                    */
     struct io_engine *eng;
     char note[192];
 
@@ -139,9 +142,9 @@ static engram_io_engine env_engine(void)
 /* What the reader holds besides its row cache and its stage. */
 static uint64_t reserved_base(const engram_reader *r)
 {
-    return sizeof *r +
-           (uint64_t)r->depth * (r->slot_size + sizeof *r->slots + sizeof *r->free_slots +
-                                 sizeof *r->pending + sizeof *r->cqes) +
+    return sizeof *r + r->arena_bytes +
+           (uint64_t)r->slots_alloc * (sizeof *r->slots + sizeof *r->free_slots +
+                                       sizeof *r->pending + sizeof *r->cqes) +
            (uint64_t)READER_CHUNK_REQS * sizeof *r->users.batch.reqs + (r->eng ? r->eng->bytes : 0);
 }
 
@@ -230,6 +233,7 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
     }
     r->arena_bytes = arena;
+    r->slots_alloc = r->depth;
     if (opts && opts->host.reg && opts->host.unreg) {
         /* before the engine sees the buffers (io_uring registers them too) */
         r->host = opts->host;
@@ -268,9 +272,11 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
                            strerror(-rc));
         }
     }
-    /* the stage takes what ENGRAM_READER_MAX_BYTES leaves, up to STAGE_MAX */
+    /* the stage (the batch's; a wakeable reader serves a pool, which does
+     * not defer) takes what ENGRAM_READER_MAX_BYTES leaves, up to STAGE_MAX */
     uint64_t base = reserved_base(r), per = sizeof *r->staged + r->row_bytes;
-    uint64_t room = base < ENGRAM_READER_MAX_BYTES ? (ENGRAM_READER_MAX_BYTES - base) / per : 0;
+    uint64_t room = !wakeable && base < ENGRAM_READER_MAX_BYTES
+                        ? (ENGRAM_READER_MAX_BYTES - base) / per : 0;
     r->stage_cap = (unsigned)(room < STAGE_MAX ? room : STAGE_MAX);
     if (r->stage_cap > r->depth)
         r->stage_cap = r->depth;

@@ -37,8 +37,9 @@ static int run_jobs(engram_reader *r, struct rjob **jobs, int n, engram_error *e
         }
         if (failed >= 0)
             break;
-        /* nothing new to submit: whatever the engine holds goes with the
-         * pump's wait */
+        /* Nothing new to submit: whatever the engine holds goes with the
+         * pump's wait.  (A push happens only with reads pending, so its
+         * error is never lost to a job that the deliveries below finish.) */
         int rc = reader_pending(r) > 0 ? reader_push(r) : 0;
         reader_deliver_staged(r);
         int finished = 1;
@@ -70,9 +71,11 @@ static int run_jobs(engram_reader *r, struct rjob **jobs, int n, engram_error *e
             }
             continue;
         }
-        /* Submit what was queued and wait, in one call; waiting for an eighth
-         * of the queue rather than one read saves wake-ups and barely lowers
-         * the depth the device sees (a single step waits for all). */
+        /* Wait (submitting anything the engine still holds in the same
+         * call); waiting for an eighth of the queue rather than one read
+         * saves wake-ups and barely lowers the depth the device sees (a job
+         * of one token's rows waits for all, or for as many as the stage
+         * takes). */
         unsigned inflight = reader_reaping(r);
         unsigned want = n > 1 || jobs[0]->nreq <= one_token ? inflight
                         : inflight / 8 ? inflight / 8 : 1;

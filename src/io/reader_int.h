@@ -48,7 +48,8 @@ struct rjob {
     size_t nreq;
     size_t cur[JOB_LANES], end[JOB_LANES];
     int lane, live;          /* issue cursor: lanes still holding requests     */
-    unsigned outstanding;    /* slots taken for this job, not yet released     */
+    unsigned outstanding;    /* slots taken for this job, not yet released,
+                                and its staged rows not yet delivered          */
     uint64_t rows_read;      /* distinct rows this job read from the device    */
     rjob_dst_fn dst;         /* where request idx's row goes                   */
     rjob_done_fn done;       /* after request idx's row is written (or NULL)   */
@@ -134,12 +135,14 @@ int reader_push(engram_reader *r);
  * fails. */
 int reader_push_jobs(engram_reader *r);
 /* Reaps at least min completions (min <= in flight; a wake-up may end the
- * wait early) and delivers them to their jobs.  Returns how many, or a
- * hard -errno (transients retried). */
+ * wait early) and delivers them to their jobs, or stages them while the
+ * reader defers (then at most the stage's room: min is cut to it).
+ * Returns how many, or a hard -errno (transients retried). */
 int reader_pump(engram_reader *r, unsigned min);
 /* Collects every read in flight (asking the engine to cancel them first
- * when cancel), delivering none; marks the reader broken if the engine
- * stops answering. */
+ * when cancel), delivering none, and drops the staged rows (their jobs
+ * fail as abandoned); marks the reader broken if the engine stops
+ * answering. */
 void reader_drain_all(engram_reader *r, int cancel);
 /* From any thread: makes a blocked reader_pump return. */
 void reader_wake(engram_reader *r);
