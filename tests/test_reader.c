@@ -97,6 +97,21 @@ static void reserved_counts(engram_model *m)
            (unsigned long long)st.reserved_bytes, ENGRAM_READER_MAX_BYTES);
     engram_reader_close(r);
     CHECK_EQ(host_reg_bytes, 0);
+    /* a pool's reader (its engine wakeable, no stage) at the same depth */
+    before = uring_mapped();
+    engram_pool_opts po = {.reader = o};
+    engram_pool *p;
+    CHECK_EQ(engram_pool_open(m, &po, &p, &err), 0);
+    rings = uring_mapped() - before;
+    engram_pool_stats ps;
+    engram_pool_get_stats(p, &ps);
+    CHECK(rings > 0);
+    CHECK(ps.io.reserved_bytes >= rings + ps.io.host_registered + reqs);
+    CHECK(ps.io.reserved_bytes <= ENGRAM_READER_MAX_BYTES);
+    printf("pool's reader, depth %u: rings mapped %llu; reserved %llu\n", ps.io.depth,
+           (unsigned long long)rings, (unsigned long long)ps.io.reserved_bytes);
+    engram_pool_close(p);
+    CHECK_EQ(host_reg_bytes, 0);
 }
 
 static void batches(engram_model *m)

@@ -202,7 +202,10 @@ int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, i
      * read (the kernel rounds it up to a power of two; an overflow would be
      * kept by the kernel, not lost) */
     p.cq_entries = depth + 8;
-    int rc = io_uring_queue_init_params(depth + (wakeable ? 1 : 0), &u->ring, &p);
+    /* depth SQ entries for a wakeable engine too: the eventfd read needs an
+     * entry only until it is submitted, and a queue() that finds the SQ
+     * full submits first (depth + 1 would double the SQ at depth 512) */
+    int rc = io_uring_queue_init_params(depth, &u->ring, &p);
     if (rc < 0) {
         if (u->efd >= 0)
             close(u->efd);
