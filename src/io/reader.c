@@ -415,13 +415,24 @@ static unsigned take_slot(engram_reader *r, struct rjob *j, int table, uint32_t 
     return s;
 }
 
+/* Slot s back on the free list (its job's count is the caller's). */
+static void free_slot(engram_reader *r, unsigned s)
+{
+    r->slots[s].job = NULL;
+    r->free_slots[r->n_free++] = s;
+}
+
 static void release(engram_reader *r, unsigned s)
 {
-    struct slot *sl = &r->slots[s];
-    if (sl->job)
-        sl->job->outstanding--;
-    sl->job = NULL;
-    r->free_slots[r->n_free++] = s;
+    if (r->slots[s].job)
+        r->slots[s].job->outstanding--;
+    free_slot(r, s);
+}
+
+/* Where slot s's row starts in the arena. */
+static const uint8_t *slot_row(const engram_reader *r, unsigned s)
+{
+    return r->arena + (size_t)s * r->slot_size + r->slots[s].skip;
 }
 
 void reader_job_fail(struct rjob *j, int code, const char *what)
@@ -581,10 +592,8 @@ static void stage(engram_reader *r, unsigned s)
     struct slot *sl = &r->slots[s];
     unsigned k = r->n_staged++;
     r->staged[k] = *sl;
-    memcpy(r->staged_rows + (size_t)k * r->row_bytes, r->arena + (size_t)s * r->slot_size + sl->skip,
-           r->row_bytes);
-    sl->job = NULL;
-    r->free_slots[r->n_free++] = s;
+    memcpy(r->staged_rows + (size_t)k * r->row_bytes, slot_row(r, s), r->row_bytes);
+    free_slot(r, s);
 }
 
 void reader_deliver_staged(engram_reader *r)
@@ -627,7 +636,7 @@ static void complete(engram_reader *r, const struct io_cqe *c)
                 stage(r, s);
                 return;
             }
-            deliver_read(r, sl, r->arena + (size_t)s * r->slot_size + sl->skip);
+            deliver_read(r, sl, slot_row(r, s));
             release(r, s);
             return;
         }
