@@ -17,9 +17,14 @@
  *    and from page-locked memory (engram_cuda_host_hooks).
  *   bench_cuda [MODEL]   (default: writes /tmp/engram-bench/cuda-5120.gguf)
  * BENCH_CUDA_PREFILL_ONCE=1: three prefill applies of 2048 tokens and stop
- * (for a profiler: ncu --metrics gpu__time_duration.sum bench_cuda MODEL).
+ * (for a profiler: ncu --metrics gpu__time_duration.sum bench_cuda MODEL);
+ * =bf16: the same with a BF16 residual.
  * The prefill apply is timed with an F32 and with a BF16 residual.
  * BENCH_CUDA_DECODE_ONLY=1: stop after the decode rows (kernel variants).
+ * BENCH_CUDA_PREFILL_ONLY=1: the prefill rows without the decode rows.
+ * BENCH_CUDA_DIST=1: each timing's spread over its reps (min, quartiles,
+ * max) before its row, and the F32 apply timed again after the BF16 one,
+ * from a CUDA graph, and 8 back to back per timing.
  * BENCH_CUDA_WIDE=1: token 0 too wide for F16 (one block's scale 30 below
  * the others'), so that every decode row has a token the F16 paths hand to
  * the GEMV's sums (trained tables have none: the cost of that path).
@@ -92,6 +97,9 @@ template <typename F> static float timed(cudaStream_t st, int reps, F fn)
     CU(cudaEventDestroy(a));
     CU(cudaEventDestroy(b));
     qsort(ms, (size_t)reps, sizeof ms[0], cmpf);
+    if (getenv("BENCH_CUDA_DIST")) /* the spread of the reps (for runs whose medians disagree) */
+        printf("    [%d reps, us: min %.1f  p25 %.1f  median %.1f  p75 %.1f  max %.1f]\n", reps, ms[0] * 1e3,
+               ms[reps / 4] * 1e3, ms[reps / 2] * 1e3, ms[3 * reps / 4] * 1e3, ms[reps - 1] * 1e3);
     return ms[reps / 2];
 }
 
@@ -203,9 +211,14 @@ int main(int argc, char **argv)
     a.stream = st;
     /* for a profiler: three applies of the prefill's 2048 tokens or of B
      * decode tokens, then stop */
-    const char *dec_once = getenv("BENCH_CUDA_DECODE_ONCE");
-    if (getenv("BENCH_CUDA_PREFILL_ONCE") || dec_once) {
+    const char *dec_once = getenv("BENCH_CUDA_DECODE_ONCE"), *pre_once = getenv("BENCH_CUDA_PREFILL_ONCE");
+    if (pre_once || dec_once) {
         a.n = dec_once ? (unsigned)atoi(dec_once) : n;
+        if (pre_once && !dec_once && !strcmp(pre_once, "bf16")) {
+            CU(cudaMalloc(&a.resid, n * per * 2));
+            CU(cudaMemset(a.resid, 0, n * per * 2));
+            a.resid_dtype = ENGRAM_BF16;
+        }
         for (int i = 0; i < 3; i++)
             if (engram_cuda_apply(c, &a, &err) < 0 || engram_cuda_sync(c, st, &err) < 0) {
                 fprintf(stderr, "%s\n", err.msg);
@@ -246,92 +259,122 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    printf("decode (B <= %u: the tensor cores, one pass over the F16 weights for all B; FMA_ONLY: the CUDA-core\n"
-           "GEMVs, 8 tokens a pass, the decode path before issue #25; cuBLAS: its F16 GEMM alone on\n"
-           "the same shapes, inexact sums, no gate)\n", ENGRAM_CUDA_GEMV_MAX);
-    printf("   B   apply us  / floor   projection us  / floor   FMA_ONLY apply us  / floor   cuBLAS GEMM us  / floor\n");
-    const unsigned Bs[] = {1, 2, 3, 4, 5, 6, 8, 16, 24, 32, 40, 48, 56, 64};
-    for (unsigned q = 0; q < sizeof Bs / sizeof Bs[0]; q++) {
-        a.n = Bs[q];
-        a.flags = 0;
-        float ms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
-        float pj = timed(st, 100, [&] { engram_cuda_project(c, &a, d_kv, &err); });
-        a.flags = ENGRAM_CUDA_FMA_ONLY;
-        float fm = timed(st, 30, [&] { engram_cuda_apply(c, &a, &err); });
-        a.flags = 0;
-        float cb = gemm(Bs[q], 100);
-        printf("%4u %10.1f   %6.3f %12.1f   %6.3f %16.1f   %6.3f %14.1f   %6.3f\n", Bs[q], ms * 1e3,
-               ms / floor_ms, pj * 1e3, pj / floor_ms, fm * 1e3, fm / floor_ms, cb * 1e3, cb / floor_ms);
-    }
-    a.n = 1;
-    a.flags = ENGRAM_CUDA_SERIAL_GATE;
-    float sms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
-    a.flags = 0;
-    float dms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
-    printf("   1 %10.1f   %6.2f   (the gate launched after the GEMV: ENGRAM_CUDA_SERIAL_GATE; "
-           "default again: %.1f us = %.2f x)\n", sms * 1e3, sms / floor_ms, dms * 1e3, dms / floor_ms);
-    float pms = timed(st, 100, [&] { engram_cuda_project(c, &a, d_kv, &err); });
-    printf("   1 (projection alone) %.1f us = %.2f x floor\n", pms * 1e3, pms / floor_ms);
-    /* 32 direct calls back to back: the host's launches ahead of the card,
-     * as in a decode loop without a graph (the rows above time one call on
-     * an idle card, its host-side launch included) */
-    float d32 = timed(st, 20, [&] {
-        for (int i = 0; i < 32; i++)
-            engram_cuda_apply(c, &a, &err);
-    });
-    printf("   1 (32 direct calls back to back) %.1f us each = %.2f x floor\n", d32 * 1e3 / 32, d32 / 32 / floor_ms);
-    /* B = 1 as an engine runs it: captured once into a graph with a device-side step index */
-    {
-        int *d_step;
-        CU(cudaMalloc(&d_step, sizeof(int)));
-        CU(cudaMemset(d_step, 0, sizeof(int)));
-        for (int serial = 1; serial >= 0; serial--) {
-            engram_cuda_args g = a;
-            g.d_step = d_step;
-            g.raw_step = 24 * 264;
-            g.resid_step = per * 4;
-            g.flags = serial ? ENGRAM_CUDA_SERIAL_GATE : 0;
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            int grc = engram_cuda_apply(c, &g, &err);
-            CU(cudaStreamEndCapture(st, &graph));
-            if (grc < 0) {
-                fprintf(stderr, "capture: %s\n", err.msg);
-                return 1;
-            }
-            CU(cudaGraphInstantiate(&exec, graph, 0));
-            float gms = timed(st, 100, [&] { cudaGraphLaunch(exec, st); });
-            /* 32 steps back to back, as a decode loop without host syncs */
-            float g32 = timed(st, 20, [&] {
-                for (int i = 0; i < 32; i++)
-                    cudaGraphLaunch(exec, st);
-            });
-            printf("   1 (apply in a CUDA graph%s) %.1f us = %.2f x floor; 32 graph launches back to back: "
-                   "%.1f us each = %.2f x floor\n%s",
-                   serial ? ", gate serial" : "", gms * 1e3, gms / floor_ms, g32 * 1e3 / 32,
-                   g32 / 32 / floor_ms, serial ? "" : "\n");
-            cudaGraphExecDestroy(exec);
-            cudaGraphDestroy(graph);
+    if (!getenv("BENCH_CUDA_PREFILL_ONLY")) { /* the decode rows */
+        printf("decode (B <= %u: the tensor cores, one pass over the F16 weights for all B; FMA_ONLY: the CUDA-core\n"
+               "GEMVs, 8 tokens a pass, the decode path before issue #25; cuBLAS: its F16 GEMM alone on\n"
+               "the same shapes, inexact sums, no gate)\n", ENGRAM_CUDA_GEMV_MAX);
+        printf("   B   apply us  / floor   projection us  / floor   FMA_ONLY apply us  / floor   "
+               "cuBLAS GEMM us  / floor\n");
+        const unsigned Bs[] = {1, 2, 3, 4, 5, 6, 8, 16, 24, 32, 40, 48, 56, 64};
+        for (unsigned q = 0; q < sizeof Bs / sizeof Bs[0]; q++) {
+            a.n = Bs[q];
+            a.flags = 0;
+            float ms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
+            float pj = timed(st, 100, [&] { engram_cuda_project(c, &a, d_kv, &err); });
+            a.flags = ENGRAM_CUDA_FMA_ONLY;
+            float fm = timed(st, 30, [&] { engram_cuda_apply(c, &a, &err); });
+            a.flags = 0;
+            float cb = gemm(Bs[q], 100);
+            printf("%4u %10.1f   %6.3f %12.1f   %6.3f %16.1f   %6.3f %14.1f   %6.3f\n", Bs[q], ms * 1e3,
+                   ms / floor_ms, pj * 1e3, pj / floor_ms, fm * 1e3, fm / floor_ms, cb * 1e3, cb / floor_ms);
         }
-        cudaFree(d_step);
+        a.n = 1;
+        a.flags = ENGRAM_CUDA_SERIAL_GATE;
+        float sms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
+        a.flags = 0;
+        float dms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
+        printf("   1 %10.1f   %6.2f   (the gate launched after the GEMV: ENGRAM_CUDA_SERIAL_GATE; "
+               "default again: %.1f us = %.2f x)\n", sms * 1e3, sms / floor_ms, dms * 1e3, dms / floor_ms);
+        float pms = timed(st, 100, [&] { engram_cuda_project(c, &a, d_kv, &err); });
+        printf("   1 (projection alone) %.1f us = %.2f x floor\n", pms * 1e3, pms / floor_ms);
+        /* 32 direct calls back to back: the host's launches ahead of the card,
+         * as in a decode loop without a graph (the rows above time one call on
+         * an idle card, its host-side launch included) */
+        float d32 = timed(st, 20, [&] {
+            for (int i = 0; i < 32; i++)
+                engram_cuda_apply(c, &a, &err);
+        });
+        printf("   1 (32 direct calls back to back) %.1f us each = %.2f x floor\n", d32 * 1e3 / 32,
+               d32 / 32 / floor_ms);
+        /* B = 1 as an engine runs it: captured once into a graph with a device-side step index */
+        {
+            int *d_step;
+            CU(cudaMalloc(&d_step, sizeof(int)));
+            CU(cudaMemset(d_step, 0, sizeof(int)));
+            for (int serial = 1; serial >= 0; serial--) {
+                engram_cuda_args g = a;
+                g.d_step = d_step;
+                g.raw_step = 24 * 264;
+                g.resid_step = per * 4;
+                g.flags = serial ? ENGRAM_CUDA_SERIAL_GATE : 0;
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                int grc = engram_cuda_apply(c, &g, &err);
+                CU(cudaStreamEndCapture(st, &graph));
+                if (grc < 0) {
+                    fprintf(stderr, "capture: %s\n", err.msg);
+                    return 1;
+                }
+                CU(cudaGraphInstantiate(&exec, graph, 0));
+                float gms = timed(st, 100, [&] { cudaGraphLaunch(exec, st); });
+                /* 32 steps back to back, as a decode loop without host syncs */
+                float g32 = timed(st, 20, [&] {
+                    for (int i = 0; i < 32; i++)
+                        cudaGraphLaunch(exec, st);
+                });
+                printf("   1 (apply in a CUDA graph%s) %.1f us = %.2f x floor; 32 graph launches back to back: "
+                       "%.1f us each = %.2f x floor\n%s",
+                       serial ? ", gate serial" : "", gms * 1e3, gms / floor_ms, g32 * 1e3 / 32,
+                       g32 / 32 / floor_ms, serial ? "" : "\n");
+                cudaGraphExecDestroy(exec);
+                cudaGraphDestroy(graph);
+            }
+            cudaFree(d_step);
+        }
     }
 
     if (getenv("BENCH_CUDA_DECODE_ONLY")) /* kernel variants: the decode rows alone */
         return 0;
     /* prefill vs cuBLAS F16 */
     a.n = n;
-    float proj = timed(st, 10, [&] { engram_cuda_project(c, &a, d_kv, &err); });
-    float app = timed(st, 10, [&] { engram_cuda_apply(c, &a, &err); });
+    float proj = timed(st, 30, [&] { engram_cuda_project(c, &a, d_kv, &err); });
+    float app = timed(st, 30, [&] { engram_cuda_apply(c, &a, &err); });
     void *d_x16;
     CU(cudaMalloc(&d_x16, n * per * 2));
     CU(cudaMemset(d_x16, 0, n * per * 2));
     a.resid = d_x16;
     a.resid_dtype = ENGRAM_BF16;
-    float app16 = timed(st, 10, [&] { engram_cuda_apply(c, &a, &err); });
+    float app16 = timed(st, 30, [&] { engram_cuda_apply(c, &a, &err); });
     a.resid = d_x;
     a.resid_dtype = ENGRAM_F32;
-    float blas = gemm(n, 10);
+    if (getenv("BENCH_CUDA_DIST")) {
+        float again = timed(st, 30, [&] { engram_cuda_apply(c, &a, &err); });
+        printf("  (engram apply, F32 residual, again: %.3f ms)\n", again);
+        /* the same apply with its launches from a graph (no host between
+         * kernels), and 8 applies back to back per timing (no idle card
+         * before each) */
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        int grc = engram_cuda_apply(c, &a, &err);
+        CU(cudaStreamEndCapture(st, &graph));
+        if (grc < 0) {
+            fprintf(stderr, "capture: %s\n", err.msg);
+            return 1;
+        }
+        CU(cudaGraphInstantiate(&exec, graph, 0));
+        float gr = timed(st, 30, [&] { cudaGraphLaunch(exec, st); });
+        printf("  (engram apply, F32 residual, from a graph: %.3f ms)\n", gr);
+        float b8 = timed(st, 10, [&] {
+            for (int i = 0; i < 8; i++)
+                engram_cuda_apply(c, &a, &err);
+        });
+        printf("  (engram apply, F32 residual, 8 back to back: %.3f ms each)\n", b8 / 8);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+    }
+    float blas = gemm(n, 30);
     double fl = 2.0 * n * N * K;
     printf("prefill, %u tokens x %d outputs x %d inputs (%.0f GFLOP)\n", n, N, K, fl / 1e9);
     printf("  cuBLAS F16 GEMM (inexact floor) %8.3f ms = %6.0f TFLOP/s\n", blas, fl / (blas * 1e-3) / 1e12);
