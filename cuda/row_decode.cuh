@@ -12,6 +12,7 @@
 #define ENGRAM_CUDA_ROW_DECODE_CUH
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "common.cuh"
 
@@ -99,13 +100,29 @@ decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_ste
     }
     int k = smax >= 0 ? smax - 133 : 0;
     uint4 *out = (uint4 *)(e16 + (size_t)t * K + row * 256 + blk * 32);
+    /* a code pair to F16 by the hardware's conversion (exact: E4M3 is a
+     * subset of F16), to F32, times 2^(sc - 127 - k) (a normal float: in
+     * [2^-15, 2^6] for a block with a nonzero code; clamped for an all-zero
+     * block, whose values stay +-0), then to F16: every product is exact,
+     * so no rounding in either route, and the bits are those of
+     * __floats2half2_rn(decode1(b0, sc - k), decode1(b1, sc - k)) for every
+     * code pair and every sc - k a row can reach (run 49's dec16_probe,
+     * source in bench/results/2026-12-04-cuda-dec/run48/src), with far
+     * fewer instructions (2048 tokens: 31.8 -> 20.1 us on an H200, run 47;
+     * 37.9 -> 23.7 on an H100, run 49).  A NaN code (a row that was not
+     * checked, outside engram_cuda.h's contract) gives NaN here, which the
+     * apply's gate reports and engram_cuda_project returns, where decode1
+     * would give 480. */
+    float f = __int_as_float(min(max(sc - k, 1), 254) << 23);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         unsigned w[2] = {q[i].x, q[i].y}, h[4];
 #pragma unroll
         for (int p = 0; p < 4; p++) {
-            unsigned pair = w[p >> 1] >> (16 * (p & 1)), b0 = pair & 0xffu, b1 = (pair >> 8) & 0xffu;
-            __half2 v2 = __floats2half2_rn(decode1(b0, sc - k), decode1(b1, sc - k)); /* exact, see above */
+            __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
+                (__nv_fp8x2_storage_t)(w[p >> 1] >> (16 * (p & 1))), __NV_E4M3);
+            float2 x = __half22float2(__half2(r));
+            __half2 v2 = __floats2half2_rn(x.x * f, x.y * f);
             h[p] = *(unsigned *)&v2;
         }
         out[i] = make_uint4(h[0], h[1], h[2], h[3]);
