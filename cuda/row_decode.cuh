@@ -50,7 +50,9 @@ __device__ __forceinline__ float decode1(unsigned c, int sc)
  * [2^-24, 448 * 2^6] and is exact in F16 whenever the token's scales span
  * at most 21 (trained tables: a few).  Then one F16 GEMM (exact products,
  * F32 accumulation) gives kv * 2^-k, and the gate scales it back (a power of
- * two: exact).  Wider tokens are projected by the GEMV's sums instead: with
+ * two: exact).  Wider tokens, and those with a nonzero block of scale
+ * under 3 (values SPEC section 7 rounds to BF16, which F16 x 2^-k would
+ * hold exactly), are projected by the GEMV's sums instead: with
  * flag NULL listed in wide (wide[ENGRAM_CUDA_BLOCK] the count, zeroed
  * before), else flag[t] = 1 (0 for the others: every token's flag is
  * written, nothing to clear first).
@@ -87,8 +89,11 @@ decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_ste
     }
     __syncthreads();
     /* too wide for F16, or k below -126 (block scales under 2^-120: not
-     * in trained tables) so that 2^k would not be a normal float */
-    if (smax >= 0 && (smax - smin > SPAN_MAX || smax - 133 < -126)) {
+     * in trained tables) so that 2^k would not be a normal float, or a
+     * nonzero block with a scale under 3, whose values SPEC section 7
+     * rounds to BF16 (below 2^-133's step; here they would be exact): the
+     * GEMV's sums take these tokens, decode1's values */
+    if (smax >= 0 && (smax - smin > SPAN_MAX || smax - 133 < -126 || smin < 3)) {
         if (threadIdx.x == 0) {
             kshift[t] = 0;
             if (flag)

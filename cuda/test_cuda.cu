@@ -17,8 +17,9 @@
  *    the accurate paths may round at most 0.1% of sampled outputs otherwise
  *    than float64), FMA_ONLY (the GEMVs) for every n, and at n = 64 and 300
  *    every third token with block scales 24 binades apart (at 300 too wide
- *    for F16: the GEMV fallback inside the GEMM path) or with every scale
- *    <= 6 (values SPEC section 7 rounds), within gamma_K * sum|e w| of a
+ *    for F16: the GEMV fallback inside the GEMM path), with every scale
+ *    <= 6 (values SPEC section 7 rounds), or with scales < 3 beside one of
+ *    7 (rounded values within F16's reach), within gamma_K * sum|e w| of a
  *    double sum (sampled outputs), every output written (poisoned first);
  *  - applies: masked tokens bit for bit untouched; against the CPU path,
  *    each being within the tolerance of the float64 reference (checked on GPU
@@ -290,6 +291,23 @@ static void sub3(uint8_t *raw, uint16_t *bf, unsigned n)
             for (int b = 0; b < 8; b++)
                 tr[r * 264 + 256 + b] = (uint8_t)(tr[r * 264 + 256 + b] % 3);
         }
+        if (bf)
+            CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, tr, 24, bf + (size_t)t * K, NULL), 0);
+    }
+}
+
+/* Every third of n tokens as sub3 makes them, except row 0's first block:
+ * scale 7 and its first code 0x08 (2^-126), so that the token's largest
+ * scale (7) leaves its other blocks' values, which SPEC section 7 rounds,
+ * within F16's reach of 2^k (a span of 7): the F16 paths must still sum
+ * the rounded values, not the exact ones. */
+static void mixed3(uint8_t *raw, uint16_t *bf, unsigned n)
+{
+    sub3(raw, NULL, n);
+    for (unsigned t = 0; t < n; t += 3) {
+        uint8_t *tr = raw + (size_t)t * 24 * 264;
+        tr[256] = 7;
+        tr[0] = 0x08;
         CHECK_EQ(engram_rows_decode_bf16(ENGRAM_SIMD_AUTO, tr, 24, bf + (size_t)t * K, NULL), 0);
     }
 }
@@ -398,16 +416,16 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
     /* n-tiles of 8 tokens 1 .. 8 in the decode path; in the GEMM, 300
      * tokens (3 token tiles) its CTAs alone, 256 (2) and 2100's first
      * block of 2048 (16, at W = 64 only) in pairs */
-    const unsigned ns[] = {1, 2, 7, 8, 9, 17, 25, 33, 41, 49, 64, 64, 64, 64, 300, 300, 300, 2100, 256};
+    const unsigned ns[] = {1, 2, 7, 8, 9, 17, 25, 33, 41, 49, 64, 64, 64, 64, 64, 300, 300, 300, 300, 2100, 256};
     const double u = 0x1p-24, gamma = K * u / (1 - K * u);
     engram_cuda_layer *c = flags & VIA_CUBLAS ? f->cb : f->c;
     for (unsigned q = 0; q < sizeof ns / sizeof ns[0]; q++) {
         unsigned n = ns[q];
-        int wide = q == 11 || q == 15, tiny = q == 12 || q == 16, below3 = q == 13;
+        int wide = q == 11 || q == 16, tiny = q == 12 || q == 17, below3 = q == 13, mix3 = q == 14 || q == 18;
         if (f->W > 64 && n > 300)
             continue; /* the double reference at W = 5120 is slow on the host */
         rowset r;
-        rowset_new(&r, f, n, 100 + n, 1, wide ? widen : tiny ? shrink : below3 ? sub3 : NULL);
+        rowset_new(&r, f, n, 100 + n, 1, wide ? widen : tiny ? shrink : below3 ? sub3 : mix3 ? mixed3 : NULL);
         const uint16_t *bf = r.bf;
         float *d_kv = (float *)dev_buf((size_t)n * f->N * 4, NULL),
               *kv = (float *)malloc((size_t)n * f->N * 4);
@@ -446,7 +464,8 @@ static void projection(fx *f, const uint16_t *w16, unsigned flags)
                : n <= ENGRAM_CUDA_GEMV_MAX ? "decode, F16 GEMM promoted (wsd)"
                : flags & VIA_CUBLAS ? "cuBLAS F16 GEMM" : "F16 GEMM, promoted",
                wide ? ", a third too wide for F16" : tiny ? ", a third with block scales <= 6"
-               : below3 ? ", a third with scales < 3, values SPEC rounds" : "", checked, worst, beyond, unwritten,
+               : below3 ? ", a third with scales < 3, values SPEC rounds"
+               : mix3 ? ", a third with scales < 3 beside one of 7" : "", checked, worst, beyond, unwritten,
                100.0 * rdiff / (checked ? checked : 1));
         CHECK_EQ(beyond, 0);
         CHECK_EQ(unwritten, 0);

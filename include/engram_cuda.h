@@ -19,9 +19,10 @@
  *    arithmetic, so a token's projection is the same bits whatever the
  *    number of tokens of its call (not the CPU's bits: another order; the
  *    same accuracy).  A token whose block scales span more than 21 binades
- *    (trained tables' tokens span a few) takes the GEMV's arithmetic
- *    instead: on an H200 ~0.8 ms more for a decode call that has one,
- *    ~0.2 ms more per such token in a prefill.
+ *    (trained tables' tokens span a few), or with a nonzero block of scale
+ *    under 3 (values under 2^-116: none in trained tables), takes the GEMV's
+ *    arithmetic instead: on an H200 ~0.8 ms more for a decode call that has
+ *    one, ~0.2 ms more per such token in a prefill.
  *  - on other GPUs, n <= ENGRAM_CUDA_GEMV_MAX: one pass over the weights on
  *    the tensor cores (mma.sync), each block of 32 products (one E8M0
  *    scale) summed by the tensor cores and promoted to F32, the blocks in
