@@ -22,6 +22,9 @@
  * The prefill apply is timed with an F32 and with a BF16 residual.
  * BENCH_CUDA_DECODE_ONLY=1: stop after the decode rows (kernel variants).
  * BENCH_CUDA_PREFILL_ONLY=1: the prefill rows without the decode rows.
+ * BENCH_CUDA_LOOP=S: after the prefill rows, the apply, the projection
+ * and cuBLAS's GEMM each S seconds back to back, per batch of 20 calls
+ * with the wall clock (to lay beside nvidia-smi's clocks and power).
  * BENCH_CUDA_DIST=1: each timing's spread over its reps (min, quartiles,
  * max) before its row, and the F32 apply timed again after the BF16 one,
  * from a CUDA graph, and 8 back to back per timing.
@@ -390,6 +393,46 @@ int main(int argc, char **argv)
            n / (fma * 1e-3), fma / blas);
     a.flags = 0;
     CU(cudaStreamSynchronize(st));
+
+    /* BENCH_CUDA_LOOP=S: the F32 apply, the projection and cuBLAS's GEMM of
+     * the prefill's 2048 tokens, each for S seconds back to back in batches
+     * of 20, each batch's time per call with the wall clock (CLOCK_REALTIME,
+     * ms) at its end, to lay beside the card's clocks and power sampled
+     * meanwhile (nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,...
+     * -lms 20): is a slow apply a slow clock? */
+    if (const char *ls = getenv("BENCH_CUDA_LOOP")) {
+        double secs = atof(ls);
+        const char *what[3] = {"apply F32", "projection", "cuBLAS GEMM"};
+        cudaEvent_t e0, e1;
+        CU(cudaEventCreate(&e0));
+        CU(cudaEventCreate(&e1));
+        for (int w = 0; w < 3; w++) {
+            uint64_t start = tu_now_ns();
+            while ((double)(tu_now_ns() - start) * 1e-9 < secs) {
+                CU(cudaEventRecord(e0, st));
+                for (int i = 0; i < 20; i++) {
+                    if (w == 0)
+                        engram_cuda_apply(c, &a, &err);
+                    else if (w == 1)
+                        engram_cuda_project(c, &a, d_kv, &err);
+                    else
+                        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)n, K, &one, w16, CUDA_R_16F, K, e16,
+                                     CUDA_R_16F, K, &zero, d_kv, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+                }
+                CU(cudaEventRecord(e1, st));
+                CU(cudaEventSynchronize(e1));
+                float ms;
+                CU(cudaEventElapsedTime(&ms, e0, e1));
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                printf("loop %-12s %.3f ms a call, wall %lld.%03ld\n", what[w], ms / 20, (long long)ts.tv_sec,
+                       ts.tv_nsec / 1000000);
+            }
+        }
+        CU(cudaEventDestroy(e0));
+        CU(cudaEventDestroy(e1));
+    }
 
     /* staging: one prefill chunk of raw rows (2048 tokens x 24 x 264 B) to
      * the GPU from pageable memory and from memory page-locked by
