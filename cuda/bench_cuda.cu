@@ -106,6 +106,24 @@ template <typename F> static float timed(cudaStream_t st, int reps, F fn)
     return ms[reps / 2];
 }
 
+/* *exec: one engram_cuda_apply of a, captured on st and instantiated; 0,
+ * or -1 with the reason printed */
+static int apply_graph(engram_cuda_layer *c, const engram_cuda_args *a, cudaStream_t st, cudaGraphExec_t *exec)
+{
+    engram_error err;
+    cudaGraph_t graph;
+    CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    int grc = engram_cuda_apply(c, a, &err);
+    CU(cudaStreamEndCapture(st, &graph));
+    if (grc < 0) {
+        fprintf(stderr, "capture: %s\n", err.msg);
+        return -1;
+    }
+    CU(cudaGraphInstantiate(exec, graph, 0));
+    CU(cudaGraphDestroy(graph));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     engram_error why;
@@ -250,12 +268,11 @@ int main(int argc, char **argv)
     }
     cublasSetStream(h, st);
     const float one = 1.0f, zero = 0.0f;
-    auto gemm = [&](unsigned m, int reps) {
-        return timed(st, reps, [&] {
-            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)m, K, &one, w16, CUDA_R_16F, K, e16, CUDA_R_16F,
-                         K, &zero, d_kv, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        });
+    auto blas_call = [&](unsigned m) {
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)m, K, &one, w16, CUDA_R_16F, K, e16, CUDA_R_16F, K,
+                     &zero, d_kv, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     };
+    auto gemm = [&](unsigned m, int reps) { return timed(st, reps, [&] { blas_call(m); }); };
     if (const char *g1 = getenv("BENCH_CUDA_GEMM_ONCE")) { /* for a profiler: which kernels cuBLAS runs */
         gemm((unsigned)atoi(g1), 3);
         printf("cuBLAS GEMMs of %u tokens done\n", (unsigned)atoi(g1));
@@ -310,16 +327,9 @@ int main(int argc, char **argv)
                 g.raw_step = 24 * 264;
                 g.resid_step = per * 4;
                 g.flags = serial ? ENGRAM_CUDA_SERIAL_GATE : 0;
-                cudaGraph_t graph;
                 cudaGraphExec_t exec;
-                CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-                int grc = engram_cuda_apply(c, &g, &err);
-                CU(cudaStreamEndCapture(st, &graph));
-                if (grc < 0) {
-                    fprintf(stderr, "capture: %s\n", err.msg);
+                if (apply_graph(c, &g, st, &exec) < 0)
                     return 1;
-                }
-                CU(cudaGraphInstantiate(&exec, graph, 0));
                 float gms = timed(st, 100, [&] { cudaGraphLaunch(exec, st); });
                 /* 32 steps back to back, as a decode loop without host syncs */
                 float g32 = timed(st, 20, [&] {
@@ -331,7 +341,6 @@ int main(int argc, char **argv)
                        serial ? ", gate serial" : "", gms * 1e3, gms / floor_ms, g32 * 1e3 / 32,
                        g32 / 32 / floor_ms, serial ? "" : "\n");
                 cudaGraphExecDestroy(exec);
-                cudaGraphDestroy(graph);
             }
             cudaFree(d_step);
         }
@@ -357,16 +366,9 @@ int main(int argc, char **argv)
         /* the same apply with its launches from a graph (no host between
          * kernels), and 8 applies back to back per timing (no idle card
          * before each) */
-        cudaGraph_t graph;
         cudaGraphExec_t exec;
-        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        int grc = engram_cuda_apply(c, &a, &err);
-        CU(cudaStreamEndCapture(st, &graph));
-        if (grc < 0) {
-            fprintf(stderr, "capture: %s\n", err.msg);
+        if (apply_graph(c, &a, st, &exec) < 0)
             return 1;
-        }
-        CU(cudaGraphInstantiate(&exec, graph, 0));
         float gr = timed(st, 30, [&] { cudaGraphLaunch(exec, st); });
         printf("  (engram apply, F32 residual, from a graph: %.3f ms)\n", gr);
         float b8 = timed(st, 10, [&] {
@@ -375,7 +377,6 @@ int main(int argc, char **argv)
         });
         printf("  (engram apply, F32 residual, 8 back to back: %.3f ms each)\n", b8 / 8);
         cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
     }
     float blas = gemm(n, 30);
     double fl = 2.0 * n * N * K;
@@ -416,9 +417,7 @@ int main(int argc, char **argv)
                     else if (w == 1)
                         engram_cuda_project(c, &a, d_kv, &err);
                     else
-                        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)n, K, &one, w16, CUDA_R_16F, K, e16,
-                                     CUDA_R_16F, K, &zero, d_kv, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT);
+                        blas_call(n);
                 }
                 CU(cudaEventRecord(e1, st));
                 CU(cudaEventSynchronize(e1));
