@@ -75,15 +75,6 @@
 static_assert(MMV_PART_BLOCKS % MMV_UNROLL == 0 && MMV_PART_BLOCKS % MMV_UNROLL_PRE == 0, "MMV_UNROLL");
 static_assert(MMV_WARPS % MMV_KSPLIT == 0 && (K / 256) % MMV_KSPLIT == 0, "MMV_KSPLIT");
 
-/* two E4M3 codes (low byte first) -> two F16 values, exact */
-__device__ __forceinline__ unsigned e4m3x2_f16x2(unsigned c)
-{
-    unsigned r;
-    unsigned short h = (unsigned short)c;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(h));
-    return r;
-}
-
 /* d += A B, m16n8k16, F16 operands, F32 accumulation */
 __device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
                                          unsigned a3, unsigned b0, unsigned b1)

@@ -12,7 +12,6 @@
 #define ENGRAM_CUDA_ROW_DECODE_CUH
 
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include "common.cuh"
 
@@ -41,6 +40,16 @@ __device__ __forceinline__ float decode1(unsigned c, int sc)
     if (field < 1)
         return decode_slow(mm, ex, sign);
     return __uint_as_float(sign | ((unsigned)field << 23) | ((mm << (23 - lead)) & 0x7fffffu));
+}
+
+/* two E4M3 codes (low byte first) -> two F16 values, exact (compute
+ * capability 8.9 and up; decode16_kernel's and mmv.cuh's) */
+__device__ __forceinline__ unsigned e4m3x2_f16x2(unsigned c)
+{
+    unsigned r;
+    unsigned short h = (unsigned short)c;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(h));
+    return r;
 }
 
 /*
@@ -124,9 +133,8 @@ decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_ste
         unsigned w[2] = {q[i].x, q[i].y}, h[4];
 #pragma unroll
         for (int p = 0; p < 4; p++) {
-            __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
-                (__nv_fp8x2_storage_t)(w[p >> 1] >> (16 * (p & 1))), __NV_E4M3);
-            float2 x = __half22float2(__half2(r));
+            unsigned r = e4m3x2_f16x2(w[p >> 1] >> (16 * (p & 1)));
+            float2 x = __half22float2(*(__half2 *)&r);
             __half2 v2 = __floats2half2_rn(x.x * f, x.y * f);
             h[p] = *(unsigned *)&v2;
         }
