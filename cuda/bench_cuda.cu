@@ -388,6 +388,15 @@ int main(int argc, char **argv)
            app, n / (app * 1e-3), app / blas);
     printf("  engram apply, BF16 residual     %8.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", app16,
            n / (app16 * 1e-3), app16 / blas);
+    /* what the gate must move whatever its kernel (kv as BF16 read once, the
+     * residual read and written) at the card's copy rate, after a GEMM at
+     * cuBLAS's time: the floor of any apply whose gate does not overlap its
+     * GEMM */
+    for (int q = 0; q < 2; q++) {
+        double gb = (double)n * N * 2 + 2.0 * n * per * (q ? 2 : 4), gms = gb / bw * 1e3;
+        printf("  gate's traffic (%s residual) %.1f MB at the copy rate %.1f us; cuBLAS + that %.3f ms: apply "
+               "%.2f x it\n", q ? "BF16" : "F32", gb / 1e6, gms * 1e3, blas + gms, (q ? app16 : app) / (blas + gms));
+    }
     a.flags = ENGRAM_CUDA_FMA_ONLY;
     float fma = timed(st, 3, [&] { engram_cuda_apply(c, &a, &err); });
     printf("  engram apply, ENGRAM_CUDA_FMA_ONLY %5.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", fma,
