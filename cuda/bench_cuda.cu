@@ -43,6 +43,11 @@
 
 #include "cuda_check.h"
 
+#ifdef ENGRAM_CUDA_STAMPS /* the diagnostic build's stamps (common.cuh, engram_cuda.cu) */
+#define EG_REPS_BENCH 256
+extern "C" int engram_cuda_stamps(void *stream, int op, unsigned long long *out);
+#endif
+
 static int cmpf(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -441,6 +446,75 @@ int main(int argc, char **argv)
         CU(cudaEventDestroy(e0));
         CU(cudaEventDestroy(e1));
     }
+#ifdef ENGRAM_CUDA_STAMPS
+    /* BENCH_CUDA_STAMPS=R (a build with -DENGRAM_CUDA_STAMPS only): R calls
+     * of each of four sequences -- the F32 apply back to back, the F32 apply
+     * with the card idle 2 ms before each, the projection back to back, the
+     * BF16 apply back to back -- with each call's event time and, from the
+     * kernels' own %globaltimer stamps, each kernel's start (from the call's
+     * decode16_kernel) and time, and the card's gap before the call: where
+     * a slow call's time goes. */
+    if (const char *sr = getenv("BENCH_CUDA_STAMPS")) {
+        int R = atoi(sr);
+        R = R < 1 ? 1 : R > EG_REPS_BENCH / 4 - 1 ? EG_REPS_BENCH / 4 - 1 : R;
+        int slot[EG_REPS_BENCH], next = 0; /* call q's stamps: slot[q] (the warm-ups take one each) */
+        const char *what[4] = {"apply F32", "apply F32 idle", "projection", "apply BF16"};
+        static cudaEvent_t ev[EG_REPS_BENCH][2];
+        static unsigned long long sts[EG_REPS_BENCH][8][2];
+        for (int i = 0; i < 4 * R; i++)
+            for (int j = 0; j < 2; j++)
+                CU(cudaEventCreate(&ev[i][j]));
+        if (engram_cuda_stamps(st, 0, NULL) < 0)
+            return 1;
+        for (int w = 0; w < 4; w++) {
+            a.resid = w == 3 ? d_x16 : d_x;
+            a.resid_dtype = w == 3 ? ENGRAM_BF16 : ENGRAM_F32;
+            for (int i = 0; i < 3; i++) /* warm-up, stamped into a slot of its own */
+                w == 2 ? engram_cuda_project(c, &a, d_kv, &err) : engram_cuda_apply(c, &a, &err);
+            if (engram_cuda_stamps(st, 1, NULL) < 0)
+                return 1;
+            next++;
+            CU(cudaStreamSynchronize(st));
+            for (int r = 0; r < R; r++) {
+                int q = w * R + r;
+                if (w == 1) {
+                    CU(cudaStreamSynchronize(st));
+                    usleep(2000);
+                }
+                CU(cudaEventRecord(ev[q][0], st));
+                int rc = w == 2 ? engram_cuda_project(c, &a, d_kv, &err) : engram_cuda_apply(c, &a, &err);
+                CU(cudaEventRecord(ev[q][1], st));
+                if (rc < 0 || engram_cuda_stamps(st, 1, NULL) < 0)
+                    return 1;
+                slot[q] = next++;
+            }
+            CU(cudaStreamSynchronize(st));
+            a.resid = d_x;
+            a.resid_dtype = ENGRAM_F32;
+        }
+        if (engram_cuda_stamps(st, 2, &sts[0][0][0]) < 0)
+            return 1;
+        const char *kn[5] = {"dec16", "gemm", "list", "gate", "scale"};
+        unsigned long long prev_end = 0;
+        for (int q = 0; q < 4 * R; q++) {
+            float ms;
+            CU(cudaEventElapsedTime(&ms, ev[q][0], ev[q][1]));
+            const unsigned long long(*sq)[2] = sts[slot[q]];
+            unsigned long long t0 = sq[0][0], end = 0;
+            printf("stamp %-14s %3d ev %7.1f us |", what[q / R], q % R, ms * 1e3);
+            for (int k = 0; k < 5; k++) {
+                if (sq[k][0] == ~0ull || !sq[k][1])
+                    continue;
+                printf(" %s %+.1f %.1f", kn[k], (double)(long long)(sq[k][0] - t0) * 1e-3,
+                       (double)(long long)(sq[k][1] - sq[k][0]) * 1e-3);
+                end = sq[k][1] > end ? sq[k][1] : end;
+            }
+            printf(" | span %.1f gap-before %.1f\n", (double)(long long)(end - t0) * 1e-3,
+                   q % R && prev_end ? (double)(long long)(t0 - prev_end) * 1e-3 : -1.0);
+            prev_end = end;
+        }
+    }
+#endif
 
     /* staging: one prefill chunk of raw rows (2048 tokens x 24 x 264 B) to
      * the GPU from pageable memory and from memory page-locked by

@@ -62,4 +62,42 @@ __device__ __forceinline__ void pdl_wait()
 #endif
 }
 
+/* ENGRAM_CUDA_STAMPS (a diagnostic build only, never shipped): the prefill's
+ * kernels stamp %globaltimer (ns) into eg_stamps[rep][kernel]: [0] block 0's
+ * start, [1] the last warp's end (lane 0 of every warp, at every return);
+ * rep is eg_rep, advanced between calls by engram_cuda_stamps (ENGRAM_CUDA_
+ * STAMPS_NEXT).  Where each kernel's time goes inside a sequence of calls,
+ * which ncu (kernels one by one, L2 flushed) does not show. */
+#ifdef ENGRAM_CUDA_STAMPS
+#define EG_REPS 256
+#define EG_KERNELS 8
+static __device__ unsigned long long eg_stamps[EG_REPS][EG_KERNELS][2];
+static __device__ int eg_rep;
+__device__ __forceinline__ unsigned long long eg_now()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+struct eg_scope {
+    unsigned long long *slot;
+    __device__ explicit eg_scope(int k) : slot(eg_stamps[*(volatile int *)&eg_rep % EG_REPS][k])
+    {
+        if (blockIdx.x == 0 && threadIdx.x == 0)
+            atomicMin(slot, eg_now());
+    }
+    __device__ ~eg_scope()
+    {
+        if (threadIdx.x & 31)
+            return;
+        unsigned long long t = eg_now();
+        if (*(volatile unsigned long long *)(slot + 1) < t)
+            atomicMax(slot + 1, t);
+    }
+};
+#define EG_STAMP(k) eg_scope eg_scope_(k)
+#else
+#define EG_STAMP(k) ((void)0)
+#endif
+
 #endif

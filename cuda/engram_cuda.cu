@@ -586,6 +586,40 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
     return 0;
 }
 
+#ifdef ENGRAM_CUDA_STAMPS
+/* The diagnostic build's stamps (common.cuh): op 0 clears them and sets the
+ * rep to 0, 1 advances the rep in the stream's order, 2 copies all of them
+ * (EG_REPS x EG_KERNELS x 2 values) to out after a sync. */
+static __global__ void eg_next_kernel()
+{
+    eg_rep++;
+}
+
+extern "C" __attribute__((visibility("default"))) int engram_cuda_stamps(void *stream, int op,
+                                                                         unsigned long long *out)
+{
+    static unsigned long long init[EG_REPS][EG_KERNELS][2];
+    cudaStream_t st = (cudaStream_t)stream;
+    if (op == 0) {
+        for (int r = 0; r < EG_REPS; r++)
+            for (int k = 0; k < EG_KERNELS; k++)
+                init[r][k][0] = ~0ull, init[r][k][1] = 0;
+        int z = 0;
+        if (cudaMemcpyToSymbol(eg_stamps, init, sizeof init) != cudaSuccess ||
+            cudaMemcpyToSymbol(eg_rep, &z, sizeof z) != cudaSuccess)
+            return -1;
+        return 0;
+    }
+    if (op == 1) {
+        eg_next_kernel<<<1, 1, 0, st>>>();
+        return cudaGetLastError() == cudaSuccess ? 0 : -1;
+    }
+    if (cudaStreamSynchronize(st) != cudaSuccess)
+        return -1;
+    return cudaMemcpyFromSymbol(out, eg_stamps, sizeof init) == cudaSuccess ? 0 : -1;
+}
+#endif
+
 extern "C" int engram_cuda_sync(engram_cuda_layer *c, void *stream, engram_error *err)
 {
     if (!c)

@@ -552,6 +552,7 @@ gate_block_kernel(const KV *__restrict__ kv, int ldkv, const float *__restrict__
                   int bf16, const uint8_t *mask, int W, int S, int *status, int token_base,
                   const int *kshift)
 {
+    EG_STAMP(3);
     int t = blockIdx.x;
     int ks = kshift ? kshift[t] : 0;
     if (mask && !mask[t])

@@ -241,6 +241,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_list_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride, const int *wide,
                  int n_out, KV *__restrict__ kv, int ldkv)
 {
+    EG_STAMP(2);
     int count = wide[ENGRAM_CUDA_BLOCK];
     for (int q = 0; q < count; q++) {
         int t = wide[q];

@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(ENGRAM_COLUMNS * 8)
 decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_step, size_t raw_step, __half *e16,
                 int *kshift, int *wide, int *flag)
 {
+    EG_STAMP(0);
     pdl_launch_dependents(); /* the decode GEMM (wsd_kernel) asks for its weights meanwhile */
     if (d_step)
         raw += (size_t)(*d_step) * raw_step;
@@ -150,6 +151,7 @@ decode16_kernel(const uint8_t *__restrict__ raw, size_t stride, const int *d_ste
 /* kv rows times 2^k (engram_cuda_project's output past the decode path). */
 __global__ void scale_kernel(float *kv, int ld, const int *kshift)
 {
+    EG_STAMP(4);
     int t = blockIdx.y;
     int k = kshift[t];
     for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < ld; o += gridDim.x * blockDim.x)

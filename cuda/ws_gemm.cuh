@@ -250,6 +250,7 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
                int N, void *__restrict__ out, const int *__restrict__ kshift, int cl, int *__restrict__ next)
 {
 #ifdef WS_SM90A
+    EG_STAMP(1);
     extern __shared__ uint8_t ws_smem_raw[];
     __shared__ __align__(8) uint64_t full[WS_STAGES], empty[WS_STAGES], ufull[2];
     __shared__ int uslot[2];
