@@ -45,7 +45,7 @@
 
 #ifdef ENGRAM_CUDA_STAMPS /* the diagnostic build's stamps (common.cuh, engram_cuda.cu) */
 #define EG_REPS_BENCH 256
-extern "C" int engram_cuda_stamps(void *stream, int op, unsigned long long *out);
+extern "C" int engram_cuda_stamps(void *stream, int op, unsigned long long *out, size_t cap);
 #endif
 
 static int cmpf(const void *a, const void *b)
@@ -395,8 +395,9 @@ int main(int argc, char **argv)
            n / (app16 * 1e-3), app16 / blas);
     /* what the gate must move whatever its kernel (kv as BF16 read once, the
      * residual read and written) at the card's copy rate, after a GEMM at
-     * cuBLAS's time: the floor of any apply whose gate does not overlap its
-     * GEMM */
+     * cuBLAS's time: about the floor of any apply whose gate does not
+     * overlap its GEMM (about: cuBLAS writes kv as F32, the apply's GEMM as
+     * BF16) */
     for (int q = 0; q < 2; q++) {
         double gb = (double)n * N * 2 + 2.0 * n * per * (q ? 2 : 4), gms = gb / bw * 1e3;
         printf("  gate's traffic (%s residual) %.1f MB at the copy rate %.1f us; cuBLAS + that %.3f ms: apply "
@@ -464,14 +465,17 @@ int main(int argc, char **argv)
         for (int i = 0; i < 4 * R; i++)
             for (int j = 0; j < 2; j++)
                 CU(cudaEventCreate(&ev[i][j]));
-        if (engram_cuda_stamps(st, 0, NULL) < 0)
+        if (engram_cuda_stamps(st, 0, NULL, 0) < 0)
             return 1;
         for (int w = 0; w < 4; w++) {
             a.resid = w == 3 ? d_x16 : d_x;
             a.resid_dtype = w == 3 ? ENGRAM_BF16 : ENGRAM_F32;
             for (int i = 0; i < 3; i++) /* warm-up, stamped into a slot of its own */
-                w == 2 ? engram_cuda_project(c, &a, d_kv, &err) : engram_cuda_apply(c, &a, &err);
-            if (engram_cuda_stamps(st, 1, NULL) < 0)
+                if ((w == 2 ? engram_cuda_project(c, &a, d_kv, &err) : engram_cuda_apply(c, &a, &err)) < 0) {
+                    fprintf(stderr, "BENCH_CUDA_STAMPS: %s\n", err.msg);
+                    return 1;
+                }
+            if (engram_cuda_stamps(st, 1, NULL, 0) < 0)
                 return 1;
             next++;
             CU(cudaStreamSynchronize(st));
@@ -484,16 +488,20 @@ int main(int argc, char **argv)
                 CU(cudaEventRecord(ev[q][0], st));
                 int rc = w == 2 ? engram_cuda_project(c, &a, d_kv, &err) : engram_cuda_apply(c, &a, &err);
                 CU(cudaEventRecord(ev[q][1], st));
-                if (rc < 0 || engram_cuda_stamps(st, 1, NULL) < 0)
+                if (rc < 0 || engram_cuda_stamps(st, 1, NULL, 0) < 0) {
+                    fprintf(stderr, "BENCH_CUDA_STAMPS: %s\n", rc < 0 ? err.msg : "the stamps' rep");
                     return 1;
+                }
                 slot[q] = next++;
             }
             CU(cudaStreamSynchronize(st));
             a.resid = d_x;
             a.resid_dtype = ENGRAM_F32;
         }
-        if (engram_cuda_stamps(st, 2, &sts[0][0][0]) < 0)
+        if (engram_cuda_stamps(st, 2, &sts[0][0][0], sizeof sts / sizeof sts[0][0][0]) < 0) {
+            fprintf(stderr, "BENCH_CUDA_STAMPS: the stamps' table is not this program's size\n");
             return 1;
+        }
         const char *kn[5] = {"dec16", "gemm", "list", "gate", "scale"};
         unsigned long long prev_end = 0;
         for (int q = 0; q < 4 * R; q++) {

@@ -65,9 +65,11 @@ __device__ __forceinline__ void pdl_wait()
 /* ENGRAM_CUDA_STAMPS (a diagnostic build only, never shipped): the prefill's
  * kernels stamp %globaltimer (ns) into eg_stamps[rep][kernel]: [0] block 0's
  * start, [1] the last warp's end (lane 0 of every warp, at every return);
- * rep is eg_rep, advanced between calls by engram_cuda_stamps (ENGRAM_CUDA_
- * STAMPS_NEXT).  Where each kernel's time goes inside a sequence of calls,
- * which ncu (kernels one by one, L2 flushed) does not show. */
+ * rep is eg_rep, advanced between calls by engram_cuda_stamps (op 1, a
+ * one-thread kernel).  Where each kernel's time goes inside a sequence of
+ * calls, which ncu (kernels one by one, L2 flushed) does not show.  They
+ * perturb a little: each warp's end is a load and maybe an atomic on one
+ * address, and %globaltimer may tick only every microsecond. */
 #ifdef ENGRAM_CUDA_STAMPS
 #define EG_REPS 256
 #define EG_KERNELS 8
@@ -83,7 +85,7 @@ struct eg_scope {
     unsigned long long *slot;
     __device__ explicit eg_scope(int k) : slot(eg_stamps[*(volatile int *)&eg_rep % EG_REPS][k])
     {
-        if (blockIdx.x == 0 && threadIdx.x == 0)
+        if ((blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0)
             atomicMin(slot, eg_now());
     }
     __device__ ~eg_scope()

@@ -589,14 +589,15 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
 #ifdef ENGRAM_CUDA_STAMPS
 /* The diagnostic build's stamps (common.cuh): op 0 clears them and sets the
  * rep to 0, 1 advances the rep in the stream's order, 2 copies all of them
- * (EG_REPS x EG_KERNELS x 2 values) to out after a sync. */
+ * (EG_REPS x EG_KERNELS x 2 values, [rep][kernel][start, end]) to out after
+ * a sync, where out holds cap values (-1 if fewer). */
 static __global__ void eg_next_kernel()
 {
     eg_rep++;
 }
 
 extern "C" __attribute__((visibility("default"))) int engram_cuda_stamps(void *stream, int op,
-                                                                         unsigned long long *out)
+                                                                         unsigned long long *out, size_t cap)
 {
     static unsigned long long init[EG_REPS][EG_KERNELS][2];
     cudaStream_t st = (cudaStream_t)stream;
@@ -614,7 +615,7 @@ extern "C" __attribute__((visibility("default"))) int engram_cuda_stamps(void *s
         eg_next_kernel<<<1, 1, 0, st>>>();
         return cudaGetLastError() == cudaSuccess ? 0 : -1;
     }
-    if (cudaStreamSynchronize(st) != cudaSuccess)
+    if (cap < sizeof init / sizeof init[0][0][0] || cudaStreamSynchronize(st) != cudaSuccess)
         return -1;
     return cudaMemcpyFromSymbol(out, eg_stamps, sizeof init) == cudaSuccess ? 0 : -1;
 }
