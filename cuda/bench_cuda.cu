@@ -25,6 +25,10 @@
  * BENCH_CUDA_LOOP=S: after the prefill rows, the apply, the projection
  * and cuBLAS's GEMM each S seconds back to back, per batch of 20 calls
  * with the wall clock (to lay beside nvidia-smi's clocks and power).
+ * BENCH_CUDA_PAIRED=S: after the prefill rows, for S seconds, batches of
+ * 10 F32 applies and of 10 cuBLAS GEMMs in turn: both at the same power
+ * and clock (a card at its power cap runs each at the clock its energy
+ * allows), with the median of the pairs' ratios.
  * BENCH_CUDA_DIST=1: each timing's spread over its reps (min, quartiles,
  * max) before its row, and the F32 apply timed again after the BF16 one,
  * from a CUDA graph, and 8 back to back per timing.
@@ -446,6 +450,39 @@ int main(int argc, char **argv)
         }
         CU(cudaEventDestroy(e0));
         CU(cudaEventDestroy(e1));
+    }
+    if (const char *ps = getenv("BENCH_CUDA_PAIRED")) {
+        double secs = atof(ps);
+        static float pa[4096], pb[4096], pr[4096];
+        int np = 0;
+        cudaEvent_t e0, e1, e2;
+        CU(cudaEventCreate(&e0));
+        CU(cudaEventCreate(&e1));
+        CU(cudaEventCreate(&e2));
+        uint64_t start = tu_now_ns();
+        while (np < 4096 && (double)(tu_now_ns() - start) * 1e-9 < secs) {
+            CU(cudaEventRecord(e0, st));
+            for (int i = 0; i < 10; i++)
+                engram_cuda_apply(c, &a, &err);
+            CU(cudaEventRecord(e1, st));
+            for (int i = 0; i < 10; i++)
+                blas_call(n);
+            CU(cudaEventRecord(e2, st));
+            CU(cudaEventSynchronize(e2));
+            CU(cudaEventElapsedTime(&pa[np], e0, e1));
+            CU(cudaEventElapsedTime(&pb[np], e1, e2));
+            pr[np] = pa[np] / pb[np];
+            np++;
+        }
+        CU(cudaEventDestroy(e0));
+        CU(cudaEventDestroy(e1));
+        CU(cudaEventDestroy(e2));
+        qsort(pa, (size_t)np, sizeof pa[0], cmpf);
+        qsort(pb, (size_t)np, sizeof pb[0], cmpf);
+        qsort(pr, (size_t)np, sizeof pr[0], cmpf);
+        printf("paired, %d pairs of 10 F32 applies and 10 cuBLAS GEMMs in turn: apply median %.3f ms, cuBLAS "
+               "median %.3f ms; the pairs' ratio: median %.3f (p25 %.3f, p75 %.3f)\n", np, pa[np / 2] / 10,
+               pb[np / 2] / 10, pr[np / 2], pr[np / 4], pr[3 * np / 4]);
     }
 #ifdef ENGRAM_CUDA_STAMPS
     /* BENCH_CUDA_STAMPS=R (a build with -DENGRAM_CUDA_STAMPS only): R calls
