@@ -58,7 +58,9 @@
 #define WS_STAGES 5
 #endif
 #define WS_BK 64
+#ifndef WS_PROM
 #define WS_PROM 4 /* k-tiles summed by the tensor cores between promotions */
+#endif
 #define WS_THREADS 384
 #define WS_ACC (WS_BN / 2) /* accumulator registers per consumer thread */
 #define WS_A_BYTES (WS_BM * WS_BK * 2)
