@@ -6,7 +6,10 @@
 # Part 2: ncu --set full of one prefill apply's ws_gemm_kernel and gate_block_kernel, of cuBLAS's GEMM on the same
 # shape, and of a one-token decode's wsd_kernel and gate_kernel: DRAM and L2 bytes, pipes, stalls.
 # Part 3: the promotion interval: gemm_variants for P = 4, 6, 8, 12 (time and accuracy), twice, alternating.
+# Part 4: p8 = l55 built with NVDEFS=-DWS_PROM=8 (bench_cuda, test_cuda, engram, engram-cuda.so): the whole bench
+# alternating with l55, twice; then p8's test_cuda and test_apply.sh (cuda), as far as the call's time goes.
 set -u
+t0=$(date +%s)
 lib=$(dirname "$(find / -name 'libcublas.so.13*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="${lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PATH="$PATH:/usr/local/cuda/bin"
@@ -33,4 +36,16 @@ done
 for r in 1 2; do for v in 4 6 8 12; do
   timeout 60 .gpubin/gv$v/gemm_variants > $R/gv${v}_$r.txt 2>&1; echo "gv$v round $r rc=$?"; grep -iE "ws |cublas|2048" $R/gv${v}_$r.txt | head -6
 done; done
+tar czf $OUT/r55.tgz -C /tmp r55
+for round in 1 2; do for v in l55 p8; do
+  f=$R/bench_${v}_$round.txt; timeout 90 .gpubin/$v/bench_cuda > $f 2>&1
+  echo "$v.$round rc=$? $(( $(date +%s) - t0 ))s"; grep -E "^ +1 |^ +8 |^ +64 |engram (projection|apply)|cuBLAS F16 GEMM" $f | grep -v FMA_ONLY | cut -c1-150
+done; done
+tar czf $OUT/r55.tgz -C /tmp r55
+echo "== test_cuda (p8) $(( $(date +%s) - t0 ))s"; timeout 240 .gpubin/p8/test_cuda > $R/test_cuda_p8.txt 2>&1; echo "rc=$? $(( $(date +%s) - t0 ))s"
+grep -E "FAIL|NO$|DIFFER" $R/test_cuda_p8.txt | head -10; tail -1 $R/test_cuda_p8.txt
+tar czf $OUT/r55.tgz -C /tmp r55
+mkdir -p /tmp/b && cp .gpubin/p8/engram .gpubin/p8/engram-cuda.so /tmp/b/
+ENGRAM_DEVICE=cuda PY=python3 timeout 150 sh tests/test_apply.sh /tmp/b > "$R/test_apply_cuda_p8.txt" 2>&1
+echo "test_apply.sh (cuda, p8) rc=$? $(( $(date +%s) - t0 ))s"; tail -3 $R/test_apply_cuda_p8.txt
 tar czf $OUT/r55.tgz -C /tmp r55
