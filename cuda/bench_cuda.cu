@@ -277,9 +277,9 @@ int main(int argc, char **argv)
     }
     cublasSetStream(h, st);
     const float one = 1.0f, zero = 0.0f;
-    auto blas_call = [&](unsigned m) {
-        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)m, K, &one, w16, CUDA_R_16F, K, e16, CUDA_R_16F, K,
-                     &zero, d_kv, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    auto blas_call = [&](unsigned m) { /* its status: the loops below check it */
+        return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)m, K, &one, w16, CUDA_R_16F, K, e16, CUDA_R_16F, K,
+                            &zero, d_kv, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     };
     auto gemm = [&](unsigned m, int reps) { return timed(st, reps, [&] { blas_call(m); }); };
     if (const char *g1 = getenv("BENCH_CUDA_GEMM_ONCE")) { /* for a profiler: which kernels cuBLAS runs */
@@ -431,12 +431,13 @@ int main(int argc, char **argv)
             while ((double)(tu_now_ns() - start) * 1e-9 < secs) {
                 CU(cudaEventRecord(e0, st));
                 for (int i = 0; i < 20; i++) {
-                    if (w == 0)
-                        engram_cuda_apply(c, &a, &err);
-                    else if (w == 1)
-                        engram_cuda_project(c, &a, d_kv, &err);
-                    else
-                        blas_call(n);
+                    int rc = w == 0   ? engram_cuda_apply(c, &a, &err)
+                             : w == 1 ? engram_cuda_project(c, &a, d_kv, &err)
+                                      : (blas_call(n) == CUBLAS_STATUS_SUCCESS ? 0 : -1);
+                    if (rc < 0) {
+                        fprintf(stderr, "BENCH_CUDA_LOOP: %s failed: %s\n", what[w], w < 2 ? err.msg : "cuBLAS");
+                        return 1;
+                    }
                 }
                 CU(cudaEventRecord(e1, st));
                 CU(cudaEventSynchronize(e1));
@@ -463,10 +464,16 @@ int main(int argc, char **argv)
         while (np < 4096 && (double)(tu_now_ns() - start) * 1e-9 < secs) {
             CU(cudaEventRecord(e0, st));
             for (int i = 0; i < 10; i++)
-                engram_cuda_apply(c, &a, &err);
+                if (engram_cuda_apply(c, &a, &err) < 0) {
+                    fprintf(stderr, "BENCH_CUDA_PAIRED: the apply failed: %s\n", err.msg);
+                    return 1;
+                }
             CU(cudaEventRecord(e1, st));
             for (int i = 0; i < 10; i++)
-                blas_call(n);
+                if (blas_call(n) != CUBLAS_STATUS_SUCCESS) {
+                    fprintf(stderr, "BENCH_CUDA_PAIRED: cublasGemmEx failed\n");
+                    return 1;
+                }
             CU(cudaEventRecord(e2, st));
             CU(cudaEventSynchronize(e2));
             CU(cudaEventElapsedTime(&pa[np], e0, e1));
