@@ -1,5 +1,5 @@
 #!/bin/sh
-# issue #25, sitting 58 (session n): the GPU checks on main as it is resolved.  l55 = main at 1bbbde9 (the library's
+# issue #25, sitting 58 (session n): the GPU checks on main as it stands.  l55 = main at 1bbbde9 (the library's
 # code as at de410be) built plainly: test_cuda whole, test_ple_cuda, tests/test_apply.sh with ENGRAM_DEVICE=cuda and
 # cuda-fma (the numpy float64 reference).
 set -u
