@@ -2,8 +2,13 @@
  * bench_cuda.cu - the CUDA path against the card's own floors, measured in
  * the same run (CUDA events, medians after warm-up):
  *  - the device-to-device copy bandwidth of 1 GiB (bytes read + written);
+ *  - the weights' bytes read by a plain kernel, and streamed by the copy
+ *    engine alone (cp.async.bulk, no arithmetic) in one launch timed as the
+ *    one-token apply is (the limit of a direct call), and an empty kernel's
+ *    launch;
  *  - decode: engram_cuda_apply and engram_cuda_project of B = 1..64 tokens
- *    per layer (and B = 1 captured in a CUDA graph), and the apply through
+ *    per layer (and B = 1 captured in a CUDA graph; B = 1 also against the
+ *    copy engine's stream, and the host's time to submit a call), and the apply through
  *    the CUDA-core GEMVs (ENGRAM_CUDA_FMA_ONLY, the decode path before issue
  *    #25), vs the time to read the layer's F16 weights at that bandwidth
  *    (issue #25's targets: <= 1.10x at B = 1, 1.30x at 2-8, 1.50x at 16-64);
@@ -35,7 +40,12 @@
  * BENCH_CUDA_WIDE=1: token 0 too wide for F16 (one block's scale 30 below
  * the others'), so that every decode row has a token the F16 paths hand to
  * the GEMV's sums (trained tables have none: the cost of that path).
- * BENCH_CUDA_DECODE_ONCE=B: three decode applies of B tokens, then stop (for ncu).
+ * BENCH_CUDA_STAMPS=R, BENCH_CUDA_STAMPS_DEC=R (a build with
+ * -DENGRAM_CUDA_STAMPS only): the kernels' own stamps in R prefill or
+ * one-token calls of each sequence (run_stamps).
+ * BENCH_CUDA_DECODE_ONCE=B: three decode applies of B tokens, then stop (for ncu);
+ * BENCH_CUDA_ONCE_REPS=R: R applies instead of three (for a timeline: each
+ * a direct call on an idle card, synchronised before the next).
  * BENCH_CUDA_GEMM_ONCE=B: cuBLAS's GEMM of B tokens, 3 + 3 times, then stop (for ncu).
  */
 #include <cublas_v2.h>
@@ -55,6 +65,12 @@ extern "C" int engram_cuda_stamps(void *stream, int op, unsigned long long *out,
 static int cmpf(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
@@ -79,6 +95,55 @@ __global__ void __launch_bounds__(512) read_kernel(const uint4 *__restrict__ p, 
         *out = x;
 }
 
+/* The weights' bytes streamed by the copy engine alone: each block takes
+ * its contiguous share of `chunks` chunks of STREAM_CHUNK bytes from p,
+ * through a ring of STREAM_STAGES stages of shared memory (one thread asks
+ * for a chunk with cp.async.bulk and waits for it; no arithmetic, nothing
+ * written).  What any kernel that reads the layer's weights once can get at
+ * best from the card, launch and tail included: the limit of a direct call
+ * (issue #25's one-token row), measured as that row is.  Compute capability
+ * 9.0 and up; elsewhere it does nothing (bench_cuda is built for sm_90a). */
+#define STREAM_CHUNK 16384
+#define STREAM_STAGES 6
+__global__ void __launch_bounds__(32) stream_kernel(const uint8_t *p, int chunks)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ uint8_t stream_smem[];
+    __shared__ __align__(8) uint64_t bar[STREAM_STAGES];
+    if (threadIdx.x != 0)
+        return;
+    const int c0 = (int)((long long)chunks * blockIdx.x / gridDim.x),
+              c1 = (int)((long long)chunks * (blockIdx.x + 1) / gridDim.x), nc = c1 - c0;
+    uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(stream_smem) + 1023) & ~1023u,
+             b0 = (uint32_t)__cvta_generic_to_shared(bar);
+    for (int s = 0; s < STREAM_STAGES; s++)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(b0 + 8 * s));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int q = 0; q < nc + STREAM_STAGES; q++) {
+        if (q >= STREAM_STAGES) { /* chunk q - STAGES has landed: its stage is free */
+            int r = q - STREAM_STAGES;
+            asm volatile("{\n.reg .pred p;\nSTREAM_WAIT:\n"
+                         "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                         "@!p bra STREAM_WAIT;\n}\n" ::"r"(b0 + 8 * (r % STREAM_STAGES)),
+                         "r"((unsigned)((r / STREAM_STAGES) & 1))
+                         : "memory");
+        }
+        if (q < nc) {
+            uint32_t bb = b0 + 8 * (q % STREAM_STAGES), dst = sbase + (q % STREAM_STAGES) * STREAM_CHUNK;
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bb), "r"(STREAM_CHUNK)
+                         : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                         "l"(p + (size_t)(c0 + q) * STREAM_CHUNK), "r"(STREAM_CHUNK), "r"(bb)
+                         : "memory");
+        }
+    }
+#else
+    (void)p, (void)chunks;
+#endif
+}
+
+__global__ void empty_kernel() {}
+
 /* p[i] = a hash of i: no run of equal bytes for the reads to profit from */
 __global__ void fill_kernel(unsigned *p, size_t n)
 {
@@ -88,6 +153,92 @@ __global__ void fill_kernel(unsigned *p, size_t n)
         p[i] = x * 2246822519u;
     }
 }
+
+#ifdef ENGRAM_CUDA_STAMPS
+/* A sequence of calls for run_stamps: n tokens, the card idle 2 ms before
+ * each call (idle), engram_cuda_project instead of the apply (project), a
+ * BF16 residual (bf16). */
+struct stamp_seq {
+    const char *name;
+    unsigned n;
+    int idle, project, bf16;
+};
+
+/* R calls of each of the ns sequences (a's other arguments; d_x16: the BF16
+ * residual), with each call's event time and, from the kernels' own
+ * %globaltimer stamps, each kernel's start (from the call's first kernel)
+ * and time, and the card's gap before the call: where a slow call's time
+ * goes.  0, or -1 with a message. */
+static int run_stamps(engram_cuda_layer *c, engram_cuda_args a, float *d_kv, void *d_x16, cudaStream_t st,
+                      const stamp_seq *seqs, int ns, int R)
+{
+    engram_error err;
+    R = R < 1 ? 1 : R > EG_REPS_BENCH / ns - 1 ? EG_REPS_BENCH / ns - 1 : R;
+    int slot[EG_REPS_BENCH], next = 0; /* call q's stamps: slot[q] (the warm-ups take one each) */
+    static cudaEvent_t ev[EG_REPS_BENCH][2];
+    static unsigned long long sts[EG_REPS_BENCH][8][2];
+    void *x32 = a.resid;
+    for (int i = 0; i < ns * R; i++)
+        for (int j = 0; j < 2; j++)
+            CU(cudaEventCreate(&ev[i][j]));
+    if (engram_cuda_stamps(st, 0, NULL, 0) < 0)
+        return -1;
+    for (int w = 0; w < ns; w++) {
+        a.n = seqs[w].n;
+        a.resid = seqs[w].bf16 ? d_x16 : x32;
+        a.resid_dtype = seqs[w].bf16 ? ENGRAM_BF16 : ENGRAM_F32;
+        for (int i = 0; i < 3; i++) /* warm-up, stamped into a slot of its own */
+            if ((seqs[w].project ? engram_cuda_project(c, &a, d_kv, &err) : engram_cuda_apply(c, &a, &err)) < 0) {
+                fprintf(stderr, "BENCH_CUDA_STAMPS: %s\n", err.msg);
+                return -1;
+            }
+        if (engram_cuda_stamps(st, 1, NULL, 0) < 0)
+            return -1;
+        next++;
+        CU(cudaStreamSynchronize(st));
+        for (int r = 0; r < R; r++) {
+            int q = w * R + r;
+            if (seqs[w].idle) {
+                CU(cudaStreamSynchronize(st));
+                usleep(2000);
+            }
+            CU(cudaEventRecord(ev[q][0], st));
+            int rc = seqs[w].project ? engram_cuda_project(c, &a, d_kv, &err) : engram_cuda_apply(c, &a, &err);
+            CU(cudaEventRecord(ev[q][1], st));
+            if (rc < 0 || engram_cuda_stamps(st, 1, NULL, 0) < 0) {
+                fprintf(stderr, "BENCH_CUDA_STAMPS: %s\n", rc < 0 ? err.msg : "the stamps' rep");
+                return -1;
+            }
+            slot[q] = next++;
+        }
+        CU(cudaStreamSynchronize(st));
+    }
+    if (engram_cuda_stamps(st, 2, &sts[0][0][0], sizeof sts / sizeof sts[0][0][0]) < 0) {
+        fprintf(stderr, "BENCH_CUDA_STAMPS: the stamps' table is not this program's size\n");
+        return -1;
+    }
+    const char *kn[8] = {"dec16", "gemm", "list", "gate", "scale", "wsd", "gate1", "g1wait"};
+    unsigned long long prev_end = 0;
+    for (int q = 0; q < ns * R; q++) {
+        float ms;
+        CU(cudaEventElapsedTime(&ms, ev[q][0], ev[q][1]));
+        const unsigned long long(*sq)[2] = sts[slot[q]];
+        unsigned long long t0 = sq[0][0], end = 0;
+        printf("stamp %-14s %3d ev %7.1f us |", seqs[q / R].name, q % R, ms * 1e3);
+        for (int k = 0; k < 8; k++) {
+            if (sq[k][0] == ~0ull || !sq[k][1])
+                continue;
+            printf(" %s %+.1f %.1f", kn[k], (double)(long long)(sq[k][0] - t0) * 1e-3,
+                   (double)(long long)(sq[k][1] - sq[k][0]) * 1e-3);
+            end = sq[k][1] > end ? sq[k][1] : end;
+        }
+        printf(" | span %.1f gap-before %.1f\n", (double)(long long)(end - t0) * 1e-3,
+               q % R && prev_end ? (double)(long long)(t0 - prev_end) * 1e-3 : -1.0);
+        prev_end = end;
+    }
+    return 0;
+}
+#endif
 
 /* median ms of reps runs of fn(ctx) on stream st, after warm-up */
 template <typename F> static float timed(cudaStream_t st, int reps, F fn)
@@ -203,9 +354,32 @@ int main(int argc, char **argv)
         int grid = prop.multiProcessorCount * 4;
         float rms = timed(st, 100, [&] { read_kernel<<<grid, 512, 0, st>>>((const uint4 *)s0, n16, d_o); });
         CU(cudaGetLastError());
-        printf("a kernel that only reads those %.1f MB: %.1f us = %.0f GB/s = %.3f x the floor\n\n", wbytes / 1e6,
+        printf("a kernel that only reads those %.1f MB: %.1f us = %.0f GB/s = %.3f x the floor\n", wbytes / 1e6,
                rms * 1e3, wbytes / (rms * 1e-3) / 1e9, rms / floor_ms);
         CU(cudaFree(d_o));
+    }
+    /* the limit of a direct call: the same bytes through the copy engine
+     * alone (stream_kernel, two blocks an SM), one launch timed on an idle
+     * card as the apply's direct rows are, and 32 back to back; an empty
+     * kernel's launch the same way */
+    float stream_ms = 0.0f;
+    {
+        int chunks = (int)(wbytes / STREAM_CHUNK), grid = 2 * prop.multiProcessorCount;
+        size_t smem = (size_t)STREAM_STAGES * STREAM_CHUNK + 1024;
+        CU(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        stream_ms = timed(st, 100, [&] { stream_kernel<<<grid, 32, smem, st>>>((const uint8_t *)s0, chunks); });
+        CU(cudaGetLastError());
+        float s32 = timed(st, 20, [&] {
+            for (int i = 0; i < 32; i++)
+                stream_kernel<<<grid, 32, smem, st>>>((const uint8_t *)s0, chunks);
+        });
+        float ems = timed(st, 100, [&] { empty_kernel<<<1, 32, 0, st>>>(); });
+        CU(cudaGetLastError());
+        printf("the same bytes by the copy engine alone (cp.async.bulk, %d blocks, %d stages of %d KB), called directly:\n"
+               "  %.1f us = %.3f x the floor (32 back to back: %.1f us each = %.3f x); an empty kernel called directly: "
+               "%.1f us\n\n",
+               grid, STREAM_STAGES, STREAM_CHUNK / 1024, stream_ms * 1e3, stream_ms / floor_ms, s32 * 1e3 / 32,
+               s32 / 32 / floor_ms, ems * 1e3);
     }
 
     /* inputs: 2048 tokens of random valid rows (normal-like values) */
@@ -249,12 +423,14 @@ int main(int argc, char **argv)
             CU(cudaMemset(a.resid, 0, n * per * 2));
             a.resid_dtype = ENGRAM_BF16;
         }
-        for (int i = 0; i < 3; i++)
+        const char *rs = getenv("BENCH_CUDA_ONCE_REPS");
+        int reps = rs && atoi(rs) > 0 ? atoi(rs) : 3;
+        for (int i = 0; i < reps; i++)
             if (engram_cuda_apply(c, &a, &err) < 0 || engram_cuda_sync(c, st, &err) < 0) {
                 fprintf(stderr, "%s\n", err.msg);
                 return 1;
             }
-        printf("three applies of %u tokens done\n", a.n);
+        printf("%d applies of %u tokens done\n", reps, a.n);
         return 0;
     }
 
@@ -316,6 +492,29 @@ int main(int argc, char **argv)
                "default again: %.1f us = %.2f x)\n", sms * 1e3, sms / floor_ms, dms * 1e3, dms / floor_ms);
         float pms = timed(st, 100, [&] { engram_cuda_project(c, &a, d_kv, &err); });
         printf("   1 (projection alone) %.1f us = %.2f x floor\n", pms * 1e3, pms / floor_ms);
+        printf("   1 against the copy engine's stream of the same bytes, called the same way: apply %.3f x, "
+               "projection %.3f x\n", dms / stream_ms, pms / stream_ms);
+        /* the host's side of a direct call: the time engram_cuda_apply takes
+         * to return (its launches submitted), the card idle before each */
+        {
+            double hs[100];
+            for (int i = 0; i < 100; i++) {
+                CU(cudaStreamSynchronize(st));
+                struct timespec t0, t1;
+                clock_gettime(CLOCK_MONOTONIC, &t0);
+                int rc = engram_cuda_apply(c, &a, &err);
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+                if (rc < 0) {
+                    fprintf(stderr, "%s\n", err.msg);
+                    return 1;
+                }
+                hs[i] = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
+            }
+            CU(cudaStreamSynchronize(st));
+            qsort(hs, 100, sizeof hs[0], cmpd);
+            printf("   1 (the host's side: engram_cuda_apply returns after %.1f us, median of 100; p90 %.1f)\n", hs[50],
+                   hs[90]);
+        }
         /* 32 direct calls back to back: the host's launches ahead of the card,
          * as in a decode loop without a graph (the rows above time one call on
          * an idle card, its host-side launch included) */
@@ -355,6 +554,16 @@ int main(int argc, char **argv)
         }
     }
 
+#ifdef ENGRAM_CUDA_STAMPS
+    /* BENCH_CUDA_STAMPS_DEC=R: the same stamps (run_stamps) of R one-token
+     * applies with the card idle before each, R back to back, and R
+     * one-token projections with the card idle before each */
+    if (const char *sr = getenv("BENCH_CUDA_STAMPS_DEC")) {
+        const stamp_seq seqs[3] = {{"apply 1 idle", 1, 1, 0, 0}, {"apply 1", 1, 0, 0, 0}, {"project 1 idle", 1, 1, 1, 0}};
+        if (run_stamps(c, a, d_kv, NULL, st, seqs, 3, atoi(sr)) < 0)
+            return 1;
+    }
+#endif
     if (getenv("BENCH_CUDA_DECODE_ONLY")) /* kernel variants: the decode rows alone */
         return 0;
     /* prefill vs cuBLAS F16 */
@@ -493,78 +702,16 @@ int main(int argc, char **argv)
     }
 #ifdef ENGRAM_CUDA_STAMPS
     /* BENCH_CUDA_STAMPS=R (a build with -DENGRAM_CUDA_STAMPS only): R calls
-     * of each of four sequences -- the F32 apply back to back, the F32 apply
-     * with the card idle 2 ms before each, the projection back to back, the
-     * BF16 apply back to back -- with each call's event time and, from the
-     * kernels' own %globaltimer stamps, each kernel's start (from the call's
-     * decode16_kernel) and time, and the card's gap before the call: where
-     * a slow call's time goes. */
+     * of each of four sequences of the prefill's 2048 tokens -- the F32
+     * apply back to back, the F32 apply with the card idle 2 ms before each,
+     * the projection back to back, the BF16 apply back to back (run_stamps) */
     if (const char *sr = getenv("BENCH_CUDA_STAMPS")) {
-        int R = atoi(sr);
-        R = R < 1 ? 1 : R > EG_REPS_BENCH / 4 - 1 ? EG_REPS_BENCH / 4 - 1 : R;
-        int slot[EG_REPS_BENCH], next = 0; /* call q's stamps: slot[q] (the warm-ups take one each) */
-        const char *what[4] = {"apply F32", "apply F32 idle", "projection", "apply BF16"};
-        static cudaEvent_t ev[EG_REPS_BENCH][2];
-        static unsigned long long sts[EG_REPS_BENCH][8][2];
-        for (int i = 0; i < 4 * R; i++)
-            for (int j = 0; j < 2; j++)
-                CU(cudaEventCreate(&ev[i][j]));
-        if (engram_cuda_stamps(st, 0, NULL, 0) < 0)
+        const stamp_seq seqs[4] = {{"apply F32", n, 0, 0, 0},
+                                   {"apply F32 idle", n, 1, 0, 0},
+                                   {"projection", n, 0, 1, 0},
+                                   {"apply BF16", n, 0, 0, 1}};
+        if (run_stamps(c, a, d_kv, d_x16, st, seqs, 4, atoi(sr)) < 0)
             return 1;
-        for (int w = 0; w < 4; w++) {
-            a.resid = w == 3 ? d_x16 : d_x;
-            a.resid_dtype = w == 3 ? ENGRAM_BF16 : ENGRAM_F32;
-            for (int i = 0; i < 3; i++) /* warm-up, stamped into a slot of its own */
-                if ((w == 2 ? engram_cuda_project(c, &a, d_kv, &err) : engram_cuda_apply(c, &a, &err)) < 0) {
-                    fprintf(stderr, "BENCH_CUDA_STAMPS: %s\n", err.msg);
-                    return 1;
-                }
-            if (engram_cuda_stamps(st, 1, NULL, 0) < 0)
-                return 1;
-            next++;
-            CU(cudaStreamSynchronize(st));
-            for (int r = 0; r < R; r++) {
-                int q = w * R + r;
-                if (w == 1) {
-                    CU(cudaStreamSynchronize(st));
-                    usleep(2000);
-                }
-                CU(cudaEventRecord(ev[q][0], st));
-                int rc = w == 2 ? engram_cuda_project(c, &a, d_kv, &err) : engram_cuda_apply(c, &a, &err);
-                CU(cudaEventRecord(ev[q][1], st));
-                if (rc < 0 || engram_cuda_stamps(st, 1, NULL, 0) < 0) {
-                    fprintf(stderr, "BENCH_CUDA_STAMPS: %s\n", rc < 0 ? err.msg : "the stamps' rep");
-                    return 1;
-                }
-                slot[q] = next++;
-            }
-            CU(cudaStreamSynchronize(st));
-            a.resid = d_x;
-            a.resid_dtype = ENGRAM_F32;
-        }
-        if (engram_cuda_stamps(st, 2, &sts[0][0][0], sizeof sts / sizeof sts[0][0][0]) < 0) {
-            fprintf(stderr, "BENCH_CUDA_STAMPS: the stamps' table is not this program's size\n");
-            return 1;
-        }
-        const char *kn[5] = {"dec16", "gemm", "list", "gate", "scale"};
-        unsigned long long prev_end = 0;
-        for (int q = 0; q < 4 * R; q++) {
-            float ms;
-            CU(cudaEventElapsedTime(&ms, ev[q][0], ev[q][1]));
-            const unsigned long long(*sq)[2] = sts[slot[q]];
-            unsigned long long t0 = sq[0][0], end = 0;
-            printf("stamp %-14s %3d ev %7.1f us |", what[q / R], q % R, ms * 1e3);
-            for (int k = 0; k < 5; k++) {
-                if (sq[k][0] == ~0ull || !sq[k][1])
-                    continue;
-                printf(" %s %+.1f %.1f", kn[k], (double)(long long)(sq[k][0] - t0) * 1e-3,
-                       (double)(long long)(sq[k][1] - sq[k][0]) * 1e-3);
-                end = sq[k][1] > end ? sq[k][1] : end;
-            }
-            printf(" | span %.1f gap-before %.1f\n", (double)(long long)(end - t0) * 1e-3,
-                   q % R && prev_end ? (double)(long long)(t0 - prev_end) * 1e-3 : -1.0);
-            prev_end = end;
-        }
     }
 #endif
 

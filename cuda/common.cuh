@@ -63,7 +63,9 @@ __device__ __forceinline__ void pdl_wait()
 }
 
 /* ENGRAM_CUDA_STAMPS (a diagnostic build only, never shipped): the prefill's
- * kernels stamp %globaltimer (ns) into eg_stamps[rep][kernel]: [0] block 0's
+ * kernels and the decode's (wsd_kernel 5, gate_kernel 6, and 7 the moment
+ * gate_kernel's block 0 is past its wait for the projection) stamp
+ * %globaltimer (ns) into eg_stamps[rep][kernel]: [0] block 0's
  * start, [1] the last warp's end (lane 0 of every warp, at every return);
  * rep is eg_rep, advanced between calls by engram_cuda_stamps (op 1, a
  * one-thread kernel).  Where each kernel's time goes inside a sequence of
@@ -98,8 +100,18 @@ struct eg_scope {
     }
 };
 #define EG_STAMP(k) eg_scope eg_scope_(k)
+/* one moment of block 0's thread 0 into slot k (start and end alike) */
+#define EG_MARK(k)                                                                                      \
+    do {                                                                                                \
+        if ((blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0) {                                \
+            unsigned long long *s_ = eg_stamps[*(volatile int *)&eg_rep % EG_REPS][k], t_ = eg_now();   \
+            atomicMin(s_, t_);                                                                          \
+            atomicMax(s_ + 1, t_);                                                                      \
+        }                                                                                               \
+    } while (0)
 #else
 #define EG_STAMP(k) ((void)0)
+#define EG_MARK(k) ((void)0)
 #endif
 
 #endif

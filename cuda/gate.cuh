@@ -336,6 +336,7 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
             int bf16, const uint8_t *mask, int W, int S, int *status, int token_base,
             const int *d_step, size_t resid_step, const int *kshift)
 {
+    EG_STAMP(6);
     cg::cluster_group cl = cg::this_cluster();
     const int t = blockIdx.x / GATE_CTAS, rank = (int)cl.block_rank();
     if (mask && !mask[t]) {
@@ -363,6 +364,7 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
         float x[GATE_PRE][GATE_GROUP], q[GATE_PRE][GATE_GROUP], xx[GATE_GROUP];
         gate_pre_load(xt, bf16, wq, W, S, lo, cols, x, q, xx);
         pdl_wait(); /* kv: the projection's */
+        EG_MARK(7);
         /* kv rows of the F16 paths are kv * 2^-ks; kshift is written by
          * decode16_kernel, before the projection's grid (which waited for
          * it): read after the wait like kv */

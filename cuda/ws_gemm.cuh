@@ -493,6 +493,7 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
            const int *d_step, size_t raw_step, const int *flag, const int *kshift)
 {
 #ifdef WS_SM90A
+    EG_STAMP(5);
     /* the apply's gate (kshift NULL) may be scheduled at once: its blocks
      * load the residual meanwhile; not engram_cuda_project's caller's
      * kernels, which might write the rows this kernel reads to its end */
