@@ -68,6 +68,12 @@ static int cmpf(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static void die(const char *what, const char *msg)
+{
+    fprintf(stderr, "%s: %s\n", what, msg);
+    exit(1);
+}
+
 static int cmpd(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -413,6 +419,16 @@ int main(int argc, char **argv)
     a.resid = d_x;
     a.resid_dtype = ENGRAM_F32;
     a.stream = st;
+    /* the calls the rows time, checked: a failed call ends the bench with
+     * its message instead of being timed as if it ran */
+    auto apply = [&] {
+        if (engram_cuda_apply(c, &a, &err) < 0)
+            die("engram_cuda_apply", err.msg);
+    };
+    auto project = [&] {
+        if (engram_cuda_project(c, &a, d_kv, &err) < 0)
+            die("engram_cuda_project", err.msg);
+    };
     /* for a profiler: three applies of the prefill's 2048 tokens or of B
      * decode tokens, then stop */
     const char *dec_once = getenv("BENCH_CUDA_DECODE_ONCE"), *pre_once = getenv("BENCH_CUDA_PREFILL_ONCE");
@@ -457,7 +473,12 @@ int main(int argc, char **argv)
         return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, (int)m, K, &one, w16, CUDA_R_16F, K, e16, CUDA_R_16F, K,
                             &zero, d_kv, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     };
-    auto gemm = [&](unsigned m, int reps) { return timed(st, reps, [&] { blas_call(m); }); };
+    auto gemm = [&](unsigned m, int reps) {
+        return timed(st, reps, [&] {
+            if (blas_call(m) != CUBLAS_STATUS_SUCCESS)
+                die("cublasGemmEx", "failed");
+        });
+    };
     if (const char *g1 = getenv("BENCH_CUDA_GEMM_ONCE")) { /* for a profiler: which kernels cuBLAS runs */
         gemm((unsigned)atoi(g1), 3);
         printf("cuBLAS GEMMs of %u tokens done\n", (unsigned)atoi(g1));
@@ -474,10 +495,10 @@ int main(int argc, char **argv)
         for (unsigned q = 0; q < sizeof Bs / sizeof Bs[0]; q++) {
             a.n = Bs[q];
             a.flags = 0;
-            float ms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
-            float pj = timed(st, 100, [&] { engram_cuda_project(c, &a, d_kv, &err); });
+            float ms = timed(st, 100, [&] { apply(); });
+            float pj = timed(st, 100, [&] { project(); });
             a.flags = ENGRAM_CUDA_FMA_ONLY;
-            float fm = timed(st, 30, [&] { engram_cuda_apply(c, &a, &err); });
+            float fm = timed(st, 30, [&] { apply(); });
             a.flags = 0;
             float cb = gemm(Bs[q], 100);
             printf("%4u %10.1f   %6.3f %12.1f   %6.3f %16.1f   %6.3f %14.1f   %6.3f\n", Bs[q], ms * 1e3,
@@ -485,12 +506,12 @@ int main(int argc, char **argv)
         }
         a.n = 1;
         a.flags = ENGRAM_CUDA_SERIAL_GATE;
-        float sms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
+        float sms = timed(st, 100, [&] { apply(); });
         a.flags = 0;
-        float dms = timed(st, 100, [&] { engram_cuda_apply(c, &a, &err); });
+        float dms = timed(st, 100, [&] { apply(); });
         printf("   1 %10.1f   %6.2f   (the gate launched after the GEMV: ENGRAM_CUDA_SERIAL_GATE; "
                "default again: %.1f us = %.2f x)\n", sms * 1e3, sms / floor_ms, dms * 1e3, dms / floor_ms);
-        float pms = timed(st, 100, [&] { engram_cuda_project(c, &a, d_kv, &err); });
+        float pms = timed(st, 100, [&] { project(); });
         printf("   1 (projection alone) %.1f us = %.2f x floor\n", pms * 1e3, pms / floor_ms);
         printf("   1 against the copy engine's stream of the same bytes, called the same way: apply %.3f x, "
                "projection %.3f x\n", dms / stream_ms, pms / stream_ms);
@@ -520,7 +541,7 @@ int main(int argc, char **argv)
          * an idle card, its host-side launch included) */
         float d32 = timed(st, 20, [&] {
             for (int i = 0; i < 32; i++)
-                engram_cuda_apply(c, &a, &err);
+                apply();
         });
         printf("   1 (32 direct calls back to back) %.1f us each = %.2f x floor\n", d32 * 1e3 / 32,
                d32 / 32 / floor_ms);
@@ -538,11 +559,11 @@ int main(int argc, char **argv)
                 cudaGraphExec_t exec;
                 if (apply_graph(c, &g, st, &exec) < 0)
                     return 1;
-                float gms = timed(st, 100, [&] { cudaGraphLaunch(exec, st); });
+                float gms = timed(st, 100, [&] { CU(cudaGraphLaunch(exec, st)); });
                 /* 32 steps back to back, as a decode loop without host syncs */
                 float g32 = timed(st, 20, [&] {
                     for (int i = 0; i < 32; i++)
-                        cudaGraphLaunch(exec, st);
+                        CU(cudaGraphLaunch(exec, st));
                 });
                 printf("   1 (apply in a CUDA graph%s) %.1f us = %.2f x floor; 32 graph launches back to back: "
                        "%.1f us each = %.2f x floor\n%s",
@@ -568,18 +589,18 @@ int main(int argc, char **argv)
         return 0;
     /* prefill vs cuBLAS F16 */
     a.n = n;
-    float proj = timed(st, 30, [&] { engram_cuda_project(c, &a, d_kv, &err); });
-    float app = timed(st, 30, [&] { engram_cuda_apply(c, &a, &err); });
+    float proj = timed(st, 30, [&] { project(); });
+    float app = timed(st, 30, [&] { apply(); });
     void *d_x16;
     CU(cudaMalloc(&d_x16, n * per * 2));
     CU(cudaMemset(d_x16, 0, n * per * 2));
     a.resid = d_x16;
     a.resid_dtype = ENGRAM_BF16;
-    float app16 = timed(st, 30, [&] { engram_cuda_apply(c, &a, &err); });
+    float app16 = timed(st, 30, [&] { apply(); });
     a.resid = d_x;
     a.resid_dtype = ENGRAM_F32;
     if (getenv("BENCH_CUDA_DIST")) {
-        float again = timed(st, 30, [&] { engram_cuda_apply(c, &a, &err); });
+        float again = timed(st, 30, [&] { apply(); });
         printf("  (engram apply, F32 residual, again: %.3f ms)\n", again);
         /* the same apply with its launches from a graph (no host between
          * kernels), and 8 applies back to back per timing (no idle card
@@ -587,11 +608,11 @@ int main(int argc, char **argv)
         cudaGraphExec_t exec;
         if (apply_graph(c, &a, st, &exec) < 0)
             return 1;
-        float gr = timed(st, 30, [&] { cudaGraphLaunch(exec, st); });
+        float gr = timed(st, 30, [&] { CU(cudaGraphLaunch(exec, st)); });
         printf("  (engram apply, F32 residual, from a graph: %.3f ms)\n", gr);
         float b8 = timed(st, 10, [&] {
             for (int i = 0; i < 8; i++)
-                engram_cuda_apply(c, &a, &err);
+                apply();
         });
         printf("  (engram apply, F32 residual, 8 back to back: %.3f ms each)\n", b8 / 8);
         cudaGraphExecDestroy(exec);
@@ -617,7 +638,7 @@ int main(int argc, char **argv)
                "%.2f x it\n", q ? "BF16" : "F32", gb / 1e6, gms * 1e3, blas + gms, (q ? app16 : app) / (blas + gms));
     }
     a.flags = ENGRAM_CUDA_FMA_ONLY;
-    float fma = timed(st, 3, [&] { engram_cuda_apply(c, &a, &err); });
+    float fma = timed(st, 3, [&] { apply(); });
     printf("  engram apply, ENGRAM_CUDA_FMA_ONLY %5.3f ms = %.0f tokens/s   %.2f x cuBLAS F16\n", fma,
            n / (fma * 1e-3), fma / blas);
     a.flags = 0;
