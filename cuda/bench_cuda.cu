@@ -2,13 +2,13 @@
  * bench_cuda.cu - the CUDA path against the card's own floors, measured in
  * the same run (CUDA events, medians after warm-up):
  *  - the device-to-device copy bandwidth of 1 GiB (bytes read + written);
- *  - the weights' bytes read by a plain kernel, and streamed by the copy
- *    engine alone (cp.async.bulk, no arithmetic) in one launch timed as the
- *    one-token apply is (the limit of a direct call), and an empty kernel's
- *    launch;
+ *  - as many bytes as the weights read by a plain kernel, and streamed by
+ *    bulk copies alone (cp.async.bulk, no arithmetic), each in one launch
+ *    timed as the one-token apply is (what a kernel that only reads costs
+ *    when called directly), and an empty kernel's launch;
  *  - decode: engram_cuda_apply and engram_cuda_project of B = 1..64 tokens
  *    per layer (and B = 1 captured in a CUDA graph; B = 1 also against the
- *    copy engine's stream, and the host's time to submit a call), and the apply through
+ *    bulk stream, and the host's time to submit a call), and the apply through
  *    the CUDA-core GEMVs (ENGRAM_CUDA_FMA_ONLY, the decode path before issue
  *    #25), vs the time to read the layer's F16 weights at that bandwidth
  *    (issue #25's targets: <= 1.10x at B = 1, 1.30x at 2-8, 1.50x at 16-64);
@@ -21,7 +21,8 @@
  *  - staging: a prefill chunk of raw rows copied to the GPU from pageable
  *    and from page-locked memory (engram_cuda_host_hooks).
  *   bench_cuda [MODEL]   (default: writes /tmp/engram-bench/cuda-5120.gguf)
- * BENCH_CUDA_PREFILL_ONCE=1: three prefill applies of 2048 tokens and stop
+ * BENCH_CUDA_PREFILL_ONCE=1: three prefill applies of 2048 tokens (or
+ * BENCH_CUDA_ONCE_REPS) and stop
  * (for a profiler: ncu --metrics gpu__time_duration.sum bench_cuda MODEL);
  * =bf16: the same with a BF16 residual.
  * The prefill apply is timed with an F32 and with a BF16 residual.
@@ -101,14 +102,16 @@ __global__ void __launch_bounds__(512) read_kernel(const uint4 *__restrict__ p, 
         *out = x;
 }
 
-/* The weights' bytes streamed by the copy engine alone: each block takes
- * its contiguous share of `chunks` chunks of STREAM_CHUNK bytes from p,
- * through a ring of STREAM_STAGES stages of shared memory (one thread asks
- * for a chunk with cp.async.bulk and waits for it; no arithmetic, nothing
- * written).  What any kernel that reads the layer's weights once can get at
- * best from the card, launch and tail included: the limit of a direct call
- * (issue #25's one-token row), measured as that row is.  Compute capability
- * 9.0 and up; elsewhere it does nothing (bench_cuda is built for sm_90a). */
+/* As many bytes as the weights streamed by bulk copies alone (the TMA
+ * unit): each block takes its contiguous share of `chunks` chunks of
+ * STREAM_CHUNK bytes from p, through a ring of STREAM_STAGES stages of
+ * shared memory (one thread asks for a chunk with cp.async.bulk and waits
+ * for it; no arithmetic, nothing written).  Beside read_kernel, a second
+ * kernel that only reads, launched and timed as issue #25's one-token row
+ * is (launch and tail included): what reading the bytes alone costs a
+ * direct call (run 59, H100: 1.007-1.009x the copy floor, read_kernel
+ * 1.003-1.005x; not a proven limit).  Compute capability 9.0 and up;
+ * elsewhere it does nothing (bench_cuda is built for sm_90a). */
 #define STREAM_CHUNK 16384
 #define STREAM_STAGES 6
 __global__ void __launch_bounds__(32) stream_kernel(const uint8_t *p, int chunks)
@@ -242,6 +245,9 @@ static int run_stamps(engram_cuda_layer *c, engram_cuda_args a, float *d_kv, voi
                q % R && prev_end ? (double)(long long)(t0 - prev_end) * 1e-3 : -1.0);
         prev_end = end;
     }
+    for (int i = 0; i < ns * R; i++)
+        for (int j = 0; j < 2; j++)
+            CU(cudaEventDestroy(ev[i][j]));
     return 0;
 }
 #endif
@@ -348,7 +354,7 @@ int main(int argc, char **argv)
     CU(cudaMalloc(&s1, cb));
     fill_kernel<<<1024, 256, 0, st>>>((unsigned *)s0, cb / 4);
     CU(cudaGetLastError());
-    float cms = timed(st, 20, [&] { cudaMemcpyAsync(s1, s0, cb, cudaMemcpyDeviceToDevice, st); });
+    float cms = timed(st, 20, [&] { CU(cudaMemcpyAsync(s1, s0, cb, cudaMemcpyDeviceToDevice, st)); });
     double bw = 2.0 * cb / (cms * 1e-3);
     printf("device copy of 1 GiB: %.3f ms = %.0f GB/s (read + written)\n", cms, bw / 1e9);
     double floor_ms = wbytes / bw * 1e3;
@@ -364,7 +370,7 @@ int main(int argc, char **argv)
                rms * 1e3, wbytes / (rms * 1e-3) / 1e9, rms / floor_ms);
         CU(cudaFree(d_o));
     }
-    /* the limit of a direct call: the same bytes through the copy engine
+    /* a direct call that only reads: the same bytes through bulk copies
      * alone (stream_kernel, two blocks an SM), one launch timed on an idle
      * card as the apply's direct rows are, and 32 back to back; an empty
      * kernel's launch the same way */
@@ -758,7 +764,7 @@ int main(int argc, char **argv)
         const char *what[2] = {"pageable", "page-locked (engram_cuda_host_hooks)"};
         for (int q = 0; q < 2; q++) {
             uint8_t *src = q ? pl : pg;
-            float ms = timed(st, 20, [&] { cudaMemcpyAsync(d_c, src, cbytes, cudaMemcpyHostToDevice, st); });
+            float ms = timed(st, 20, [&] { CU(cudaMemcpyAsync(d_c, src, cbytes, cudaMemcpyHostToDevice, st)); });
             double host_us[20];
             for (int i = 0; i < 20; i++) {
                 CU(cudaStreamSynchronize(st));

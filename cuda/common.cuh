@@ -64,7 +64,8 @@ __device__ __forceinline__ void pdl_wait()
 
 /* ENGRAM_CUDA_STAMPS (a diagnostic build only, never shipped): the prefill's
  * kernels and the decode's (wsd_kernel 5, gate_kernel 6, and 7 the moment
- * gate_kernel's block 0 is past its wait for the projection) stamp
+ * gate_kernel's block 0 is past its wait for the projection, in its PRE
+ * path only: the model's shapes) stamp
  * %globaltimer (ns) into eg_stamps[rep][kernel]: [0] block 0's
  * start, [1] the last warp's end (lane 0 of every warp, at every return);
  * rep is eg_rep, advanced between calls by engram_cuda_stamps (op 1, a

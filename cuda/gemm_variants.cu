@@ -31,7 +31,7 @@
 static uint64_t rs = 88172645463325252ull;
 static uint64_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return rs; }
 static float h2f(uint16_t h) { __half_raw r; r.x = h; return __half2float(__half(r)); }
-static uint16_t f2h(float f) { __half x = __float2half_rn(f); uint16_t h; memcpy(&h, &x, 2); return h; }
+static uint16_t f2h(float f) { return __half_raw(__float2half_rn(f)).x; }
 static double bf16_round(double v) { float f = (float)v; uint32_t u; memcpy(&u, &f, 4); u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u; memcpy(&f, &u, 4); return f; }
 static int cmpf(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return x < y ? -1 : x > y; }
 template <typename F> static float timed(cudaStream_t st, F fn) {
