@@ -1,6 +1,6 @@
 #!/bin/sh
 # issue #25, sitting 59 (session o).  b59 = f04c7a1 built plainly (main's library as l55; bench_cuda's new rows): the weights
-# streamed by the copy engine alone, called directly (the limit of a direct call), an empty kernel's launch,
+# streamed by the copy engine alone, called directly (what reading alone costs a direct call), an empty kernel's launch,
 # the one-token apply against that stream, and the host's time to submit a call.  Then s59 (f04c7a1 with
 # -DENGRAM_CUDA_STAMPS): the kernels' own stamps in one-token calls (idle before each, back to back, the projection
 # alone), where a direct call's time goes (the machines have no nsys); then run 58's checks on l59 (f04c7a1 built
