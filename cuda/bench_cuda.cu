@@ -60,6 +60,7 @@
 
 #ifdef ENGRAM_CUDA_STAMPS /* the diagnostic build's stamps (common.cuh, engram_cuda.cu) */
 #define EG_REPS_BENCH 256
+#define EG_KERNELS_BENCH 12 /* common.cuh's EG_REPS and EG_KERNELS */
 extern "C" int engram_cuda_stamps(void *stream, int op, unsigned long long *out, size_t cap);
 #endif
 
@@ -114,13 +115,18 @@ __global__ void __launch_bounds__(512) read_kernel(const uint4 *__restrict__ p, 
  * elsewhere it does nothing (bench_cuda is built for sm_90a). */
 #define STREAM_CHUNK 16384
 #define STREAM_STAGES 6
-__global__ void __launch_bounds__(32) stream_kernel(const uint8_t *p, int chunks)
+__global__ void __launch_bounds__(32) stream_kernel(const uint8_t *p, int chunks, unsigned long long *span)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ uint8_t stream_smem[];
     __shared__ __align__(8) uint64_t bar[STREAM_STAGES];
     if (threadIdx.x != 0)
         return;
+    unsigned long long t;
+    if (span) { /* the kernel's own span: the first block's start, the last one's end (%globaltimer, ns) */
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        atomicMin(&span[0], t);
+    }
     const int c0 = (int)((long long)chunks * blockIdx.x / gridDim.x),
               c1 = (int)((long long)chunks * (blockIdx.x + 1) / gridDim.x), nc = c1 - c0;
     uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(stream_smem) + 1023) & ~1023u,
@@ -146,8 +152,12 @@ __global__ void __launch_bounds__(32) stream_kernel(const uint8_t *p, int chunks
                          : "memory");
         }
     }
+    if (span) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        atomicMax(&span[1], t);
+    }
 #else
-    (void)p, (void)chunks;
+    (void)p, (void)chunks, (void)span;
 #endif
 }
 
@@ -185,7 +195,7 @@ static int run_stamps(engram_cuda_layer *c, engram_cuda_args a, float *d_kv, voi
     R = R < 1 ? 1 : R > EG_REPS_BENCH / ns - 1 ? EG_REPS_BENCH / ns - 1 : R;
     int slot[EG_REPS_BENCH], next = 0; /* call q's stamps: slot[q] (the warm-ups take one each) */
     static cudaEvent_t ev[EG_REPS_BENCH][2];
-    static unsigned long long sts[EG_REPS_BENCH][8][2];
+    static unsigned long long sts[EG_REPS_BENCH][EG_KERNELS_BENCH][2];
     void *x32 = a.resid;
     for (int i = 0; i < ns * R; i++)
         for (int j = 0; j < 2; j++)
@@ -226,7 +236,8 @@ static int run_stamps(engram_cuda_layer *c, engram_cuda_args a, float *d_kv, voi
         fprintf(stderr, "BENCH_CUDA_STAMPS: the stamps' table is not this program's size\n");
         return -1;
     }
-    const char *kn[8] = {"dec16", "gemm", "list", "gate", "scale", "wsd", "gate1", "g1wait"};
+    const char *kn[EG_KERNELS_BENCH] = {"dec16", "gemm",   "list",   "gate",    "scale", "wsd",
+                                        "gate1", "g1wait", "g1sums", "g1xchg", "g1wrote", "-"};
     unsigned long long prev_end = 0;
     for (int q = 0; q < ns * R; q++) {
         float ms;
@@ -234,7 +245,7 @@ static int run_stamps(engram_cuda_layer *c, engram_cuda_args a, float *d_kv, voi
         const unsigned long long(*sq)[2] = sts[slot[q]];
         unsigned long long t0 = sq[0][0], end = 0;
         printf("stamp %-14s %3d ev %7.1f us |", seqs[q / R].name, q % R, ms * 1e3);
-        for (int k = 0; k < 8; k++) {
+        for (int k = 0; k < EG_KERNELS_BENCH; k++) {
             if (sq[k][0] == ~0ull || !sq[k][1])
                 continue;
             printf(" %s %+.1f %.1f", kn[k], (double)(long long)(sq[k][0] - t0) * 1e-3,
@@ -379,19 +390,34 @@ int main(int argc, char **argv)
         int chunks = (int)(wbytes / STREAM_CHUNK), grid = 2 * prop.multiProcessorCount;
         size_t smem = (size_t)STREAM_STAGES * STREAM_CHUNK + 1024;
         CU(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        stream_ms = timed(st, 100, [&] { stream_kernel<<<grid, 32, smem, st>>>((const uint8_t *)s0, chunks); });
+        stream_ms = timed(st, 100, [&] { stream_kernel<<<grid, 32, smem, st>>>((const uint8_t *)s0, chunks, NULL); });
         CU(cudaGetLastError());
         float s32 = timed(st, 20, [&] {
             for (int i = 0; i < 32; i++)
-                stream_kernel<<<grid, 32, smem, st>>>((const uint8_t *)s0, chunks);
+                stream_kernel<<<grid, 32, smem, st>>>((const uint8_t *)s0, chunks, NULL);
         });
         float ems = timed(st, 100, [&] { empty_kernel<<<1, 32, 0, st>>>(); });
+        /* the same stream's span inside the kernel (its blocks' own
+         * %globaltimer: launch and end left out), 21 launches, each alone */
+        unsigned long long *d_span, hspan[2], init[2] = {~0ull, 0};
+        double spans[21];
+        CU(cudaMalloc(&d_span, sizeof init));
+        for (int i = 0; i < 21; i++) {
+            CU(cudaMemcpy(d_span, init, sizeof init, cudaMemcpyHostToDevice));
+            stream_kernel<<<grid, 32, smem, st>>>((const uint8_t *)s0, chunks, d_span);
+            CU(cudaGetLastError());
+            CU(cudaMemcpy(hspan, d_span, sizeof hspan, cudaMemcpyDeviceToHost));
+            spans[i] = (double)(hspan[1] - hspan[0]) * 1e-3;
+        }
+        CU(cudaFree(d_span));
+        qsort(spans, 21, sizeof spans[0], cmpd);
         CU(cudaGetLastError());
         printf("the same bytes by the copy engine alone (cp.async.bulk, %d blocks, %d stages of %d KB), called directly:\n"
                "  %.1f us = %.3f x the floor (32 back to back: %.1f us each = %.3f x); an empty kernel called directly: "
-               "%.1f us\n\n",
+               "%.1f us\n  inside the kernel (its blocks' own clock, 21 launches): min %.1f, median %.1f us = %.3f x the "
+               "floor\n\n",
                grid, STREAM_STAGES, STREAM_CHUNK / 1024, stream_ms * 1e3, stream_ms / floor_ms, s32 * 1e3 / 32,
-               s32 / 32 / floor_ms, ems * 1e3);
+               s32 / 32 / floor_ms, ems * 1e3, spans[0], spans[10], spans[10] * 1e-3 / floor_ms);
     }
 
     /* inputs: 2048 tokens of random valid rows (normal-like values) */

@@ -64,8 +64,9 @@ __device__ __forceinline__ void pdl_wait()
 
 /* ENGRAM_CUDA_STAMPS (a diagnostic build only, never shipped): the prefill's
  * kernels and the decode's (wsd_kernel 5, gate_kernel 6, and 7 the moment
- * gate_kernel's block 0 is past its wait for the projection, in its PRE
- * path only: the model's shapes) stamp
+ * gate_kernel's block 0 is past its wait for the projection, 8 past its
+ * block's sums, 9 past the cluster's exchange, 10 past its writes, in its
+ * PRE path only: the model's shapes) stamp
  * %globaltimer (ns) into eg_stamps[rep][kernel]: [0] block 0's
  * start, [1] the last warp's end (lane 0 of every warp, at every return);
  * rep is eg_rep, advanced between calls by engram_cuda_stamps (op 1, a
@@ -75,7 +76,7 @@ __device__ __forceinline__ void pdl_wait()
  * address, and %globaltimer may tick only every microsecond. */
 #ifdef ENGRAM_CUDA_STAMPS
 #define EG_REPS 256
-#define EG_KERNELS 8
+#define EG_KERNELS 12
 static __device__ unsigned long long eg_stamps[EG_REPS][EG_KERNELS][2];
 static __device__ int eg_rep;
 __device__ __forceinline__ unsigned long long eg_now()

@@ -382,6 +382,7 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
             p[k] = 0.0f;
         gate_sums_pre(p, kvt, ks, W, S, lo, cols, x, q, xx);
         gate_block_sums(p, sh, part, 0, S, warp, lane);
+        EG_MARK(8);
         /* ok: every x and scaled v of this thread below 2^126 in magnitude
          * (and not NaN), so that y = x + g v, 0 <= g <= 1, is finite in F32
          * and in BF16 */
@@ -397,10 +398,12 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
             }
         }
         gate_exchange(cl, ok, part, &sok, &allok, tot, gs, W, S);
+        EG_MARK(9);
         int safe = allok; /* the cluster's: every block takes the same branch */
         for (int s = 0; s < S; s++)
             safe &= isfinite(gs[s]);
         gate_write_pre(cl, safe, xt, bf16, W, S, lo, cols, x, vs, gs, &sbad, rank, status, token_base, t);
+        EG_MARK(10);
     } else {
         pdl_wait(); /* kv: the projection's */
         const int ks = kshift ? kshift[t] : 0; /* as above */
