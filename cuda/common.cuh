@@ -66,7 +66,9 @@ __device__ __forceinline__ void pdl_wait()
  * kernels and the decode's (wsd_kernel 5, gate_kernel 6, and 7 the moment
  * gate_kernel's block 0 is past its wait for the projection, 8 past its
  * block's sums, 9 past the cluster's exchange, 10 past its writes, in its
- * PRE path only: the model's shapes) stamp
+ * PRE path only: the model's shapes; with wsd_kernel's sums, 8 past the
+ * token's sums loaded and added, 9 past v's scaling, the exchange being
+ * before the wait) stamp
  * %globaltimer (ns) into eg_stamps[rep][kernel]: [0] block 0's
  * start, [1] the last warp's end (lane 0 of every warp, at every return);
  * rep is eg_rep, advanced between calls by engram_cuda_stamps (op 1, a

@@ -326,11 +326,11 @@ static cudaLaunchConfig_t dependent_cfg(const engram_cuda_layer *c, unsigned fla
 
 /* wsd_kernel<nb> for n tokens (nb: n rounded up to 8, 16, 32 or 64) as a
  * dependent launch (dependent_cfg) with the maps of wsd_maps; wsd_kernel's
- * arguments.  The launch's error, or 0. */
+ * arguments (g: the gate's sums, or g.part NULL).  The launch's error, or 0. */
 template <int NB>
 static cudaError_t wsd_launch_nb(const engram_cuda_layer *c, cudaLaunchConfig_t cfg, const CUtensorMap *m, int n,
                                  float *kv, const uint8_t *raw, size_t stride, const int *ds, size_t rstep,
-                                 const int *flag, const int *kshift)
+                                 const int *flag, const int *kshift, const wsd_gate &g)
 {
     typedef wsd_shape<NB> S;
     cfg.dynamicSmemBytes = S::smem;
@@ -338,23 +338,23 @@ static cudaError_t wsd_launch_nb(const engram_cuda_layer *c, cudaLaunchConfig_t 
     cfg.blockDim = dim3(S::threads);
     return cudaLaunchKernelEx(&cfg, wsd_kernel<NB>, m[S::bm == WSD_BM ? 0 : 5],
                               m[1 + (NB == 8 ? 0 : NB == 16 ? 1 : NB == 32 ? 2 : 3)], n,
-                              (int)c->N, kv, (const uint16_t *)c->w, raw, stride, ds, rstep, flag, kshift);
+                              (int)c->N, kv, (const uint16_t *)c->w, raw, stride, ds, rstep, flag, kshift, g);
 }
 
 static cudaError_t wsd_launch(engram_cuda_layer *c, unsigned flags, int n, float *kv, const uint8_t *raw,
                               size_t stride, const int *ds, size_t rstep, const int *flag, const int *kshift,
-                              cudaStream_t st)
+                              const wsd_gate &g, cudaStream_t st)
 {
     const CUtensorMap *m = layer_maps(c) + 3;
     cudaLaunchAttribute at;
     cudaLaunchConfig_t cfg = dependent_cfg(c, flags, dim3(1), dim3(1), st, &at); /* the grid: wsd_launch_nb's */
     if (n <= 8)
-        return wsd_launch_nb<8>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift);
+        return wsd_launch_nb<8>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
     if (n <= 16)
-        return wsd_launch_nb<16>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift);
+        return wsd_launch_nb<16>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
     if (n <= 32)
-        return wsd_launch_nb<32>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift);
-    return wsd_launch_nb<64>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift);
+        return wsd_launch_nb<32>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
+    return wsd_launch_nb<64>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
 }
 
 /* kv (n x N, F32) = e16 (n x K) x W^T on the tensor cores through cuBLAS:
@@ -376,15 +376,50 @@ static int cublas_gemm(engram_cuda_layer *c, unsigned n, float *kv, cudaStream_t
     return 0;
 }
 
+/* Where the decode gate takes its sums from wsd_kernel (ws_gemm.cuh's
+ * wsd_gate): the gate's PRE shapes with W a multiple of 128 (a chunk of
+ * 128 outputs inside one stream), the model's 4 x 5120.  The sums of a
+ * call's tokens: [GEMV_MAX][N / 128][2] floats in kv's workspace past the
+ * decode path's F32 kv (its GEMV_MAX tokens of it), unused there. */
+static int gate_parts(const engram_cuda_layer *c)
+{
+    return gate_pre((int)c->W, (int)c->S) && c->W % 128 == 0;
+}
+
+static float *gate_part_buf(const engram_cuda_layer *c)
+{
+    return c->kv + (size_t)ENGRAM_CUDA_GEMV_MAX * c->N;
+}
+
+/* the sums' arguments of apply a (its residual resid) */
+static wsd_gate gate_args(const engram_cuda_layer *c, const engram_cuda_args *a, const void *resid)
+{
+    wsd_gate g = {};
+    g.part = gate_part_buf(c);
+    g.resid = resid;
+    g.wq = c->wq;
+    g.d_step = a->d_step;
+    g.resid_step = a->resid_step;
+    g.kshift = c->kshift;
+    g.bf16 = a->resid_dtype == ENGRAM_BF16;
+    g.SW = (int)(c->S * c->W);
+    return g;
+}
+
 /* kv for tokens [0, n) of a (n <= one block), F32 in kv, or where the
  * tensor-core GEMM runs and bf16 is set, BF16 kv x 2^k in kv's first half
  * (*bf16 cleared otherwise); *scaled: F32 kv x 2^-k (kshift).  unscale:
- * the decode GEMM puts 2^k back itself (engram_cuda_project's). */
+ * the decode GEMM puts 2^k back itself (engram_cuda_project's).  part:
+ * the apply's (resid): where gate_parts and n <= WSD_PARTS_NB, wsd_kernel
+ * writes the gate's sums, and *part is set to where (gate_part_buf), else
+ * NULL (the gate then makes them itself where gate_parts). */
 static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const uint8_t *raw,
                          unsigned n, float *kv, cudaStream_t st, int unscale, int *scaled, int *bf16,
-                         engram_error *err)
+                         const void *resid, float **part, engram_error *err)
 {
     *scaled = 0;
+    if (part)
+        *part = NULL;
     int want16 = *bf16;
     *bf16 = 0;
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
@@ -472,7 +507,12 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
          * a programmatic dependent of decode16_kernel, its first tiles of
          * weights asked for before it waits; the tokens' box the call's n
          * rounded up to 8, 16, 32 or 64 */
-        CK(wsd_launch(c, a->flags, (int)n, kv, raw, stride, ds, rstep, flag, unscale ? c->kshift : NULL, st),
+        wsd_gate g = {};
+        if (part && !unscale && gate_parts(c) && n <= WSD_PARTS_NB) {
+            g = gate_args(c, a, resid);
+            *part = g.part;
+        }
+        CK(wsd_launch(c, a->flags, (int)n, kv, raw, stride, ds, rstep, flag, unscale ? c->kshift : NULL, g, st),
            "wsd_kernel");
         *scaled = !unscale;
         return 0;
@@ -514,8 +554,8 @@ extern "C" int engram_cuda_project(engram_cuda_layer *c, const engram_cuda_args 
         unsigned k = a->n - t0 < ENGRAM_CUDA_BLOCK ? a->n - t0 : ENGRAM_CUDA_BLOCK;
         int scaled, bf16 = 0;
         float *out = kv + (size_t)t0 * c->N;
-        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, out, st, 1, &scaled, &bf16,
-                                err)) < 0)
+        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, out, st, 1, &scaled, &bf16, NULL,
+                                NULL, err)) < 0)
             return rc;
         if (scaled) {
             scale_kernel<<<dim3(16, k), 256, 0, st>>>(out, (int)c->N, c->kshift);
@@ -539,20 +579,23 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
     for (unsigned t0 = 0; t0 < a->n; t0 += blk) {
         unsigned k = a->n - t0 < blk ? a->n - t0 : blk;
         int scaled, kv16 = k > ENGRAM_CUDA_GEMV_MAX;
-        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, c->kv, st, 0, &scaled, &kv16,
-                                err)) < 0)
-            return rc;
         char *resid = (char *)a->resid + (size_t)t0 * c->S * c->W * es;
+        float *part;
+        if ((rc = project_block(c, a, a->raw + (size_t)t0 * stride, k, c->kv, st, 0, &scaled, &kv16, resid,
+                                &part, err)) < 0)
+            return rc;
         const uint8_t *mk = a->mask ? a->mask + t0 : NULL;
         int bf = a->resid_dtype == ENGRAM_BF16;
         if (k <= ENGRAM_CUDA_GEMV_MAX) {
             cudaLaunchAttribute at;
             cudaLaunchConfig_t cfg = dependent_cfg(c, a->flags, dim3(k * GATE_CTAS), dim3(GATE_THREADS), st, &at);
             auto gate = gate_pre((int)c->W, (int)c->S) ? gate_kernel<true> : gate_kernel<false>;
+            /* the chunk sums: wsd_kernel's (part), or the gate's own */
+            float *gp = part ? part : gate_parts(c) ? gate_part_buf(c) : NULL;
             CK(cudaLaunchKernelEx(&cfg, gate, (const float *)c->kv, (int)c->N,
                                   (const float *)c->wq, (void *)resid, bf, mk, (int)c->W, (int)c->S,
                                   c->status, (int)t0, a->d_step, a->resid_step,
-                                  (const int *)(scaled ? c->kshift : NULL)),
+                                  (const int *)(scaled ? c->kshift : NULL), gp, !part && gp),
                "gate_kernel");
         } else {
             /* 16-byte loads: W a multiple of 8, the residual 16-byte aligned

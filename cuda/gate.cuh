@@ -61,7 +61,11 @@ __device__ __forceinline__ float load_x(const void *x, int bf16, int i)
  * verdicts travel with their sums (PRE): if every x and scaled v of the
  * token is below 2^126 in magnitude and the gates are finite, every output
  * is finite (|x + g v| < 2^127, 0 <= g <= 1) and the blocks write without a
- * second exchange; otherwise the check above.
+ * second exchange; otherwise the check above.  Where the sums come in
+ * chunks (gpart, W a multiple of 128: gate_with_parts below) the order is
+ * another: x.x and the x bounds are exchanged before the wait, the other
+ * sums and the v bounds are the chunks' (made by the projection, or by
+ * the cluster after the wait), added in the same order in every block.
  */
 #define GATE_CTAS 8
 
@@ -313,6 +317,127 @@ __device__ __forceinline__ void gate_write_pre(cg::cluster_group &cl, int safe, 
         asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+/* One chunk's sums (ws_gemm.cuh's wsd_gate order) by one warp from a
+ * token's F32 kv (kvt, x 2^ks), its residual xt and the norms wq: lane L
+ * as the thread (warp L / 8, quad L % 8) of wsd_kernel's D fragments: its
+ * four outputs 64 h + 16 (L / 8) + L % 8 + 8 b of the chunk at ob, then an
+ * xor tree over the lanes (1, 2, 4: the quads; 8, 16: the warps, (0 + 1) +
+ * (2 + 3)): wsd_gate_parts' bits, in every lane. */
+__device__ __forceinline__ void gate_chunk_sums(int ob, int lane, const float *kvt, const char *xt, int bf16,
+                                                const float *wq, int SW, int ks, float &d, float &kk, int &ok)
+{
+    float r[4], x4[4];
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        const int o = ob + 64 * (m >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (m & 1);
+        r[m] = kvt[o];
+        x4[m] = o < SW ? load_x(xt, bf16, o) * wq[o] : 0.0f;
+    }
+    wsd_part_own(r, x4, ks, d, kk, ok);
+#pragma unroll
+    for (int off = 1; off <= 16; off <<= 1) {
+        d += __shfl_xor_sync(0xffffffffu, d, off);
+        kk += __shfl_xor_sync(0xffffffffu, kk, off);
+        ok &= __shfl_xor_sync(0xffffffffu, ok, off);
+    }
+}
+
+/* gate_kernel<true> with wsd_kernel's sums (ws_gemm.cuh's wsd_gate; gpart
+ * [n][N / 128][2], W a multiple of 128), or self: the same sums made here
+ * first, after the wait (gate_chunk_sums; the other projections, and
+ * wsd_kernel's widest box, where they cost more in its epilogue than here:
+ * runs 63-65): x.x and the x bounds exchanged
+ * through the cluster before the wait for the projection, as x.x is today
+ * (the same bits), so that after it a block loads only the token's chunk
+ * sums (a warp a stream: chunk c and c + 32 of each lane added, then an
+ * xor tree; the same in every block) and its columns' v, and writes.  The
+ * cluster is waited on again only where a bound fails (cluster_any_bad). */
+__device__ __forceinline__ void gate_with_parts(cg::cluster_group &cl, float *gpart, int self, const float *wq,
+                                                int t, const float *kvt,
+                                                const int *kshift, char *xt, int bf16, int W, int S, int lo,
+                                                int cols, float (*x)[GATE_GROUP], const float *xx,
+                                                float (*sh)[3 * GATE_GROUP], float *part, int *sok, int *allok,
+                                                float *tot, float *gs, int *sbad, int rank, int *status,
+                                                int token_base, int warp, int lane)
+{
+    float p[3 * GATE_GROUP];
+#pragma unroll
+    for (int k = 0; k < GATE_GROUP; k++)
+        p[3 * k] = 0.0f, p[3 * k + 1] = xx[k], p[3 * k + 2] = 0.0f;
+    gate_block_sums(p, sh, part, 0, S, warp, lane);
+    int ok = 1;
+#pragma unroll
+    for (int j = 0; j < GATE_PRE; j++)
+        if (gate_col_in(j, cols))
+#pragma unroll
+            for (int s = 0; s < GATE_GROUP; s++)
+                ok &= s >= S || fabsf(x[j][s]) < 0x1p126f;
+    gate_exchange(cl, ok, part, sok, allok, tot, gs, W, S); /* tot[3 s + 1]: x.x */
+    pdl_wait(); /* kv and the sums: the projection's */
+    EG_MARK(7);
+    const int ks = kshift ? kshift[t] : 0;
+    const int nc = W / 128; /* chunks a stream, <= 48 */
+    if (self) {
+        /* the token's chunk sums from kv, by the cluster's 64 warps, into
+         * gpart; the exchange's barrier completed, then another: every
+         * block's sums written (release, acquire: read below through L2) */
+        const int nch = (S + 1) * nc, SW = S * W;
+        for (int ch = rank * (GATE_THREADS / 32) + warp; ch < nch; ch += GATE_CTAS * (GATE_THREADS / 32)) {
+            float d, kk;
+            int ok;
+            gate_chunk_sums(ch * 128, lane, kvt, xt, bf16, wq, SW, ks, d, kk, ok);
+            if (lane == 0) {
+                float *p = gpart + ((size_t)t * nch + ch) * 2;
+                p[0] = ch * 128 < SW ? d : (float)ok;
+                p[1] = ch * 128 < SW ? kk : 0.0f;
+            }
+        }
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        asm volatile("barrier.cluster.arrive.aligned;" ::: "memory"); /* waited on in gate_write_pre */
+    }
+    const float *v = kvt + (size_t)S * W;
+    float vs[GATE_PRE];
+#pragma unroll
+    for (int j = 0; j < GATE_PRE; j++) {
+        int i = lo + threadIdx.x + j * GATE_THREADS;
+        vs[j] = gate_col_in(j, cols) ? v[i] : 0.0f;
+    }
+    __shared__ int vok;
+    const float *pt = gpart + (size_t)t * (S + 1) * nc * 2;
+    if (warp <= S) {
+        const float2 *q = (const float2 *)(pt + (size_t)warp * nc * 2);
+        float2 a = lane < nc ? __ldcg(q + lane) : make_float2(0.0f, 0.0f),
+               b = lane + 32 < nc ? __ldcg(q + lane + 32) : make_float2(0.0f, 0.0f);
+        if (warp < S) {
+            float d = a.x + b.x, kk = a.y + b.y;
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1) {
+                d += __shfl_xor_sync(0xffffffffu, d, off);
+                kk += __shfl_xor_sync(0xffffffffu, kk, off);
+            }
+            if (lane == 0)
+                gs[warp] = gate_of(d, tot[3 * warp + 1], kk, W);
+        } else { /* v's chunks: every value within the bound */
+            int good = __all_sync(0xffffffffu, (lane >= nc || a.x != 0.0f) && (lane + 32 >= nc || b.x != 0.0f));
+            if (lane == 0)
+                vok = good;
+        }
+    }
+    __syncthreads();
+    EG_MARK(8);
+    int safe = *allok && vok; /* the cluster's: every block takes the same branch */
+    for (int s = 0; s < S; s++)
+        safe &= isfinite(gs[s]);
+#pragma unroll
+    for (int j = 0; j < GATE_PRE; j++)
+        vs[j] = bf16r(pow2scale(vs[j], ks));
+    EG_MARK(9);
+    gate_write_pre(cl, safe, xt, bf16, W, S, lo, cols, x, vs, gs, sbad, rank, status, token_base, t);
+    EG_MARK(10);
+}
+
 /* PRE (gate_pre(W, S): S <= GATE_GROUP and W <= 8 GATE_PRE GATE_THREADS,
  * the model's 4 x 5120): each thread's elements sit at GATE_PRE columns of
  * every stream, x and q loaded before the wait for kv and x kept for the
@@ -321,7 +446,8 @@ __device__ __forceinline__ void gate_write_pre(cg::cluster_group &cl, int safe, 
  * (kept stream-major, as before, they took 128 registers, 2 blocks an SM,
  * and the gate of 16 to 64 tokens grew by 0.3 us a token).  Otherwise
  * (W > 6144 or S > 4: no model we know) every element is read twice.  The
- * sums and outputs are the same bits either way. */
+ * sums and outputs are the same bits either way (without gpart: with it
+ * the sums are the chunks', PRE only). */
 #ifndef GATE_PRE_MINB
 #define GATE_PRE_MINB 3
 #endif
@@ -334,7 +460,7 @@ template <bool PRE>
 __global__ void __cluster_dims__(GATE_CTAS, 1, 1) __launch_bounds__(GATE_THREADS, PRE ? GATE_PRE_MINB : 1)
 gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq, void *resid,
             int bf16, const uint8_t *mask, int W, int S, int *status, int token_base,
-            const int *d_step, size_t resid_step, const int *kshift)
+            const int *d_step, size_t resid_step, const int *kshift, float *gpart, int self)
 {
     EG_STAMP(6);
     cg::cluster_group cl = cg::this_cluster();
@@ -363,6 +489,12 @@ gate_kernel(const float *__restrict__ kv, int ldkv, const float *__restrict__ wq
     if constexpr (PRE) {
         float x[GATE_PRE][GATE_GROUP], q[GATE_PRE][GATE_GROUP], xx[GATE_GROUP];
         gate_pre_load(xt, bf16, wq, W, S, lo, cols, x, q, xx);
+        if (gpart) {
+            gate_with_parts(cl, gpart, self, wq, t, kvt, kshift, xt, bf16, W, S, lo, cols, x, xx, sh, part, &sok,
+                            &allok, tot,
+                            gs, &sbad, rank, status, token_base, warp, lane);
+            return;
+        }
         pdl_wait(); /* kv: the projection's */
         EG_MARK(7);
         /* kv rows of the F16 paths are kv * 2^-ks; kshift is written by

@@ -48,7 +48,11 @@
  *    handle and math mode, the driver's cuTensorMapEncodeTiled, and
  *    cuBLAS's GEMM in the layer that takes it (calls
  *    wrapped at link time): named errors, nothing returned;
- *  - the decode gate as a dependent launch gives the serial launch's bits.
+ *  - the decode gate as a dependent launch gives the serial launch's bits;
+ *  - the decode apply is batch-invariant (a token alone, in calls of 2 to
+ *    61 and among 64, F32 and BF16 residuals; where the gate takes
+ *    wsd_kernel's sums, theirs), and a token whose kv overflows is left
+ *    untouched and named, its neighbours' bits unchanged.
  * Every CUDA call is checked.
  */
 #include <cublas_v2.h>
@@ -802,62 +806,69 @@ static void invariance_and_graph(fx *f, engram_cuda_layer *c, const char *path)
         CU(cudaFree(d_kvf));
         free(kvf);
     }
-    /* graph: 4 steps of 16 tokens each, step index on the device */
-    const unsigned steps = 4, B = 16; /* 64 tokens of rows: steps x B */
-    float *x0 = (float *)malloc(steps * B * per * 4), *xd = (float *)malloc(steps * B * per * 4),
-          *xgph = (float *)malloc(steps * B * per * 4);
-    uint64_t seed = 5;
-    for (size_t i = 0; i < steps * B * per; i++)
-        x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
-    float *d_x = (float *)dev_buf(steps * B * per * 4, x0);
-    int *d_step = (int *)dev_buf(sizeof(int), NULL);
-    for (unsigned s = 0; s < steps; s++) { /* direct */
-        a.raw = d_raw + (size_t)s * B * 24 * 264;
-        a.resid = d_x + (size_t)s * B * per;
-        a.resid_dtype = ENGRAM_F32;
-        a.n = B;
+    /* graph: 4 steps of 16 tokens each, step index on the device; then of
+     * 4 tokens (wsd_kernel's box of 8) */
+    for (unsigned B = 16; B >= 4; B /= 4) {
+        const unsigned steps = 4; /* 64 or 16 tokens of rows: steps x B */
+        float *x0 = (float *)malloc(steps * B * per * 4), *xd = (float *)malloc(steps * B * per * 4),
+              *xgph = (float *)malloc(steps * B * per * 4);
+        uint64_t seed = 5;
+        for (size_t i = 0; i < steps * B * per; i++)
+            x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
+        float *d_x = (float *)dev_buf(steps * B * per * 4, x0);
+        int *d_step = (int *)dev_buf(sizeof(int), NULL);
+        for (unsigned s = 0; s < steps; s++) { /* direct */
+            a.raw = d_raw + (size_t)s * B * 24 * 264;
+            a.resid = d_x + (size_t)s * B * per;
+            a.resid_dtype = ENGRAM_F32;
+            a.n = B;
+            CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+        }
+        CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+        CU(cudaMemcpy(xd, d_x, steps * B * per * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(d_x, x0, steps * B * per * 4, cudaMemcpyHostToDevice));
+        cudaStream_t st;
+        CU(cudaStreamCreate(&st));
+        a.raw = d_raw;
+        a.resid = d_x;
+        a.d_step = d_step;
+        a.raw_step = (size_t)B * 24 * 264;
+        a.resid_step = B * per * 4;
+        a.stream = st;
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
         CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+        CU(cudaStreamEndCapture(st, &g));
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        for (int s = 0; s < (int)steps; s++) {
+            CU(cudaMemcpyAsync(d_step, &s, sizeof s, cudaMemcpyHostToDevice, st));
+            CU(cudaStreamSynchronize(st)); /* s lives on the host stack */
+            CU(cudaGraphLaunch(ge, st));
+        }
+        CHECK_EQ(engram_cuda_sync(c, st, &err), 0);
+        CU(cudaMemcpy(xgph, d_x, steps * B * per * 4, cudaMemcpyDeviceToHost));
+        int gsame = memcmp(xgph, xd, steps * B * per * 4) == 0;
+        CHECK(gsame);
+        printf("W=%u graph with a device-side step index (%s): 4 replays of %u tokens %s direct calls\n", f->W, path,
+               B, gsame ? "equal" : "DIFFER FROM");
+        CU(cudaGraphExecDestroy(ge));
+        CU(cudaGraphDestroy(g));
+        CU(cudaStreamDestroy(st));
+        CU(cudaFree(d_x));
+        CU(cudaFree(d_step));
+        free(x0);
+        free(xd);
+        free(xgph);
+        a.d_step = NULL;
+        a.raw_step = 0;
+        a.resid_step = 0;
+        a.stream = NULL;
     }
-    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
-    CU(cudaMemcpy(xd, d_x, steps * B * per * 4, cudaMemcpyDeviceToHost));
-    CU(cudaMemcpy(d_x, x0, steps * B * per * 4, cudaMemcpyHostToDevice));
-    cudaStream_t st;
-    CU(cudaStreamCreate(&st));
-    a.raw = d_raw;
-    a.resid = d_x;
-    a.d_step = d_step;
-    a.raw_step = (size_t)B * 24 * 264;
-    a.resid_step = B * per * 4;
-    a.stream = st;
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
-    CU(cudaStreamEndCapture(st, &g));
-    CU(cudaGraphInstantiate(&ge, g, 0));
-    for (int s = 0; s < (int)steps; s++) {
-        CU(cudaMemcpyAsync(d_step, &s, sizeof s, cudaMemcpyHostToDevice, st));
-        CU(cudaStreamSynchronize(st)); /* s lives on the host stack */
-        CU(cudaGraphLaunch(ge, st));
-    }
-    CHECK_EQ(engram_cuda_sync(c, st, &err), 0);
-    CU(cudaMemcpy(xgph, d_x, steps * B * per * 4, cudaMemcpyDeviceToHost));
-    int gsame = memcmp(xgph, xd, steps * B * per * 4) == 0;
-    CHECK(gsame);
-    printf("W=%u graph with a device-side step index (%s): 4 replays %s direct calls\n", f->W, path,
-           gsame ? "equal" : "DIFFER FROM");
-    CU(cudaGraphExecDestroy(ge));
-    CU(cudaGraphDestroy(g));
-    CU(cudaStreamDestroy(st));
     rowset_free(&r);
     CU(cudaFree(d_kv));
-    CU(cudaFree(d_x));
-    CU(cudaFree(d_step));
     free(kv64);
     free(kv1);
-    free(x0);
-    free(xd);
-    free(xgph);
 }
 
 /* FMA_ONLY's apply of more tokens than the workspace holds as F32 kv
@@ -978,6 +989,110 @@ static void dependent_launch(fx *f, engram_cuda_layer *c, const char *path)
     free(x0);
     free(xa);
     free(xb);
+}
+
+/* The decode apply is batch-invariant in layer c (path: its name): each of
+ * 64 tokens (every third too wide for F16: in the wgmma layer their gate
+ * sums come from the GEMV's kv) applied alone, and the tokens from 3 on in
+ * calls of 2 to 61 (each of wsd_kernel's token boxes), give the bits of
+ * the call of 64; BF16 residuals the same for the first six alone.  Where
+ * the gate takes wsd_kernel's sums (W a multiple of 128: W = 5120 here)
+ * these are its sums' order; elsewhere the gate's own.  Then a token whose
+ * rows' block scales are all 254 (its kv x 2^121: k and v overflow) is
+ * left untouched and named by sync, the others of its call get the bits
+ * they had without it. */
+static void apply_invariance(fx *f, engram_cuda_layer *c, const char *path)
+{
+    const unsigned n = ENGRAM_CUDA_GEMV_MAX;
+    const size_t per = (size_t)f->S * f->W;
+    rowset r;
+    rowset_new(&r, f, n, 410, 1, widen); /* widen redoes the BF16 values: asks for them */
+    float *x0 = (float *)malloc(n * per * 4), *x64 = (float *)malloc(n * per * 4),
+          *xg = (float *)malloc(n * per * 4);
+    uint16_t *xb0 = (uint16_t *)malloc(n * per * 2), *xb = (uint16_t *)malloc(n * per * 2),
+             *xb64 = (uint16_t *)malloc(n * per * 2);
+    uint64_t seed = 41;
+    for (size_t i = 0; i < n * per; i++) {
+        xb0[i] = (uint16_t)((tu_rand(&seed) & 0x7fff) % 0x700 + 0x3a00) | (uint16_t)(i & 1 ? 0x8000 : 0); /* 2^-11 .. 8 */
+        x0[i] = bf2f(xb0[i]);
+    }
+    float *d_x = (float *)dev_buf(n * per * 4, x0);
+    uint16_t *d_xb = (uint16_t *)dev_buf(n * per * 2, xb0);
+    engram_error err;
+    engram_cuda_args a = args_of(r.d_raw, n, d_x);
+    CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+    CU(cudaMemcpy(x64, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(x64, x0, n * per * 4) != 0);
+    CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+    for (unsigned t = 0; t < n; t++) { /* each alone, into its own slice */
+        a.raw = r.d_raw + (size_t)t * 24 * 264;
+        a.resid = d_x + t * per;
+        a.n = 1;
+        CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+    }
+    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+    CU(cudaMemcpy(xg, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+    int alone = memcmp(xg, x64, n * per * 4) == 0;
+    CHECK(alone);
+    const unsigned ks[] = {2, 5, 9, 17, 25, 33, 49, 61};
+    int calls = 1;
+    for (unsigned i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+        a.raw = r.d_raw + (size_t)3 * 24 * 264;
+        a.resid = d_x + 3 * per;
+        a.n = ks[i];
+        CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+        CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+        CU(cudaMemcpy(xg, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+        calls &= memcmp(xg + 3 * per, x64 + 3 * per, ks[i] * per * 4) == 0 &&
+                 memcmp(xg + (3 + ks[i]) * per, x0 + (3 + ks[i]) * per, (n - 3 - ks[i]) * per * 4) == 0;
+    }
+    CHECK(calls);
+    /* BF16: the call of 64, then the first six alone */
+    a = args_of(r.d_raw, n, d_xb);
+    a.resid_dtype = ENGRAM_BF16;
+    CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+    CU(cudaMemcpy(xb64, d_xb, n * per * 2, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(d_xb, xb0, n * per * 2, cudaMemcpyHostToDevice));
+    for (unsigned t = 0; t < 6; t++) {
+        a.raw = r.d_raw + (size_t)t * 24 * 264;
+        a.resid = d_xb + t * per;
+        a.n = 1;
+        CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+    }
+    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+    CU(cudaMemcpy(xb, d_xb, n * per * 2, cudaMemcpyDeviceToHost));
+    int balone = memcmp(xb, xb64, 6 * per * 2) == 0;
+    CHECK(balone);
+    /* token 5's scales all 254 */
+    uint8_t *t5 = r.raw + (size_t)5 * 24 * 264;
+    for (int row = 0; row < 24; row++)
+        memset(t5 + row * 264 + 256, 254, 8);
+    CU(cudaMemcpy(r.d_raw + (size_t)5 * 24 * 264, t5, 24 * 264, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+    a = args_of(r.d_raw, n, d_x);
+    CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+    CHECK_ERR(engram_cuda_sync(c, NULL, &err), err, -EDOM, "token 5");
+    CU(cudaMemcpy(xg, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+    int kept = memcmp(xg + 5 * per, x0 + 5 * per, per * 4) == 0,
+        others = memcmp(xg, x64, 5 * per * 4) == 0 && memcmp(xg + 6 * per, x64 + 6 * per, (n - 6) * per * 4) == 0;
+    CHECK(kept);
+    CHECK(others);
+    printf("W=%u decode apply (%s): each of %u tokens alone %s, in calls of 2-61 %s, BF16 alone %s the call "
+           "of %u; a token of overflowing rows untouched: %s, the others' bits: %s\n",
+           f->W, path, n, alone ? "=" : "DIFFERS FROM", calls ? "=" : "DIFFER FROM", balone ? "=" : "DIFFERS FROM",
+           n, kept ? "yes" : "NO", others ? "yes" : "NO");
+    rowset_free(&r);
+    CU(cudaFree(d_x));
+    CU(cudaFree(d_xb));
+    free(x0);
+    free(x64);
+    free(xg);
+    free(xb0);
+    free(xb);
+    free(xb64);
 }
 
 /* The prefill path captured into a CUDA graph (engram_cuda.h: every apply
@@ -1355,9 +1470,14 @@ int main(void)
      * its PRE kernel takes (the stream-major one, elements read twice;
      * applies only) */
     const uint32_t widths[6] = {64, 5120, 63, 5128, 40, 6400};
-    /* ENGRAM_TEST_CUDA_QUICK=1: W = 64 alone (mutation runs: a binary per mutant) */
+    /* ENGRAM_TEST_CUDA_QUICK=1: W = 64 alone (mutation runs: a binary per
+     * mutant); ENGRAM_TEST_CUDA_WIDTH=W: that one of them alone (a device
+     * session's last minutes) */
     const int nw = getenv("ENGRAM_TEST_CUDA_QUICK") ? 1 : 6;
+    const char *only = getenv("ENGRAM_TEST_CUDA_WIDTH");
     for (int q = 0; q < nw; q++) {
+        if (only && (uint32_t)atoi(only) != widths[q])
+            continue;
         fx f;
         memset(&f, 0, sizeof f);
         char name[32];
@@ -1386,6 +1506,8 @@ int main(void)
             invariance_and_graph(&f, f.cb, "mmv, without wgmma");
             dependent_launch(&f, f.c, "wsd");
             dependent_launch(&f, f.cb, "mmv");
+            apply_invariance(&f, f.c, "wsd");
+            apply_invariance(&f, f.cb, "mmv");
             prefill_graph(&f, f.c, "the wgmma GEMM");
             prefill_graph(&f, f.cb, "cuBLAS's GEMM");
             unaligned_kv(&f);

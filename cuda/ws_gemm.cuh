@@ -486,11 +486,223 @@ template <int NB> __device__ __forceinline__ void wsd_wgmma(float *d, uint64_t d
 #endif
 }
 
+/*
+ * The apply's gate sums in wsd_kernel's epilogue (where the gate takes
+ * them: gate_kernel's PRE path, W a multiple of 128, engram_cuda.cu's
+ * gate_parts; boxes up to WSD_PARTS_NB tokens): the gate's latency after
+ * its wait for the projection was kv's loads, the sums' trees and the
+ * cluster's exchange (5.4 us of run 60's 14 above the floor at one token);
+ * here each consumer warpgroup adds them over its 128 outputs as soon as it
+ * has them.  Per token t and chunk c of 128 outputs (inside one stream:
+ * W % 128 == 0), part[t][c] = {sum x q k, sum k k} for a chunk of k
+ * (outputs below S W), or {1 if every value is below 2^126 in magnitude
+ * (the gate's bound), else 0, 0} for a chunk of v, where k and v are kv x
+ * 2^kshift[t] rounded to BF16 as the gate rounds them and x q is the
+ * gate's product.  The order: each thread its four outputs of the token
+ * (h, then b: output 64 h + 16 warp + lane / 4 + 8 b of the chunk), then
+ * xor trees over lane / 4 (4, 8, 16), then the four warps ((0 + 1) + (2 +
+ * 3)): the same for every box NB and every n, so the gate's bits of a
+ * token do not depend on its call's size.  The wide tokens (their kv from
+ * the GEMV, after the first pass) take the same order from kv read back;
+ * the gate makes the same sums itself (gate.cuh's gate_chunk_sums) for the
+ * widest box, whose 64 x q beside acc cost its epilogue 7-10 us (runs
+ * 63-65: loaded after the main loop, or through shared memory), and for
+ * the projections without wsd_kernel.
+ */
+struct wsd_gate {
+    float *part;       /* [n][N / 128][2]; NULL: no sums (engram_cuda_project, other shapes) */
+    const void *resid; /* the call's residual [n][S][W], BF16 or F32 */
+    const float *wq;   /* [S][W] */
+    const int *d_step; /* the residual then at + *d_step x resid_step bytes */
+    size_t resid_step;
+    const int *kshift; /* decode16_kernel's, read after its wait */
+    int bf16, SW;      /* S x W: the outputs of k */
+};
+#ifndef WSD_PARTS_NB
+#define WSD_PARTS_NB 32 /* the widest box whose epilogue makes the gate's sums (x q before the main loop) */
+#endif
+/* the host asks for the sums by n <= WSD_PARTS_NB, the kernel makes them by
+ * its box NB <= WSD_PARTS_NB: the same tokens only where it is a box */
+static_assert(WSD_PARTS_NB == 0 || WSD_PARTS_NB == 8 || WSD_PARTS_NB == 16 || WSD_PARTS_NB == 32,
+              "WSD_PARTS_NB: a token box (0, 8, 16 or 32; 64's x q do not fit in registers)");
+
+/* x q of this thread's outputs of the tokens it holds in wsd_kernel's D
+ * fragments (0 past n or outside k) */
+template <int NB>
+__device__ __forceinline__ void wsd_load_xq(const wsd_gate &g, int n, int ob, int warp, int lane, float *xq)
+{
+    const char *x = (const char *)g.resid + (g.d_step ? (size_t)*g.d_step * g.resid_step : 0);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int i = 0; i < NB / 2; i++) {
+            const int o = ob + h * 64 + warp * 16 + (lane >> 2) + 8 * ((i >> 1) & 1),
+                      t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+            float v = 0.0f;
+            if (t < n && o < g.SW) {
+                size_t e = (size_t)t * g.SW + o;
+                float xv = g.bf16 ? __uint_as_float((unsigned)((const unsigned short *)x)[e] << 16)
+                                  : ((const float *)x)[e];
+                v = xv * g.wq[o];
+            }
+            xq[h * NB / 2 + i] = v;
+        }
+}
+
+/* one token's sums at this thread from its four outputs' kv (r) and x q,
+ * in the order above (then over the lanes: wsd_part4, wsd_part_warp) */
+__device__ __forceinline__ void wsd_part_own(const float *r, const float *xq, int ks, float &d, float &kk, int &ok)
+{
+    d = 0.0f, kk = 0.0f, ok = 1;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float k = bf16r(pow2scale(r[j], ks));
+        d = fmaf(xq[j], k, d);
+        kk = fmaf(k, k, kk);
+        ok &= fabsf(k) < 0x1p126f;
+    }
+}
+
+/* wsd_part_own, then over the lanes of its quad's other seven (the same
+ * lane & 3): a warp's sums in every lane */
+__device__ __forceinline__ void wsd_part4(const float *r, const float *xq, int ks, float &d, float &kk, int &ok)
+{
+    wsd_part_own(r, xq, ks, d, kk, ok);
+#pragma unroll
+    for (int off = 4; off <= 16; off <<= 1) {
+        d += __shfl_xor_sync(0xffffffffu, d, off);
+        kk += __shfl_xor_sync(0xffffffffu, kk, off);
+        ok &= __shfl_xor_sync(0xffffffffu, ok, off);
+    }
+}
+
+/* the warpgroup's barrier (named barrier 1 + cw, its 128 threads; ids
+ * as immediates, so the kernel holds four barriers, not sixteen) */
+__device__ __forceinline__ void wsd_wg_sync(int cw)
+{
+    if (cw == 0)
+        asm volatile("bar.sync 1, 128;" ::: "memory");
+    else
+        asm volatile("bar.sync 2, 128;" ::: "memory");
+}
+
+/* the four warps' sums of token t (red[warp][r]) into part[t][ch] */
+template <int NB>
+__device__ __forceinline__ void wsd_part_store(const wsd_gate &g, float (*red)[NB][2], int r, int t, bool kch,
+                                               int ch, int nch)
+{
+    float *p = g.part + ((size_t)t * nch + ch) * 2;
+    if (kch) {
+        p[0] = (red[0][r][0] + red[1][r][0]) + (red[2][r][0] + red[3][r][0]);
+        p[1] = (red[0][r][1] + red[1][r][1]) + (red[2][r][1] + red[3][r][1]);
+    } else {
+        p[0] = red[0][r][0] != 0.0f && red[1][r][0] != 0.0f && red[2][r][0] != 0.0f && red[3][r][0] != 0.0f
+                   ? 1.0f
+                   : 0.0f;
+        p[1] = 0.0f;
+    }
+}
+
+/* kshift of the tokens this thread holds (wsd_gate_parts' ksv), loaded
+ * together (with the flags: one latency, not one a token) */
+template <int NB>
+__device__ __forceinline__ void wsd_load_ks(const wsd_gate &g, int n, int lane, int *ksv)
+{
+#pragma unroll
+    for (int i = 0; i < NB / 4; i++) {
+        const int t = 8 * (i >> 1) + 2 * (lane & 3) + (i & 1);
+        ksv[i] = t < n ? g.kshift[t] : 0;
+    }
+}
+
+/* wsd_kernel's sums for the gate from its D fragments (acc), every token
+ * but the wide ones (wm), by the warpgroup cw of the chunk at output ob */
+template <int NB>
+__device__ __forceinline__ void wsd_gate_parts(const wsd_gate &g, int n, int N, int ob, int cw, int warp,
+                                               int lane, const float *acc, const float *xq, const int *ksv,
+                                               uint64_t wm, float (*red)[NB][2])
+{
+    const bool kch = ob < g.SW;
+#pragma unroll
+    for (int gi = 0; gi < NB / 8; gi++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int t = 8 * gi + 2 * (lane & 3) + e;
+            const int ks = ksv[2 * gi + e];
+            float r[4], x4[4], d, kk;
+            int ok;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    r[2 * h + b] = acc[h * NB / 2 + 4 * gi + 2 * b + e];
+                    x4[2 * h + b] = xq[h * NB / 2 + 4 * gi + 2 * b + e];
+                }
+            wsd_part4(r, x4, ks, d, kk, ok);
+            if (lane < 4) {
+                red[warp][t][0] = kch ? d : (float)ok;
+                red[warp][t][1] = kk;
+            }
+        }
+    wsd_wg_sync(cw);
+    const int t = threadIdx.x & 127;
+    if (t < n && !((wm >> t) & 1))
+        wsd_part_store<NB>(g, red, t, t, kch, ob / 128, N / 128);
+}
+
+/* one token's sums at this thread (every lane as the holder of its
+ * outputs: the lanes of a quad alike) from its F32 kv in global memory
+ * (kvt, x 2^ks) */
+__device__ __forceinline__ void wsd_token_part(const wsd_gate &g, int ob, int warp, int lane, const float *kvt,
+                                               int t, int ks, float &d, float &kk, int &ok)
+{
+    const char *x = (const char *)g.resid + (g.d_step ? (size_t)*g.d_step * g.resid_step : 0);
+    float r[4], x4[4];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int b = 0; b < 2; b++) {
+            const int o = ob + h * 64 + warp * 16 + (lane >> 2) + 8 * b;
+            r[2 * h + b] = kvt[o];
+            float v = 0.0f;
+            if (o < g.SW) {
+                size_t e = (size_t)t * g.SW + o;
+                float xv = g.bf16 ? __uint_as_float((unsigned)((const unsigned short *)x)[e] << 16)
+                                  : ((const float *)x)[e];
+                v = xv * g.wq[o];
+            }
+            x4[2 * h + b] = v;
+        }
+    wsd_part4(r, x4, ks, d, kk, ok);
+}
+
+/* the same for the wide tokens (wm), after the CTA's GEMV wrote their kv */
+template <int NB>
+__device__ __forceinline__ void wsd_gate_parts_wide(const wsd_gate &g, int N, int ob, int cw, int warp, int lane,
+                                                    const float *kv, uint64_t wm, float (*red)[NB][2])
+{
+    const bool kch = ob < g.SW;
+    for (uint64_t m = wm; m; m &= m - 1) {
+        const int t = __ffsll((long long)m) - 1;
+        float d, kk;
+        int ok;
+        wsd_token_part(g, ob, warp, lane, kv + (size_t)t * N, t, g.kshift[t], d, kk, ok);
+        if (lane == 0) { /* red[.][t]: this token's alone */
+            red[warp][t][0] = kch ? d : (float)ok;
+            red[warp][t][1] = kk;
+        }
+        wsd_wg_sync(cw);
+        if ((threadIdx.x & 127) == t)
+            wsd_part_store<NB>(g, red, t, t, kch, ob / 128, N / 128);
+    }
+}
+
+
 template <int NB>
 __global__ void __launch_bounds__(wsd_shape<NB>::threads, wsd_shape<NB>::per_sm)
 wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te, int n, int N,
            float *__restrict__ kv, const uint16_t *__restrict__ w, const uint8_t *raw, size_t stride,
-           const int *d_step, size_t raw_step, const int *flag, const int *kshift)
+           const int *d_step, size_t raw_step, const int *flag, const int *kshift, const wsd_gate gg)
 {
 #ifdef WS_SM90A
     EG_STAMP(5);
@@ -543,11 +755,18 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
     } else {
         if constexpr (S::per_sm == 1)
             asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-        const int cw = wg - 1, lane = threadIdx.x & 31;
-        float acc[NACC], p[NACC];
+        const int cw = wg - 1, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+        /* the gate's sums (g.part): this warpgroup's chunk of 128 outputs
+         * at ob, if inside N (the last CTA of 256 outputs may have half) */
+        const int ob = n0 + cw * 128;
+        const bool gp = NB <= WSD_PARTS_NB && gg.part && ob < N;
+        __shared__ float red[BM / 128][4][NB][2];
+        float acc[NACC], p[NACC], xq[NACC];
 #pragma unroll
         for (int i = 0; i < NACC; i++)
             acc[i] = p[i] = 0.0f;
+        if (gp)
+            wsd_load_xq<NB>(gg, n, ob, warp, lane, xq);
         for (int g = 0; g < KT / WS_PROM; g++) {
 #pragma unroll
             for (int j = 0; j < WS_PROM; j++) {
@@ -584,11 +803,13 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
         /* decode16_kernel's flags and shifts (only the producer thread has
          * waited for it so far) */
         pdl_wait();
+        int ksv[NB / 4];
+        if (gp)
+            wsd_load_ks<NB>(gg, n, lane, ksv);
         const uint64_t wm = __ballot_sync(0xffffffffu, lane < n && flag[lane]) |
                             (uint64_t)__ballot_sync(0xffffffffu, lane + 32 < n && flag[lane + 32]) << 32;
         /* D fragment i of m64 half h: output 16 warp + lane/4 + 8 ((i/2)%2),
          * token 8 (i/4) + 2 (lane%4) + i%2 */
-        const int warp = (threadIdx.x >> 5) & 3;
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -599,6 +820,9 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
                     kv[(size_t)t * N + o] =
                         kshift ? pow2scale(acc[h * NB / 2 + i], kshift[t]) : acc[h * NB / 2 + i];
             }
+        if constexpr (NB <= WSD_PARTS_NB)
+            if (gp)
+                wsd_gate_parts<NB>(gg, n, N, ob, cw, warp, lane, acc, xq, ksv, wm, red[cw]);
         /* the wide tokens (none in trained tables; each costs this CTA a
          * pass over its weights on its consumer warps, where the prefill's
          * gemv_list_kernel has the whole GPU: ~0.9 ms a call with one on
@@ -616,6 +840,13 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
                     if (lane == 0 && o0 + rw < N)
                         kv[(size_t)t * N + o0 + rw] = kshift ? pow2scale(s[rw], kshift[t]) : s[rw];
             }
+        }
+        if (NB <= WSD_PARTS_NB && wm && gg.part) {
+            /* every consumer warp's GEMV rows are written (named barrier 3,
+             * the BM consumer threads), then their sums */
+            asm volatile("bar.sync 3, %0;" ::"n"(BM) : "memory");
+            if (gp)
+                wsd_gate_parts_wide<NB>(gg, N, ob, cw, warp, lane, kv, wm, red[cw]);
         }
     }
 #endif
