@@ -43,7 +43,7 @@
  * the GEMV's sums (trained tables have none: the cost of that path).
  * BENCH_CUDA_STAMPS=R, BENCH_CUDA_STAMPS_DEC=R (a build with
  * -DENGRAM_CUDA_STAMPS only): the kernels' own stamps in R prefill or
- * one-token calls of each sequence (run_stamps).
+ * decode (1 and 64 tokens) calls of each sequence (run_stamps).
  * BENCH_CUDA_DECODE_ONCE=B: three decode applies of B tokens, then stop (for ncu);
  * BENCH_CUDA_ONCE_REPS=R: R applies instead of three (for a timeline: each
  * a direct call on an idle card, synchronised before the next).
@@ -606,10 +606,13 @@ int main(int argc, char **argv)
 #ifdef ENGRAM_CUDA_STAMPS
     /* BENCH_CUDA_STAMPS_DEC=R: the same stamps (run_stamps) of R one-token
      * applies with the card idle before each, R back to back, and R
-     * one-token projections with the card idle before each */
+     * one-token projections with the card idle before each; then the same
+     * three of 64 tokens (the widest box) */
     if (const char *sr = getenv("BENCH_CUDA_STAMPS_DEC")) {
-        const stamp_seq seqs[3] = {{"apply 1 idle", 1, 1, 0, 0}, {"apply 1", 1, 0, 0, 0}, {"project 1 idle", 1, 1, 1, 0}};
-        if (run_stamps(c, a, d_kv, NULL, st, seqs, 3, atoi(sr)) < 0)
+        const stamp_seq seqs[6] = {{"apply 1 idle", 1, 1, 0, 0},     {"apply 1", 1, 0, 0, 0},
+                                   {"project 1 idle", 1, 1, 1, 0},   {"apply 64 idle", 64, 1, 0, 0},
+                                   {"apply 64", 64, 0, 0, 0},        {"project 64 idle", 64, 1, 1, 0}};
+        if (run_stamps(c, a, d_kv, NULL, st, seqs, 6, atoi(sr)) < 0)
             return 1;
     }
 #endif
