@@ -4,6 +4,11 @@
 # run 64-66's own decode of one token's rows in wsd_kernel taken out again (it cost CUDA-graph replays and
 # back-to-back calls 3-10 us, run 66).  b60 = a9758fb's bench_cuda (the library before).  The decode rows of b60 and
 # p68 in turn, then test_cuda on p68's W = 5120 fixture (where the new sums run; budget for no more).
+# Build first, on the development VM, from main (b60 from a9758fb the same way):
+#   make -s -j2 BUILD=/tmp/bld-p68 WERROR=1 LDLIBS_CORE="-l:liburing.a -lpthread -lm" \
+#        LDLIBS_TOOLS="-l:libjansson.a -l:libutf8proc.a" /tmp/bld-p68/cuda/test_cuda /tmp/bld-p68/cuda/bench_cuda
+#   mkdir -p .gpubin/p68 && cp /tmp/bld-p68/cuda/test_cuda /tmp/bld-p68/cuda/bench_cuda .gpubin/p68/
+# then run with carry [".gpubin/p68", ".gpubin/b60"].
 set -u
 t0=$(date +%s)
 lib=$(dirname "$(find / -name 'libcublas.so.13*' 2>/dev/null | head -1)")
