@@ -34,8 +34,10 @@
  *    the GEMVs' kv is unscaled.
  * Then the gate (engram_cuda_apply): gate_kernel<PRE> for n <= 64 (PRE
  * where gate_pre(W, S), the model's shape; a programmatic dependent launch
- * of the projection on 9.0+, unless ENGRAM_CUDA_SERIAL_GATE),
- * gate_block_kernel<KV, V16, KEEP> otherwise.
+ * of the projection on 9.0+, unless ENGRAM_CUDA_SERIAL_GATE; where also W
+ * is a multiple of 128 (gate_parts) its sums come in chunks of 128
+ * outputs, from wsd_kernel's epilogue for n <= WSD_PARTS_NB, else made by
+ * the gate), gate_block_kernel<KV, V16, KEEP> otherwise.
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
