@@ -42,6 +42,15 @@ __device__ __forceinline__ float pow2scale(float x, int ks)
     return x * __int_as_float((ks + 127) << 23); /* |ks| <= 126: see decode16_kernel (row_decode.cuh) */
 }
 
+/* element i of a residual, BF16 (bf16) or F32, as F32 (the gates' and
+ * wsd_kernel's x) */
+__device__ __forceinline__ float load_x(const void *x, int bf16, int i)
+{
+    if (bf16)
+        return __uint_as_float((unsigned)((const unsigned short *)x)[i] << 16);
+    return ((const float *)x)[i];
+}
+
 /* Programmatic dependent launch (sm_90+; no-ops elsewhere and when the
  * kernel was launched without the attribute): the decode projection's last
  * kernel lets the gate's blocks be scheduled at once (decode16_kernel so

@@ -36,13 +36,6 @@ __device__ __forceinline__ float gate_of(float D, float Sxx, float Skk, int W)
     return isfinite(D) && isfinite(Sxx) && isfinite(Skk) ? g : __int_as_float(0x7fc00000);
 }
 
-__device__ __forceinline__ float load_x(const void *x, int bf16, int i)
-{
-    if (bf16)
-        return __uint_as_float((unsigned)((const unsigned short *)x)[i] << 16);
-    return ((const float *)x)[i];
-}
-
 /*
  * Gate and update, one token per cluster of GATE_CTAS blocks (Hopper
  * thread-block clusters; at B = 1 one block on one SM was issue-bound).

@@ -526,26 +526,32 @@ struct wsd_gate {
 static_assert(WSD_PARTS_NB == 0 || WSD_PARTS_NB == 8 || WSD_PARTS_NB == 16 || WSD_PARTS_NB == 32,
               "WSD_PARTS_NB: a token box (0, 8, 16 or 32; 64's x q do not fit in registers)");
 
+/* the call's residual (at its step) */
+__device__ __forceinline__ const char *wsd_resid(const wsd_gate &g)
+{
+    return (const char *)g.resid + (g.d_step ? (size_t)*g.d_step * g.resid_step : 0);
+}
+
+/* x q of token t at output o of the residual x (wsd_resid), the gate's
+ * product; 0 outside k */
+__device__ __forceinline__ float wsd_xq(const wsd_gate &g, const char *x, int t, int o)
+{
+    return o < g.SW ? load_x(x, g.bf16, t * g.SW + o) * g.wq[o] : 0.0f;
+}
+
 /* x q of this thread's outputs of the tokens it holds in wsd_kernel's D
  * fragments (0 past n or outside k) */
 template <int NB>
 __device__ __forceinline__ void wsd_load_xq(const wsd_gate &g, int n, int ob, int warp, int lane, float *xq)
 {
-    const char *x = (const char *)g.resid + (g.d_step ? (size_t)*g.d_step * g.resid_step : 0);
+    const char *x = wsd_resid(g);
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int i = 0; i < NB / 2; i++) {
             const int o = ob + h * 64 + warp * 16 + (lane >> 2) + 8 * ((i >> 1) & 1),
                       t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
-            float v = 0.0f;
-            if (t < n && o < g.SW) {
-                size_t e = (size_t)t * g.SW + o;
-                float xv = g.bf16 ? __uint_as_float((unsigned)((const unsigned short *)x)[e] << 16)
-                                  : ((const float *)x)[e];
-                v = xv * g.wq[o];
-            }
-            xq[h * NB / 2 + i] = v;
+            xq[h * NB / 2 + i] = t < n ? wsd_xq(g, x, t, o) : 0.0f;
         }
 }
 
@@ -656,7 +662,7 @@ __device__ __forceinline__ void wsd_gate_parts(const wsd_gate &g, int n, int N, 
 __device__ __forceinline__ void wsd_token_part(const wsd_gate &g, int ob, int warp, int lane, const float *kvt,
                                                int t, int ks, float &d, float &kk, int &ok)
 {
-    const char *x = (const char *)g.resid + (g.d_step ? (size_t)*g.d_step * g.resid_step : 0);
+    const char *x = wsd_resid(g);
     float r[4], x4[4];
 #pragma unroll
     for (int h = 0; h < 2; h++)
@@ -664,14 +670,7 @@ __device__ __forceinline__ void wsd_token_part(const wsd_gate &g, int ob, int wa
         for (int b = 0; b < 2; b++) {
             const int o = ob + h * 64 + warp * 16 + (lane >> 2) + 8 * b;
             r[2 * h + b] = kvt[o];
-            float v = 0.0f;
-            if (o < g.SW) {
-                size_t e = (size_t)t * g.SW + o;
-                float xv = g.bf16 ? __uint_as_float((unsigned)((const unsigned short *)x)[e] << 16)
-                                  : ((const float *)x)[e];
-                v = xv * g.wq[o];
-            }
-            x4[2 * h + b] = v;
+            x4[2 * h + b] = wsd_xq(g, x, t, o);
         }
     wsd_part4(r, x4, ks, d, kk, ok);
 }
