@@ -48,7 +48,10 @@
  *    handle and math mode, the driver's cuTensorMapEncodeTiled, and
  *    cuBLAS's GEMM in the layer that takes it (calls
  *    wrapped at link time): named errors, nothing returned;
- *  - the decode gate as a dependent launch gives the serial launch's bits;
+ *  - the decode gate as a dependent launch gives the serial launch's bits,
+ *    also for one token with a mask (0 and 1), a NaN or an overflowing x,
+ *    an overflowing kv, and as the one-token last block of a prefill (its
+ *    mask and the token named offset by 2048);
  *  - the decode apply is batch-invariant (a token alone, in calls of 2 to
  *    61 and among 64, F32 and BF16 residuals; where the gate takes
  *    wsd_kernel's sums, theirs), and a token whose kv overflows is left
@@ -656,7 +659,7 @@ static void unaligned_kv(fx *f)
  * re-reads x rather than keeping it in registers): the same values as on an
  * aligned one, neighbours untouched; with the promoted GEMM's BF16 kv, with
  * cuBLAS's F32 kv (the layer without the wgmma GEMM), and in the decode
- * path (40 tokens: the cluster gate). */
+ * path (40 and 1 tokens: the cluster gate). */
 static void unaligned_resid(fx *f)
 {
     const unsigned n = 100;
@@ -670,9 +673,9 @@ static void unaligned_resid(fx *f)
     float *d_a = (float *)dev_buf(nx * 4, NULL), *d_b = (float *)dev_buf((nx + 2) * 4, NULL);
     engram_cuda_args a = args_of(r.d_raw, n, d_a);
     engram_error err;
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 4; v++) {
         engram_cuda_layer *c = v == 1 ? f->cb : f->c;
-        a.n = v == 2 ? 40 : n;
+        a.n = v == 2 ? 40 : v == 3 ? 1 : n;
         size_t nv = a.n * per;
         CU(cudaMemcpy(d_a, x0, nx * 4, cudaMemcpyHostToDevice));
         CU(cudaMemset(d_b, 0xff, (nx + 2) * 4));
@@ -807,8 +810,8 @@ static void invariance_and_graph(fx *f, engram_cuda_layer *c, const char *path)
         free(kvf);
     }
     /* graph: 4 steps of 16 tokens each, step index on the device; then of
-     * 4 tokens (wsd_kernel's box of 8) */
-    for (unsigned B = 16; B >= 4; B /= 4) {
+     * 4 tokens (wsd_kernel's box of 8), then of one */
+    for (unsigned B = 16; B >= 1; B /= 4) {
         const unsigned steps = 4; /* 64 or 16 tokens of rows: steps x B */
         float *x0 = (float *)malloc(steps * B * per * 4), *xd = (float *)malloc(steps * B * per * 4),
               *xgph = (float *)malloc(steps * B * per * 4);
@@ -1093,6 +1096,148 @@ static void apply_invariance(fx *f, engram_cuda_layer *c, const char *path)
     free(xb0);
     free(xb);
     free(xb64);
+}
+
+/* One-token decode applies (the gate a programmatic dependent) against the
+ * same calls with ENGRAM_CUDA_SERIAL_GATE: the same bits, F32 and BF16
+ * residuals; a masked token untouched, a mask of 1 the unmasked bits; an x
+ * of 2^126 (its bound fails: every output computed and checked; x.x
+ * overflows, so the gates and the outputs are NaN), a NaN in x and a token
+ * whose kv overflows untouched and named; and as the last token of a
+ * prefill of BLOCK + 1 tokens (a block of one at token 2048, through the
+ * decode path: the mask and the name offset by it).  Session q's gate
+ * inside wsd_kernel (bench/results/2026-12-04-cuda-dec/run69/gate-fin.diff,
+ * not kept) passed these against gate_kernel. */
+static void decode_gate_one(fx *f, engram_cuda_layer *c, const char *path)
+{
+    const unsigned nt = 4;
+    const size_t per = (size_t)f->S * f->W;
+    rowset r;
+    rowset_new(&r, f, nt, 530, 0, NULL);
+    float *x0 = (float *)malloc(per * 4), *xa = (float *)malloc(per * 4), *xb = (float *)malloc(per * 4);
+    uint64_t seed = 53;
+    for (size_t i = 0; i < per; i++)
+        x0[i] = bf2f((uint16_t)((tu_rand(&seed) & 0x7fff) % 0x700 + 0x3a00) | (uint16_t)(i & 1 ? 0x8000 : 0));
+    float *d_a = (float *)dev_buf(per * 4, NULL), *d_b = (float *)dev_buf(per * 4, NULL);
+    uint8_t zero = 0, one = 1;
+    uint8_t *d_m0 = (uint8_t *)dev_buf(1, &zero), *d_m1 = (uint8_t *)dev_buf(1, &one);
+    engram_error err;
+    int all = 1;
+    /* cases: 0 plain, 1 BF16, 2 x = 2^126, 3 masked, 4 mask of 1, 5 NaN, 6 overflowing kv */
+    for (int q = 0; q < 7; q++) {
+        const int bf = q == 1, es = bf ? 2 : 4;
+        float *xs = (float *)malloc(per * 4);
+        memcpy(xs, x0, per * 4);
+        if (q == 2)
+            xs[7] = 0x1p126f;
+        if (q == 5)
+            xs[per - 3] = NAN;
+        uint16_t *hb = (uint16_t *)malloc(per * 2);
+        for (size_t i = 0; i < per; i++) {
+            uint32_t u;
+            memcpy(&u, &xs[i], 4);
+            hb[i] = (uint16_t)(u >> 16);
+        }
+        const void *init = bf ? (const void *)hb : (const void *)xs;
+        if (q == 6) { /* token 2's scales all 254 */
+            uint8_t *t2 = r.raw + (size_t)2 * 24 * 264;
+            for (int row = 0; row < 24; row++)
+                memset(t2 + row * 264 + 256, 254, 8);
+            CU(cudaMemcpy(r.d_raw + (size_t)2 * 24 * 264, t2, 24 * 264, cudaMemcpyHostToDevice));
+        }
+        engram_cuda_args a = args_of(r.d_raw + (size_t)(q == 6 ? 2 : q % nt) * 24 * 264, 1, d_a);
+        a.resid_dtype = bf ? ENGRAM_BF16 : ENGRAM_F32;
+        a.mask = q == 3 ? d_m0 : q == 4 ? d_m1 : NULL;
+        CU(cudaMemcpy(d_a, init, per * es, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(d_b, init, per * es, cudaMemcpyHostToDevice));
+        CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+        a.resid = d_b;
+        a.flags = ENGRAM_CUDA_SERIAL_GATE;
+        CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+        if (q == 2 || q >= 5) /* both calls' token 0, named once */
+            CHECK_ERR(engram_cuda_sync(c, NULL, &err), err, -EDOM, "token 0");
+        CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+        CU(cudaMemcpy(xa, d_a, per * es, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(xb, d_b, per * es, cudaMemcpyDeviceToHost));
+        int same = memcmp(xa, xb, per * es) == 0, kept = memcmp(xa, init, per * es) == 0;
+        int ok = same && kept == (q == 2 || q == 3 || q >= 5);
+        if (q == 4) { /* a mask of 1: case 0's token 0 */
+            CU(cudaMemcpy(d_b, x0, per * 4, cudaMemcpyHostToDevice));
+            a.mask = NULL;
+            a.resid = d_b;
+            a.flags = 0;
+            CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+            CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+            CU(cudaMemcpy(xb, d_b, per * 4, cudaMemcpyDeviceToHost));
+            ok &= memcmp(xa, xb, per * 4) == 0;
+        }
+        if (!ok)
+            printf("W=%u one-token gate (%s), case %d: %s, %s\n", f->W, path, q, same ? "same bits" : "BITS DIFFER",
+                   kept ? "untouched" : "written");
+        CHECK(ok);
+        all &= ok;
+        free(xs);
+        free(hb);
+    }
+    /* a prefill of BLOCK + 1 tokens: its last block one token (t0 = 2048) */
+    const unsigned np = ENGRAM_CUDA_BLOCK + 1;
+    rowset rp;
+    rowset_new(&rp, f, np, 531, 0, NULL);
+    float *xp = (float *)malloc(np * per * 4), *xq = (float *)malloc(np * per * 4);
+    for (size_t i = 0; i < np * per; i++)
+        xp[i] = x0[i % per];
+    float *d_p = (float *)dev_buf(np * per * 4, xp);
+    uint8_t *mk = (uint8_t *)malloc(np);
+    memset(mk, 1, np);
+    mk[np - 1] = 0;
+    uint8_t *d_mk = (uint8_t *)dev_buf(np, mk);
+    engram_cuda_args a = args_of(rp.d_raw, np, d_p);
+    a.mask = d_mk; /* the last token masked: untouched */
+    CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+    CU(cudaMemcpy(xq, d_p, np * per * 4, cudaMemcpyDeviceToHost));
+    int pmask = memcmp(xq + (np - 1) * per, xp + (np - 1) * per, per * 4) == 0 &&
+                memcmp(xq + (np - 2) * per, xp + (np - 2) * per, per * 4) != 0;
+    /* unmasked, a NaN in its x: named as token 2048 */
+    float nan = NAN;
+    CU(cudaMemcpy(d_p, xp, np * per * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_p + (np - 1) * per + 5, &nan, 4, cudaMemcpyHostToDevice));
+    a.mask = NULL;
+    CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+    CHECK_ERR(engram_cuda_sync(c, NULL, &err), err, -EDOM, "token 2048");
+    CU(cudaMemcpy(xq, d_p, np * per * 4, cudaMemcpyDeviceToHost));
+    int pnan = memcmp(xq + (np - 1) * per + 6, xp + (np - 1) * per + 6, (per - 6) * 4) == 0;
+    /* and unmasked: token 2048 alone's bits (a block of one) */
+    CU(cudaMemcpy(d_p, xp, np * per * 4, cudaMemcpyHostToDevice));
+    CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
+    CU(cudaMemcpy(d_a, x0, per * 4, cudaMemcpyHostToDevice));
+    engram_cuda_args b = args_of(rp.d_raw + (size_t)(np - 1) * 24 * 264, 1, d_a);
+    CHECK_EQ(engram_cuda_apply(c, &b, &err), 0);
+    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+    CU(cudaMemcpy(xq, d_p, np * per * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(xa, d_a, per * 4, cudaMemcpyDeviceToHost));
+    int plast = memcmp(xq + (np - 1) * per, xa, per * 4) == 0 && memcmp(xa, x0, per * 4) != 0;
+    CHECK(pmask);
+    CHECK(pnan);
+    CHECK(plast);
+    printf("W=%u one-token decode gate (%s) against the serial launch's: plain, BF16, x = 2^126, masked, mask 1, NaN x, "
+           "overflowing kv: %s; as token 2048 of a prefill: masked untouched %s, NaN named %s, alone's bits %s\n",
+           f->W, path, all ? "same bits, as expected" : "NO", pmask ? "yes" : "NO", pnan ? "yes" : "NO",
+           plast ? "yes" : "NO");
+    rowset_free(&r);
+    rowset_free(&rp);
+    CU(cudaFree(d_a));
+    CU(cudaFree(d_b));
+    CU(cudaFree(d_m0));
+    CU(cudaFree(d_m1));
+    CU(cudaFree(d_p));
+    CU(cudaFree(d_mk));
+    free(x0);
+    free(xa);
+    free(xb);
+    free(xp);
+    free(xq);
+    free(mk);
 }
 
 /* The prefill path captured into a CUDA graph (engram_cuda.h: every apply
@@ -1508,6 +1653,8 @@ int main(void)
             dependent_launch(&f, f.cb, "mmv");
             apply_invariance(&f, f.c, "wsd");
             apply_invariance(&f, f.cb, "mmv");
+            decode_gate_one(&f, f.c, "wsd");
+            decode_gate_one(&f, f.cb, "mmv");
             prefill_graph(&f, f.c, "the wgmma GEMM");
             prefill_graph(&f, f.cb, "cuBLAS's GEMM");
             unaligned_kv(&f);
