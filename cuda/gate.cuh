@@ -310,22 +310,31 @@ __device__ __forceinline__ void gate_write_pre(cg::cluster_group &cl, int safe, 
         asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-/* One chunk's sums (ws_gemm.cuh's wsd_gate order) by one warp from a
- * token's F32 kv (kvt, x 2^ks), its residual xt and the norms wq: lane L
- * as the thread (warp L / 8, quad L % 8) of wsd_kernel's D fragments: its
- * four outputs 64 h + 16 (L / 8) + L % 8 + 8 b of the chunk at ob, then an
- * xor tree over the lanes (1, 2, 4: the quads; 8, 16: the warps, (0 + 1) +
- * (2 + 3)): wsd_gate_parts' bits, in every lane. */
-__device__ __forceinline__ void gate_chunk_sums(int ob, int lane, const float *kvt, const char *xt, int bf16,
-                                                const float *wq, int SW, int ks, float &d, float &kk, int &ok)
+/* One chunk's sums (ws_gemm.cuh's wsd_gate order) by one warp, lane L as
+ * the thread (warp L / 8, quad L % 8) of wsd_kernel's D fragments: its four
+ * outputs o_m = ob + 64 (m / 2) + 16 (L / 8) + L % 8 + 8 (m % 2) of the chunk
+ * at ob, whose x q (gate_chunk_xq: from the residual xt and the norms wq,
+ * 0 outside k) and F32 kv (r, x 2^-ks) are added as wsd_part_own does, then
+ * an xor tree over the lanes (1, 2, 4: the quads; 8, 16: the warps, (0 + 1)
+ * + (2 + 3)): wsd_gate_parts' bits, in every lane (gate_chunk_tree). */
+__device__ __forceinline__ int gate_chunk_o(int ob, int lane, int m)
 {
-    float r[4], x4[4];
+    return ob + 64 * (m >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (m & 1);
+}
+
+__device__ __forceinline__ void gate_chunk_xq(int ob, int lane, const char *xt, int bf16, const float *wq, int SW,
+                                              float *x4)
+{
 #pragma unroll
     for (int m = 0; m < 4; m++) {
-        const int o = ob + 64 * (m >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (m & 1);
-        r[m] = kvt[o];
+        const int o = gate_chunk_o(ob, lane, m);
         x4[m] = o < SW ? load_x(xt, bf16, o) * wq[o] : 0.0f;
     }
+}
+
+__device__ __forceinline__ void gate_chunk_tree(const float *r, const float *x4, int ks, float &d, float &kk,
+                                                int &ok)
+{
     wsd_part_own(r, x4, ks, d, kk, ok);
 #pragma unroll
     for (int off = 1; off <= 16; off <<= 1) {
@@ -337,9 +346,9 @@ __device__ __forceinline__ void gate_chunk_sums(int ob, int lane, const float *k
 
 /* gate_kernel<true> with wsd_kernel's sums (ws_gemm.cuh's wsd_gate; gpart
  * [n][N / 128][2], W a multiple of 128), or self: the same sums made here
- * first, after the wait (gate_chunk_sums; the other projections, and
- * wsd_kernel's widest box, where they cost more in its epilogue than here:
- * runs 63-65): x.x and the x bounds exchanged
+ * first (gate_chunk_xq before the wait, kv and gate_chunk_tree after it;
+ * the other projections, and wsd_kernel's widest box, where they cost more
+ * in its epilogue than here: runs 63-65): x.x and the x bounds exchanged
  * through the cluster before the wait for the projection, as x.x is today
  * (the same bits), so that after it a block loads only the token's chunk
  * sums (a warp a stream: chunk c and c + 32 of each lane added, then an
@@ -365,20 +374,42 @@ __device__ __forceinline__ void gate_with_parts(cg::cluster_group &cl, float *gp
 #pragma unroll
             for (int s = 0; s < GATE_GROUP; s++)
                 ok &= s >= S || fabsf(x[j][s]) < 0x1p126f;
+    /* self: the cluster's 64 warps make the token's chunk sums, chunk c0 +
+     * i STEP by warp c0; their x q (the residual's and the norms', not the
+     * projection's) loaded before the wait, kv after it, all at once */
+    constexpr int MAXC = 4, STEP = GATE_CTAS * (GATE_THREADS / 32);
+    static_assert((GATE_GROUP + 1) * (GATE_PRE * GATE_THREADS * GATE_CTAS / 128) <= MAXC * STEP,
+                  "(S + 1) W / 128 chunks for PRE's S and W");
+    const int nc = W / 128, nch = (S + 1) * nc, SW = S * W, c0 = rank * (GATE_THREADS / 32) + warp;
+    float xq[MAXC][4];
+    if (self)
+#pragma unroll
+        for (int i = 0; i < MAXC; i++)
+            if (c0 + i * STEP < nch)
+                gate_chunk_xq((c0 + i * STEP) * 128, lane, xt, bf16, wq, SW, xq[i]);
     gate_exchange(cl, ok, part, sok, allok, tot, gs, W, S); /* tot[3 s + 1]: x.x */
     pdl_wait(); /* kv and the sums: the projection's */
     EG_MARK(7);
     const int ks = kshift ? kshift[t] : 0;
-    const int nc = W / 128; /* chunks a stream, <= 48 */
     if (self) {
-        /* the token's chunk sums from kv, by the cluster's 64 warps, into
-         * gpart; the exchange's barrier completed, then another: every
-         * block's sums written (release, acquire: read below through L2) */
-        const int nch = (S + 1) * nc, SW = S * W;
-        for (int ch = rank * (GATE_THREADS / 32) + warp; ch < nch; ch += GATE_CTAS * (GATE_THREADS / 32)) {
+        /* into gpart; the exchange's barrier completed, then another:
+         * every block's sums written (release, acquire: read below
+         * through L2) */
+        float r[MAXC][4];
+#pragma unroll
+        for (int i = 0; i < MAXC; i++)
+            if (c0 + i * STEP < nch)
+#pragma unroll
+                for (int m = 0; m < 4; m++)
+                    r[i][m] = kvt[gate_chunk_o((c0 + i * STEP) * 128, lane, m)];
+#pragma unroll
+        for (int i = 0; i < MAXC; i++) {
+            const int ch = c0 + i * STEP;
+            if (ch >= nch)
+                break;
             float d, kk;
             int ok;
-            gate_chunk_sums(ch * 128, lane, kvt, xt, bf16, wq, SW, ks, d, kk, ok);
+            gate_chunk_tree(r[i], xq[i], ks, d, kk, ok);
             if (lane == 0) {
                 float *p = gpart + ((size_t)t * nch + ch) * 2;
                 p[0] = ch * 128 < SW ? d : (float)ok;

@@ -504,7 +504,7 @@ template <int NB> __device__ __forceinline__ void wsd_wgmma(float *d, uint64_t d
  * 3)): the same for every box NB and every n, so the gate's bits of a
  * token do not depend on its call's size.  The wide tokens (their kv from
  * the GEMV, after the first pass) take the same order from kv read back;
- * the gate makes the same sums itself (gate.cuh's gate_chunk_sums) for the
+ * the gate makes the same sums itself (gate.cuh's gate_chunk_tree) for the
  * widest box, whose 64 x q beside acc cost its epilogue 7-10 us (runs
  * 63-65: loaded after the main loop, or through shared memory), and for
  * the projections without wsd_kernel.
