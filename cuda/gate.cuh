@@ -312,14 +312,15 @@ __device__ __forceinline__ void gate_write_pre(cg::cluster_group &cl, int safe, 
 
 /* One chunk's sums (ws_gemm.cuh's wsd_gate order) by one warp, lane L as
  * the thread (warp L / 8, quad L % 8) of wsd_kernel's D fragments: its four
- * outputs o_m = ob + 64 (m / 2) + 16 (L / 8) + L % 8 + 8 (m % 2) of the chunk
- * at ob, whose x q (gate_chunk_xq: from the residual xt and the norms wq,
- * 0 outside k) and F32 kv (r, x 2^-ks) are added as wsd_part_own does, then
- * an xor tree over the lanes (1, 2, 4: the quads; 8, 16: the warps, (0 + 1)
- * + (2 + 3)): wsd_gate_parts' bits, in every lane (gate_chunk_tree). */
+ * outputs o_m = wsd_out(ob, L / 8, L % 8, m / 2, m % 2) of the chunk at ob
+ * (gate_chunk_o), whose x q (gate_chunk_xq: from the residual xt and the
+ * norms wq, 0 outside k) and F32 kv (r, x 2^-ks) are added as wsd_part_own
+ * does, then an xor tree over the lanes (1, 2, 4: the quads; 8, 16: the
+ * warps, (0 + 1) + (2 + 3)): wsd_gate_parts' bits, in every lane
+ * (gate_chunk_tree). */
 __device__ __forceinline__ int gate_chunk_o(int ob, int lane, int m)
 {
-    return ob + 64 * (m >> 1) + 16 * (lane >> 3) + (lane & 7) + 8 * (m & 1);
+    return wsd_out(ob, lane >> 3, lane & 7, m >> 1, m & 1);
 }
 
 __device__ __forceinline__ void gate_chunk_xq(int ob, int lane, const char *xt, int bf16, const float *wq, int SW,
@@ -328,7 +329,7 @@ __device__ __forceinline__ void gate_chunk_xq(int ob, int lane, const char *xt, 
 #pragma unroll
     for (int m = 0; m < 4; m++) {
         const int o = gate_chunk_o(ob, lane, m);
-        x4[m] = o < SW ? load_x(xt, bf16, o) * wq[o] : 0.0f;
+        x4[m] = wsd_xq_at(xt, bf16, wq, SW, 0, o);
     }
 }
 

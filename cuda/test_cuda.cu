@@ -381,6 +381,26 @@ static float bf2f(uint16_t b)
     return f;
 }
 
+/* the BF16 bits of n F32 values that BF16 holds exactly (their top halves) */
+static void bf16_of(const float *x, uint16_t *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        b[i] = (uint16_t)(u >> 16);
+    }
+}
+
+/* token t of rowset r with every row's block scales 254 (its kv x 2^121: k
+ * and v overflow), on the host and the device */
+static void overflow_token(rowset *r, unsigned t)
+{
+    uint8_t *rows = r->raw + (size_t)t * 24 * 264;
+    for (int row = 0; row < 24; row++)
+        memset(rows + row * 264 + 256, 254, 8);
+    CU(cudaMemcpy(r->d_raw + (size_t)t * 24 * 264, rows, 24 * 264, cudaMemcpyHostToDevice));
+}
+
 static float f16f(uint16_t h)
 {
     int e = (h >> 10) & 31, m = h & 1023;
@@ -582,11 +602,7 @@ static void applies(fx *f)
         CU(cudaMemcpy(xg, d_x, n * per * 4, cudaMemcpyDeviceToHost));
         /* BF16 residual: the same values as the F32 one */
         uint16_t *xb = (uint16_t *)malloc(n * per * 2);
-        for (size_t i = 0; i < n * per; i++) {
-            uint32_t b;
-            memcpy(&b, &x0[i], 4);
-            xb[i] = (uint16_t)(b >> 16);
-        }
+        bf16_of(x0, xb, n * per);
         uint16_t *d_xb = (uint16_t *)dev_buf(n * per * 2, xb);
         a.resid = d_xb;
         a.resid_dtype = ENGRAM_BF16;
@@ -1069,11 +1085,7 @@ static void apply_invariance(fx *f, engram_cuda_layer *c, const char *path)
     CU(cudaMemcpy(xb, d_xb, n * per * 2, cudaMemcpyDeviceToHost));
     int balone = memcmp(xb, xb64, 6 * per * 2) == 0;
     CHECK(balone);
-    /* token 5's scales all 254 */
-    uint8_t *t5 = r.raw + (size_t)5 * 24 * 264;
-    for (int row = 0; row < 24; row++)
-        memset(t5 + row * 264 + 256, 254, 8);
-    CU(cudaMemcpy(r.d_raw + (size_t)5 * 24 * 264, t5, 24 * 264, cudaMemcpyHostToDevice));
+    overflow_token(&r, 5);
     CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
     a = args_of(r.d_raw, n, d_x);
     CHECK_EQ(engram_cuda_apply(c, &a, &err), 0);
@@ -1133,18 +1145,10 @@ static void decode_gate_one(fx *f, engram_cuda_layer *c, const char *path)
         if (q == 5)
             xs[per - 3] = NAN;
         uint16_t *hb = (uint16_t *)malloc(per * 2);
-        for (size_t i = 0; i < per; i++) {
-            uint32_t u;
-            memcpy(&u, &xs[i], 4);
-            hb[i] = (uint16_t)(u >> 16);
-        }
+        bf16_of(xs, hb, per);
         const void *init = bf ? (const void *)hb : (const void *)xs;
-        if (q == 6) { /* token 2's scales all 254 */
-            uint8_t *t2 = r.raw + (size_t)2 * 24 * 264;
-            for (int row = 0; row < 24; row++)
-                memset(t2 + row * 264 + 256, 254, 8);
-            CU(cudaMemcpy(r.d_raw + (size_t)2 * 24 * 264, t2, 24 * 264, cudaMemcpyHostToDevice));
-        }
+        if (q == 6)
+            overflow_token(&r, 2);
         engram_cuda_args a = args_of(r.d_raw + (size_t)(q == 6 ? 2 : q % nt) * 24 * 264, 1, d_a);
         a.resid_dtype = bf ? ENGRAM_BF16 : ENGRAM_F32;
         a.mask = q == 3 ? d_m0 : q == 4 ? d_m1 : NULL;

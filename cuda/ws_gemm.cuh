@@ -532,11 +532,27 @@ __device__ __forceinline__ const char *wsd_resid(const wsd_gate &g)
     return (const char *)g.resid + (g.d_step ? (size_t)*g.d_step * g.resid_step : 0);
 }
 
-/* x q of token t at output o of the residual x (wsd_resid), the gate's
- * product; 0 outside k */
+/* the gate's product x q of token t at output o of k (0 outside k: o >=
+ * SW) from the residual x ([t][SW], BF16 or F32) and the norms wq (the
+ * epilogue's, wsd_xq, and gate.cuh's gate_chunk_xq) */
+__device__ __forceinline__ float wsd_xq_at(const char *x, int bf16, const float *wq, int SW, int t, int o)
+{
+    return o < SW ? load_x(x, bf16, t * SW + o) * wq[o] : 0.0f;
+}
+
+/* x q of token t at output o of the residual x (wsd_resid) */
 __device__ __forceinline__ float wsd_xq(const wsd_gate &g, const char *x, int t, int o)
 {
-    return o < g.SW ? load_x(x, g.bf16, t * g.SW + o) * g.wq[o] : 0.0f;
+    return wsd_xq_at(x, g.bf16, g.wq, g.SW, t, o);
+}
+
+/* The output of the chunk at ob that thread (warp, quad = lane / 4) of a
+ * consumer warpgroup holds in its D fragments at half h, row b: m64nNk16's
+ * layout, and the order of the gate's chunk sums (wsd_gate_parts; gate.cuh's
+ * gate_chunk_xq takes lane L as warp L / 8, quad L % 8) */
+__device__ __forceinline__ int wsd_out(int ob, int warp, int quad, int h, int b)
+{
+    return ob + h * 64 + warp * 16 + quad + 8 * b;
 }
 
 /* x q of this thread's outputs of the tokens it holds in wsd_kernel's D
@@ -549,8 +565,7 @@ __device__ __forceinline__ void wsd_load_xq(const wsd_gate &g, int n, int ob, in
     for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int i = 0; i < NB / 2; i++) {
-            const int o = ob + h * 64 + warp * 16 + (lane >> 2) + 8 * ((i >> 1) & 1),
-                      t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+            const int o = wsd_out(ob, warp, lane >> 2, h, (i >> 1) & 1), t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
             xq[h * NB / 2 + i] = t < n ? wsd_xq(g, x, t, o) : 0.0f;
         }
 }
@@ -668,7 +683,7 @@ __device__ __forceinline__ void wsd_token_part(const wsd_gate &g, int ob, int wa
     for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int b = 0; b < 2; b++) {
-            const int o = ob + h * 64 + warp * 16 + (lane >> 2) + 8 * b;
+            const int o = wsd_out(ob, warp, lane >> 2, h, b);
             r[2 * h + b] = kvt[o];
             x4[2 * h + b] = wsd_xq(g, x, t, o);
         }
@@ -813,7 +828,7 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
         for (int h = 0; h < 2; h++)
 #pragma unroll
             for (int i = 0; i < NB / 2; i++) {
-                int o = n0 + cw * 128 + h * 64 + warp * 16 + (lane >> 2) + 8 * ((i >> 1) & 1);
+                int o = wsd_out(ob, warp, lane >> 2, h, (i >> 1) & 1);
                 int t = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
                 if (t < n && o < N && !((wm >> t) & 1))
                     kv[(size_t)t * N + o] =
