@@ -15,6 +15,20 @@
 #define K ENGRAM_K
 #define ROW 264 /* bytes of a raw row: 256 codes, 8 block scales */
 
+/* The 8 weights of output o from input i0 (a multiple of 8) of the layer's
+ * N x K F16 weights: 16 bytes.  tiled 0: row-major [N][K] (where cuBLAS
+ * and mmv.cuh read them: GPUs without the wgmma kernels).  tiled 1: where
+ * the wgmma kernels run, in k-tiles of 64 inputs, [K / 64][N][64], each
+ * output's 128 bytes of a tile with its 16-byte chunks in the order of the
+ * 128-byte swizzle (chunk c at c ^ (o % 8)): the R outputs from o0 (a
+ * multiple of 8) of a tile are R x 128 contiguous bytes, already as wgmma
+ * reads them from shared memory (ws_tile_weights, ws_gemm.cuh) */
+__device__ __forceinline__ const uint4 *w8_at(const uint16_t *w, int o, int i0, int N, int tiled)
+{
+    return (const uint4 *)(w + (tiled ? ((size_t)(i0 >> 6) * N + o) * 64 + ((((i0 >> 3) & 7) ^ (o & 7)) << 3)
+                                      : (size_t)o * K + i0));
+}
+
 /* f rounded to BF16 (to nearest, ties to even) as F32; a NaN kept */
 __device__ __forceinline__ float bf16r(float f)
 {

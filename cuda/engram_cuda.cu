@@ -70,7 +70,7 @@
 struct engram_cuda_layer {
     int device;
     uint32_t W, S, N;
-    uint16_t *w;             /* [N][K] F16 bits                  */
+    uint16_t *w;             /* N x K F16 bits: where tc, ws_wmap's swizzled k-tiles [K/64][N][64], else [N][K] */
     float *wq;               /* [S][W]                           */
     float *kv;               /* workspace: kv of kv_f32 tokens as F32, or of BLOCK as BF16 */
     unsigned kv_f32;         /* tokens of F32 kv the workspace holds */
@@ -84,7 +84,7 @@ struct engram_cuda_layer {
     int tc;                  /* ws_gemm runs here (sm_90a code, maps made) */
     int fit[2];              /* ws_gemm's clusters of 1, 2 CTAs at once (ws_fit) */
     /* the copy engine's maps of e16 (BLOCK rows) and w: ws_maps' three,
-     * then wsd_maps' WSD_NMAPS; 9 x 128 bytes, 64-byte aligned inside
+     * then wsd_maps' WSD_NMAPS; 7 x 128 bytes, 64-byte aligned inside
      * (calloc aligns to 16) */
     unsigned char maps[(3 + WSD_NMAPS) * sizeof(CUtensorMap) + 64];
     int pdl;                 /* programmatic dependent launch (9.0+) */
@@ -218,7 +218,7 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
      * maps' arguments are fixed: a failure is the driver's, and named) */
     c->tc = ws_probe(c->status, c->fit);
     if (c->tc && (ws_maps(layer_maps(c), c->e16, blk, c->w, c->N) < 0 ||
-                  wsd_maps(layer_maps(c) + 3, c->e16, blk, c->w, c->N) < 0))
+                  wsd_maps(layer_maps(c) + 3, c->e16, blk) < 0))
         return set_err(err, -EIO, "cuTensorMapEncodeTiled failed or is missing from the driver");
     /* kv's workspace: the wgmma GEMM hands the gate BF16 kv, so BLOCK
      * tokens of it take the bytes of BLOCK / 2 tokens of F32 kv, which the
@@ -234,16 +234,22 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
                (2 * blk + 3 + ENGRAM_CUDA_GEMV_MAX) * sizeof(int);
     uint16_t *hw = (uint16_t *)malloc(nw * 2);
     float *hq = (float *)malloc((size_t)c->S * c->W * 4);
-    if (!hw || !hq) {
+    uint16_t *ht = c->tc ? (uint16_t *)malloc((size_t)c->N * WS_BK * 2) : NULL; /* a k-tile */
+    if (!hw || !hq || (c->tc && !ht)) {
         free(hw);
         free(hq);
+        free(ht);
         return set_err(err, -ENOMEM, "out of host memory for the upload");
     }
     engram_layer_export(L, hw, hq);
-    cudaError_t e1 = cudaMemcpy(c->w, hw, nw * 2, cudaMemcpyHostToDevice);
+    /* in swizzled k-tiles where the wgmma kernels read them (ws_wmap),
+     * row-major for cuBLAS and mmv.cuh */
+    cudaError_t e1 =
+        c->tc ? ws_tile_weights(c->w, hw, c->N, ht) : cudaMemcpy(c->w, hw, nw * 2, cudaMemcpyHostToDevice);
     cudaError_t e2 = cudaMemcpy(c->wq, hq, (size_t)c->S * c->W * 4, cudaMemcpyHostToDevice);
     free(hw);
     free(hq);
+    free(ht);
     CK(e1, "cudaMemcpy (weights)");
     CK(e2, "cudaMemcpy (norms)");
     int big = INT_MAX;
@@ -338,8 +344,7 @@ static cudaError_t wsd_launch_nb(const engram_cuda_layer *c, cudaLaunchConfig_t 
     cfg.dynamicSmemBytes = S::smem;
     cfg.gridDim = dim3((c->N + S::bm - 1) / S::bm);
     cfg.blockDim = dim3(S::threads);
-    return cudaLaunchKernelEx(&cfg, wsd_kernel<NB>, m[S::bm == WSD_BM ? 0 : 5],
-                              m[1 + (NB == 8 ? 0 : NB == 16 ? 1 : NB == 32 ? 2 : 3)], n,
+    return cudaLaunchKernelEx(&cfg, wsd_kernel<NB>, m[NB == 8 ? 0 : NB == 16 ? 1 : NB == 32 ? 2 : 3], n,
                               (int)c->N, kv, (const uint16_t *)c->w, raw, stride, ds, rstep, flag, kshift, g);
 }
 
@@ -475,7 +480,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
             if (k == 1) {
                 unsigned w1 = (c->N + GEMV1_ROWS - 1) / GEMV1_ROWS;
                 unsigned b1 = (w1 * 32 + GEMV1_THREADS - 1) / GEMV1_THREADS;
-                gemv1_kernel<<<b1, GEMV1_THREADS, 0, st>>>(c->w, r, a->d_step, a->raw_step,
+                gemv1_kernel<<<b1, GEMV1_THREADS, 0, st>>>(c->w, c->tc, r, a->d_step, a->raw_step,
                                                             (int)c->N, o);
                 CK(cudaGetLastError(), "gemv1_kernel");
                 continue;
@@ -483,7 +488,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
             switch (k) {
 #define CASE(T)                                                                                \
     case T:                                                                                    \
-        gemv_kernel<T><<<blocks, GEMV_THREADS, T * K * 2, st>>>(c->w, r, stride, a->d_step,     \
+        gemv_kernel<T><<<blocks, GEMV_THREADS, T * K * 2, st>>>(c->w, c->tc, r, stride, a->d_step, \
                                                                a->raw_step,                      \
                                                         (int)c->N, o, (int)c->N);              \
         break;
@@ -527,7 +532,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
            "ws_gemm_kernel");
         if (want16) {
             gemv_list_kernel<unsigned short><<<lb, GEMV_THREADS, 0, st>>>(
-                c->w, raw, stride, c->wide, (int)c->N, (unsigned short *)kv, (int)c->N);
+                c->w, c->tc, raw, stride, c->wide, (int)c->N, (unsigned short *)kv, (int)c->N);
             CK(cudaGetLastError(), "gemv_list_kernel");
             *bf16 = 1;
             return 0;
@@ -537,7 +542,8 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         if (rc < 0)
             return rc;
     }
-    gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, raw, stride, c->wide, (int)c->N, kv, (int)c->N);
+    gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, c->tc, raw, stride, c->wide, (int)c->N, kv,
+                                                         (int)c->N);
     CK(cudaGetLastError(), "gemv_list_kernel");
     *scaled = 1;
     return 0;

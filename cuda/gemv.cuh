@@ -11,6 +11,8 @@
  *    (gemv_rows) are also those of the decode GEMM's wide tokens
  *    (wsd_kernel, ws_gemm.cuh).
  * Under ENGRAM_CUDA_FMA_ONLY the first two take every n, 8 tokens a launch.
+ * Each reads the weights w in the layout `tiled` names (w8_at, common.cuh):
+ * the wgmma kernels' k-tiles where they run, row-major elsewhere.
  */
 #ifndef ENGRAM_CUDA_GEMV_CUH
 #define ENGRAM_CUDA_GEMV_CUH
@@ -61,7 +63,7 @@ __device__ __forceinline__ unsigned pack2(float a, float b)
  * as gemv_kernel below, so the same bits.
  */
 __global__ void __launch_bounds__(GEMV1_THREADS)
-gemv1_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, const int *d_step,
+gemv1_kernel(const uint16_t *__restrict__ w, int tiled, const uint8_t *__restrict__ raw, const int *d_step,
              size_t raw_step, int n_out, float *__restrict__ kv)
 {
     pdl_launch_dependents();
@@ -81,8 +83,7 @@ gemv1_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, co
         uint4 wv[GEMV1_ROWS];
 #pragma unroll
         for (int r = 0; r < GEMV1_ROWS; r++)
-            wv[r] = o0 + r < n_out ? __ldg((const uint4 *)(w + (size_t)(o0 + r) * K + i0))
-                                   : make_uint4(0, 0, 0, 0);
+            wv[r] = o0 + r < n_out ? __ldg(w8_at(w, o0 + r, i0, n_out, tiled)) : make_uint4(0, 0, 0, 0);
         const uint8_t *rr = raw + (size_t)j * ROW; /* chunk j of every lane is row j */
         uint2 codes = *(const uint2 *)(rr + col);
         int sc = rr[256 + (col >> 5)];
@@ -121,7 +122,7 @@ gemv1_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, co
  */
 template <int T>
 __global__ void __launch_bounds__(GEMV_THREADS)
-gemv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride,
+gemv_kernel(const uint16_t *__restrict__ w, int tiled, const uint8_t *__restrict__ raw, size_t stride,
             const int *d_step, size_t raw_step, int n_out, float *__restrict__ kv, int ldkv)
 {
     extern __shared__ uint4 smem[];
@@ -156,8 +157,7 @@ gemv_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, siz
         uint4 wv[GEMV_ROWS];
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++)
-            wv[r] = o0 + r < n_out ? __ldg((const uint4 *)(w + (size_t)(o0 + r) * K + i0))
-                                   : make_uint4(0, 0, 0, 0);
+            wv[r] = o0 + r < n_out ? __ldg(w8_at(w, o0 + r, i0, n_out, tiled)) : make_uint4(0, 0, 0, 0);
         float wf[GEMV_ROWS][8];
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++)
@@ -208,8 +208,8 @@ __device__ __forceinline__ void store_kv(unsigned short *p, float v)
  * F32 FMAs in order, then the xor-shuffle tree; every lane ends with the
  * sums in s.  The one arithmetic of the wide tokens, in the prefill
  * (gemv_list_kernel) and in the decode GEMM (wsd_kernel). */
-__device__ __forceinline__ void gemv_rows(const uint16_t *__restrict__ w, const uint8_t *r, int o0, int n_out,
-                                          int lane, float *s)
+__device__ __forceinline__ void gemv_rows(const uint16_t *__restrict__ w, int tiled, const uint8_t *r, int o0,
+                                          int n_out, int lane, float *s)
 {
     float acc[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int j = 0; j < K / 8 / 32; j++) {
@@ -219,7 +219,7 @@ __device__ __forceinline__ void gemv_rows(const uint16_t *__restrict__ w, const 
         for (int rw = 0; rw < GEMV_ROWS; rw++) {
             if (o0 + rw >= n_out)
                 break;
-            uint4 wv = __ldg((const uint4 *)(w + (size_t)(o0 + rw) * K + i0));
+            uint4 wv = __ldg(w8_at(w, o0 + rw, i0, n_out, tiled));
             float wf[8];
             halves8(wv, wf);
             for (int kk = 0; kk < 8; kk++)
@@ -238,8 +238,8 @@ __device__ __forceinline__ void gemv_rows(const uint16_t *__restrict__ w, const 
  * their rows of kv are unscaled (k = 0). */
 template <typename KV>
 __global__ void __launch_bounds__(GEMV_THREADS)
-gemv_list_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw, size_t stride, const int *wide,
-                 int n_out, KV *__restrict__ kv, int ldkv)
+gemv_list_kernel(const uint16_t *__restrict__ w, int tiled, const uint8_t *__restrict__ raw, size_t stride,
+                 const int *wide, int n_out, KV *__restrict__ kv, int ldkv)
 {
     EG_STAMP(2);
     int count = wide[ENGRAM_CUDA_BLOCK];
@@ -250,7 +250,7 @@ gemv_list_kernel(const uint16_t *__restrict__ w, const uint8_t *__restrict__ raw
         if (o0 >= n_out)
             return;
         float s[GEMV_ROWS];
-        gemv_rows(w, raw + (size_t)t * stride, o0, n_out, lane, s);
+        gemv_rows(w, tiled, raw + (size_t)t * stride, o0, n_out, lane, s);
         for (int rw = 0; rw < GEMV_ROWS; rw++)
             if (lane == 0 && o0 + rw < n_out)
                 store_kv(kv + (size_t)t * ldkv + o0 + rw, s[rw]);

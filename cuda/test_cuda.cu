@@ -1512,6 +1512,13 @@ static void faults(fx *f)
     arm();
     fail.malloc_size = (size_t)f->N * K * 2;
     CHECK_ERR(engram_cuda_layer_open(f->L, 0, &c, &err), err, -ENOMEM, "host memory");
+    if (engram_cuda_layer_bytes(f->c) != engram_cuda_layer_bytes(f->cb)) {
+        /* the wgmma layer: the host buffer of one k-tile of the weights
+         * (their swizzled k-tiles are made on the host, a tile a copy) */
+        arm();
+        fail.malloc_size = (size_t)f->N * 128;
+        CHECK_ERR(engram_cuda_layer_open(f->L, 0, &c, &err), err, -ENOMEM, "host memory");
+    }
     arm();
     fail.cublas_create = 1;
     CHECK_ERR(engram_cuda_layer_open(f->L, 0, &c, &err), err, -EIO, "cublasCreate");

@@ -23,7 +23,10 @@
  *    tile, where the token tiles pair up, shared with the other CTA of its
  *    cluster (each CTA loads half and multicasts it to both, so the weights
  *    cross from L2 once per pair).
- *    Rows past n or N are zero-filled by the copy engine.  Each stage has a
+ *    The weights are in k-tiles of 64 inputs, already swizzled (ws_wmap,
+ *    below).  Token rows past n are zero-filled by the copy engine; a
+ *    weights box past N takes the next k-tile's first rows, which meet only
+ *    outputs past N (never stored), and past the last k-tile zeros.  Each stage has a
  *    "full" barrier (the copies' bytes) and an "empty" one (every consumer
  *    warp of both CTAs done reading it);
  *  - two consumers (232 registers), 64 tokens each: per k-tile four
@@ -46,6 +49,7 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <string.h>
 
 #include "common.cuh"
 #include "gemv.cuh" /* gemv_rows: wsd_kernel's wide tokens */
@@ -174,6 +178,22 @@ __device__ __forceinline__ void ws_tma(uint32_t dst, const CUtensorMap *map, uin
                  : "memory");
 }
 
+/* n bytes (a multiple of 16) at src (global, 16-byte aligned) into dst,
+ * counted on barrier bar: a plain bulk copy, no tensor map */
+__device__ __forceinline__ void ws_bulk(uint32_t dst, const void *src, uint32_t n, uint32_t bar)
+{
+#ifdef WSD_EVICT_FIRST
+    asm volatile("{\n.reg .b64 pol;\ncreatepolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
+                 "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], pol;\n}\n"
+                 ::"r"(dst), "l"((uint64_t)__cvta_generic_to_global(src)), "r"(n), "r"(bar)
+                 : "memory");
+#else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"((uint64_t)__cvta_generic_to_global(src)), "r"(n), "r"(bar)
+                 : "memory");
+#endif
+}
+
 __device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
                                           uint16_t mask)
 {
@@ -299,10 +319,10 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
                     ws_bar_expect(bfull + 8 * s, WS_STAGE_BYTES);
                     ws_tma(sa, &ta, bfull + 8 * s, kt * WS_BK, m0);
                     if (cl == 1)
-                        ws_tma(sb, &tb, bfull + 8 * s, kt * WS_BK, n0);
+                        ws_tma(sb, &tb, bfull + 8 * s, 0, kt * N + n0);
                     else /* this CTA's half, into both */
-                        ws_tma_mc(sb + rank * (WS_BN / 2) * 128, &tb, bfull + 8 * s, kt * WS_BK,
-                                  n0 + rank * (WS_BN / 2), (uint16_t)3);
+                        ws_tma_mc(sb + rank * (WS_BN / 2) * 128, &tb, bfull + 8 * s, 0,
+                                  kt * N + n0 + rank * (WS_BN / 2), (uint16_t)3);
                 }
             }
         }
@@ -401,8 +421,12 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
  * idle: one token 1.210-1.250x the floor against 1.225-1.266x, 2-32 tokens
  * 0.01-0.04x less in four rounds of five; at NB = 64 0.1x more; runs 43
  * and 45);
- * the weights are wgmma's A straight from shared memory (boxes of
- * 256 or 128 x 64, 128-byte swizzle), the tokens B (one box of NB x 64, NB the
+ * the weights are wgmma's A straight from shared memory (a CTA's
+ * outputs of a k-tile, 256 or 128 x 64, are one run of bytes of the
+ * k-tiled weights already in the 128-byte swizzle's order, ws_wmap: one
+ * plain bulk copy, no tensor map; run 45's probe of the producer's ring
+ * alone, H200: plain bulk copies 1.023-1.034x half a copy of the same
+ * bytes, the tensor map's boxes 1.049-1.079x), the tokens B (one box of NB x 64, NB the
  * call's n rounded up to 8, 16, 32 or 64; columns past n hold whatever e16
  * holds there and are not stored: a column of the result depends on its
  * own column of B alone).  The producer streams wsd_shape<NB>::stages
@@ -714,7 +738,7 @@ __device__ __forceinline__ void wsd_gate_parts_wide(const wsd_gate &g, int N, in
 
 template <int NB>
 __global__ void __launch_bounds__(wsd_shape<NB>::threads, wsd_shape<NB>::per_sm)
-wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te, int n, int N,
+wsd_kernel(const __grid_constant__ CUtensorMap te, int n, int N,
            float *__restrict__ kv, const uint16_t *__restrict__ w, const uint8_t *raw, size_t stride,
            const int *d_step, size_t raw_step, const int *flag, const int *kshift, const wsd_gate gg)
 {
@@ -748,11 +772,16 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
             asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
             /* the weights do not depend on the tokens: the first stages'
-             * tiles go out before the wait for decode16_kernel */
+             * tiles go out before the wait for decode16_kernel.  A tile of
+             * this CTA's outputs is wb contiguous bytes of the k-tiled
+             * weights (ws_wmap), copied as they lie (the last CTA's may
+             * be short of BM outputs: the rest of its stage is left as it
+             * was, met only by outputs past N, never stored) */
+            const uint32_t wb = (uint32_t)(N - n0 < BM ? N - n0 : BM) * 128;
             for (int kt = 0; kt < STAGES; kt++) {
                 uint32_t sa = sbase + kt * STAGE_BYTES;
-                ws_bar_expect(bfull + 8 * kt, STAGE_BYTES);
-                ws_tma(sa, &tw, bfull + 8 * kt, kt * WS_BK, n0);
+                ws_bar_expect(bfull + 8 * kt, wb + STAGE_BYTES - A_BYTES);
+                ws_bulk(sa, w + ((size_t)kt * N + n0) * WS_BK, wb, bfull + 8 * kt);
             }
             asm volatile("griddepcontrol.wait;\n" ::: "memory");
             for (int kt = 0; kt < STAGES; kt++)
@@ -761,8 +790,8 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
                 int s = kt % STAGES;
                 uint32_t sa = sbase + s * STAGE_BYTES;
                 ws_bar_wait(bempty + 8 * s, ((kt / STAGES) & 1) ^ 1);
-                ws_bar_expect(bfull + 8 * s, STAGE_BYTES);
-                ws_tma(sa, &tw, bfull + 8 * s, kt * WS_BK, n0);
+                ws_bar_expect(bfull + 8 * s, wb + STAGE_BYTES - A_BYTES);
+                ws_bulk(sa, w + ((size_t)kt * N + n0) * WS_BK, wb, bfull + 8 * s);
                 ws_tma(sa + A_BYTES, &te, bfull + 8 * s, kt * WS_BK, 0);
             }
         }
@@ -849,7 +878,8 @@ wsd_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUten
             const int t = __ffsll((long long)m) - 1;
             for (int o0 = n0 + (cw * 4 + warp) * GEMV_ROWS; o0 < n0 + BM && o0 < N; o0 += CWARPS * GEMV_ROWS) {
                 float s[GEMV_ROWS];
-                gemv_rows(w, raw + (size_t)t * stride, o0, N, lane, s);
+                gemv_rows(w, 1 /* k-tiles: wsd_kernel runs only there */, raw + (size_t)t * stride, o0, N, lane,
+                          s);
                 for (int rw = 0; rw < GEMV_ROWS; rw++)
                     if (lane == 0 && o0 + rw < N)
                         kv[(size_t)t * N + o0 + rw] = kshift ? pow2scale(s[rw], kshift[t]) : s[rw];
@@ -873,10 +903,11 @@ typedef CUresult (*ws_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
                                  CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
                                  CUtensorMapFloatOOBfill);
 
-/* The copy engine's view of `rows` rows of K F16 values at p, in boxes of
- * box_rows x 64 laid out with the 128-byte swizzle.  0, or -1 when the
- * driver has no cuTensorMapEncodeTiled or refuses the map. */
-static int ws_map(CUtensorMap *m, const void *p, unsigned rows, unsigned box_rows)
+/* The copy engine's view of `rows` rows of `cols` F16 values at p (a row
+ * every cols x 2 bytes), in boxes of box_rows x 64, laid out in shared
+ * memory with the 128-byte swizzle (swz) or as they lie.  0, or -1 when
+ * the driver has no cuTensorMapEncodeTiled or refuses the map. */
+static int ws_map2(CUtensorMap *m, const void *p, unsigned rows, unsigned cols, unsigned box_rows, int swz)
 {
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q;
@@ -886,35 +917,73 @@ static int ws_map(CUtensorMap *m, const void *p, unsigned rows, unsigned box_row
         cudaGetLastError();
         return -1;
     }
-    cuuint64_t dims[2] = {(cuuint64_t)K, rows}, strides[1] = {(cuuint64_t)K * 2};
+    cuuint64_t dims[2] = {(cuuint64_t)cols, rows}, strides[1] = {(cuuint64_t)cols * 2};
     cuuint32_t box[2] = {WS_BK, box_rows}, es[2] = {1, 1};
     CUresult r = ((ws_encode_fn)fn)(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)p, dims, strides, box, es,
-                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    swz ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? 0 : -1;
 }
 
-/* The maps of a projection: m[0] tokens e16 (rows_e rows), weights w (N
- * rows) in whole tiles m[1] and in halves m[2]. */
+/* rows of K F16 values (the tokens' e16) in boxes of box_rows x 64, swizzled */
+static int ws_map(CUtensorMap *m, const void *p, unsigned rows, unsigned box_rows)
+{
+    return ws_map2(m, p, rows, K, box_rows, 1);
+}
+
+/*
+ * The weights as the wgmma kernels read them: N x K F16 in k-tiles of 64
+ * inputs, [K / 64][N][64], each output's 128 bytes of a tile in the order
+ * of the 128-byte swizzle (w8_at, common.cuh; ws_tile_weights writes
+ * them).  Seen as K / 64 x N rows of 64 values: the box of R outputs from
+ * n0 (a multiple of 8) of k-tile kt is the rows kt N + n0 .. + R - 1, R x
+ * 128 contiguous bytes, copied as they lie into shared memory (1024-byte
+ * aligned) where they are what the 128-byte swizzle would have made of the
+ * row-major tile.  A box past N takes the next k-tile's first rows (past
+ * the last k-tile, zeros): they meet only outputs past N, never stored.
+ * Row-major, each output's 128 bytes of a tile lay K x 2 bytes from the
+ * next (the k-tiles through the swizzling map alone were no faster, run
+ * 45's wip-kt.diff; the plain bulk copies they allow are wsd_kernel's).
+ */
+static int ws_wmap(CUtensorMap *m, const void *w, unsigned N, unsigned box_rows)
+{
+    return ws_map2(m, w, (K / WS_BK) * N, WS_BK, box_rows, 0);
+}
+
+/* dw (device, N x K F16) = hw (host, row-major [N][K]) in ws_wmap's
+ * layout, through t, the caller's host buffer of one k-tile (N x 128
+ * bytes), one copy a k-tile.  The first copy's error, or cudaSuccess. */
+static cudaError_t ws_tile_weights(uint16_t *dw, const uint16_t *hw, unsigned N, uint16_t *t)
+{
+    cudaError_t e = cudaSuccess;
+    for (int kt = 0; kt < K / WS_BK && e == cudaSuccess; kt++) {
+        for (size_t o = 0; o < N; o++)
+            for (int c = 0; c < WS_BK / 8; c++)
+                memcpy(t + o * WS_BK + 8 * (c ^ (int)(o & 7)), hw + o * K + (size_t)kt * WS_BK + 8 * c, 16);
+        e = cudaMemcpy(dw + (size_t)kt * N * WS_BK, t, (size_t)N * WS_BK * 2, cudaMemcpyHostToDevice);
+    }
+    return e;
+}
+
+/* The maps of a projection: m[0] tokens e16 (rows_e rows), the k-tiled
+ * weights w (N outputs) in whole tiles m[1] and in halves m[2]. */
 static int ws_maps(CUtensorMap m[3], const void *e16, unsigned rows_e, const void *w, unsigned N)
 {
-    if (ws_map(&m[0], e16, rows_e, WS_BM) < 0 || ws_map(&m[1], w, N, WS_BN) < 0 ||
-        ws_map(&m[2], w, N, WS_BN / 2) < 0)
+    if (ws_map(&m[0], e16, rows_e, WS_BM) < 0 || ws_wmap(&m[1], w, N, WS_BN) < 0 ||
+        ws_wmap(&m[2], w, N, WS_BN / 2) < 0)
         return -1;
     return 0;
 }
 
-/* The decode kernel's maps: m[0] weights w (N rows) in boxes of WSD_BM,
- * m[1 + j] tokens e16 (rows_e rows) in boxes of 8 << j (j < 4:
- * wsd_kernel<8>, <16>, <32>, <64>), m[5] the weights in boxes of 128 (the
- * CTAs of 128 outputs). */
-#define WSD_NMAPS 6
-static int wsd_maps(CUtensorMap m[WSD_NMAPS], const void *e16, unsigned rows_e, const void *w, unsigned N)
+/* The decode kernel's maps (its weights come by plain bulk copies): m[j]
+ * tokens e16 (rows_e rows) in boxes of 8 << j (j < 4: wsd_kernel<8>,
+ * <16>, <32>, <64>). */
+#define WSD_NMAPS 4
+static int wsd_maps(CUtensorMap m[WSD_NMAPS], const void *e16, unsigned rows_e)
 {
-    if (ws_map(&m[0], w, N, WSD_BM) < 0 || ws_map(&m[5], w, N, 128) < 0)
-        return -1;
-    for (int j = 0; j < 4; j++)
-        if (ws_map(&m[1 + j], e16, rows_e, 8u << j) < 0)
+    for (int j = 0; j < WSD_NMAPS; j++)
+        if (ws_map(&m[j], e16, rows_e, 8u << j) < 0)
             return -1;
     return 0;
 }
