@@ -528,7 +528,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
     if (c->tc) {
         /* exact products, sums promoted to F32 every 256 products */
-        CK(ws_gemm(layer_maps(c), c->fit, (int)n, (int)c->N, want16, kv, c->kshift, ws_ticket(c), st),
+        CK(ws_gemm(layer_maps(c), c->w, c->fit, (int)n, (int)c->N, want16, kv, c->kshift, ws_ticket(c), st),
            "ws_gemm_kernel");
         if (want16) {
             gemv_list_kernel<unsigned short><<<lb, GEMV_THREADS, 0, st>>>(

@@ -182,16 +182,22 @@ __device__ __forceinline__ void ws_tma(uint32_t dst, const CUtensorMap *map, uin
  * counted on barrier bar: a plain bulk copy, no tensor map */
 __device__ __forceinline__ void ws_bulk(uint32_t dst, const void *src, uint32_t n, uint32_t bar)
 {
-#ifdef WSD_EVICT_FIRST
-    asm volatile("{\n.reg .b64 pol;\ncreatepolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
-                 "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], pol;\n}\n"
-                 ::"r"(dst), "l"((uint64_t)__cvta_generic_to_global(src)), "r"(n), "r"(bar)
-                 : "memory");
-#else
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                  "l"((uint64_t)__cvta_generic_to_global(src)), "r"(n), "r"(bar)
                  : "memory");
-#endif
+}
+
+/* ws_bulk of bytes read once a call (the decode's weights: 314.6 MB at W =
+ * 5120 against an H100's 50 MB of L2, never there again when the next call
+ * comes), with the L2 policy evict_first: they leave L2 before what the
+ * call reads again (the tokens' operands, every CTA) and what comes next */
+__device__ __forceinline__ void ws_bulk_once(uint32_t dst, const void *src, uint32_t n, uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 pol;\ncreatepolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
+                 "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+                 "pol;\n}\n" ::"r"(dst),
+                 "l"((uint64_t)__cvta_generic_to_global(src)), "r"(n), "r"(bar)
+                 : "memory");
 }
 
 __device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
@@ -269,7 +275,8 @@ static_assert(K / WS_BK > WS_STAGES, "a unit is more tiles than the ring holds")
 template <int OUT>
 __global__ void __launch_bounds__(WS_THREADS, 1)
 ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, int n,
-               int N, void *__restrict__ out, const int *__restrict__ kshift, int cl, int *__restrict__ next)
+               int N, void *__restrict__ out, const int *__restrict__ kshift, int cl, int *__restrict__ next,
+               const uint16_t *__restrict__ w)
 {
 #ifdef WS_SM90A
     EG_STAMP(1);
@@ -316,6 +323,27 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
                     /* the stage's previous tile read by both CTAs' consumers (the
                      * first WS_STAGES waits pass: that phase is "complete") */
                     ws_bar_wait(bempty + 8 * s, ((q / WS_STAGES) & 1) ^ 1);
+#ifdef WS_GEMM_BULK
+                    /* the weights' rows of this tile: kt N + n0 on, as many as the k-tiled
+                     * weights hold (a tile past N takes the next k-tile's first rows; past
+                     * the last k-tile, the stage's rows are left as they were: outputs past
+                     * N, never stored) */
+                    const int r0 = kt * N + n0, hb = WS_BN / 2, left = KT * N - r0;
+                    const uint32_t b0 = (uint32_t)(left < hb ? (left > 0 ? left : 0) : hb) * 128,
+                                   b1 = (uint32_t)(left - hb < hb ? (left - hb > 0 ? left - hb : 0) : hb) * 128;
+                    ws_bar_expect(bfull + 8 * s, WS_A_BYTES + b0 + b1);
+                    ws_tma(sa, &ta, bfull + 8 * s, kt * WS_BK, m0);
+                    if (cl == 1)
+                        ws_bulk(sb, w + (size_t)r0 * WS_BK, b0 + b1, bfull + 8 * s);
+                    else if (rank ? b1 : b0) { /* this CTA's half, into both */
+                        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                                     ".multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(sb + rank * hb * 128),
+                                     "l"((uint64_t)__cvta_generic_to_global(w + (size_t)(r0 + rank * hb) * WS_BK)),
+                                     "r"(rank ? b1 : b0), "r"(bfull + 8 * s), "h"((uint16_t)3)
+                                     : "memory");
+                    }
+                    continue;
+#endif
                     ws_bar_expect(bfull + 8 * s, WS_STAGE_BYTES);
                     ws_tma(sa, &ta, bfull + 8 * s, kt * WS_BK, m0);
                     if (cl == 1)
@@ -781,7 +809,7 @@ wsd_kernel(const __grid_constant__ CUtensorMap te, int n, int N,
             for (int kt = 0; kt < STAGES; kt++) {
                 uint32_t sa = sbase + kt * STAGE_BYTES;
                 ws_bar_expect(bfull + 8 * kt, wb + STAGE_BYTES - A_BYTES);
-                ws_bulk(sa, w + ((size_t)kt * N + n0) * WS_BK, wb, bfull + 8 * kt);
+                ws_bulk_once(sa, w + ((size_t)kt * N + n0) * WS_BK, wb, bfull + 8 * kt);
             }
             asm volatile("griddepcontrol.wait;\n" ::: "memory");
             for (int kt = 0; kt < STAGES; kt++)
@@ -791,7 +819,7 @@ wsd_kernel(const __grid_constant__ CUtensorMap te, int n, int N,
                 uint32_t sa = sbase + s * STAGE_BYTES;
                 ws_bar_wait(bempty + 8 * s, ((kt / STAGES) & 1) ^ 1);
                 ws_bar_expect(bfull + 8 * s, wb + STAGE_BYTES - A_BYTES);
-                ws_bulk(sa, w + ((size_t)kt * N + n0) * WS_BK, wb, bfull + 8 * s);
+                ws_bulk_once(sa, w + ((size_t)kt * N + n0) * WS_BK, wb, bfull + 8 * s);
                 ws_tma(sa + A_BYTES, &te, bfull + 8 * s, kt * WS_BK, 0);
             }
         }
@@ -1065,8 +1093,8 @@ static void ws_fit(int fit[2])
  * (ws_fit), each taking units of cl tiles until none is left; fewer where
  * there are fewer units, a cluster per unit where fit is 0.  The launch's
  * error, or 0. */
-static cudaError_t ws_gemm(const CUtensorMap m[3], const int fit[2], int n, int N, int out_bf16, void *out,
-                           const int *kshift, int *next, cudaStream_t st)
+static cudaError_t ws_gemm(const CUtensorMap m[3], const uint16_t *w, const int fit[2], int n, int N, int out_bf16,
+                           void *out, const int *kshift, int *next, cudaStream_t st)
 {
     int mb = (n + WS_BM - 1) / WS_BM, cl = mb % 2 ? 1 : 2;
     int units = ws_units(n, N, cl), f = fit[cl - 1];
@@ -1074,8 +1102,8 @@ static cudaError_t ws_gemm(const CUtensorMap m[3], const int fit[2], int n, int 
     cudaLaunchConfig_t cfg = ws_cfg(cl, cl * (f > 0 && f < units ? f : units), st, at);
     const CUtensorMap &tb = m[cl == 1 ? 1 : 2];
     if (out_bf16)
-        return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_BF16>, m[0], tb, n, N, out, kshift, cl, next);
-    return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_F32>, m[0], tb, n, N, out, kshift, cl, next);
+        return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_BF16>, m[0], tb, n, N, out, kshift, cl, next, w);
+    return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_F32>, m[0], tb, n, N, out, kshift, cl, next, w);
 }
 
 /* 1 if the code this device runs has the wgmma kernel (sm_90a machine code;
