@@ -60,13 +60,6 @@
 #include "mmv.cuh"
 #include "gate.cuh"
 
-/* The fewest tokens of a decode call that take wsd_kernel where it runs
- * (fewer take mmv).  1 in the library: above 1 a token's bits would depend
- * on its call's size again; a knob for measuring (run 26: 9). */
-#ifndef WSD_MIN
-#define WSD_MIN 1
-#endif
-
 struct engram_cuda_layer {
     int device;
     uint32_t W, S, N;
@@ -432,8 +425,10 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
     /* decode where the wgmma GEMM runs: the prefill's path below with
      * wsd_kernel for the GEMM and the wide tokens (the same sums in the
-     * decode's shape), so a token's kv is the same bits whatever n */
-    const int dec = n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY) && c->tc && n >= WSD_MIN;
+     * decode's shape), so a token's kv is the same bits whatever n (and
+     * the only decode that reads the weights as they lie there: k-tiles,
+     * where mmv.cuh below reads them row-major) */
+    const int dec = n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY) && c->tc;
     if (n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_FMA_ONLY) && !dec) {
         /* decode without wgmma: every token in one pass over the weights
          * (mmv.cuh, mma.sync, its own order of the sums); from
@@ -528,7 +523,7 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     unsigned lb = (warps * 32 + GEMV_THREADS - 1) / GEMV_THREADS;
     if (c->tc) {
         /* exact products, sums promoted to F32 every 256 products */
-        CK(ws_gemm(layer_maps(c), c->w, c->fit, (int)n, (int)c->N, want16, kv, c->kshift, ws_ticket(c), st),
+        CK(ws_gemm(layer_maps(c), c->fit, (int)n, (int)c->N, want16, kv, c->kshift, ws_ticket(c), st),
            "ws_gemm_kernel");
         if (want16) {
             gemv_list_kernel<unsigned short><<<lb, GEMV_THREADS, 0, st>>>(

@@ -90,8 +90,8 @@ int main(void) {
         if (ws_maps(maps, de, n, dwt, N) < 0) { printf("ws_maps failed\n"); return 1; }
         const float one = 1, zero = 0;
         auto blas = [&] { cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, dw, CUDA_R_16F, K, de, CUDA_R_16F, K, &zero, k1, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT); };
-        auto ws32 = [&] { CU(cudaMemsetAsync(dnext, 0, 4, st)); CU(ws_gemm(maps, dwt, fit, n, N, 0, k2, NULL, dnext, st)); };
-        auto ws16 = [&] { CU(cudaMemsetAsync(dnext, 0, 4, st)); CU(ws_gemm(maps, dwt, fit, n, N, 1, k16, dks, dnext, st)); };
+        auto ws32 = [&] { CU(cudaMemsetAsync(dnext, 0, 4, st)); CU(ws_gemm(maps, fit, n, N, 0, k2, NULL, dnext, st)); };
+        auto ws16 = [&] { CU(cudaMemsetAsync(dnext, 0, 4, st)); CU(ws_gemm(maps, fit, n, N, 1, k16, dks, dnext, st)); };
         blas(); ws32(); ws16(); CU(cudaStreamSynchronize(st)); CU(cudaGetLastError());
         float tb = timed(st, blas), tw = timed(st, ws32), tw16 = timed(st, ws16);
         float *r1 = (float *)malloc(no * 4), *r2 = (float *)malloc(no * 4); uint16_t *r16 = (uint16_t *)malloc(no * 2);

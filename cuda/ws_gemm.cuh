@@ -6,7 +6,8 @@
  * the decode's shape, and its wide tokens through gemv.cuh's sums).
  *
  * kv[t][o] = sum_i e16[t][i] * w[o][i] for t < n, o < N, i < K = 6144, both
- * operands F16 with K contiguous.  A CTA computes tiles of 128 tokens x
+ * operands F16, the tokens row-major, the weights in swizzled k-tiles of 64
+ * inputs (ws_wmap).  A CTA computes tiles of 128 tokens x
  * WS_BN (176) outputs, one after another: the grid is what the device holds
  * at once and each cluster takes its next tile (or pair of tiles) from a
  * ticket at run time (the order that was blockIdx's, so the CTAs at work
@@ -23,8 +24,10 @@
  *    tile, where the token tiles pair up, shared with the other CTA of its
  *    cluster (each CTA loads half and multicasts it to both, so the weights
  *    cross from L2 once per pair).
- *    The weights are in k-tiles of 64 inputs, already swizzled (ws_wmap,
- *    below).  Token rows past n are zero-filled by the copy engine; a
+ *    The weights' boxes are copied as they lie (ws_wmap, below: a box of
+ *    k-tile kt is one run of bytes, already in the swizzle's order; run 77:
+ *    plain bulk copies of those runs instead of the map, 1.5% slower, not
+ *    kept, run77/ws-gemm-bulk.diff).  Token rows past n are zero-filled by the copy engine; a
  *    weights box past N takes the next k-tile's first rows, which meet only
  *    outputs past N (never stored), and past the last k-tile zeros.  Each stage has a
  *    "full" barrier (the copies' bytes) and an "empty" one (every consumer
@@ -179,18 +182,14 @@ __device__ __forceinline__ void ws_tma(uint32_t dst, const CUtensorMap *map, uin
 }
 
 /* n bytes (a multiple of 16) at src (global, 16-byte aligned) into dst,
- * counted on barrier bar: a plain bulk copy, no tensor map */
-__device__ __forceinline__ void ws_bulk(uint32_t dst, const void *src, uint32_t n, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"((uint64_t)__cvta_generic_to_global(src)), "r"(n), "r"(bar)
-                 : "memory");
-}
-
-/* ws_bulk of bytes read once a call (the decode's weights: 314.6 MB at W =
- * 5120 against an H100's 50 MB of L2, never there again when the next call
- * comes), with the L2 policy evict_first: they leave L2 before what the
- * call reads again (the tokens' operands, every CTA) and what comes next */
+ * counted on barrier bar: a plain bulk copy (no tensor map) of bytes read
+ * once a call (the decode's weights: 314.6 MB at W = 5120 against an H100's
+ * 50 MB of L2, gone from it before the next call), with the L2 policy
+ * evict_first: they leave L2 before what the call reads again (the
+ * tokens' operands, which every CTA reads) and what the caller's next
+ * kernels read (run 75, one token: 115.2-115.5 us with the policy,
+ * 115.7-116.9 without, the tensor map's boxes 116.6-116.8; through those
+ * boxes the policy alone gave one token nothing, run 76) */
 __device__ __forceinline__ void ws_bulk_once(uint32_t dst, const void *src, uint32_t n, uint32_t bar)
 {
     asm volatile("{\n.reg .b64 pol;\ncreatepolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
@@ -275,8 +274,7 @@ static_assert(K / WS_BK > WS_STAGES, "a unit is more tiles than the ring holds")
 template <int OUT>
 __global__ void __launch_bounds__(WS_THREADS, 1)
 ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, int n,
-               int N, void *__restrict__ out, const int *__restrict__ kshift, int cl, int *__restrict__ next,
-               const uint16_t *__restrict__ w)
+               int N, void *__restrict__ out, const int *__restrict__ kshift, int cl, int *__restrict__ next)
 {
 #ifdef WS_SM90A
     EG_STAMP(1);
@@ -323,27 +321,6 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
                     /* the stage's previous tile read by both CTAs' consumers (the
                      * first WS_STAGES waits pass: that phase is "complete") */
                     ws_bar_wait(bempty + 8 * s, ((q / WS_STAGES) & 1) ^ 1);
-#ifdef WS_GEMM_BULK
-                    /* the weights' rows of this tile: kt N + n0 on, as many as the k-tiled
-                     * weights hold (a tile past N takes the next k-tile's first rows; past
-                     * the last k-tile, the stage's rows are left as they were: outputs past
-                     * N, never stored) */
-                    const int r0 = kt * N + n0, hb = WS_BN / 2, left = KT * N - r0;
-                    const uint32_t b0 = (uint32_t)(left < hb ? (left > 0 ? left : 0) : hb) * 128,
-                                   b1 = (uint32_t)(left - hb < hb ? (left - hb > 0 ? left - hb : 0) : hb) * 128;
-                    ws_bar_expect(bfull + 8 * s, WS_A_BYTES + b0 + b1);
-                    ws_tma(sa, &ta, bfull + 8 * s, kt * WS_BK, m0);
-                    if (cl == 1)
-                        ws_bulk(sb, w + (size_t)r0 * WS_BK, b0 + b1, bfull + 8 * s);
-                    else if (rank ? b1 : b0) { /* this CTA's half, into both */
-                        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                                     ".multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(sb + rank * hb * 128),
-                                     "l"((uint64_t)__cvta_generic_to_global(w + (size_t)(r0 + rank * hb) * WS_BK)),
-                                     "r"(rank ? b1 : b0), "r"(bfull + 8 * s), "h"((uint16_t)3)
-                                     : "memory");
-                    }
-                    continue;
-#endif
                     ws_bar_expect(bfull + 8 * s, WS_STAGE_BYTES);
                     ws_tma(sa, &ta, bfull + 8 * s, kt * WS_BK, m0);
                     if (cl == 1)
@@ -452,9 +429,14 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
  * the weights are wgmma's A straight from shared memory (a CTA's
  * outputs of a k-tile, 256 or 128 x 64, are one run of bytes of the
  * k-tiled weights already in the 128-byte swizzle's order, ws_wmap: one
- * plain bulk copy, no tensor map; run 45's probe of the producer's ring
- * alone, H200: plain bulk copies 1.023-1.034x half a copy of the same
- * bytes, the tensor map's boxes 1.049-1.079x), the tokens B (one box of NB x 64, NB the
+ * plain bulk copy, no tensor map, with the L2 policy evict_first,
+ * ws_bulk_once; run 45's probe of the producer's ring alone, H200: plain
+ * bulk copies 1.023-1.034x half a copy of the same bytes, the tensor map's
+ * boxes 1.049-1.079x; runs 75-77, three H100s: one token 1.1-2.1 us
+ * faster than the boxes in all 9 pairs, 32-64 tokens 2.8-13.3 us in all
+ * 45; the last CTA's copy is short where N is
+ * not a multiple of BM, the rest of its stage left as it was: outputs past
+ * N, never stored), the tokens B (one box of NB x 64, NB the
  * call's n rounded up to 8, 16, 32 or 64; columns past n hold whatever e16
  * holds there and are not stored: a column of the result depends on its
  * own column of B alone).  The producer streams wsd_shape<NB>::stages
@@ -1093,8 +1075,8 @@ static void ws_fit(int fit[2])
  * (ws_fit), each taking units of cl tiles until none is left; fewer where
  * there are fewer units, a cluster per unit where fit is 0.  The launch's
  * error, or 0. */
-static cudaError_t ws_gemm(const CUtensorMap m[3], const uint16_t *w, const int fit[2], int n, int N, int out_bf16,
-                           void *out, const int *kshift, int *next, cudaStream_t st)
+static cudaError_t ws_gemm(const CUtensorMap m[3], const int fit[2], int n, int N, int out_bf16, void *out,
+                           const int *kshift, int *next, cudaStream_t st)
 {
     int mb = (n + WS_BM - 1) / WS_BM, cl = mb % 2 ? 1 : 2;
     int units = ws_units(n, N, cl), f = fit[cl - 1];
@@ -1102,8 +1084,8 @@ static cudaError_t ws_gemm(const CUtensorMap m[3], const uint16_t *w, const int 
     cudaLaunchConfig_t cfg = ws_cfg(cl, cl * (f > 0 && f < units ? f : units), st, at);
     const CUtensorMap &tb = m[cl == 1 ? 1 : 2];
     if (out_bf16)
-        return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_BF16>, m[0], tb, n, N, out, kshift, cl, next, w);
-    return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_F32>, m[0], tb, n, N, out, kshift, cl, next, w);
+        return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_BF16>, m[0], tb, n, N, out, kshift, cl, next);
+    return cudaLaunchKernelEx(&cfg, ws_gemm_kernel<WS_F32>, m[0], tb, n, N, out, kshift, cl, next);
 }
 
 /* 1 if the code this device runs has the wgmma kernel (sm_90a machine code;
