@@ -26,7 +26,7 @@
  *    cross from L2 once per pair).
  *    The weights' boxes are copied as they lie (ws_wmap, below: a box of
  *    k-tile kt is one run of bytes, already in the swizzle's order; run 77:
- *    plain bulk copies of those runs instead of the map, 1.5% slower, not
+ *    plain bulk copies of those runs instead of the map, 1.4-1.5% slower, not
  *    kept, run77/ws-gemm-bulk.diff).  Token rows past n are zero-filled by the copy engine; a
  *    weights box past N takes the next k-tile's first rows, which meet only
  *    outputs past N (never stored), and past the last k-tile zeros.  Each stage has a
@@ -434,7 +434,7 @@ ws_gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ C
  * bulk copies 1.023-1.034x half a copy of the same bytes, the tensor map's
  * boxes 1.049-1.079x; runs 75-77, three H100s: one token 1.1-2.1 us
  * faster than the boxes in all 9 pairs, 32-64 tokens 2.8-13.3 us in all
- * 45; the last CTA's copy is short where N is
+ * 45 (2.8-6.7 but for one slow round of the boxes); the last CTA's copy is short where N is
  * not a multiple of BM, the rest of its stage left as it was: outputs past
  * N, never stored), the tokens B (one box of NB x 64, NB the
  * call's n rounded up to 8, 16, 32 or 64; columns past n hold whatever e16
