@@ -15,18 +15,25 @@
 #define K ENGRAM_K
 #define ROW 264 /* bytes of a raw row: 256 codes, 8 block scales */
 
-/* The 8 weights of output o from input i0 (a multiple of 8) of the layer's
- * N x K F16 weights: 16 bytes.  tiled 0: row-major [N][K] (where cuBLAS
- * and mmv.cuh read them: GPUs without the wgmma kernels).  tiled 1: where
- * the wgmma kernels run, in k-tiles of 64 inputs, [K / 64][N][64], each
- * output's 128 bytes of a tile with its 16-byte chunks in the order of the
- * 128-byte swizzle (chunk c at c ^ (o % 8)): the R outputs from o0 (a
- * multiple of 8) of a tile are R x 128 contiguous bytes, already as wgmma
- * reads them from shared memory (ws_tile_weights, ws_gemm.cuh) */
+/* Where the wgmma kernels run, the layer's N x K F16 weights lie in
+ * k-tiles of 64 inputs, [K / 64][N][64], each output's 128 bytes of a tile
+ * with its 16-byte chunks in the order of the 128-byte swizzle (chunk c at
+ * c ^ (o % 8)): the R outputs from o0 (a multiple of 8) of a tile are R x
+ * 128 contiguous bytes, already as wgmma reads them from shared memory.
+ * The index there of the weights of output o from input i0 (a multiple of
+ * 8): the one definition of the layout (ws_tile_weights writes it,
+ * wsd_kernel copies its tiles, w8_at reads it). */
+__host__ __device__ __forceinline__ size_t wt_index(int o, int i0, int N)
+{
+    return ((size_t)(i0 >> 6) * N + o) * 64 + ((((i0 >> 3) & 7) ^ (o & 7)) << 3);
+}
+
+/* The 8 weights of output o from input i0 (a multiple of 8): 16 bytes.
+ * tiled 1: wt_index's k-tiles; tiled 0: row-major [N][K] (where cuBLAS and
+ * mmv.cuh read them: GPUs without the wgmma kernels). */
 __device__ __forceinline__ const uint4 *w8_at(const uint16_t *w, int o, int i0, int N, int tiled)
 {
-    return (const uint4 *)(w + (tiled ? ((size_t)(i0 >> 6) * N + o) * 64 + ((((i0 >> 3) & 7) ^ (o & 7)) << 3)
-                                      : (size_t)o * K + i0));
+    return (const uint4 *)(w + (tiled ? wt_index(o, i0, N) : (size_t)o * K + i0));
 }
 
 /* f rounded to BF16 (to nearest, ties to even) as F32; a NaN kept */

@@ -85,6 +85,7 @@ int main(void) {
         CU(cudaMemset(k1, 0xff, no * 4)); CU(cudaMemset(k2, 0xff, no * 4)); CU(cudaMemset(k16, 0xff, no * 2));
         CUtensorMap maps[3];
         uint16_t *ht = (uint16_t *)malloc((size_t)N * 128);
+        if (!ht) { printf("out of host memory\n"); return 1; }
         CU(ws_tile_weights(dwt, hw, N, ht)); /* the wgmma GEMM's layout; cuBLAS takes dw */
         free(ht);
         if (ws_maps(maps, de, n, dwt, N) < 0) { printf("ws_maps failed\n"); return 1; }

@@ -787,11 +787,11 @@ wsd_kernel(const __grid_constant__ CUtensorMap te, int n, int N,
              * weights (ws_wmap), copied as they lie (the last CTA's may
              * be short of BM outputs: the rest of its stage is left as it
              * was, met only by outputs past N, never stored) */
-            const uint32_t wb = (uint32_t)(N - n0 < BM ? N - n0 : BM) * 128;
+            const uint32_t wb = (uint32_t)(N - n0 < BM ? N - n0 : BM) * 128, tx = wb + STAGE_BYTES - A_BYTES;
             for (int kt = 0; kt < STAGES; kt++) {
                 uint32_t sa = sbase + kt * STAGE_BYTES;
-                ws_bar_expect(bfull + 8 * kt, wb + STAGE_BYTES - A_BYTES);
-                ws_bulk_once(sa, w + ((size_t)kt * N + n0) * WS_BK, wb, bfull + 8 * kt);
+                ws_bar_expect(bfull + 8 * kt, tx);
+                ws_bulk_once(sa, w + wt_index(n0, kt * WS_BK, N), wb, bfull + 8 * kt);
             }
             asm volatile("griddepcontrol.wait;\n" ::: "memory");
             for (int kt = 0; kt < STAGES; kt++)
@@ -800,8 +800,8 @@ wsd_kernel(const __grid_constant__ CUtensorMap te, int n, int N,
                 int s = kt % STAGES;
                 uint32_t sa = sbase + s * STAGE_BYTES;
                 ws_bar_wait(bempty + 8 * s, ((kt / STAGES) & 1) ^ 1);
-                ws_bar_expect(bfull + 8 * s, wb + STAGE_BYTES - A_BYTES);
-                ws_bulk_once(sa, w + ((size_t)kt * N + n0) * WS_BK, wb, bfull + 8 * s);
+                ws_bar_expect(bfull + 8 * s, tx);
+                ws_bulk_once(sa, w + wt_index(n0, kt * WS_BK, N), wb, bfull + 8 * s);
                 ws_tma(sa + A_BYTES, &te, bfull + 8 * s, kt * WS_BK, 0);
             }
         }
@@ -945,8 +945,8 @@ static int ws_map(CUtensorMap *m, const void *p, unsigned rows, unsigned box_row
 /*
  * The weights as the wgmma kernels read them: N x K F16 in k-tiles of 64
  * inputs, [K / 64][N][64], each output's 128 bytes of a tile in the order
- * of the 128-byte swizzle (w8_at, common.cuh; ws_tile_weights writes
- * them).  Seen as K / 64 x N rows of 64 values: the box of R outputs from
+ * of the 128-byte swizzle (wt_index, common.cuh: ws_tile_weights writes
+ * them, the GEMVs read them through w8_at).  Seen as K / 64 x N rows of 64 values: the box of R outputs from
  * n0 (a multiple of 8) of k-tile kt is the rows kt N + n0 .. + R - 1, R x
  * 128 contiguous bytes, copied as they lie into shared memory (1024-byte
  * aligned) where they are what the 128-byte swizzle would have made of the
@@ -962,16 +962,18 @@ static int ws_wmap(CUtensorMap *m, const void *w, unsigned N, unsigned box_rows)
 }
 
 /* dw (device, N x K F16) = hw (host, row-major [N][K]) in ws_wmap's
- * layout, through t, the caller's host buffer of one k-tile (N x 128
- * bytes), one copy a k-tile.  The first copy's error, or cudaSuccess. */
+ * layout (wt_index), through t, the caller's host buffer of one k-tile (N
+ * x 128 bytes), one copy a k-tile.  The first copy's error, or
+ * cudaSuccess. */
 static cudaError_t ws_tile_weights(uint16_t *dw, const uint16_t *hw, unsigned N, uint16_t *t)
 {
     cudaError_t e = cudaSuccess;
     for (int kt = 0; kt < K / WS_BK && e == cudaSuccess; kt++) {
-        for (size_t o = 0; o < N; o++)
-            for (int c = 0; c < WS_BK / 8; c++)
-                memcpy(t + o * WS_BK + 8 * (c ^ (int)(o & 7)), hw + o * K + (size_t)kt * WS_BK + 8 * c, 16);
-        e = cudaMemcpy(dw + (size_t)kt * N * WS_BK, t, (size_t)N * WS_BK * 2, cudaMemcpyHostToDevice);
+        const size_t base = wt_index(0, kt * WS_BK, (int)N); /* the k-tile's first value */
+        for (int o = 0; o < (int)N; o++)
+            for (int i0 = kt * WS_BK; i0 < (kt + 1) * WS_BK; i0 += 8)
+                memcpy(t + (wt_index(o, i0, (int)N) - base), hw + (size_t)o * K + i0, 16);
+        e = cudaMemcpy(dw + base, t, (size_t)N * WS_BK * 2, cudaMemcpyHostToDevice);
     }
     return e;
 }
