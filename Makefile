@@ -188,7 +188,9 @@ CUDA_WRAP_test_ple_cuda = -Xlinker --wrap=cudaMalloc
 # test_cuda fails chosen calls of the library (allocations, cuBLAS set-up and GEMM, cudaMalloc)
 CUDA_WRAP_test_cuda = -Xlinker --wrap=calloc,--wrap=malloc,--wrap=cudaMalloc,--wrap=cublasCreate_v2 \
 	-Xlinker --wrap=cublasSetMathMode,--wrap=cublasGemmEx,--wrap=cudaGetDriverEntryPointByVersion \
-	-Xlinker --wrap=cudaFuncSetAttribute
+	-Xlinker --wrap=cudaFuncSetAttribute,--wrap=cudaStreamCreateWithFlags,--wrap=cudaStreamBeginCapture \
+	-Xlinker --wrap=cudaGraphInstantiate,--wrap=cudaGraphLaunch,--wrap=cudaStreamDestroy \
+	-Xlinker --wrap=cudaStreamEndCapture,--wrap=cudaGraphDestroy
 endif
 comma := ,
 

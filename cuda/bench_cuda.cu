@@ -7,8 +7,10 @@
  *    timed as the one-token apply is (what a kernel that only reads costs
  *    when called directly), and an empty kernel's launch;
  *  - decode: engram_cuda_apply and engram_cuda_project of B = 1..64 tokens
- *    per layer (and B = 1 captured in a CUDA graph; B = 1 also against the
- *    bulk stream, and the host's time to submit a call), and the apply through
+ *    per layer, and the apply through a plan (engram_cuda_plan_run: the
+ *    call's launches in the library's graph, one submission) (and B = 1
+ *    captured in a CUDA graph by the bench; B = 1 also against the bulk
+ *    stream, and the host's time to submit a call or a run), and the apply through
  *    the CUDA-core GEMVs (ENGRAM_CUDA_FMA_ONLY, the decode path before issue
  *    #25), vs the time to read the layer's F16 weights at that bandwidth
  *    (issue #25's targets: <= 1.10x at B = 1, 1.30x at 2-8, 1.50x at 16-64);
@@ -521,8 +523,10 @@ int main(int argc, char **argv)
         printf("decode (B <= %u: the tensor cores, one pass over the F16 weights for all B; FMA_ONLY: the CUDA-core\n"
                "GEMVs, 8 tokens a pass, the decode path before issue #25; cuBLAS: its F16 GEMM alone on\n"
                "the same shapes, inexact sums, no gate)\n", ENGRAM_CUDA_GEMV_MAX);
+        printf("(plan: the same apply through engram_cuda_plan_run, the call's launches in the library's graph,\n"
+               "one submission; timed the same way, a call on an idle card)\n");
         printf("   B   apply us  / floor   projection us  / floor   FMA_ONLY apply us  / floor   "
-               "cuBLAS GEMM us  / floor\n");
+               "cuBLAS GEMM us  / floor    plan us  / floor\n");
         const unsigned Bs[] = {1, 2, 3, 4, 5, 6, 8, 16, 24, 32, 40, 48, 56, 64};
         for (unsigned q = 0; q < sizeof Bs / sizeof Bs[0]; q++) {
             a.n = Bs[q];
@@ -533,8 +537,17 @@ int main(int argc, char **argv)
             float fm = timed(st, 30, [&] { apply(); });
             a.flags = 0;
             float cb = gemm(Bs[q], 100);
-            printf("%4u %10.1f   %6.3f %12.1f   %6.3f %16.1f   %6.3f %14.1f   %6.3f\n", Bs[q], ms * 1e3,
-                   ms / floor_ms, pj * 1e3, pj / floor_ms, fm * 1e3, fm / floor_ms, cb * 1e3, cb / floor_ms);
+            engram_cuda_plan *pl;
+            if (engram_cuda_plan_open(c, &a, &pl, &err) < 0)
+                die("engram_cuda_plan_open", err.msg);
+            float pm = timed(st, 100, [&] {
+                if (engram_cuda_plan_run(pl, &err) < 0)
+                    die("engram_cuda_plan_run", err.msg);
+            });
+            engram_cuda_plan_close(pl);
+            printf("%4u %10.1f   %6.3f %12.1f   %6.3f %16.1f   %6.3f %14.1f   %6.3f %10.1f   %6.3f\n", Bs[q],
+                   ms * 1e3, ms / floor_ms, pj * 1e3, pj / floor_ms, fm * 1e3, fm / floor_ms, cb * 1e3,
+                   cb / floor_ms, pm * 1e3, pm / floor_ms);
         }
         a.n = 1;
         a.flags = ENGRAM_CUDA_SERIAL_GATE;
@@ -573,6 +586,40 @@ int main(int argc, char **argv)
         });
         printf("   1 (32 direct calls back to back) %.1f us each = %.2f x floor\n", d32 * 1e3 / 32,
                d32 / 32 / floor_ms);
+        /* a plan of the same call: idle (again, beside the direct call
+         * again), 32 runs back to back, and the host's side of a run */
+        {
+            engram_cuda_plan *pl;
+            if (engram_cuda_plan_open(c, &a, &pl, &err) < 0)
+                die("engram_cuda_plan_open", err.msg);
+            auto run = [&] {
+                if (engram_cuda_plan_run(pl, &err) < 0)
+                    die("engram_cuda_plan_run", err.msg);
+            };
+            float d1 = timed(st, 100, [&] { apply(); });
+            float p1 = timed(st, 100, run);
+            float p32 = timed(st, 20, [&] {
+                for (int i = 0; i < 32; i++)
+                    run();
+            });
+            double hs[100];
+            for (int i = 0; i < 100; i++) {
+                CU(cudaStreamSynchronize(st));
+                struct timespec t0, t1;
+                clock_gettime(CLOCK_MONOTONIC, &t0);
+                run();
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+                hs[i] = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
+            }
+            CU(cudaStreamSynchronize(st));
+            qsort(hs, 100, sizeof hs[0], cmpd);
+            engram_cuda_plan_close(pl);
+            printf("   1 (a plan) %.1f us = %.3f x floor (the direct call again: %.1f us = %.3f x); 32 runs back to "
+                   "back: %.1f us each = %.3f x; engram_cuda_plan_run returns after %.1f us (median of 100; p90 "
+                   "%.1f)\n",
+                   p1 * 1e3, p1 / floor_ms, d1 * 1e3, d1 / floor_ms, p32 * 1e3 / 32, p32 / 32 / floor_ms, hs[50],
+                   hs[90]);
+        }
         /* B = 1 as an engine runs it: captured once into a graph with a device-side step index */
         {
             int *d_step;

@@ -38,6 +38,8 @@
  * is a multiple of 128 (gate_parts) its sums come in chunks of 128
  * outputs, from wsd_kernel's epilogue for n <= WSD_PARTS_NB, else made by
  * the gate), gate_block_kernel<KV, V16, KEEP> otherwise.
+ * A plan (engram_cuda_plan_open) is one such apply of up to 64 tokens
+ * captured into a graph and instantiated; each run is one graph launch.
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -630,6 +632,120 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
         }
     }
     return 0;
+}
+
+struct engram_cuda_plan {
+    engram_cuda_layer *c;
+    int device;              /* c's (close needs no layer)                 */
+    cudaGraphExec_t exec;    /* the call's launches, instantiated          */
+    cudaStream_t st;         /* the stream the arguments named              */
+};
+
+/* p->exec: the call a captured on a stream of its own (a capture of its
+ * own thread's mode: other threads are not restricted by it), then
+ * instantiated.  The capture is always ended and the stream destroyed
+ * before returning.  0, or a negative errno with err filled. */
+static int plan_capture(engram_cuda_layer *c, const engram_cuda_args *a, engram_cuda_plan *p, engram_error *err)
+{
+    CK(cudaSetDevice(c->device), "cudaSetDevice");
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing((cudaStream_t)a->stream, &cs);
+    if (e == cudaErrorStreamCaptureImplicit)
+        return set_err(err, -EINVAL, "the legacy default stream cannot be used while a blocking stream is being "
+                                     "captured");
+    if (e != cudaSuccess)
+        return cuda_err(err, e, "cudaStreamIsCapturing");
+    if (cs != cudaStreamCaptureStatusNone)
+        return set_err(err, -EINVAL, "the arguments' stream is being captured: capture engram_cuda_apply there");
+    cudaStream_t cap;
+    CK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (the plan's capture)");
+    int rc = 0;
+    const char *what = "cudaStreamBeginCapture";
+    e = cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+        engram_cuda_args b = *a;
+        b.stream = cap;
+        rc = engram_cuda_apply(c, &b, err);
+        cudaGraph_t g = NULL;
+        what = "cudaStreamEndCapture";
+        e = cudaStreamEndCapture(cap, &g); /* always: the stream leaves capture */
+        if (rc == 0 && e == cudaSuccess) {
+            what = "cudaGraphInstantiate";
+            e = cudaGraphInstantiate(&p->exec, g, 0);
+        }
+        if (g)
+            cudaGraphDestroy(g);
+    }
+    cudaStreamDestroy(cap);
+    if (rc == 0 && e != cudaSuccess)
+        rc = cuda_err(err, e, what);
+    return rc;
+}
+
+/* The plan is allocated before any CUDA call.  The thread's capture mode
+ * is relaxed while the plan is made (and restored): instantiating a graph
+ * is a call CUDA refuses, invalidating the capture, while another capture
+ * of the global mode is under way (this thread's on another stream, or
+ * another thread's); relaxed, this thread may make it and that capture
+ * goes on.  Every failure clears the CUDA runtime's last error, so that
+ * no later call of the library (or the caller's) finds it as its own. */
+extern "C" int engram_cuda_plan_open(engram_cuda_layer *c, const engram_cuda_args *a, engram_cuda_plan **out,
+                                     engram_error *err)
+{
+    if (!out)
+        return set_err(err, -EINVAL, "NULL argument");
+    int rc = check_args(c, a, 1, err);
+    if (rc < 0)
+        return rc;
+    if (a->n < 1 || a->n > ENGRAM_CUDA_GEMV_MAX)
+        return set_err(err, -EINVAL, "a plan is for 1 to ENGRAM_CUDA_GEMV_MAX (64) tokens");
+    engram_cuda_plan *p = (engram_cuda_plan *)calloc(1, sizeof *p);
+    if (!p)
+        return set_err(err, -ENOMEM, "host memory (the plan)");
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaError_t e = cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess) {
+        rc = cuda_err(err, e, "cudaThreadExchangeStreamCaptureMode");
+    } else {
+        rc = plan_capture(c, a, p, err);
+        cudaThreadExchangeStreamCaptureMode(&mode); /* the thread's own mode back */
+    }
+    if (rc < 0) {
+        (void)cudaGetLastError();
+        free(p);
+        return rc;
+    }
+    p->c = c;
+    p->device = c->device;
+    p->st = (cudaStream_t)a->stream;
+    *out = p;
+    return 0;
+}
+
+extern "C" int engram_cuda_plan_run(engram_cuda_plan *p, engram_error *err)
+{
+    if (!p)
+        return set_err(err, -EINVAL, "NULL argument");
+    const char *what = "cudaSetDevice";
+    cudaError_t e = cudaSetDevice(p->device);
+    if (e == cudaSuccess) {
+        what = "cudaGraphLaunch";
+        e = cudaGraphLaunch(p->exec, p->st);
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not left for the next call to find */
+        return cuda_err(err, e, what);
+    }
+    return 0;
+}
+
+extern "C" void engram_cuda_plan_close(engram_cuda_plan *p)
+{
+    if (!p)
+        return;
+    cudaSetDevice(p->device);
+    cudaGraphExecDestroy(p->exec);
+    free(p);
 }
 
 #ifdef ENGRAM_CUDA_STAMPS

@@ -35,7 +35,12 @@
  *    the bits of the same tokens among 300 (the prefill GEMM); FMA_ONLY's
  *    GEMVs the same among 13 and alone;
  *  - a captured CUDA graph with a device-side step index replays four
- *    steps of 16 tokens to the same bits as direct calls; a captured
+ *    steps of 16, 4 and 1 tokens to the same bits as direct calls, and so
+ *    do four runs of a plan (engram_cuda_plan_*) of the same arguments;
+ *    plans refused for n = 0 and 65, bad arguments and a stream under
+ *    capture, and each of their allocation, capture stream, capture,
+ *    instantiation and launch failing: named, nothing returned, and the
+ *    next plan runs to a direct call's bits; a captured
  *    prefill of 2500 tokens (two blocks, wide and masked tokens, F32 and
  *    BF16 residuals) replays to a direct call's bits, in both layers;
  *  - staging: a pool with engram_cuda_host_hooks has its reader's buffers
@@ -82,6 +87,8 @@ static struct {
     int cublas_create, math_mode, gemm; /* these cuBLAS calls fail   */
     int entry_point;          /* the driver's entry points are missing */
     int no_wgmma;             /* the wgmma GEMM's shared memory refused: cuBLAS */
+    int stream_create, begin_capture, instantiate, graph_launch; /* a plan's calls fail */
+    long streams, graphs;     /* streams made - destroyed, graphs captured - destroyed */
 } fail;
 
 static void arm(void)
@@ -157,6 +164,66 @@ cudaError_t __wrap_cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, 
         value > 8 * ENGRAM_K * 2)
         return cudaErrorInvalidValue;
     return __real_cudaFuncSetAttribute(fn, attr, value);
+}
+
+cudaError_t __real_cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags);
+cudaError_t __real_cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode mode);
+cudaError_t __real_cudaGraphInstantiate(cudaGraphExec_t *ge, cudaGraph_t g, unsigned long long flags);
+cudaError_t __real_cudaGraphLaunch(cudaGraphExec_t ge, cudaStream_t st);
+
+cudaError_t __real_cudaStreamDestroy(cudaStream_t st);
+cudaError_t __real_cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g);
+cudaError_t __real_cudaGraphDestroy(cudaGraph_t g);
+
+/* A failure as the runtime makes one: its error recorded as the thread's
+ * last error (a call on a device that does not exist), then returned. */
+static cudaError_t failed(cudaError_t e)
+{
+    (void)cudaSetDevice(1 << 20);
+    return e;
+}
+
+cudaError_t __wrap_cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags)
+{
+    if (fail.stream_create && mine())
+        return failed(cudaErrorMemoryAllocation);
+    cudaError_t e = __real_cudaStreamCreateWithFlags(st, flags);
+    fail.streams += e == cudaSuccess && mine();
+    return e;
+}
+
+cudaError_t __wrap_cudaStreamDestroy(cudaStream_t st)
+{
+    fail.streams -= mine();
+    return __real_cudaStreamDestroy(st);
+}
+
+cudaError_t __wrap_cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode mode)
+{
+    return fail.begin_capture && mine() ? failed(cudaErrorNotSupported) : __real_cudaStreamBeginCapture(st, mode);
+}
+
+cudaError_t __wrap_cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g)
+{
+    cudaError_t e = __real_cudaStreamEndCapture(st, g);
+    fail.graphs += e == cudaSuccess && *g && mine();
+    return e;
+}
+
+cudaError_t __wrap_cudaGraphDestroy(cudaGraph_t g)
+{
+    fail.graphs -= mine();
+    return __real_cudaGraphDestroy(g);
+}
+
+cudaError_t __wrap_cudaGraphInstantiate(cudaGraphExec_t *ge, cudaGraph_t g, unsigned long long flags)
+{
+    return fail.instantiate && mine() ? failed(cudaErrorMemoryAllocation) : __real_cudaGraphInstantiate(ge, g, flags);
+}
+
+cudaError_t __wrap_cudaGraphLaunch(cudaGraphExec_t ge, cudaStream_t st)
+{
+    return fail.graph_launch && mine() ? failed(cudaErrorLaunchOutOfResources) : __real_cudaGraphLaunch(ge, st);
 }
 
 cublasStatus_t __wrap_cublasCreate_v2(cublasHandle_t *h)
@@ -873,6 +940,23 @@ static void invariance_and_graph(fx *f, engram_cuda_layer *c, const char *path)
                B, gsame ? "equal" : "DIFFER FROM");
         CU(cudaGraphExecDestroy(ge));
         CU(cudaGraphDestroy(g));
+        /* the same steps through a plan (the library's own graph of the
+         * call): 4 runs, the step index moved between them */
+        CU(cudaMemcpy(d_x, x0, steps * B * per * 4, cudaMemcpyHostToDevice));
+        engram_cuda_plan *pl = NULL;
+        CHECK_EQ(engram_cuda_plan_open(c, &a, &pl, &err), 0);
+        for (int s = 0; pl && s < (int)steps; s++) {
+            CU(cudaMemcpyAsync(d_step, &s, sizeof s, cudaMemcpyHostToDevice, st));
+            CU(cudaStreamSynchronize(st));
+            CHECK_EQ(engram_cuda_plan_run(pl, &err), 0);
+        }
+        CHECK_EQ(engram_cuda_sync(c, st, &err), 0);
+        CU(cudaMemcpy(xgph, d_x, steps * B * per * 4, cudaMemcpyDeviceToHost));
+        int psame = pl && memcmp(xgph, xd, steps * B * per * 4) == 0;
+        CHECK(psame);
+        printf("W=%u a plan with a device-side step index (%s): 4 runs of %u tokens %s direct calls\n", f->W, path,
+               B, psame ? "equal" : "DIFFER FROM");
+        engram_cuda_plan_close(pl);
         CU(cudaStreamDestroy(st));
         CU(cudaFree(d_x));
         CU(cudaFree(d_step));
@@ -1478,7 +1562,192 @@ static void arguments(const engram_layer *L)
     CHECK_ERR(engram_cuda_apply(NULL, &a, &err), err, -EINVAL, "NULL argument");
     CHECK_ERR(engram_cuda_project(NULL, &a, kv, &err), err, -EINVAL, "NULL argument");
     CHECK_ERR(engram_cuda_sync(NULL, NULL, &err), err, -EINVAL, "NULL argument");
+    engram_cuda_plan *pl = (engram_cuda_plan *)0x1;
+    CHECK_ERR(engram_cuda_plan_open(NULL, &a, &pl, &err), err, -EINVAL, "NULL argument");
+    CHECK_ERR(engram_cuda_plan_open(NULL, &a, NULL, &err), err, -EINVAL, "NULL argument");
+    CHECK(pl == (engram_cuda_plan *)0x1);
+    CHECK_ERR(engram_cuda_plan_run(NULL, &err), err, -EINVAL, "NULL argument");
+    engram_cuda_plan_close(NULL);
     engram_cuda_layer_close(NULL);
+}
+
+/* Holds its stream until *flag (host memory mapped for the device) is
+ * set, or about 2 s pass. */
+static __global__ void hold_kernel(const volatile int *flag)
+{
+    long long t0 = clock64();
+    while (!*flag && clock64() - t0 < 4000000000ll) {
+    }
+}
+
+/* Plans (W = 64, both layers): refused for n = 0 and 65, bad arguments, a
+ * stream under capture; each of the plan's calloc, capture stream,
+ * capture, instantiation and launch failing in turn (the runtime's last
+ * error set as a real failure sets it): named, no plan returned, no
+ * stream or graph left, and the last error clear; then a plan opens while
+ * this thread captures another stream in the global mode (that capture
+ * still ends with its graph), runs to a direct call's bits, and runs on
+ * the stream its arguments name (held by a kernel on a non-blocking
+ * stream, the residual is untouched until the hold ends); and on the
+ * legacy default stream. */
+static void plans(fx *f)
+{
+    engram_error err;
+    const unsigned n = 5;
+    size_t per = (size_t)f->S * f->W;
+    rowset r;
+    rowset_new(&r, f, n, 320, 0, NULL);
+    float *x0 = (float *)malloc(n * per * 4), *xd = (float *)malloc(n * per * 4), *xp = (float *)malloc(n * per * 4);
+    uint64_t seed = 9;
+    for (size_t i = 0; i < n * per; i++)
+        x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
+    float *d_x = (float *)dev_buf(n * per * 4, x0);
+    engram_cuda_args a = args_of(r.d_raw, n, d_x);
+    a.resid_dtype = ENGRAM_F32;
+    int *hflag, *dflag;
+    CU(cudaHostAlloc((void **)&hflag, sizeof(int), cudaHostAllocMapped));
+    CU(cudaHostGetDevicePointer((void **)&dflag, hflag, 0));
+    engram_cuda_layer *cs[2] = {f->c, f->cb};
+    for (int li = 0; li < 2; li++) {
+        engram_cuda_layer *c = cs[li];
+        engram_cuda_plan *pl = (engram_cuda_plan *)0x1;
+        engram_cuda_args b = a;
+        b.n = 0;
+        CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, -EINVAL, "1 to ENGRAM_CUDA_GEMV_MAX");
+        b.n = ENGRAM_CUDA_GEMV_MAX + 1;
+        CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, -EINVAL, "1 to ENGRAM_CUDA_GEMV_MAX");
+        b = a;
+        b.resid = NULL;
+        CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, -EINVAL, "NULL argument");
+        b = a;
+        b.flags = 8;
+        CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, -EINVAL, "unknown flags");
+        cudaStream_t st, st2, nb;
+        CU(cudaStreamCreate(&st));
+        CU(cudaStreamCreate(&st2));
+        CU(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking));
+        b = a;
+        b.stream = st;
+        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, -EINVAL, "being captured");
+        cudaGraph_t g = NULL;
+        CU(cudaStreamEndCapture(st, &g));
+        if (g)
+            CU(cudaGraphDestroy(g));
+        CHECK(pl == (engram_cuda_plan *)0x1);
+        /* the reference: a direct call from x0 */
+        CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+        CHECK_EQ(engram_cuda_apply(c, &b, &err), 0);
+        CHECK_EQ(engram_cuda_sync(c, st, &err), 0);
+        CU(cudaMemcpy(xd, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(xd, x0, n * per * 4) != 0); /* the call changed the residual */
+        /* each of the plan's calls failing in turn */
+        const char *names[4] = {"host memory", "cudaStreamCreateWithFlags", "cudaStreamBeginCapture",
+                                "cudaGraphInstantiate"};
+        int clean = 1;
+        for (int k = 0; k < 4; k++) {
+            arm();
+            if (k == 0)
+                fail.calloc_next = 1;
+            else if (k == 1)
+                fail.stream_create = 1;
+            else if (k == 2)
+                fail.begin_capture = 1;
+            else
+                fail.instantiate = 1;
+            CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, k ? -EIO : -ENOMEM, names[k]);
+            clean &= cudaPeekAtLastError() == cudaSuccess && !fail.streams && !fail.graphs &&
+                     pl == (engram_cuda_plan *)0x1;
+            arm();
+        }
+        CHECK(clean);
+        /* a plan opened while this thread captures another stream in the
+         * global mode: that capture goes on to its graph */
+        CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+        pl = NULL;
+        arm();
+        CU(cudaStreamBeginCapture(st2, cudaStreamCaptureModeGlobal));
+        CHECK_EQ(engram_cuda_plan_open(c, &b, &pl, &err), 0);
+        g = NULL;
+        int other = cudaStreamEndCapture(st2, &g) == cudaSuccess && g;
+        CHECK(other);
+        if (g)
+            CU(cudaGraphDestroy(g));
+        CHECK(!fail.streams && !fail.graphs);
+        int same = 0, held = 0, legacy = 0;
+        if (pl) {
+            /* its launch failing is named, the last error left clear, and
+             * the next run gives the direct call's bits */
+            arm();
+            fail.graph_launch = 1;
+            CHECK_ERR(engram_cuda_plan_run(pl, &err), err, -EIO, "cudaGraphLaunch");
+            CHECK(cudaPeekAtLastError() == cudaSuccess);
+            arm();
+            CHECK_EQ(engram_cuda_plan_run(pl, &err), 0);
+            CHECK_EQ(engram_cuda_sync(c, st, &err), 0);
+            CU(cudaMemcpy(xp, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+            same = memcmp(xp, xd, n * per * 4) == 0;
+            CHECK(same);
+            /* and the direct call still works after the plan's runs */
+            CHECK_EQ(engram_cuda_apply(c, &b, &err), 0);
+            CHECK_EQ(engram_cuda_sync(c, st, &err), 0);
+        }
+        engram_cuda_plan_close(pl);
+        /* on the stream the arguments name: a non-blocking one, held */
+        CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+        b.stream = nb;
+        pl = NULL;
+        CHECK_EQ(engram_cuda_plan_open(c, &b, &pl, &err), 0);
+        if (pl) {
+            *(volatile int *)hflag = 0;
+            hold_kernel<<<1, 1, 0, nb>>>(dflag);
+            CU(cudaGetLastError());
+            CHECK_EQ(engram_cuda_plan_run(pl, &err), 0);
+            usleep(20000);
+            cudaStream_t peek;
+            CU(cudaStreamCreateWithFlags(&peek, cudaStreamNonBlocking));
+            CU(cudaMemcpyAsync(xp, d_x, n * per * 4, cudaMemcpyDeviceToHost, peek));
+            CU(cudaStreamSynchronize(peek));
+            CU(cudaStreamDestroy(peek));
+            int waited = memcmp(xp, x0, n * per * 4) == 0 && cudaStreamQuery(nb) == cudaErrorNotReady;
+            (void)cudaGetLastError(); /* the query's answer is not a failure of anything after it */
+            *(volatile int *)hflag = 1;
+            CHECK_EQ(engram_cuda_sync(c, nb, &err), 0);
+            CU(cudaMemcpy(xp, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+            held = waited && memcmp(xp, xd, n * per * 4) == 0;
+            CHECK(held);
+        }
+        engram_cuda_plan_close(pl);
+        /* on the legacy default stream */
+        CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+        b.stream = NULL;
+        pl = NULL;
+        CHECK_EQ(engram_cuda_plan_open(c, &b, &pl, &err), 0);
+        if (pl) {
+            CHECK_EQ(engram_cuda_plan_run(pl, &err), 0);
+            CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+            CU(cudaMemcpy(xp, d_x, n * per * 4, cudaMemcpyDeviceToHost));
+            legacy = memcmp(xp, xd, n * per * 4) == 0;
+            CHECK(legacy);
+        }
+        engram_cuda_plan_close(pl);
+        CU(cudaStreamDestroy(st));
+        CU(cudaStreamDestroy(st2));
+        CU(cudaStreamDestroy(nb));
+        arm();
+        printf("W=%u plan (%s): refused for n = 0 and 65, bad arguments, a stream under capture; its calloc, "
+               "capture stream, capture, instantiation and launch failing: named, nothing returned or left, "
+               "last error clear: %s; opened beside a global capture of this thread (which ends with its graph: "
+               "%s); a run gives a direct call's bits: %s; on its stream, held: %s; on the legacy stream: %s\n",
+               f->W, li ? "mmv" : "wsd", clean ? "yes" : "NO", other ? "yes" : "NO", same ? "yes" : "NO",
+               held ? "yes" : "NO", legacy ? "yes" : "NO");
+    }
+    CU(cudaFreeHost(hflag));
+    rowset_free(&r);
+    CU(cudaFree(d_x));
+    free(x0);
+    free(xd);
+    free(xp);
 }
 
 /* With a GPU: every cudaMalloc of a layer's open failed in turn, the host
@@ -1655,6 +1924,7 @@ int main(void)
             if (q == 0) {
                 arguments(f.L);
                 faults(&f);
+                plans(&f);
                 fma_rounds(&f);
             }
             applies(&f);

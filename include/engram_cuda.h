@@ -135,6 +135,38 @@ int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a, engram_er
 /* The projection alone: kv [n][(S+1)W] F32 on the device. */
 int engram_cuda_project(engram_cuda_layer *c, const engram_cuda_args *a, float *kv,
                         engram_error *err);
+/*
+ * A plan: one decode call's launches made once into a CUDA graph the
+ * library instantiates, then submitted as one graph launch per run (the
+ * host hands the card the call's kernels at once instead of launch by
+ * launch; BENCHMARKS.md measures both).  For a decode loop whose
+ * arguments stay the same from step to step: with d_step, one plan serves
+ * every step (the kernels read the step index on the device).  A run is
+ * engram_cuda_apply(c, a) with the arguments given at open (their stream
+ * included): the same kernels, the same bits, the same non-finite policy
+ * (engram_cuda_sync reports).
+ * open: a must pass engram_cuda_apply's checks and have 1 <= n <=
+ * ENGRAM_CUDA_GEMV_MAX (-EINVAL otherwise); the buffers it names must stay
+ * valid while the plan lives.  Open allocates (the plan, a capture stream
+ * destroyed before it returns, the graph: host and driver memory, no
+ * device buffer of ours); run allocates nothing and does not wait.  Runs
+ * of a plan are calls on its layer (one at a time, in stream order), so
+ * its layer must stay open while it runs; close may come before or after
+ * the layer's.  Open may be called while other captures are under way
+ * (the thread's capture mode is relaxed while it makes the plan, then
+ * restored): they go on.  Errors: -EINVAL where a's stream is being
+ * captured (capture engram_cuda_apply itself there) or is the legacy
+ * default stream while a blocking stream is; -ENOMEM (the plan's host
+ * memory); -EIO (the CUDA call named: the capture stream, the capture,
+ * the instantiation; run: the graph's launch).  Nothing is returned on
+ * failure, and the CUDA runtime's last error is left clear.
+ */
+typedef struct engram_cuda_plan engram_cuda_plan;
+int engram_cuda_plan_open(engram_cuda_layer *c, const engram_cuda_args *a, engram_cuda_plan **out,
+                          engram_error *err);
+int engram_cuda_plan_run(engram_cuda_plan *p, engram_error *err);
+void engram_cuda_plan_close(engram_cuda_plan *p);
+
 /* Waits for the stream; reports (and clears) a non-finite token recorded by
  * earlier applies (-EDOM naming it) or a CUDA error (-EIO). */
 int engram_cuda_sync(engram_cuda_layer *c, void *stream, engram_error *err);
