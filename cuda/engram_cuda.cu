@@ -635,8 +635,7 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
 }
 
 struct engram_cuda_plan {
-    engram_cuda_layer *c;
-    int device;              /* c's (close needs no layer)                 */
+    int device;              /* the layer's (close needs no layer)         */
     cudaGraphExec_t exec;    /* the call's launches, instantiated          */
     cudaStream_t st;         /* the stream the arguments named              */
 };
@@ -715,7 +714,6 @@ extern "C" int engram_cuda_plan_open(engram_cuda_layer *c, const engram_cuda_arg
         free(p);
         return rc;
     }
-    p->c = c;
     p->device = c->device;
     p->st = (cudaStream_t)a->stream;
     *out = p;

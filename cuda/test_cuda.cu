@@ -1641,6 +1641,10 @@ static void plans(fx *f)
         CHECK_EQ(engram_cuda_sync(c, st, &err), 0);
         CU(cudaMemcpy(xd, d_x, n * per * 4, cudaMemcpyDeviceToHost));
         CHECK(memcmp(xd, x0, n * per * 4) != 0); /* the call changed the residual */
+        /* failed() records an error as the runtime does (else "clear"
+         * below could not fail) */
+        (void)failed(cudaErrorUnknown);
+        CHECK(cudaGetLastError() != cudaSuccess);
         /* each of the plan's calls failing in turn */
         const char *names[4] = {"host memory", "cudaStreamCreateWithFlags", "cudaStreamBeginCapture",
                                 "cudaGraphInstantiate"};
@@ -1656,8 +1660,10 @@ static void plans(fx *f)
             else
                 fail.instantiate = 1;
             CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, k ? -EIO : -ENOMEM, names[k]);
+            cudaStreamCaptureMode m = cudaStreamCaptureModeGlobal; /* the thread's mode given back */
+            CU(cudaThreadExchangeStreamCaptureMode(&m));
             clean &= cudaPeekAtLastError() == cudaSuccess && !fail.streams && !fail.graphs &&
-                     pl == (engram_cuda_plan *)0x1;
+                     pl == (engram_cuda_plan *)0x1 && m == cudaStreamCaptureModeGlobal;
             arm();
         }
         CHECK(clean);
@@ -1671,6 +1677,11 @@ static void plans(fx *f)
         g = NULL;
         int other = cudaStreamEndCapture(st2, &g) == cudaSuccess && g;
         CHECK(other);
+        {
+            cudaStreamCaptureMode m = cudaStreamCaptureModeGlobal; /* given back after a plan too */
+            CU(cudaThreadExchangeStreamCaptureMode(&m));
+            CHECK(m == cudaStreamCaptureModeGlobal);
+        }
         if (g)
             CU(cudaGraphDestroy(g));
         CHECK(!fail.streams && !fail.graphs);
@@ -1695,6 +1706,7 @@ static void plans(fx *f)
         engram_cuda_plan_close(pl);
         /* on the stream the arguments name: a non-blocking one, held */
         CU(cudaMemcpy(d_x, x0, n * per * 4, cudaMemcpyHostToDevice));
+        CU(cudaDeviceSynchronize()); /* the copy landed: nb is not ordered after it */
         b.stream = nb;
         pl = NULL;
         CHECK_EQ(engram_cuda_plan_open(c, &b, &pl, &err), 0);

@@ -149,7 +149,8 @@ int engram_cuda_project(engram_cuda_layer *c, const engram_cuda_args *a, float *
  * ENGRAM_CUDA_GEMV_MAX (-EINVAL otherwise); the buffers it names must stay
  * valid while the plan lives.  Open allocates (the plan, a capture stream
  * destroyed before it returns, the graph: host and driver memory, no
- * device buffer of ours); run allocates nothing and does not wait.  Runs
+ * device buffer of ours); run allocates nothing and does not wait (the
+ * first run uploads the graph to the device, as a first launch does).  Runs
  * of a plan are calls on its layer (one at a time, in stream order), so
  * its layer must stay open while it runs; close may come before or after
  * the layer's.  Open may be called while other captures are under way
@@ -157,9 +158,10 @@ int engram_cuda_project(engram_cuda_layer *c, const engram_cuda_args *a, float *
  * restored): they go on.  Errors: -EINVAL where a's stream is being
  * captured (capture engram_cuda_apply itself there) or is the legacy
  * default stream while a blocking stream is; -ENOMEM (the plan's host
- * memory); -EIO (the CUDA call named: the capture stream, the capture,
- * the instantiation; run: the graph's launch).  Nothing is returned on
- * failure, and the CUDA runtime's last error is left clear.
+ * memory); -EIO (the CUDA call named: among them the capture stream, the
+ * capture, the instantiation; run: the graph's launch).  Nothing is
+ * returned on failure, and a failure leaves no CUDA error of its own
+ * pending (an error that breaks the context, a sticky one, stays).
  */
 typedef struct engram_cuda_plan engram_cuda_plan;
 int engram_cuda_plan_open(engram_cuda_layer *c, const engram_cuda_args *a, engram_cuda_plan **out,
