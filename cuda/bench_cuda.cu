@@ -291,6 +291,44 @@ template <typename F> static float timed(cudaStream_t st, int reps, F fn)
     return ms[reps / 2];
 }
 
+/* The host's side of a call: the time fn takes to return (its launches
+ * submitted), the card idle before each; us[0] the median of 100, us[1]
+ * the 90th percentile. */
+template <typename F> static void host_us(cudaStream_t st, F fn, double us[2])
+{
+    double hs[100];
+    for (int i = 0; i < 100; i++) {
+        CU(cudaStreamSynchronize(st));
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        fn();
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        hs[i] = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
+    }
+    CU(cudaStreamSynchronize(st));
+    qsort(hs, 100, sizeof hs[0], cmpd);
+    us[0] = hs[50];
+    us[1] = hs[90];
+}
+
+/* A plan of the call a (engram_cuda_plan_open), or die */
+static engram_cuda_plan *plan_of(engram_cuda_layer *c, const engram_cuda_args *a)
+{
+    engram_error err;
+    engram_cuda_plan *p;
+    if (engram_cuda_plan_open(c, a, &p, &err) < 0)
+        die("engram_cuda_plan_open", err.msg);
+    return p;
+}
+
+/* One run of plan p, or die */
+static void plan_run(engram_cuda_plan *p)
+{
+    engram_error err;
+    if (engram_cuda_plan_run(p, &err) < 0)
+        die("engram_cuda_plan_run", err.msg);
+}
+
 /* *exec: one engram_cuda_apply of a, captured on st and instantiated; 0,
  * or -1 with the reason printed */
 static int apply_graph(engram_cuda_layer *c, const engram_cuda_args *a, cudaStream_t st, cudaGraphExec_t *exec)
@@ -537,13 +575,8 @@ int main(int argc, char **argv)
             float fm = timed(st, 30, [&] { apply(); });
             a.flags = 0;
             float cb = gemm(Bs[q], 100);
-            engram_cuda_plan *pl;
-            if (engram_cuda_plan_open(c, &a, &pl, &err) < 0)
-                die("engram_cuda_plan_open", err.msg);
-            float pm = timed(st, 100, [&] {
-                if (engram_cuda_plan_run(pl, &err) < 0)
-                    die("engram_cuda_plan_run", err.msg);
-            });
+            engram_cuda_plan *pl = plan_of(c, &a);
+            float pm = timed(st, 100, [&] { plan_run(pl); });
             engram_cuda_plan_close(pl);
             printf("%4u %10.1f   %6.3f %12.1f   %6.3f %16.1f   %6.3f %14.1f   %6.3f %10.1f   %6.3f\n", Bs[q],
                    ms * 1e3, ms / floor_ms, pj * 1e3, pj / floor_ms, fm * 1e3, fm / floor_ms, cb * 1e3,
@@ -563,19 +596,10 @@ int main(int argc, char **argv)
         /* the host's side of a direct call: the time engram_cuda_apply takes
          * to return (its launches submitted), the card idle before each */
         {
-            double hs[100];
-            for (int i = 0; i < 100; i++) {
-                CU(cudaStreamSynchronize(st));
-                struct timespec t0, t1;
-                clock_gettime(CLOCK_MONOTONIC, &t0);
-                apply();
-                clock_gettime(CLOCK_MONOTONIC, &t1);
-                hs[i] = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
-            }
-            CU(cudaStreamSynchronize(st));
-            qsort(hs, 100, sizeof hs[0], cmpd);
-            printf("   1 (the host's side: engram_cuda_apply returns after %.1f us, median of 100; p90 %.1f)\n", hs[50],
-                   hs[90]);
+            double hs[2];
+            host_us(st, apply, hs);
+            printf("   1 (the host's side: engram_cuda_apply returns after %.1f us, median of 100; p90 %.1f)\n", hs[0],
+                   hs[1]);
         }
         /* 32 direct calls back to back: the host's launches ahead of the card,
          * as in a decode loop without a graph (the rows above time one call on
@@ -589,36 +613,22 @@ int main(int argc, char **argv)
         /* a plan of the same call: idle (again, beside the direct call
          * again), 32 runs back to back, and the host's side of a run */
         {
-            engram_cuda_plan *pl;
-            if (engram_cuda_plan_open(c, &a, &pl, &err) < 0)
-                die("engram_cuda_plan_open", err.msg);
-            auto run = [&] {
-                if (engram_cuda_plan_run(pl, &err) < 0)
-                    die("engram_cuda_plan_run", err.msg);
-            };
+            engram_cuda_plan *pl = plan_of(c, &a);
+            auto run = [&] { plan_run(pl); };
             float d1 = timed(st, 100, [&] { apply(); });
             float p1 = timed(st, 100, run);
             float p32 = timed(st, 20, [&] {
                 for (int i = 0; i < 32; i++)
                     run();
             });
-            double hs[100];
-            for (int i = 0; i < 100; i++) {
-                CU(cudaStreamSynchronize(st));
-                struct timespec t0, t1;
-                clock_gettime(CLOCK_MONOTONIC, &t0);
-                run();
-                clock_gettime(CLOCK_MONOTONIC, &t1);
-                hs[i] = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
-            }
-            CU(cudaStreamSynchronize(st));
-            qsort(hs, 100, sizeof hs[0], cmpd);
+            double hs[2];
+            host_us(st, run, hs);
             engram_cuda_plan_close(pl);
             printf("   1 (a plan) %.1f us = %.3f x floor (the direct call again: %.1f us = %.3f x); 32 runs back to "
                    "back: %.1f us each = %.3f x; engram_cuda_plan_run returns after %.1f us (median of 100; p90 "
                    "%.1f)\n",
-                   p1 * 1e3, p1 / floor_ms, d1 * 1e3, d1 / floor_ms, p32 * 1e3 / 32, p32 / 32 / floor_ms, hs[50],
-                   hs[90]);
+                   p1 * 1e3, p1 / floor_ms, d1 * 1e3, d1 / floor_ms, p32 * 1e3 / 32, p32 / 32 / floor_ms, hs[0],
+                   hs[1]);
         }
         /* B = 1 as an engine runs it: captured once into a graph with a device-side step index */
         {

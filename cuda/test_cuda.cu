@@ -787,6 +787,14 @@ static void unaligned_resid(fx *f)
     free(hb);
 }
 
+/* x[0..count): residual values k / 8 for k in -32..31 from seed (exact
+ * in BF16 and F32) */
+static void resid_values(float *x, size_t count, uint64_t seed)
+{
+    for (size_t i = 0; i < count; i++)
+        x[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
+}
+
 /* decode path of layer c (path: its name): a token alone = among 64
  * (ENGRAM_CUDA_GEMV_MAX), every third token too wide for F16; where the
  * wgmma GEMM runs, = among 300; graph capture with a step index (the wide
@@ -898,9 +906,7 @@ static void invariance_and_graph(fx *f, engram_cuda_layer *c, const char *path)
         const unsigned steps = 4; /* 64 or 16 tokens of rows: steps x B */
         float *x0 = (float *)malloc(steps * B * per * 4), *xd = (float *)malloc(steps * B * per * 4),
               *xgph = (float *)malloc(steps * B * per * 4);
-        uint64_t seed = 5;
-        for (size_t i = 0; i < steps * B * per; i++)
-            x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
+        resid_values(x0, steps * B * per, 5);
         float *d_x = (float *)dev_buf(steps * B * per * 4, x0);
         int *d_step = (int *)dev_buf(sizeof(int), NULL);
         for (unsigned s = 0; s < steps; s++) { /* direct */
@@ -987,9 +993,7 @@ static void fma_rounds(fx *f)
     rowset_new(&r, f, n, 950, 0, NULL);
     float *x0 = (float *)malloc(n * per * 4), *xa = (float *)malloc(n * per * 4),
           *xb = (float *)malloc(n * per * 4);
-    uint64_t seed = 95;
-    for (size_t i = 0; i < n * per; i++)
-        x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
+    resid_values(x0, n * per, 95);
     uint8_t *mask = (uint8_t *)malloc(n);
     for (unsigned i = 0; i < n; i++)
         mask[i] = i % 7 != 5;
@@ -1059,9 +1063,7 @@ static void dependent_launch(fx *f, engram_cuda_layer *c, const char *path)
     rowset_new(&rs, f, rounds * BM, 700, 0, NULL);
     float *x0 = (float *)malloc(BM * per * 4), *xa = (float *)malloc(BM * per * 4),
           *xb = (float *)malloc(BM * per * 4);
-    uint64_t seed = 9;
-    for (size_t i = 0; i < BM * per; i++)
-        x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
+    resid_values(x0, BM * per, 9);
     float *d_xa = (float *)dev_buf(BM * per * 4, NULL), *d_xb = (float *)dev_buf(BM * per * 4, NULL);
     engram_error err;
     for (int q = 0; q < 6; q++) {
@@ -1580,6 +1582,15 @@ static __global__ void hold_kernel(const volatile int *flag)
     }
 }
 
+/* 1 if this thread's stream-capture mode is the default (global) one, as
+ * a plan's open must give it back (the mode is left global) */
+static int global_mode_back(void)
+{
+    cudaStreamCaptureMode m = cudaStreamCaptureModeGlobal;
+    CU(cudaThreadExchangeStreamCaptureMode(&m));
+    return m == cudaStreamCaptureModeGlobal;
+}
+
 /* Plans (W = 64, both layers): refused for n = 0 and 65, bad arguments, a
  * stream under capture; each of the plan's calloc, capture stream,
  * capture, instantiation and launch failing in turn (the runtime's last
@@ -1598,9 +1609,7 @@ static void plans(fx *f)
     rowset r;
     rowset_new(&r, f, n, 320, 0, NULL);
     float *x0 = (float *)malloc(n * per * 4), *xd = (float *)malloc(n * per * 4), *xp = (float *)malloc(n * per * 4);
-    uint64_t seed = 9;
-    for (size_t i = 0; i < n * per; i++)
-        x0[i] = (float)((int)(tu_rand(&seed) % 64) - 32) / 8.0f;
+    resid_values(x0, n * per, 9);
     float *d_x = (float *)dev_buf(n * per * 4, x0);
     engram_cuda_args a = args_of(r.d_raw, n, d_x);
     a.resid_dtype = ENGRAM_F32;
@@ -1660,10 +1669,8 @@ static void plans(fx *f)
             else
                 fail.instantiate = 1;
             CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, k ? -EIO : -ENOMEM, names[k]);
-            cudaStreamCaptureMode m = cudaStreamCaptureModeGlobal; /* the thread's mode given back */
-            CU(cudaThreadExchangeStreamCaptureMode(&m));
             clean &= cudaPeekAtLastError() == cudaSuccess && !fail.streams && !fail.graphs &&
-                     pl == (engram_cuda_plan *)0x1 && m == cudaStreamCaptureModeGlobal;
+                     pl == (engram_cuda_plan *)0x1 && global_mode_back();
             arm();
         }
         CHECK(clean);
@@ -1677,11 +1684,7 @@ static void plans(fx *f)
         g = NULL;
         int other = cudaStreamEndCapture(st2, &g) == cudaSuccess && g;
         CHECK(other);
-        {
-            cudaStreamCaptureMode m = cudaStreamCaptureModeGlobal; /* given back after a plan too */
-            CU(cudaThreadExchangeStreamCaptureMode(&m));
-            CHECK(m == cudaStreamCaptureModeGlobal);
-        }
+        CHECK(global_mode_back()); /* after a plan too */
         if (g)
             CU(cudaGraphDestroy(g));
         CHECK(!fail.streams && !fail.graphs);
