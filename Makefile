@@ -171,7 +171,7 @@ $(BUILD)/obj/engram_cuda.o: cuda/engram_cuda.cu $(filter-out cuda/ple_%,$(wildca
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 # The PLE output stage on the GPU (cuda/ple_cuda.h, internal, in progress)
-$(BUILD)/obj/ple_cuda.o: cuda/ple_cuda.cu cuda/ple_cuda.h cuda/ple_kernels.cuh src/output/ple_apply.h include/engram.h Makefile
+$(BUILD)/obj/ple_cuda.o: cuda/ple_cuda.cu cuda/ple_cuda.h cuda/ple_kernels.cuh cuda/host_err.cuh src/output/ple_apply.h include/engram.h Makefile
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -190,7 +190,7 @@ CUDA_WRAP_test_cuda = -Xlinker --wrap=calloc,--wrap=malloc,--wrap=cudaMalloc,--w
 	-Xlinker --wrap=cublasSetMathMode,--wrap=cublasGemmEx,--wrap=cudaGetDriverEntryPointByVersion \
 	-Xlinker --wrap=cudaFuncSetAttribute,--wrap=cudaStreamCreateWithFlags,--wrap=cudaStreamBeginCapture \
 	-Xlinker --wrap=cudaGraphInstantiate,--wrap=cudaGraphLaunch,--wrap=cudaStreamDestroy \
-	-Xlinker --wrap=cudaStreamEndCapture,--wrap=cudaGraphDestroy
+	-Xlinker --wrap=cudaStreamEndCapture,--wrap=cudaGraphDestroy,--wrap=cudaLaunchKernelExC
 endif
 comma := ,
 

@@ -56,6 +56,7 @@
 #include "engram_cuda.h"
 
 #include "common.cuh"
+#include "host_err.cuh"
 #include "row_decode.cuh"
 #include "gemv.cuh"
 #include "ws_gemm.cuh"
@@ -104,35 +105,6 @@ static CUtensorMap *layer_maps(engram_cuda_layer *c)
 {
     return (CUtensorMap *)(((uintptr_t)c->maps + 63) & ~(uintptr_t)63);
 }
-
-static int cuda_err(engram_error *err, cudaError_t e, const char *what)
-{
-    if (err) {
-        err->code = -EIO;
-        err->offset = ENGRAM_NO_OFFSET;
-        err->row = ENGRAM_NO_ROW;
-        snprintf(err->msg, sizeof err->msg, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-    }
-    return -EIO;
-}
-
-static int set_err(engram_error *err, int code, const char *msg)
-{
-    if (err) {
-        err->code = code;
-        err->offset = ENGRAM_NO_OFFSET;
-        err->row = ENGRAM_NO_ROW;
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
-    }
-    return code;
-}
-
-#define CK(call, what)                                                                       \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess)                                                               \
-            return cuda_err(err, e_, what);                                                  \
-    } while (0)
 
 extern "C" int engram_cuda_available(engram_error *err)
 {
@@ -257,12 +229,9 @@ static int open_on_device(engram_cuda_layer *c, const engram_layer *L, engram_er
        "cudaFuncSetAttribute")
     SMEM(2); SMEM(3); SMEM(4); SMEM(5); SMEM(6); SMEM(7); SMEM(8);
 #undef SMEM
-    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS)
-        return set_err(err, -EIO, "cublasCreate failed");
+    CKB(cublasCreate(&c->blas), "cublasCreate");
     /* split-K partial sums at F32, never narrower */
-    if (cublasSetMathMode(c->blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) !=
-        CUBLAS_STATUS_SUCCESS)
-        return set_err(err, -EIO, "cublasSetMathMode failed");
+    CKB(cublasSetMathMode(c->blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION), "cublasSetMathMode");
     return 0;
 }
 
@@ -364,17 +333,12 @@ static cudaError_t wsd_launch(engram_cuda_layer *c, unsigned flags, int n, float
  * run: a GPU other than compute capability 9.0). */
 static int cublas_gemm(engram_cuda_layer *c, unsigned n, float *kv, cudaStream_t st, engram_error *err)
 {
-    cublasSetStream(c->blas, st);
+    CKB(cublasSetStream(c->blas, st), "cublasSetStream");
     const float one = 1.0f, zero = 0.0f;
     /* column-major: kv^T (N x n) = W (N x K, stored as K x N) ^T x E^T (K x n) */
-    cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)c->N, (int)n, K, &one,
-                                    c->w, CUDA_R_16F, K, c->e16, CUDA_R_16F, K, &zero, kv,
-                                    CUDA_R_32F, (int)c->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        char m[96];
-        snprintf(m, sizeof m, "cublasGemmEx failed (status %d)", (int)s);
-        return set_err(err, -EIO, m);
-    }
+    CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)c->N, (int)n, K, &one, c->w, CUDA_R_16F, K, c->e16,
+                     CUDA_R_16F, K, &zero, kv, CUDA_R_32F, (int)c->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
     return 0;
 }
 
@@ -448,15 +412,14 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         cudaError_t e = cudaSuccess;
         switch (nt) {
         case 1:
-            mmv_kernel<<<blocks, MMV_WARPS * 32, 0, st>>>(c->w, raw, stride, a->d_step, a->raw_step, (int)n,
-                                                          (int)c->N, kv, (int)c->N);
-            e = cudaGetLastError();
+            e = launch(0, dim3(blocks), dim3(MMV_WARPS * 32), 0, st, mmv_kernel, c->w, raw, stride, a->d_step,
+                       a->raw_step, (int)n, (int)c->N, kv, (int)c->N);
             break;
 #define CASE(NT)                                                                                \
     case NT:                                                                                    \
-        mmv_prep_kernel<NT><<<K / 32, NT * 32, 0, st>>>(raw, stride, a->d_step, a->raw_step,     \
-                                                        (int)n, frag, pw);                      \
-        CK(cudaGetLastError(), "mmv_prep_kernel");                                              \
+        CK(launch(0, dim3(K / 32), dim3(NT * 32), 0, st, mmv_prep_kernel<NT>, raw, stride, a->d_step, \
+                  a->raw_step, (int)n, frag, pw),                                               \
+           "mmv_prep_kernel");                                                                  \
         cfg.dynamicSmemBytes = mmv_staged_smem(NT);                                             \
         e = cudaLaunchKernelEx(&cfg, mmv_staged_kernel<NT>, c->w, (int)n, (int)c->N, kv, (int)c->N, \
                                (const uint4 *)frag, (const float2 *)pw);                        \
@@ -477,22 +440,22 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
             if (k == 1) {
                 unsigned w1 = (c->N + GEMV1_ROWS - 1) / GEMV1_ROWS;
                 unsigned b1 = (w1 * 32 + GEMV1_THREADS - 1) / GEMV1_THREADS;
-                gemv1_kernel<<<b1, GEMV1_THREADS, 0, st>>>(c->w, c->tc, r, a->d_step, a->raw_step,
-                                                            (int)c->N, o);
-                CK(cudaGetLastError(), "gemv1_kernel");
+                CK(launch(0, dim3(b1), dim3(GEMV1_THREADS), 0, st, gemv1_kernel, c->w, c->tc, r, a->d_step,
+                          a->raw_step, (int)c->N, o),
+                   "gemv1_kernel");
                 continue;
             }
+            cudaError_t e = cudaSuccess;
             switch (k) {
 #define CASE(T)                                                                                \
     case T:                                                                                    \
-        gemv_kernel<T><<<blocks, GEMV_THREADS, T * K * 2, st>>>(c->w, c->tc, r, stride, a->d_step, \
-                                                               a->raw_step,                      \
-                                                        (int)c->N, o, (int)c->N);              \
+        e = launch(0, dim3(blocks), dim3(GEMV_THREADS), T * K * 2, st, gemv_kernel<T>, c->w, c->tc, r, \
+                   stride, a->d_step, a->raw_step, (int)c->N, o, (int)c->N);                   \
         break;
                 CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
             }
-            CK(cudaGetLastError(), "gemv_kernel");
+            CK(e, "gemv_kernel");
         }
         return 0;
     }
@@ -504,8 +467,9 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
     int *flag = dec ? wide_flags(c) : NULL;
     if (!dec)
         CK(cudaMemsetAsync(c->wide + ENGRAM_CUDA_BLOCK, 0, 2 * sizeof(int), st), "cudaMemsetAsync");
-    decode16_kernel<<<n, ENGRAM_COLUMNS * 8, 0, st>>>(raw, stride, ds, rstep, c->e16, c->kshift, c->wide, flag);
-    CK(cudaGetLastError(), "decode16_kernel");
+    CK(launch(0, dim3(n), dim3(ENGRAM_COLUMNS * 8), 0, st, decode16_kernel, raw, stride, ds, rstep, c->e16,
+              c->kshift, c->wide, flag),
+       "decode16_kernel");
     if (dec) {
         /* F32 kv x 2^-k (n <= 64: the gate's F32 kv), or x 1 (unscale);
          * a programmatic dependent of decode16_kernel, its first tiles of
@@ -528,9 +492,9 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         CK(ws_gemm(layer_maps(c), c->fit, (int)n, (int)c->N, want16, kv, c->kshift, ws_ticket(c), st),
            "ws_gemm_kernel");
         if (want16) {
-            gemv_list_kernel<unsigned short><<<lb, GEMV_THREADS, 0, st>>>(
-                c->w, c->tc, raw, stride, c->wide, (int)c->N, (unsigned short *)kv, (int)c->N);
-            CK(cudaGetLastError(), "gemv_list_kernel");
+            CK(launch(0, dim3(lb), dim3(GEMV_THREADS), 0, st, gemv_list_kernel<unsigned short>, c->w, c->tc, raw,
+                      stride, c->wide, (int)c->N, (unsigned short *)kv, (int)c->N),
+               "gemv_list_kernel");
             *bf16 = 1;
             return 0;
         }
@@ -539,9 +503,9 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         if (rc < 0)
             return rc;
     }
-    gemv_list_kernel<float><<<lb, GEMV_THREADS, 0, st>>>(c->w, c->tc, raw, stride, c->wide, (int)c->N, kv,
-                                                         (int)c->N);
-    CK(cudaGetLastError(), "gemv_list_kernel");
+    CK(launch(0, dim3(lb), dim3(GEMV_THREADS), 0, st, gemv_list_kernel<float>, c->w, c->tc, raw, stride, c->wide,
+              (int)c->N, kv, (int)c->N),
+       "gemv_list_kernel");
     *scaled = 1;
     return 0;
 }
@@ -563,8 +527,8 @@ extern "C" int engram_cuda_project(engram_cuda_layer *c, const engram_cuda_args 
                                 NULL, err)) < 0)
             return rc;
         if (scaled) {
-            scale_kernel<<<dim3(16, k), 256, 0, st>>>(out, (int)c->N, c->kshift);
-            CK(cudaGetLastError(), "scale_kernel");
+            CK(launch(0, dim3(16, k), dim3(256), 0, st, scale_kernel, out, (int)c->N, c->kshift),
+               "scale_kernel");
         }
     }
     return 0;
@@ -610,25 +574,23 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
             const int *ksh = scaled ? c->kshift : NULL;
             int W = (int)c->W, S = (int)c->S, N = (int)c->N;
             int keep = S <= GATEB_KS && (W + 7) / 8 <= GATEB_KC * GATEB_THREADS;
+            cudaError_t e = cudaSuccess;
 #define GATEB(KVT, V, KVP, KS)                                                                  \
     do {                                                                                        \
-        if (keep)                                                                               \
-            gate_block_kernel<KVT, V, true><<<k, GATEB_THREADS, 0, st>>>(                       \
-                KVP, N, c->wq, resid, bf, mk, W, S, c->status, (int)t0, KS);                   \
-        else                                                                                    \
-            gate_block_kernel<KVT, V, false><<<k, GATEB_THREADS, 0, st>>>(                      \
-                KVP, N, c->wq, resid, bf, mk, W, S, c->status, (int)t0, KS);                   \
+        e = launch(0, dim3(k), dim3(GATEB_THREADS), 0, st,                                      \
+                   keep ? gate_block_kernel<KVT, V, true> : gate_block_kernel<KVT, V, false>,   \
+                   KVP, N, c->wq, resid, bf, mk, W, S, c->status, (int)t0, KS);                 \
     } while (0)
             if (kv16 && vec)
-                GATEB(unsigned short, true, k16, NULL);
+                GATEB(unsigned short, true, k16, nullptr);
             else if (kv16)
-                GATEB(unsigned short, false, k16, NULL);
+                GATEB(unsigned short, false, k16, nullptr);
             else if (vec)
                 GATEB(float, true, c->kv, ksh);
             else
                 GATEB(float, false, c->kv, ksh);
 #undef GATEB
-            CK(cudaGetLastError(), "gate_block_kernel");
+            CK(e, "gate_block_kernel");
         }
     }
     return 0;
@@ -710,7 +672,7 @@ extern "C" int engram_cuda_plan_open(engram_cuda_layer *c, const engram_cuda_arg
         cudaThreadExchangeStreamCaptureMode(&mode); /* the thread's own mode back */
     }
     if (rc < 0) {
-        (void)cudaGetLastError();
+        (void)cudaGetLastError(); /* a call's after the one reported (EndCapture's after a failed apply) */
         free(p);
         return rc;
     }
@@ -730,10 +692,8 @@ extern "C" int engram_cuda_plan_run(engram_cuda_plan *p, engram_error *err)
         what = "cudaGraphLaunch";
         e = cudaGraphLaunch(p->exec, p->st);
     }
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError(); /* not left for the next call to find */
+    if (e != cudaSuccess)
         return cuda_err(err, e, what);
-    }
     return 0;
 }
 
@@ -773,7 +733,7 @@ extern "C" __attribute__((visibility("default"))) int engram_cuda_stamps(void *s
     }
     if (op == 1) {
         eg_next_kernel<<<1, 1, 0, st>>>();
-        return cudaGetLastError() == cudaSuccess ? 0 : -1;
+        return cudaGetLastError() == cudaSuccess ? 0 : -1; /* the diagnostic build's: its own error, cleared */
     }
     if (cap < sizeof init / sizeof init[0][0][0] || cudaStreamSynchronize(st) != cudaSuccess)
         return -1;

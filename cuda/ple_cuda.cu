@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "ple_cuda.h"
+#include "host_err.cuh"
 #include "ple_kernels.cuh"
 
 extern "C" {
@@ -51,35 +52,6 @@ struct ple_cuda_layer {
 };
 
 #define PLE_BLAS_WS ((size_t)32 << 20) /* cuBLAS's workspace: set per call, allocated once */
-
-static int cuda_err(engram_error *err, cudaError_t e, const char *what)
-{
-    if (err) {
-        err->code = -EIO;
-        err->offset = ENGRAM_NO_OFFSET;
-        err->row = ENGRAM_NO_ROW;
-        snprintf(err->msg, sizeof err->msg, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-    }
-    return -EIO;
-}
-
-static int set_err(engram_error *err, int code, const char *msg)
-{
-    if (err) {
-        err->code = code;
-        err->offset = ENGRAM_NO_OFFSET;
-        err->row = ENGRAM_NO_ROW;
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
-    }
-    return code;
-}
-
-#define CK(call, what)                                                                       \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess)                                                               \
-            return cuda_err(err, e_, what);                                                  \
-    } while (0)
 
 /* ------------------------------------------------------------ open, close */
 
@@ -198,11 +170,9 @@ static int open_on_device(ple_cuda_layer *c, const struct ple_layer *L, engram_e
     int big = INT_MAX;
     CK(cudaMemcpy(c->status, &big, sizeof big, cudaMemcpyHostToDevice), "cudaMemcpy (status)");
     CK(cudaDeviceSynchronize(), "upload");
-    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS)
-        return set_err(err, -EIO, "cublasCreate failed");
+    CKB(cublasCreate(&c->blas), "cublasCreate");
     /* split-K partial sums at F32, never narrower */
-    if (cublasSetMathMode(c->blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) != CUBLAS_STATUS_SUCCESS)
-        return set_err(err, -EIO, "cublasSetMathMode failed");
+    CKB(cublasSetMathMode(c->blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION), "cublasSetMathMode");
     return 0;
 }
 
@@ -277,16 +247,17 @@ static int gemv(ple_cuda_layer *c, const uint16_t *e, unsigned n, float *kv, uns
         const unsigned k = n - t0 < PLE_CUDA_GEMV_MAX ? n - t0 : PLE_CUDA_GEMV_MAX;
         const uint16_t *et = e + (size_t)t0 * PLE_K;
         float *o = kv + (size_t)t0 * c->N;
+        cudaError_t e = cudaSuccess;
         switch (k) {
 #define CASE(T)                                                                                   \
     case T:                                                                                       \
-        ple_gemv_kernel<T><<<blocks, PG_THREADS, 0, st>>>(c->w, c->key_f16, c->value_f16, (int)c->C, \
-                                                          (int)o_lo, (int)o_hi, et, o, (int)c->N); \
+        e = launch(0, dim3(blocks), dim3(PG_THREADS), 0, st, ple_gemv_kernel<T>, c->w, c->key_f16,  \
+                   c->value_f16, (int)c->C, (int)o_lo, (int)o_hi, et, o, (int)c->N);               \
         break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
         }
-        CK(cudaGetLastError(), "ple_gemv_kernel");
+        CK(e, "ple_gemv_kernel");
     }
     return 0;
 }
@@ -296,20 +267,14 @@ static int gemv(ple_cuda_layer *c, const uint16_t *e, unsigned n, float *kv, uns
 static int gemm(ple_cuda_layer *c, const uint16_t *e, unsigned n, float *kv, unsigned o_lo, unsigned o_hi,
                 cudaStream_t st, engram_error *err)
 {
-    if (cublasSetStream(c->blas, st) != CUBLAS_STATUS_SUCCESS ||
-        /* cublasSetStream resets the workspace to cuBLAS's own pool */
-        cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes) != CUBLAS_STATUS_SUCCESS)
-        return set_err(err, -EIO, "cublasSetStream / cublasSetWorkspace failed");
+    CKB(cublasSetStream(c->blas, st), "cublasSetStream");
+    /* cublasSetStream resets the workspace to cuBLAS's own pool */
+    CKB(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes), "cublasSetWorkspace");
     const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t s =
-        cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)(o_hi - o_lo), (int)n, PLE_K, &one,
+    CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)(o_hi - o_lo), (int)n, PLE_K, &one,
                      c->w + (size_t)o_lo * PLE_K, CUDA_R_16BF, PLE_K, e, CUDA_R_16BF, PLE_K, &zero, kv + o_lo,
-                     CUDA_R_32F, (int)c->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        char m[96];
-        snprintf(m, sizeof m, "cublasGemmEx failed (status %d)", (int)s);
-        return set_err(err, -EIO, m);
-    }
+                     CUDA_R_32F, (int)c->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
     return 0;
 }
 
@@ -344,24 +309,6 @@ extern "C" int ple_cuda_project(ple_cuda_layer *c, const ple_cuda_args *a, float
         return 0;
     CK(cudaSetDevice(c->device), "cudaSetDevice");
     return project(c, a->rows, a->n, kv, a->flags, (cudaStream_t)a->stream, err);
-}
-
-/* A launch with or without the programmatic-dependent attribute. */
-template <typename... KArgs, typename... Args>
-static cudaError_t launch(int pdl, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                          void (*kernel)(KArgs...), Args... args)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
 }
 
 /* The gate and the convolution of k positions (one workspace block whose

@@ -3,7 +3,10 @@
  * the CPU contract is src/output/ple_apply.h) on an NVIDIA GPU.  Internal
  * and in progress (issue #22 item 7): not installed, not part of
  * engram_cuda.h; built into libengram-cuda.a beside the V4.1 path.  C API,
- * no CUDA header needed (a stream is a void *).
+ * no CUDA header needed (a stream is a void *).  CUDA errors as
+ * engram_cuda.h says: -EIO naming the call, reported only by the call
+ * that made it (a caller's pending error is neither reported nor
+ * cleared), none of the library's own left pending.
  *
  * Open from a CPU ple_layer: W_k and W_v go up in their 16-bit type (BF16
  * or F16, output-major [5W][2560]: the 4W keys, then the W values), the

@@ -88,6 +88,8 @@ static struct {
     int entry_point;          /* the driver's entry points are missing */
     int no_wgmma;             /* the wgmma GEMM's shared memory refused: cuBLAS */
     int stream_create, begin_capture, instantiate, graph_launch; /* a plan's calls fail */
+    long launch_at;           /* the k-th kernel launch from 1 fails  */
+    long launches;            /* cudaLaunchKernelExC calls counted   */
     long streams, graphs;     /* streams made - destroyed, graphs captured - destroyed */
 } fail;
 
@@ -219,6 +221,18 @@ cudaError_t __wrap_cudaGraphDestroy(cudaGraph_t g)
 cudaError_t __wrap_cudaGraphInstantiate(cudaGraphExec_t *ge, cudaGraph_t g, unsigned long long flags)
 {
     return fail.instantiate && mine() ? failed(cudaErrorMemoryAllocation) : __real_cudaGraphInstantiate(ge, g, flags);
+}
+
+cudaError_t __real_cudaLaunchKernelExC(const cudaLaunchConfig_t *cfg, const void *fn, void **args);
+
+/* Every kernel the library launches goes through cudaLaunchKernelExC (its
+ * launch(), cudaLaunchKernelEx's template); the k-th from 1 fails as a
+ * launch the runtime refuses, its error recorded (non-sticky). */
+cudaError_t __wrap_cudaLaunchKernelExC(const cudaLaunchConfig_t *cfg, const void *fn, void **args)
+{
+    if (mine() && ++fail.launches == fail.launch_at)
+        return failed(cudaErrorLaunchOutOfResources);
+    return __real_cudaLaunchKernelExC(cfg, fn, args);
 }
 
 cudaError_t __wrap_cudaGraphLaunch(cudaGraphExec_t ge, cudaStream_t st)
@@ -1593,9 +1607,10 @@ static int global_mode_back(void)
 
 /* Plans (W = 64, both layers): refused for n = 0 and 65, bad arguments, a
  * stream under capture; each of the plan's calloc, capture stream,
- * capture, instantiation and launch failing in turn (the runtime's last
- * error set as a real failure sets it): named, no plan returned, no
- * stream or graph left, and the last error clear; then a plan opens while
+ * capture, a kernel's launch inside the capture, instantiation and launch
+ * failing in turn (the runtime's last error set as a real failure sets
+ * it): named, no plan returned, no stream or graph left, and the last
+ * error clear; then a plan opens while
  * this thread captures another stream in the global mode (that capture
  * still ends with its graph), runs to a direct call's bits, and runs on
  * the stream its arguments name (held by a kernel on a non-blocking
@@ -1655,10 +1670,10 @@ static void plans(fx *f)
         (void)failed(cudaErrorUnknown);
         CHECK(cudaGetLastError() != cudaSuccess);
         /* each of the plan's calls failing in turn */
-        const char *names[4] = {"host memory", "cudaStreamCreateWithFlags", "cudaStreamBeginCapture",
-                                "cudaGraphInstantiate"};
+        const char *names[5] = {"host memory", "cudaStreamCreateWithFlags", "cudaStreamBeginCapture",
+                                "cudaGraphInstantiate", "_kernel"};
         int clean = 1;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 5; k++) {
             arm();
             if (k == 0)
                 fail.calloc_next = 1;
@@ -1666,8 +1681,10 @@ static void plans(fx *f)
                 fail.stream_create = 1;
             else if (k == 2)
                 fail.begin_capture = 1;
-            else
+            else if (k == 3)
                 fail.instantiate = 1;
+            else
+                fail.launch_at = 2; /* the captured apply's second launch */
             CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, k ? -EIO : -ENOMEM, names[k]);
             clean &= cudaPeekAtLastError() == cudaSuccess && !fail.streams && !fail.graphs &&
                      pl == (engram_cuda_plan *)0x1 && global_mode_back();
@@ -1751,7 +1768,8 @@ static void plans(fx *f)
         CU(cudaStreamDestroy(nb));
         arm();
         printf("W=%u plan (%s): refused for n = 0 and 65, bad arguments, a stream under capture; its calloc, "
-               "capture stream, capture, instantiation and launch failing: named, nothing returned or left, "
+               "capture stream, capture, a launch in the capture, instantiation and launch failing: named, "
+               "nothing returned or left, "
                "last error clear: %s; opened beside a global capture of this thread (which ends with its graph: "
                "%s); a run gives a direct call's bits: %s; on its stream, held: %s; on the legacy stream: %s\n",
                f->W, li ? "mmv" : "wsd", clean ? "yes" : "NO", other ? "yes" : "NO", same ? "yes" : "NO",
@@ -1763,6 +1781,121 @@ static void plans(fx *f)
     free(x0);
     free(xd);
     free(xp);
+}
+
+/* Apply (proj 0) or project (proj 1, into d_kv) of c on a. */
+static int call_of(engram_cuda_layer *c, const engram_cuda_args *a, int proj, float *d_kv, engram_error *err)
+{
+    return proj ? engram_cuda_project(c, a, d_kv, err) : engram_cuda_apply(c, a, err);
+}
+
+/* A CUDA error is the library's only where its own call made it (W = 64,
+ * both layers; 1, 16 and 65 tokens: the decode paths and the GEMM's; with
+ * and without ENGRAM_CUDA_FMA_ONLY; apply and project):
+ *  - under an error the caller's own failed call left pending (a
+ *    non-sticky one), the call succeeds, with the bits of the same call
+ *    made without it, and leaves that error pending (neither reported as
+ *    the library's nor consumed; where cuBLAS's GEMM runs, what cuBLAS
+ *    does with it is printed, not held);
+ *  - each of the call's kernel launches refused in turn (the runtime's
+ *    last error recorded, as a real refusal records it): -EIO naming the
+ *    kernel and the error, no error left pending, the stream still good
+ *    (a sync after it succeeds), and the next call works. */
+static void errors(fx *f)
+{
+    engram_error err;
+    const unsigned ns[3] = {1, 16, ENGRAM_CUDA_GEMV_MAX + 1};
+    const unsigned nmax = ENGRAM_CUDA_GEMV_MAX + 1;
+    size_t per = (size_t)f->S * f->W;
+    rowset r;
+    rowset_new(&r, f, nmax, 77, 0, NULL);
+    float *x0 = (float *)malloc(nmax * per * 4);
+    resid_values(x0, nmax * per, 21);
+    size_t outb = (size_t)nmax * (per > f->N ? per : f->N) * 4;
+    float *ref = (float *)malloc(outb), *got = (float *)malloc(outb);
+    float *d_x = (float *)dev_buf(nmax * per * 4, x0), *d_kv = (float *)dev_buf((size_t)nmax * f->N * 4, NULL);
+    engram_cuda_layer *cs[2] = {f->c, f->cb};
+    int configs = 0, pending_ok = 0, refused_ok = 0;
+    long refusals = 0;
+    for (int li = 0; li < 2; li++)
+        for (int ni = 0; ni < 3; ni++)
+            for (int fma = 0; fma < 2; fma++)
+                for (int proj = 0; proj < 2; proj++) {
+                    engram_cuda_layer *c = cs[li];
+                    engram_cuda_args a = args_of(r.d_raw, ns[ni], d_x);
+                    a.flags = fma ? ENGRAM_CUDA_FMA_ONLY : 0;
+                    size_t bytes = proj ? (size_t)a.n * f->N * 4 : a.n * per * 4;
+                    const void *out = proj ? (const void *)d_kv : (const void *)d_x;
+                    configs++;
+                    /* the reference: the same call, nothing pending */
+                    CU(cudaMemcpy(d_x, x0, nmax * per * 4, cudaMemcpyHostToDevice));
+                    arm();
+                    CHECK_EQ(call_of(c, &a, proj, d_kv, &err), 0);
+                    long launches = fail.launches;
+                    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+                    CU(cudaMemcpy(ref, out, bytes, cudaMemcpyDeviceToHost));
+                    /* under the caller's pending error */
+                    CU(cudaMemcpy(d_x, x0, nmax * per * 4, cudaMemcpyHostToDevice));
+                    (void)cudaSetDevice(1 << 20);
+                    int set = cudaPeekAtLastError() == cudaErrorInvalidDevice;
+                    int rc = call_of(c, &a, proj, d_kv, &err);
+                    int left = cudaGetLastError() == cudaErrorInvalidDevice;
+                    CHECK_EQ(rc, 0);
+                    if (rc < 0)
+                        fprintf(stderr, "under a pending error: %s\n", err.msg);
+                    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+                    CU(cudaMemcpy(got, out, bytes, cudaMemcpyDeviceToHost));
+                    int same = memcmp(got, ref, bytes) == 0;
+                    /* cuBLAS's GEMM (no wgmma, 65 tokens): what becomes of
+                     * the caller's error there is cuBLAS's, said, not held */
+                    int blas = li == 1 && a.n > ENGRAM_CUDA_GEMV_MAX && !fma;
+                    CHECK(set && (left || blas) && same);
+                    pending_ok += rc == 0 && set && (left || blas) && same;
+                    if (blas)
+                        printf("W=%u errors mmv n=%u %s: cuBLAS's GEMM: the caller's pending error %s\n", f->W, a.n,
+                               proj ? "project" : "apply", left ? "left pending" : "consumed");
+                    /* each launch refused in turn */
+                    int ok = launches >= 2;
+                    char names[512] = "";
+                    for (long k = 1; k <= launches; k++) {
+                        arm();
+                        fail.launch_at = k;
+                        rc = call_of(c, &a, proj, d_kv, &err);
+                        arm();
+                        CHECK_ERR(rc, err, -EIO, "cudaErrorLaunchOutOfResources");
+                        int named = strstr(err.msg, "kernel") != NULL;
+                        int clear = cudaPeekAtLastError() == cudaSuccess;
+                        CHECK(named && clear);
+                        CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+                        ok &= rc == -EIO && named && clear;
+                        refusals++;
+                        const char *colon = strchr(err.msg, ':');
+                        size_t used = strlen(names);
+                        snprintf(names + used, sizeof names - used, "%s%.*s", k > 1 ? ", " : "",
+                                 colon ? (int)(colon - err.msg) : 0, err.msg);
+                    }
+                    CU(cudaMemcpy(d_x, x0, nmax * per * 4, cudaMemcpyHostToDevice));
+                    CHECK_EQ(call_of(c, &a, proj, d_kv, &err), 0); /* and then it works */
+                    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+                    CU(cudaMemcpy(got, out, bytes, cudaMemcpyDeviceToHost));
+                    ok &= memcmp(got, ref, bytes) == 0;
+                    CHECK(ok);
+                    refused_ok += ok;
+                    if (!fma && ni != 1)
+                        printf("W=%u errors %s n=%u %s: launches refused in turn: %s\n", f->W, li ? "mmv" : "wsd",
+                               a.n, proj ? "project" : "apply", names);
+                }
+    arm();
+    printf("W=%u errors: %d calls under a pending error of the caller's: succeeded, same bits, the error left "
+           "pending: %d of %d; each launch refused in turn (%ld refusals): named, none left pending, then the "
+           "call works: %d of %d\n",
+           f->W, configs, pending_ok, configs, refusals, refused_ok, configs);
+    rowset_free(&r);
+    CU(cudaFree(d_x));
+    CU(cudaFree(d_kv));
+    free(x0);
+    free(ref);
+    free(got);
 }
 
 /* With a GPU: every cudaMalloc of a layer's open failed in turn, the host
@@ -1939,6 +2072,7 @@ int main(void)
             if (q == 0) {
                 arguments(f.L);
                 faults(&f);
+                errors(&f);
                 plans(&f);
                 fma_rounds(&f);
             }
