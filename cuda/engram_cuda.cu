@@ -111,6 +111,8 @@ extern "C" int engram_cuda_available(engram_error *err)
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
+        if (e != cudaSuccess)
+            (void)cudaGetLastError(); /* this call's own, not left pending */
         set_err(err, -ENODEV, e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
         return 0;
     }
@@ -611,9 +613,11 @@ static int plan_capture(engram_cuda_layer *c, const engram_cuda_args *a, engram_
     CK(cudaSetDevice(c->device), "cudaSetDevice");
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     cudaError_t e = cudaStreamIsCapturing((cudaStream_t)a->stream, &cs);
-    if (e == cudaErrorStreamCaptureImplicit)
+    if (e == cudaErrorStreamCaptureImplicit) {
+        (void)cudaGetLastError(); /* the query's own */
         return set_err(err, -EINVAL, "the legacy default stream cannot be used while a blocking stream is being "
                                      "captured");
+    }
     if (e != cudaSuccess)
         return cuda_err(err, e, "cudaStreamIsCapturing");
     if (cs != cudaStreamCaptureStatusNone)
@@ -630,14 +634,17 @@ static int plan_capture(engram_cuda_layer *c, const engram_cuda_args *a, engram_
         cudaGraph_t g = NULL;
         what = "cudaStreamEndCapture";
         e = cudaStreamEndCapture(cap, &g); /* always: the stream leaves capture */
+        if (rc < 0 && e != cudaSuccess)
+            (void)cudaGetLastError(); /* the apply's failure is the one reported */
         if (rc == 0 && e == cudaSuccess) {
             what = "cudaGraphInstantiate";
             e = cudaGraphInstantiate(&p->exec, g, 0);
         }
-        if (g)
-            cudaGraphDestroy(g);
+        if (g && cudaGraphDestroy(g) != cudaSuccess)
+            (void)cudaGetLastError(); /* not reported: the plan is made or not without it */
     }
-    cudaStreamDestroy(cap);
+    if (cudaStreamDestroy(cap) != cudaSuccess)
+        (void)cudaGetLastError();
     if (rc == 0 && e != cudaSuccess)
         rc = cuda_err(err, e, what);
     return rc;
@@ -648,8 +655,9 @@ static int plan_capture(engram_cuda_layer *c, const engram_cuda_args *a, engram_
  * is a call CUDA refuses, invalidating the capture, while another capture
  * of the global mode is under way (this thread's on another stream, or
  * another thread's); relaxed, this thread may make it and that capture
- * goes on.  Every failure clears the CUDA runtime's last error, so that
- * no later call of the library (or the caller's) finds it as its own. */
+ * goes on.  Every CUDA failure clears the runtime's last error (its own,
+ * host_err.cuh), so that no later call of the library (or the caller's)
+ * finds it as its own; a refusal that made no CUDA error clears nothing. */
 extern "C" int engram_cuda_plan_open(engram_cuda_layer *c, const engram_cuda_args *a, engram_cuda_plan **out,
                                      engram_error *err)
 {
@@ -669,10 +677,10 @@ extern "C" int engram_cuda_plan_open(engram_cuda_layer *c, const engram_cuda_arg
         rc = cuda_err(err, e, "cudaThreadExchangeStreamCaptureMode");
     } else {
         rc = plan_capture(c, a, p, err);
-        cudaThreadExchangeStreamCaptureMode(&mode); /* the thread's own mode back */
+        if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) /* the thread's own mode back */
+            (void)cudaGetLastError();
     }
     if (rc < 0) {
-        (void)cudaGetLastError(); /* a call's after the one reported (EndCapture's after a failed apply) */
         free(p);
         return rc;
     }
@@ -701,8 +709,8 @@ extern "C" void engram_cuda_plan_close(engram_cuda_plan *p)
 {
     if (!p)
         return;
-    cudaSetDevice(p->device);
-    cudaGraphExecDestroy(p->exec);
+    if (cudaSetDevice(p->device) != cudaSuccess || cudaGraphExecDestroy(p->exec) != cudaSuccess)
+        (void)cudaGetLastError(); /* close reports nothing, and leaves nothing pending */
     free(p);
 }
 
@@ -711,9 +719,9 @@ extern "C" void engram_cuda_plan_close(engram_cuda_plan *p)
  * rep to 0, 1 advances the rep in the stream's order, 2 copies all of them
  * (EG_REPS x EG_KERNELS x 2 values, [rep][kernel][start, end]) to out after
  * a sync, where out holds cap values (-1 if fewer). */
-static __global__ void eg_next_kernel()
+static __global__ void eg_next_kernel(int by)
 {
-    eg_rep++;
+    eg_rep += by;
 }
 
 extern "C" __attribute__((visibility("default"))) int engram_cuda_stamps(void *stream, int op,
@@ -732,8 +740,10 @@ extern "C" __attribute__((visibility("default"))) int engram_cuda_stamps(void *s
         return 0;
     }
     if (op == 1) {
-        eg_next_kernel<<<1, 1, 0, st>>>();
-        return cudaGetLastError() == cudaSuccess ? 0 : -1; /* the diagnostic build's: its own error, cleared */
+        if (launch(0, dim3(1), dim3(1), 0, st, eg_next_kernel, 1) == cudaSuccess)
+            return 0;
+        (void)cudaGetLastError();
+        return -1;
     }
     if (cap < sizeof init / sizeof init[0][0][0] || cudaStreamSynchronize(st) != cudaSuccess)
         return -1;

@@ -12,6 +12,9 @@
  *    later call (the library's or the caller's) finds it as its own.  The
  *    failing call set it, so only the library's error is cleared; an error
  *    that breaks the context (a sticky one) stays whatever is cleared.
+ * cuBLAS runs on a runtime of its own (libcublas imports none of the CUDA
+ * runtime's calls): its failures are statuses (blas_err), and it neither
+ * sets nor reads this runtime's last error, so blas_err clears nothing.
  */
 #ifndef ENGRAM_CUDA_HOST_ERR_CUH
 #define ENGRAM_CUDA_HOST_ERR_CUH
@@ -46,11 +49,9 @@ static int set_err(engram_error *err, int code, const char *msg)
     return code;
 }
 
-/* a cuBLAS call's failure (status s): cuBLAS's own launches may have left
- * the runtime's last error set, cleared as cuda_err clears it */
+/* a cuBLAS call's failure (status s) */
 static int blas_err(engram_error *err, cublasStatus_t s, const char *what)
 {
-    (void)cudaGetLastError();
     char m[128];
     snprintf(m, sizeof m, "%s failed (cuBLAS status %d)", what, (int)s);
     return set_err(err, -EIO, m);

@@ -97,7 +97,8 @@ static int open_on_device(ple_cuda_layer *c, const struct ple_layer *L, engram_e
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0) {
-        cudaGetLastError();
+        if (e != cudaSuccess)
+            (void)cudaGetLastError(); /* this call's own, not left pending */
         char m[200];
         snprintf(m, sizeof m, "no usable CUDA device: %s",
                  e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
@@ -247,17 +248,17 @@ static int gemv(ple_cuda_layer *c, const uint16_t *e, unsigned n, float *kv, uns
         const unsigned k = n - t0 < PLE_CUDA_GEMV_MAX ? n - t0 : PLE_CUDA_GEMV_MAX;
         const uint16_t *et = e + (size_t)t0 * PLE_K;
         float *o = kv + (size_t)t0 * c->N;
-        cudaError_t e = cudaSuccess;
+        cudaError_t le = cudaSuccess;
         switch (k) {
 #define CASE(T)                                                                                   \
     case T:                                                                                       \
-        e = launch(0, dim3(blocks), dim3(PG_THREADS), 0, st, ple_gemv_kernel<T>, c->w, c->key_f16,  \
+        le = launch(0, dim3(blocks), dim3(PG_THREADS), 0, st, ple_gemv_kernel<T>, c->w, c->key_f16, \
                    c->value_f16, (int)c->C, (int)o_lo, (int)o_hi, et, o, (int)c->N);               \
         break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
         }
-        CK(e, "ple_gemv_kernel");
+        CK(le, "ple_gemv_kernel");
     }
     return 0;
 }

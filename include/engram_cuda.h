@@ -5,13 +5,13 @@
  * cannot run.  Conventions as in engram.h (0 or a negative errno, an
  * engram_error naming what failed); CUDA errors map to -EIO with the CUDA
  * error's name and text in the message.  A CUDA error is reported by the
- * call that made it: apply, project, a plan's run and sync check each CUDA
- * call and launch by its own result, so an error the caller's own CUDA
- * call left pending (cudaGetLastError's) is neither reported as theirs nor
- * cleared (where cuBLAS's GEMM runs, what cuBLAS does with it is cuBLAS's;
- * a layer's open, which probes the device, clears it); a failing call
- * leaves no error of its own pending (one that breaks the context, a sticky
- * error, stays: every later call reports it).  A call that fails part-way
+ * call that made it: apply, project, a plan's open, run and close, and sync
+ * check each CUDA call and launch by its own result, so an error the
+ * caller's own CUDA call left pending (cudaGetLastError's) is neither
+ * reported as theirs nor cleared (a layer's open may clear it: it probes
+ * the device); a failing call leaves no CUDA error of its own pending (one
+ * that breaks the context, a sticky error, stays: every later call
+ * reports it).  A call that fails part-way
  * has launched part of its work: the residual's contents are then
  * unspecified for the call's tokens.  This header needs no CUDA header
  * (a stream is a void *).  How it is done, and what it measured on an
