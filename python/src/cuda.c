@@ -84,6 +84,38 @@ static int cu_err(cudaError_t e, engram_error *err, int code, const char *what)
     return code;
 }
 
+/* Whether stream st is under a CUDA graph capture (torch.cuda.graph): 1
+ * if so, 0 if not; -EINVAL where the call cannot be captured (waits: it
+ * synchronizes; host: it reads tokens, host rows or a host mask at call
+ * time and may grow the scratch, which a replay would not repeat), refused
+ * before anything is queued; -EINVAL also for the legacy default stream
+ * while a blocking stream is captured (CUDA's refusal), -EIO for another
+ * CUDA error.  err and *what filled on failure. */
+static int capture_state(void *st, int waits, int host, engram_error *err, const char **what)
+{
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing((cudaStream_t)st, &cs);
+    if (e != cudaSuccess) {
+        *what = "cudaStreamIsCapturing";
+        return cu_err(e, err, e == cudaErrorStreamCaptureImplicit ? -EINVAL : -EIO, *what);
+    }
+    if (cs == cudaStreamCaptureStatusNone)
+        return 0;
+    if (waits || host) {
+        *what = "under CUDA graph capture";
+        memset(err, 0, sizeof *err);
+        err->code = -EINVAL;
+        err->offset = ENGRAM_NO_OFFSET;
+        err->row = ENGRAM_NO_ROW;
+        snprintf(err->msg, sizeof err->msg, "%s",
+                 waits ? "sync cannot be captured (a capture may not wait)"
+                       : "rows= and mask= must be CUDA tensors (tokens=, host rows and host masks are "
+                         "read and copied when called, not when replayed)");
+        return -EINVAL;
+    }
+    return 1;
+}
+
 /* Makes `device` current; *prev: the device to restore (-1: none). */
 static cudaError_t dev_enter(int device, int *prev)
 {
@@ -454,6 +486,18 @@ static int run_on_device(struct call *c)
     size_t n = c->n;
     int rc;
     cudaError_t e;
+    /* Under a CUDA graph capture of st (torch.cuda.graph): the apply is
+     * recorded for replays, which repeat its device work only (tokens=,
+     * host rows and host masks are read and copied at call time, the
+     * scratch may grow, sync waits: refused before the library queues
+     * anything, so the caller's capture goes on); the layer's event is
+     * neither waited on (it was recorded outside the capture: a dependency
+     * across its boundary) nor recorded (an event recorded in a capture
+     * cannot be waited on outside it).  So replays are outside the layer's
+     * own ordering of its applies: the caller orders them (the docstring). */
+    const int captured = capture_state(st, c->sync, c->tokens || c->h_rows || c->h_mask, &c->err, &c->what);
+    if (captured < 0)
+        return captured;
     if (c->tokens) {
         c->what = "tokens";
         if (!s->m && (rc = engram_model_open(s->path, &s->m, &c->err)) < 0)
@@ -491,7 +535,7 @@ static int run_on_device(struct call *c)
     }
     /* one workspace: an apply on another stream than the last waits for it */
     c->what = "cudaStreamWaitEvent";
-    if (s->used && s->last != (void *)st && (e = cudaStreamWaitEvent(st, s->ev, 0)) != cudaSuccess)
+    if (!captured && s->used && s->last != (void *)st && (e = cudaStreamWaitEvent(st, s->ev, 0)) != cudaSuccess)
         return cu_err(e, &c->err, -EIO, c->what);
     if (c->h_rows) {
         if ((rc = dev_grow(s, &s->d_raw, &s->d_raw_cap, n * RAW_TOKEN, &c->err)) < 0)
@@ -514,6 +558,8 @@ static int run_on_device(struct call *c)
     }
     c->what = "apply";
     rc = engram_cuda_apply(s->c, &c->a, &c->err);
+    if (captured)
+        return rc;
     /* whatever was queued is covered by the event */
     if ((e = cudaEventRecord(s->ev, st)) != cudaSuccess) {
         if (rc == 0)
@@ -720,12 +766,12 @@ static PyObject *cl_apply(PyObject *o, PyObject *args, PyObject *kw)
             rc = run(&c);
         } else {
             int prev;
-            if (dev_enter(s->device, &prev) == cudaSuccess)
-                rc = engram_cuda_sync(s->c, c.a.stream, &c.err);
-            else
-                rc = cu_err(cudaGetLastError(), &c.err, -EIO, "cudaSetDevice");
-            dev_leave(prev);
             c.what = "sync";
+            if (dev_enter(s->device, &prev) != cudaSuccess)
+                rc = cu_err(cudaGetLastError(), &c.err, -EIO, "cudaSetDevice");
+            else if ((rc = capture_state(c.a.stream, 1, 0, &c.err, &c.what)) == 0)
+                rc = engram_cuda_sync(s->c, c.a.stream, &c.err);
+            dev_leave(prev);
         }
         pthread_mutex_unlock(&s->mu);
         Py_END_ALLOW_THREADS
@@ -779,7 +825,8 @@ static PyObject *cl_sync(PyObject *o, PyObject *args, PyObject *kw)
         rc = cu_err(cudaGetLastError(), &err, -EIO, "cudaSetDevice");
         dev_leave(prev);
     } else {
-        rc = engram_cuda_sync(s->c, given ? st : s->last, &err);
+        if ((rc = capture_state(given ? st : s->last, 1, 0, &err, &what)) == 0)
+            rc = engram_cuda_sync(s->c, given ? st : s->last, &err);
         dev_leave(prev);
     }
     pthread_mutex_unlock(&s->mu);
@@ -849,6 +896,18 @@ static PyMethodDef cl_methods[] = {
      "stream: None (the default stream), a cudaStream_t as an int, or a torch.cuda.Stream.  "
      "Calls on one layer share a workspace: an apply on another stream than the last waits "
      "for it on the device.\n"
+     "CUDA graphs: an apply on a stream under capture (torch.cuda.graph: pass "
+     "stream=torch.cuda.current_stream(); None is the legacy default stream) is recorded into "
+     "the graph; its replays read the tensors given at capture (keep them alive; copy new rows "
+     "and residuals into them before a replay).  Under capture rows= and mask= must be CUDA "
+     "tensors and sync False (ArgumentError otherwise, before the layer queues anything).  "
+     "Replays are outside the layer's own ordering of its applies (it waits only for eager "
+     "ones): a replay must follow the layer's earlier applies and replays, and every later "
+     "apply or replay must follow it, by the caller's stream order or events; "
+     "sync(stream=the replay's stream) reports its non-finite tokens; close the layer only "
+     "after its replays have finished, and never replay after close.  While a capture of the "
+     "global mode (torch's default) is under way, calls that allocate or wait (host rows or "
+     "masks, tokens=, sync, close, a new Layer) are CUDA's to refuse, on any thread.\n"
      "flags: FMA_ONLY, SERIAL_GATE (engram_cuda.h).\n"
      "sync: wait for the stream and report as sync() does.\n\n"
      "Arguments are checked before anything runs: TypeError / ValueError naming the argument "
@@ -857,11 +916,12 @@ static PyMethodDef cl_methods[] = {
      "residual or result is not finite is left untouched and recorded: sync() raises "
      "DataError naming it.  The GIL is released while the call runs."},
     {"sync", (PyCFunction)(void (*)(void))cl_sync, METH_VARARGS | METH_KEYWORDS,
-     "sync(stream=None)\n\nWaits for the stream (None: the stream of the last apply) and reports "
+     "sync(stream=None)\n\nWaits for the stream (None: the stream of the last eager apply) and reports "
      "what earlier applies recorded: DataError naming the first token whose residual or result "
      "was not finite (left untouched; others were updated), engram.Error for a CUDA error."},
     {"close", cl_close, METH_NOARGS,
-     "close()\n\nWaits for the last apply and frees the device memory now."},
+     "close()\n\nWaits for the last eager apply and frees the device memory now (a graph that "
+     "captured an apply must not be replayed after it)."},
     {"__enter__", cl_enter, METH_NOARGS, NULL},
     {"__exit__", cl_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};

@@ -17,7 +17,9 @@ table's strided slice of a (n, 48, 264) buffer and as host NumPy arrays
 come from the model file itself (a GGUF parse here and np.memmap: not the
 library's reader) and must give the tokens= path's bits.  The residual is
 updated in place; the caller's stream is honoured; bad arguments are
-refused before anything runs.
+refused before anything runs.  Under torch.cuda.graph capture: replays
+equal eager applies bit for bit, what a replay cannot repeat is refused and
+the capture goes on, eager applies on other streams work after it.
 
 Models: ENGRAM_TEST_M64 / ENGRAM_TEST_M5120 / ENGRAM_TEST_PLE name built
 files; otherwise they are built with ENGRAM_BIN (default build/engram) into
@@ -458,6 +460,77 @@ def test_refusals():
     pl = p.layer(p.info["layers"][0])
     _raises(ValueError, ["PLE"], engram.cuda.Layer, pl)
     pl.close()
+
+
+def test_graph_capture():
+    """apply on a stream under capture (torch.cuda.graph, its default global
+    mode), after eager applies on another stream: each replay equals an
+    eager apply of what the captured tensors hold then, bit for bit (new
+    rows, residual and mask copied in; n = 1, 8 and 300: the decode paths
+    and the GEMM's); what a replay cannot repeat (host rows, a host mask,
+    tokens=, sync=True, sync()) is refused before the layer queues
+    anything, and the capture goes on; the eager applies after it (on
+    another stream than the warm-up's) work."""
+    need_gpu()
+    path = model_path("m64")
+    m = engram.Model(path)
+    L = m.layer(1)
+    S, W = L.info["streams"], L.info["width"]
+    vocab = m.info["vocab"]
+    rng = np.random.default_rng(41)
+
+    def fresh(n, seed):
+        tokens = rng.integers(0, vocab, n)
+        raw = torch.from_numpy(raw_rows(path, 1, m.hash(tokens)[:, :24])).cuda()
+        mk = (rng.integers(0, 4, n) != 1).astype(np.uint8)
+        mk[0] = 1  # a token the apply changes, whatever n
+        return tokens, raw, torch.from_numpy(mk).cuda(), inputs(n, S, W, torch.bfloat16, seed).cuda()
+
+    with engram.cuda.Layer(L) as g:
+        side = torch.cuda.Stream()
+        for n in (1, 8, 300):
+            tokens, raw, mask, x = fresh(n, n)
+            with torch.cuda.stream(side):  # the layer's last stream: not the capture's
+                g.apply(x.clone(), rows=raw, stream=side)
+            side.synchronize()
+            rows_s, mask_s, x_s = raw.clone(), mask.clone(), x.clone()
+            raw_h, mask_h = raw.cpu().numpy(), mask.cpu().numpy()  # host copies: not inside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                cur = torch.cuda.current_stream()
+                _raises(engram.ArgumentError, ["capture", "CUDA tensors"], g.apply, x_s, rows=raw_h, stream=cur)
+                _raises(engram.ArgumentError, ["capture", "CUDA tensors"], g.apply, x_s, rows=rows_s,
+                        mask=mask_h, stream=cur)
+                _raises(engram.ArgumentError, ["capture", "CUDA tensors"], g.apply, x_s, tokens=tokens,
+                        stream=cur)
+                _raises(engram.ArgumentError, ["capture", "sync"], g.apply, x_s, rows=rows_s, stream=cur,
+                        sync=True)
+                _raises(engram.ArgumentError, ["capture", "sync"], g.sync, stream=cur)
+                g.apply(x_s, rows=rows_s, mask=mask_s, stream=cur)
+            same = 0
+            for k in range(3):
+                # the eager reference on the legacy stream: at k = 0 the layer's
+                # last stream is the warm-up's (side), so this apply waits on
+                # the layer's event (recorded in the capture by the binding
+                # before session t: cudaErrorCapturedEvent)
+                _, raw, mask, x = fresh(n, 100 + k)
+                xr = x.clone()
+                g.apply(xr, rows=raw, mask=mask, sync=True)
+                rows_s.copy_(raw)
+                mask_s.copy_(mask)
+                x_s.copy_(x)
+                graph.replay()
+                torch.cuda.synchronize()
+                assert (bits(x_s) == bits(xr)).all(), "n=%d: replay %d differs from an eager apply" % (n, k)
+                assert (bits(x_s)[0] != bits(x)[0]).any(), "the replay left token 0 (unmasked) as it was"
+                same += 1
+            g.sync()
+            FIGURES.append("graph capture W=%d n=%d: %d replays = eager applies, bit for bit; 5 refusals "
+                           "under capture, the capture going on" % (W, n, same))
+            print(FIGURES[-1])
+            del graph
+    L.close()
 
 
 # ------------------------------------------------------------------ script mode
