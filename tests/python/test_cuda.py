@@ -512,8 +512,8 @@ def test_graph_capture():
             for k in range(3):
                 # the eager reference on the legacy stream: at k = 0 the layer's
                 # last stream is the warm-up's (side), so this apply waits on
-                # the layer's event (recorded in the capture by the binding
-                # before session t: cudaErrorCapturedEvent)
+                # the layer's event (which the binding before session t
+                # recorded in the capture: by CUDA's rules cudaErrorCapturedEvent)
                 _, raw, mask, x = fresh(n, 100 + k)
                 xr = x.clone()
                 g.apply(xr, rows=raw, mask=mask, sync=True)
