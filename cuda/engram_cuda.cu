@@ -278,40 +278,28 @@ static int check_args(const engram_cuda_layer *c, const engram_cuda_args *a, int
     return 0;
 }
 
-/* A launch on st that may begin while the stream's previous kernel
- * finishes (programmatic stream serialization, compute capability 9.0 and
- * up, unless ENGRAM_CUDA_SERIAL_GATE): the kernel waits for it with
- * pdl_wait() before reading what it wrote.  at: the attribute's storage,
- * the caller's, alive until the launch. */
-static cudaLaunchConfig_t dependent_cfg(const engram_cuda_layer *c, unsigned flags, dim3 grid, dim3 block,
-                                        cudaStream_t st, cudaLaunchAttribute *at)
+/* Whether a kernel on the stream may begin while the stream's previous
+ * kernel finishes (launch()'s pdl: programmatic stream serialization,
+ * compute capability 9.0 and up, unless ENGRAM_CUDA_SERIAL_GATE): the
+ * kernel waits for it with pdl_wait() before reading what it wrote. */
+static int dependent(const engram_cuda_layer *c, unsigned flags)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.stream = st;
-    *at = cudaLaunchAttribute{};
-    at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at->val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = c->pdl && !(flags & ENGRAM_CUDA_SERIAL_GATE) ? 1 : 0;
-    return cfg;
+    return c->pdl && !(flags & ENGRAM_CUDA_SERIAL_GATE);
 }
 
 /* wsd_kernel<nb> for n tokens (nb: n rounded up to 8, 16, 32 or 64) as a
- * dependent launch (dependent_cfg) with the maps of wsd_maps; wsd_kernel's
- * arguments (g: the gate's sums, or g.part NULL).  The launch's error, or 0. */
+ * dependent launch (pdl: dependent()) with the maps of wsd_maps;
+ * wsd_kernel's arguments (g: the gate's sums, or g.part NULL).  The
+ * launch's error, or 0. */
 template <int NB>
-static cudaError_t wsd_launch_nb(const engram_cuda_layer *c, cudaLaunchConfig_t cfg, const CUtensorMap *m, int n,
+static cudaError_t wsd_launch_nb(const engram_cuda_layer *c, int pdl, cudaStream_t st, const CUtensorMap *m, int n,
                                  float *kv, const uint8_t *raw, size_t stride, const int *ds, size_t rstep,
                                  const int *flag, const int *kshift, const wsd_gate &g)
 {
     typedef wsd_shape<NB> S;
-    cfg.dynamicSmemBytes = S::smem;
-    cfg.gridDim = dim3((c->N + S::bm - 1) / S::bm);
-    cfg.blockDim = dim3(S::threads);
-    return cudaLaunchKernelEx(&cfg, wsd_kernel<NB>, m[NB == 8 ? 0 : NB == 16 ? 1 : NB == 32 ? 2 : 3], n,
-                              (int)c->N, kv, (const uint16_t *)c->w, raw, stride, ds, rstep, flag, kshift, g);
+    return launch(pdl, dim3((c->N + S::bm - 1) / S::bm), dim3(S::threads), S::smem, st, wsd_kernel<NB>,
+                  m[NB == 8 ? 0 : NB == 16 ? 1 : NB == 32 ? 2 : 3], n, (int)c->N, kv, (const uint16_t *)c->w, raw,
+                  stride, ds, rstep, flag, kshift, g);
 }
 
 static cudaError_t wsd_launch(engram_cuda_layer *c, unsigned flags, int n, float *kv, const uint8_t *raw,
@@ -319,15 +307,14 @@ static cudaError_t wsd_launch(engram_cuda_layer *c, unsigned flags, int n, float
                               const wsd_gate &g, cudaStream_t st)
 {
     const CUtensorMap *m = layer_maps(c) + 3;
-    cudaLaunchAttribute at;
-    cudaLaunchConfig_t cfg = dependent_cfg(c, flags, dim3(1), dim3(1), st, &at); /* the grid: wsd_launch_nb's */
+    const int pdl = dependent(c, flags);
     if (n <= 8)
-        return wsd_launch_nb<8>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
+        return wsd_launch_nb<8>(c, pdl, st, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
     if (n <= 16)
-        return wsd_launch_nb<16>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
+        return wsd_launch_nb<16>(c, pdl, st, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
     if (n <= 32)
-        return wsd_launch_nb<32>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
-    return wsd_launch_nb<64>(c, cfg, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
+        return wsd_launch_nb<32>(c, pdl, st, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
+    return wsd_launch_nb<64>(c, pdl, st, m, n, kv, raw, stride, ds, rstep, flag, kshift, g);
 }
 
 /* kv (n x N, F32) = e16 (n x K) x W^T on the tensor cores through cuBLAS:
@@ -409,8 +396,6 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         unsigned nt = (n + 7) / 8;
         uint4 *frag = (uint4 *)c->e16;
         float2 *pw = (float2 *)(frag + (size_t)(K / 32) * nt * 32);
-        cudaLaunchAttribute at;
-        cudaLaunchConfig_t cfg = dependent_cfg(c, a->flags, dim3(sblocks), dim3(MMV_SWARPS * 32), st, &at);
         cudaError_t e = cudaSuccess;
         switch (nt) {
         case 1:
@@ -422,9 +407,9 @@ static int project_block(engram_cuda_layer *c, const engram_cuda_args *a, const 
         CK(launch(0, dim3(K / 32), dim3(NT * 32), 0, st, mmv_prep_kernel<NT>, raw, stride, a->d_step, \
                   a->raw_step, (int)n, frag, pw),                                               \
            "mmv_prep_kernel");                                                                  \
-        cfg.dynamicSmemBytes = mmv_staged_smem(NT);                                             \
-        e = cudaLaunchKernelEx(&cfg, mmv_staged_kernel<NT>, c->w, (int)n, (int)c->N, kv, (int)c->N, \
-                               (const uint4 *)frag, (const float2 *)pw);                        \
+        e = launch(dependent(c, a->flags), dim3(sblocks), dim3(MMV_SWARPS * 32), mmv_staged_smem(NT), st, \
+                   mmv_staged_kernel<NT>, c->w, (int)n, (int)c->N, kv, (int)c->N, (const uint4 *)frag, \
+                   (const float2 *)pw);                                                         \
         break;
             CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
@@ -558,15 +543,13 @@ extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a
         const uint8_t *mk = a->mask ? a->mask + t0 : NULL;
         int bf = a->resid_dtype == ENGRAM_BF16;
         if (k <= ENGRAM_CUDA_GEMV_MAX) {
-            cudaLaunchAttribute at;
-            cudaLaunchConfig_t cfg = dependent_cfg(c, a->flags, dim3(k * GATE_CTAS), dim3(GATE_THREADS), st, &at);
             auto gate = gate_pre((int)c->W, (int)c->S) ? gate_kernel<true> : gate_kernel<false>;
             /* the chunk sums: wsd_kernel's (part), or the gate's own */
             float *gp = part ? part : gate_parts(c) ? gate_part_buf(c) : NULL;
-            CK(cudaLaunchKernelEx(&cfg, gate, (const float *)c->kv, (int)c->N,
-                                  (const float *)c->wq, (void *)resid, bf, mk, (int)c->W, (int)c->S,
-                                  c->status, (int)t0, a->d_step, a->resid_step,
-                                  (const int *)(scaled ? c->kshift : NULL), gp, !part && gp),
+            CK(launch(dependent(c, a->flags), dim3(k * GATE_CTAS), dim3(GATE_THREADS), 0, st, gate,
+                      (const float *)c->kv, (int)c->N, (const float *)c->wq, (void *)resid, bf, mk, (int)c->W,
+                      (int)c->S, c->status, (int)t0, a->d_step, a->resid_step,
+                      (const int *)(scaled ? c->kshift : NULL), gp, !part && gp),
                "gate_kernel");
         } else {
             /* 16-byte loads: W a multiple of 8, the residual 16-byte aligned
