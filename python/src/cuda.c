@@ -76,12 +76,9 @@ typedef struct cu_layer {
 static int cu_err(cudaError_t e, engram_error *err, int code, const char *what)
 {
     cudaGetLastError(); /* clears a non-sticky error */
-    memset(err, 0, sizeof *err);
-    err->code = code;
-    err->offset = ENGRAM_NO_OFFSET;
-    err->row = ENGRAM_NO_ROW;
-    snprintf(err->msg, sizeof err->msg, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-    return code;
+    char m[sizeof err->msg];
+    snprintf(m, sizeof m, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return eg_set_err(err, code, m);
 }
 
 /* Whether stream st is under a CUDA graph capture (torch.cuda.graph): 1
@@ -103,15 +100,10 @@ static int capture_state(void *st, int waits, int host, engram_error *err, const
         return 0;
     if (waits || host) {
         *what = "under CUDA graph capture";
-        memset(err, 0, sizeof *err);
-        err->code = -EINVAL;
-        err->offset = ENGRAM_NO_OFFSET;
-        err->row = ENGRAM_NO_ROW;
-        snprintf(err->msg, sizeof err->msg, "%s",
-                 waits ? "sync cannot be captured (a capture may not wait)"
-                       : "rows= and mask= must be CUDA tensors (tokens=, host rows and host masks are "
-                         "read and copied when called, not when replayed)");
-        return -EINVAL;
+        return eg_set_err(err, -EINVAL,
+                          waits ? "sync cannot be captured (a capture may not wait)"
+                                : "rows= and mask= must be CUDA tensors (tokens=, host rows and host masks are "
+                                  "read and copied when called, not when replayed)");
     }
     return 1;
 }

@@ -53,6 +53,16 @@ static int set_attrs(PyObject *e, int code, const engram_error *err)
     return rc;
 }
 
+int eg_set_err(engram_error *err, int code, const char *msg)
+{
+    memset(err, 0, sizeof *err);
+    err->code = code;
+    err->offset = ENGRAM_NO_OFFSET;
+    err->row = ENGRAM_NO_ROW;
+    snprintf(err->msg, sizeof err->msg, "%s", msg);
+    return code;
+}
+
 PyObject *eg_raise(int code, const engram_error *err, const char *what)
 {
     if (code >= 0)

@@ -141,6 +141,10 @@ PyObject *eg_slice_axis1(PyObject *obj, Py_ssize_t start, Py_ssize_t stop);
 extern PyObject *eg_Error, *eg_ArgumentError, *eg_DataError, *eg_ModelError, *eg_NotFoundError,
     *eg_TimeoutError, *eg_CancelledError, *eg_ClosedError, *eg_BusyError;
 
+/* Fills err as the library fills one (code, msg; no offset, no row) for a
+ * failure found by the binding itself; returns code. */
+int eg_set_err(engram_error *err, int code, const char *msg);
+
 /* Raises the exception for a library error: the class by code, errno =
  * -code, strerror = err's message (or engram_strerror) prefixed by what,
  * and the attributes code, offset and row (None when the library has

@@ -117,20 +117,10 @@ typedef struct eg_prefill {
 
 /* ------------------------------------------------------------- helpers */
 
-static int set_err(engram_error *err, int code, const char *msg)
-{
-    memset(err, 0, sizeof *err);
-    err->code = code;
-    err->offset = ENGRAM_NO_OFFSET;
-    err->row = ENGRAM_NO_ROW;
-    snprintf(err->msg, sizeof err->msg, "%s", msg);
-    return code;
-}
-
 static PyObject *closed_error(const char *what, const char *msg)
 {
     engram_error err;
-    set_err(&err, -EBADF, msg);
+    eg_set_err(&err, -EBADF, msg);
     return eg_raise(-EBADF, &err, what);
 }
 
@@ -471,7 +461,7 @@ static PyObject *pool_session(PyObject *o, PyObject *args)
     int rc;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mu);
-    rc = self->p ? engram_session_open(self->p, &se->s, &err) : set_err(&err, -EBADF, "the pool is closed");
+    rc = self->p ? engram_session_open(self->p, &se->s, &err) : eg_set_err(&err, -EBADF, "the pool is closed");
     pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
@@ -796,7 +786,7 @@ static PyObject *session_step(PyObject *o, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&se->mu);
     if (!se->s) {
-        rc = set_err(&err, -EBADF, "the session is closed");
+        rc = eg_set_err(&err, -EBADF, "the session is closed");
     } else {
         rc = engram_step_begin(se->s, tokens, mask, (unsigned)k, dt, st->arr.data, &err);
         if (rc == 0) {
@@ -926,7 +916,7 @@ static PyObject *steps_begin_many(eg_pool *po, PyObject *requests, const char *d
         if (!steps[i]->sess->s)
             bad = i;
     if (bad >= 0) {
-        rc = set_err(&err, -EBADF, "the session is closed");
+        rc = eg_set_err(&err, -EBADF, "the session is closed");
     } else {
         /* closed sessions' handles are never passed: each s was re-read */
         for (Py_ssize_t i = 0; i < n; i++)
@@ -997,7 +987,7 @@ static PyObject *session_snapshot(PyObject *o, PyObject *args)
     int rc;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&se->mu);
-    rc = se->s ? engram_session_save(se->s, buf, n, &err) : set_err(&err, -EBADF, "the session is closed");
+    rc = se->s ? engram_session_save(se->s, buf, n, &err) : eg_set_err(&err, -EBADF, "the session is closed");
     pthread_mutex_unlock(&se->mu);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
@@ -1020,7 +1010,7 @@ static PyObject *session_restore(PyObject *o, PyObject *data)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&se->mu);
     rc = se->s ? engram_session_load(se->s, v.buf, (size_t)v.len, &err)
-               : set_err(&err, -EBADF, "the session is closed");
+               : eg_set_err(&err, -EBADF, "the session is closed");
     pthread_mutex_unlock(&se->mu);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&v);
@@ -1052,7 +1042,7 @@ static PyObject *session_restore_tokens(PyObject *o, PyObject *args, PyObject *k
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&se->mu);
     rc = se->s ? engram_session_restore(se->s, tokens, mask, n, &err)
-               : set_err(&err, -EBADF, "the session is closed");
+               : eg_set_err(&err, -EBADF, "the session is closed");
     pthread_mutex_unlock(&se->mu);
     Py_END_ALLOW_THREADS
     PyMem_Free(tokens);
@@ -1223,11 +1213,11 @@ static int step_wait_nogil(void *ctx, uint64_t ns, engram_error *err)
     pthread_mutex_lock(&se->mu);
     if (!se->s) {
         pthread_mutex_unlock(&se->mu);
-        return set_err(err, -EBADF, "the session is closed");
+        return eg_set_err(err, -EBADF, "the session is closed");
     }
     if (se->cur != st) {
         pthread_mutex_unlock(&se->mu);
-        return set_err(err, -ECANCELED, "the step has ended (commit, abort or close)");
+        return eg_set_err(err, -ECANCELED, "the step has ended (commit, abort or close)");
     }
     engram_session *s = se->s;
     uint64_t gen = se->gen;
@@ -1238,7 +1228,7 @@ static int step_wait_nogil(void *ctx, uint64_t ns, engram_error *err)
     if (--se->waiters == 0)
         pthread_cond_broadcast(&se->idle);
     if (se->gen != gen || (rc < 0 && rc != -ETIMEDOUT && se->cur != st))
-        rc = set_err(err, -ECANCELED, "the step ended (commit, abort or close) during the wait");
+        rc = eg_set_err(err, -ECANCELED, "the step ended (commit, abort or close) during the wait");
     pthread_mutex_unlock(&se->mu);
     return rc;
 }
@@ -1293,8 +1283,8 @@ static int step_poll_nogil(void *ctx, uint64_t ns, engram_error *err)
     struct step_wait_ctx *c = ctx;
     eg_session *se = c->st->sess;
     pthread_mutex_lock(&se->mu);
-    int rc = !se->s               ? set_err(err, -EBADF, "the session is closed")
-           : se->cur != c->st     ? set_err(err, -ECANCELED, "the step has ended (commit, abort or close)")
+    int rc = !se->s               ? eg_set_err(err, -EBADF, "the session is closed")
+           : se->cur != c->st     ? eg_set_err(err, -ECANCELED, "the step has ended (commit, abort or close)")
                                   : engram_step_poll(se->s, c->table, err);
     pthread_mutex_unlock(&se->mu);
     return rc;
@@ -1351,9 +1341,9 @@ static PyObject *step_commit(PyObject *o, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&se->mu);
     if (!se->s) {
-        rc = set_err(&err, -EBADF, "the session is closed");
+        rc = eg_set_err(&err, -EBADF, "the session is closed");
     } else if (se->cur != st) {
-        rc = set_err(&err, -EINVAL, "the step is not in progress (committed or aborted already)");
+        rc = eg_set_err(&err, -EINVAL, "the step is not in progress (committed or aborted already)");
     } else {
         rc = engram_step_commit(se->s, j, &err);
         se->cur = NULL;
@@ -1434,13 +1424,14 @@ static PyObject *step_apply(PyObject *o, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&se->mu);
     if (!se->s) {
-        rc = set_err(&err, -EBADF, "the session is closed");
+        rc = eg_set_err(&err, -EBADF, "the session is closed");
     } else if (se->cur != st) {
-        rc = set_err(&err, -EINVAL, "the step is not in progress (committed or aborted already)");
+        rc = eg_set_err(&err, -EINVAL, "the step is not in progress (committed or aborted already)");
     } else {
         pthread_mutex_lock(lmu);
         engram_applier *a = eg_layer_applier_held(layer);
-        rc = a ? engram_step_apply(se->s, a, res.data, rdt, &err) : set_err(&err, -EBADF, "the layer is closed");
+        rc = a ? engram_step_apply(se->s, a, res.data, rdt, &err)
+               : eg_set_err(&err, -EBADF, "the layer is closed");
         pthread_mutex_unlock(lmu);
     }
     pthread_mutex_unlock(&se->mu);
@@ -1681,7 +1672,7 @@ static PyObject *session_prefill(PyObject *o, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&se->mu);
     rc = se->s ? engram_prefill_begin(se->s, pf->tokens, pf->mask, pf->n, &opts, &pf->pf, &err)
-               : set_err(&err, -EBADF, "the session is closed");
+               : eg_set_err(&err, -EBADF, "the session is closed");
     pthread_mutex_unlock(&se->mu);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
@@ -1768,7 +1759,7 @@ static PyObject *prefill_gone(eg_prefill *pf)
     if (pf->ended)
         return NULL; /* StopIteration */
     engram_error err;
-    set_err(&err, -ECANCELED, "the prefill was cancelled");
+    eg_set_err(&err, -ECANCELED, "the prefill was cancelled");
     return eg_raise(-ECANCELED, &err, "prefill");
 }
 
@@ -1778,7 +1769,7 @@ static PyObject *prefill_closed(eg_prefill *pf, const char *what)
     if (pf->ended)
         return closed_error(what, "the prefill has ended");
     engram_error err;
-    set_err(&err, -ECANCELED, "the prefill was cancelled");
+    eg_set_err(&err, -ECANCELED, "the prefill was cancelled");
     return eg_raise(-ECANCELED, &err, what);
 }
 
@@ -1944,7 +1935,7 @@ static PyObject *prefill_apply(PyObject *o, PyObject *args, PyObject *kw)
     pthread_mutex_lock(&se->mu);
     pthread_mutex_lock(lmu);
     engram_applier *a = eg_layer_applier_held(layer);
-    rc = a ? engram_prefill_apply(h, c, a, res.data, rdt, &err) : set_err(&err, -EBADF, "the layer is closed");
+    rc = a ? engram_prefill_apply(h, c, a, res.data, rdt, &err) : eg_set_err(&err, -EBADF, "the layer is closed");
     pthread_mutex_unlock(lmu);
     pthread_mutex_unlock(&se->mu);
     Py_END_ALLOW_THREADS
