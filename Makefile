@@ -190,7 +190,8 @@ CUDA_WRAP_test_cuda = -Xlinker --wrap=calloc,--wrap=malloc,--wrap=cudaMalloc,--w
 	-Xlinker --wrap=cublasSetMathMode,--wrap=cublasGemmEx,--wrap=cudaGetDriverEntryPointByVersion \
 	-Xlinker --wrap=cudaFuncSetAttribute,--wrap=cudaStreamCreateWithFlags,--wrap=cudaStreamBeginCapture \
 	-Xlinker --wrap=cudaGraphInstantiate,--wrap=cudaGraphLaunch,--wrap=cudaStreamDestroy \
-	-Xlinker --wrap=cudaStreamEndCapture,--wrap=cudaGraphDestroy,--wrap=cudaLaunchKernelExC
+	-Xlinker --wrap=cudaStreamEndCapture,--wrap=cudaGraphDestroy,--wrap=cudaLaunchKernelExC \
+	-Xlinker --wrap=cudaGraphUpload,--wrap=cudaGraphExecDestroy
 endif
 comma := ,
 

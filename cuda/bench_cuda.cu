@@ -6,8 +6,11 @@
  *    bulk copies alone (cp.async.bulk, no arithmetic), each in one launch
  *    timed as the one-token apply is (what a kernel that only reads costs
  *    when called directly), and an empty kernel's launch;
- *  - decode: engram_cuda_apply and engram_cuda_project of B = 1..64 tokens
- *    per layer, and the apply through a plan (engram_cuda_plan_run: the
+ *  - decode: engram_cuda_apply (the same arguments each call: from the
+ *    third on, one launch of the layer's graph of the call), the same with
+ *    ENGRAM_CUDA_NO_GRAPH (kernel by kernel; at B = 1 also with arguments
+ *    changing every call, never a graph) and engram_cuda_project of B =
+ *    1..64 tokens per layer, and the apply through a plan (engram_cuda_plan_run: the
  *    call's launches in the library's graph, one submission) (and B = 1
  *    captured in a CUDA graph by the bench; B = 1 also against the bulk
  *    stream, and the host's time to submit a call or a run), and the apply through
@@ -199,6 +202,7 @@ static int run_stamps(engram_cuda_layer *c, engram_cuda_args a, float *d_kv, voi
     static cudaEvent_t ev[EG_REPS_BENCH][2];
     static unsigned long long sts[EG_REPS_BENCH][EG_KERNELS_BENCH][2];
     void *x32 = a.resid;
+    a.flags |= ENGRAM_CUDA_NO_GRAPH; /* the kernels' stamps launch by launch, as before the layer's graphs */
     for (int i = 0; i < ns * R; i++)
         for (int j = 0; j < 2; j++)
             CU(cudaEventCreate(&ev[i][j]));
@@ -562,43 +566,49 @@ int main(int argc, char **argv)
                "GEMVs, 8 tokens a pass, the decode path before issue #25; cuBLAS: its F16 GEMM alone on\n"
                "the same shapes, inexact sums, no gate)\n", ENGRAM_CUDA_GEMV_MAX);
         printf("(plan: the same apply through engram_cuda_plan_run, the call's launches in the library's graph,\n"
-               "one submission; timed the same way, a call on an idle card)\n");
+               "one submission; apply: engram_cuda_apply with the same arguments each call, from the third call\n"
+               "on one launch of the layer's graph of the call; launches: the same with ENGRAM_CUDA_NO_GRAPH,\n"
+               "kernel by kernel; all timed the same way, a call on an idle card)\n");
         printf("   B   apply us  / floor   projection us  / floor   FMA_ONLY apply us  / floor   "
-               "cuBLAS GEMM us  / floor    plan us  / floor\n");
+               "cuBLAS GEMM us  / floor    plan us  / floor   launches us  / floor\n");
         const unsigned Bs[] = {1, 2, 3, 4, 5, 6, 8, 16, 24, 32, 40, 48, 56, 64};
         for (unsigned q = 0; q < sizeof Bs / sizeof Bs[0]; q++) {
             a.n = Bs[q];
             a.flags = 0;
             float ms = timed(st, 100, [&] { apply(); });
+            a.flags = ENGRAM_CUDA_NO_GRAPH;
+            float ln = timed(st, 100, [&] { apply(); });
+            a.flags = 0;
             float pj = timed(st, 100, [&] { project(); });
-            a.flags = ENGRAM_CUDA_FMA_ONLY;
+            a.flags = ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_NO_GRAPH; /* as before #25: launch by launch */
             float fm = timed(st, 30, [&] { apply(); });
             a.flags = 0;
             float cb = gemm(Bs[q], 100);
             engram_cuda_plan *pl = plan_of(c, &a);
             float pm = timed(st, 100, [&] { plan_run(pl); });
             engram_cuda_plan_close(pl);
-            printf("%4u %10.1f   %6.3f %12.1f   %6.3f %16.1f   %6.3f %14.1f   %6.3f %10.1f   %6.3f\n", Bs[q],
-                   ms * 1e3, ms / floor_ms, pj * 1e3, pj / floor_ms, fm * 1e3, fm / floor_ms, cb * 1e3,
-                   cb / floor_ms, pm * 1e3, pm / floor_ms);
+            printf("%4u %10.1f   %6.3f %12.1f   %6.3f %16.1f   %6.3f %14.1f   %6.3f %10.1f   %6.3f %13.1f   %6.3f\n",
+                   Bs[q], ms * 1e3, ms / floor_ms, pj * 1e3, pj / floor_ms, fm * 1e3, fm / floor_ms, cb * 1e3,
+                   cb / floor_ms, pm * 1e3, pm / floor_ms, ln * 1e3, ln / floor_ms);
         }
         a.n = 1;
-        a.flags = ENGRAM_CUDA_SERIAL_GATE;
+        a.flags = ENGRAM_CUDA_SERIAL_GATE | ENGRAM_CUDA_NO_GRAPH; /* these rows launch by launch, as before */
         float sms = timed(st, 100, [&] { apply(); });
-        a.flags = 0;
+        a.flags = ENGRAM_CUDA_NO_GRAPH;
         float dms = timed(st, 100, [&] { apply(); });
-        printf("   1 %10.1f   %6.2f   (the gate launched after the GEMV: ENGRAM_CUDA_SERIAL_GATE; "
-               "default again: %.1f us = %.2f x)\n", sms * 1e3, sms / floor_ms, dms * 1e3, dms / floor_ms);
+        a.flags = 0;
+        printf("   1 %10.1f   %6.2f   (launch by launch, ENGRAM_CUDA_NO_GRAPH: the gate launched after the GEMV, "
+               "ENGRAM_CUDA_SERIAL_GATE; without it again: %.1f us = %.2f x)\n", sms * 1e3, sms / floor_ms, dms * 1e3, dms / floor_ms);
         float pms = timed(st, 100, [&] { project(); });
         printf("   1 (projection alone) %.1f us = %.2f x floor\n", pms * 1e3, pms / floor_ms);
-        printf("   1 against the copy engine's stream of the same bytes, called the same way: apply (again: %.1f us) "
+        printf("   1 against the copy engine's stream of the same bytes, called the same way: apply launch by launch (again: %.1f us) "
                "%.3f x, projection (%.1f us) %.3f x\n", dms * 1e3, dms / stream_ms, pms * 1e3, pms / stream_ms);
         /* the host's side of a direct call: the time engram_cuda_apply takes
          * to return (its launches submitted), the card idle before each */
         {
             double hs[2];
             host_us(st, apply, hs);
-            printf("   1 (the host's side: engram_cuda_apply returns after %.1f us, median of 100; p90 %.1f)\n", hs[0],
+            printf("   1 (the host's side: engram_cuda_apply, the layer's graph, returns after %.1f us, median of 100; p90 %.1f)\n", hs[0],
                    hs[1]);
         }
         /* 32 direct calls back to back: the host's launches ahead of the card,
@@ -608,8 +618,44 @@ int main(int argc, char **argv)
             for (int i = 0; i < 32; i++)
                 apply();
         });
-        printf("   1 (32 direct calls back to back) %.1f us each = %.2f x floor\n", d32 * 1e3 / 32,
+        printf("   1 (32 direct calls back to back, the layer's graph) %.1f us each = %.2f x floor\n", d32 * 1e3 / 32,
                d32 / 32 / floor_ms);
+        /* the same launch by launch (ENGRAM_CUDA_NO_GRAPH: the direct call
+         * before the layer's graphs), and with arguments that change every
+         * call (8 residuals in turn: none seen again among the layer's last
+         * ENGRAM_CUDA_GRAPHS, so never a graph), both ways */
+        {
+            engram_cuda_args keep = a;
+            a.flags = ENGRAM_CUDA_NO_GRAPH;
+            float l1 = timed(st, 100, [&] { apply(); });
+            double hl[2];
+            host_us(st, apply, hl);
+            float l32 = timed(st, 20, [&] {
+                for (int i = 0; i < 32; i++)
+                    apply();
+            });
+            unsigned turn = 0;
+            auto rot = [&] {
+                a.resid = (char *)keep.resid + (size_t)(turn++ % 8) * per * 4;
+                apply();
+            };
+            a.flags = 0;
+            float r1 = timed(st, 100, rot);
+            double hr[2];
+            host_us(st, rot, hr);
+            a.flags = ENGRAM_CUDA_NO_GRAPH;
+            float r0 = timed(st, 100, rot);
+            a = keep;
+            float g1 = timed(st, 100, [&] { apply(); });
+            printf("   1 (launch by launch, ENGRAM_CUDA_NO_GRAPH) %.1f us = %.3f x floor (the default again: %.1f us = "
+                   "%.3f x); engram_cuda_apply returns after %.1f us (p90 %.1f); 32 back to back %.1f us each = %.3f "
+                   "x\n",
+                   l1 * 1e3, l1 / floor_ms, g1 * 1e3, g1 / floor_ms, hl[0], hl[1], l32 * 1e3 / 32,
+                   l32 / 32 / floor_ms);
+            printf("   1 (arguments changing every call, 8 residuals in turn) %.1f us = %.3f x floor, returns after "
+                   "%.1f us (p90 %.1f); launch by launch the same way %.1f us = %.3f x\n",
+                   r1 * 1e3, r1 / floor_ms, hr[0], hr[1], r0 * 1e3, r0 / floor_ms);
+        }
         /* a plan of the same call: idle (again, beside the direct call
          * again), 32 runs back to back, and the host's side of a run */
         {
@@ -624,7 +670,7 @@ int main(int argc, char **argv)
             double hs[2];
             host_us(st, run, hs);
             engram_cuda_plan_close(pl);
-            printf("   1 (a plan) %.1f us = %.3f x floor (the direct call again: %.1f us = %.3f x); 32 runs back to "
+            printf("   1 (a plan) %.1f us = %.3f x floor (the direct call, the layer's graph, again: %.1f us = %.3f x); 32 runs back to "
                    "back: %.1f us each = %.3f x; engram_cuda_plan_run returns after %.1f us (median of 100; p90 "
                    "%.1f)\n",
                    p1 * 1e3, p1 / floor_ms, d1 * 1e3, d1 / floor_ms, p32 * 1e3 / 32, p32 / 32 / floor_ms, hs[0],

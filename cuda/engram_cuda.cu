@@ -40,6 +40,9 @@
  * the gate), gate_block_kernel<KV, V16, KEEP> otherwise.
  * A plan (engram_cuda_plan_open) is one such apply of up to 64 tokens
  * captured into a graph and instantiated; each run is one graph launch.
+ * engram_cuda_apply makes the same graph of a decode call the second time
+ * it sees the call's arguments, and launches it from then on (graph_call,
+ * the layer's last ENGRAM_CUDA_GRAPHS distinct arguments).
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -85,6 +88,16 @@ struct engram_cuda_layer {
     unsigned char maps[(3 + WSD_NMAPS) * sizeof(CUtensorMap) + 64];
     int pdl;                 /* programmatic dependent launch (9.0+) */
     uint64_t bytes;
+    /* engram_cuda_apply's graphs of decode calls (graph_call): the last
+     * ENGRAM_CUDA_GRAPHS distinct arguments seen, least recently used
+     * replaced first */
+    struct call_graph {
+        engram_cuda_args key;    /* the call's arguments, stream NULL     */
+        cudaGraphExec_t exec;    /* NULL: seen once, or not made (failed)  */
+        unsigned long long last; /* the layer's tick at its last call; 0: empty */
+        int failed;              /* its graph could not be made: launches */
+    } graphs[ENGRAM_CUDA_GRAPHS];
+    unsigned long long tick;
 };
 
 /* the decode path's flags of wide tokens (decode16_kernel, wsd_kernel) */
@@ -148,11 +161,40 @@ extern "C" void engram_cuda_host_hooks(engram_host_hooks *h)
 
 /* ------------------------------------------------------------ host side */
 
+/* The thread's stream-capture mode relaxed, *mode the one to give back
+ * (unrelax): making, uploading and destroying a graph are calls CUDA
+ * refuses, invalidating the capture, while another capture of the global
+ * mode is under way (this thread's on another stream, or another
+ * thread's); relaxed, this thread may make them and that capture goes on.
+ * 0, or -1 with its own error cleared. */
+static int relax(cudaStreamCaptureMode *mode)
+{
+    *mode = cudaStreamCaptureModeRelaxed;
+    if (cudaThreadExchangeStreamCaptureMode(mode) == cudaSuccess)
+        return 0;
+    (void)cudaGetLastError();
+    return -1;
+}
+
+static void unrelax(cudaStreamCaptureMode mode)
+{
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+static void drop_graph(struct engram_cuda_layer::call_graph *g);
+
 extern "C" void engram_cuda_layer_close(engram_cuda_layer *c)
 {
     if (!c)
         return;
     cudaSetDevice(c->device);
+    cudaStreamCaptureMode mode;
+    int relaxed = relax(&mode) == 0;
+    for (unsigned i = 0; i < ENGRAM_CUDA_GRAPHS; i++)
+        drop_graph(&c->graphs[i]);
+    if (relaxed)
+        unrelax(mode);
     cudaFree(c->w);
     cudaFree(c->wq);
     cudaFree(c->kv);
@@ -273,7 +315,7 @@ static int check_args(const engram_cuda_layer *c, const engram_cuda_args *a, int
         return set_err(err, -EINVAL, "d_step is for the decode path (n <= ENGRAM_CUDA_GEMV_MAX = 64)");
     if ((uintptr_t)a->raw % 8 || a->raw_step % 8)
         return set_err(err, -EINVAL, "raw and raw_step: multiples of 8 bytes");
-    if (a->flags & ~(unsigned)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_SERIAL_GATE))
+    if (a->flags & ~(unsigned)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_SERIAL_GATE | ENGRAM_CUDA_NO_GRAPH))
         return set_err(err, -EINVAL, "unknown flags");
     return 0;
 }
@@ -521,12 +563,115 @@ extern "C" int engram_cuda_project(engram_cuda_layer *c, const engram_cuda_args 
     return 0;
 }
 
+/* 1 if a and b are the same call's arguments (their streams aside) */
+static int same_call(const engram_cuda_args *a, const engram_cuda_args *b)
+{
+    return a->raw == b->raw && a->raw_stride == b->raw_stride && a->resid == b->resid &&
+           a->resid_dtype == b->resid_dtype && a->mask == b->mask && a->n == b->n && a->d_step == b->d_step &&
+           a->raw_step == b->raw_step && a->resid_step == b->resid_step && a->flags == b->flags;
+}
+
+/* Empties a graph's entry, its graph destroyed (one in flight is freed by
+ * the driver when it completes; the thread's capture mode relaxed by the
+ * caller); a failure is cleared, not reported. */
+static void drop_graph(struct engram_cuda_layer::call_graph *g)
+{
+    if (g->exec && cudaGraphExecDestroy(g->exec) != cudaSuccess)
+        (void)cudaGetLastError();
+    memset(g, 0, sizeof *g);
+}
+
+static int capture_call(engram_cuda_layer *c, const engram_cuda_args *a, cudaGraphExec_t *exec, engram_error *err);
+
+/* A decode call of engram_cuda_apply (1 <= n <= GEMV_MAX, without
+ * ENGRAM_CUDA_NO_GRAPH) on a stream not under capture, by its arguments
+ * (the stream aside) among the layer's last ENGRAM_CUDA_GRAPHS distinct
+ * ones: not among them, it takes the place of the least recently used
+ * (whose graph is destroyed) and is launched kernel by kernel; seen
+ * before, its launches are captured into a graph (capture_call, a plan's
+ * capture) and the graph uploaded on the call's stream the first time,
+ * and the graph launched there: the same kernels, arguments and bits, one
+ * submission.  The graphs are made, uploaded and destroyed with the
+ * thread's capture mode relaxed (relax).  A graph that cannot be made is
+ * not an error: that entry's calls are launched kernel by kernel until it
+ * is forgotten (the cause, if it lasts, is met there and reported).
+ * 1: launch the call kernel by kernel; 0: launched as a graph; < 0: the
+ * graph's launch failed (err; its entry emptied). */
+static int graph_call(engram_cuda_layer *c, const engram_cuda_args *a, engram_error *err)
+{
+    cudaStream_t st = (cudaStream_t)a->stream;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+        (void)cudaGetLastError(); /* the query's own; the launches meet its cause */
+        return 1;
+    }
+    if (cs != cudaStreamCaptureStatusNone)
+        return 1; /* the caller's capture takes the launches */
+    engram_cuda_args k = *a;
+    k.stream = NULL;
+    struct engram_cuda_layer::call_graph *g = NULL, *old = &c->graphs[0];
+    for (unsigned i = 0; i < ENGRAM_CUDA_GRAPHS; i++) {
+        struct engram_cuda_layer::call_graph *e = &c->graphs[i];
+        if (e->last && same_call(&e->key, &k))
+            g = e;
+        if (e->last < old->last)
+            old = e;
+    }
+    c->tick++;
+    cudaStreamCaptureMode mode;
+    if (!g) {
+        if (old->exec && relax(&mode) < 0)
+            return 1; /* not remembered: the graph it would replace stays */
+        int relaxed = old->exec != NULL;
+        drop_graph(old);
+        if (relaxed)
+            unrelax(mode);
+        old->key = k;
+        old->last = c->tick;
+        return 1;
+    }
+    g->last = c->tick;
+    if (!g->exec) {
+        if (g->failed || relax(&mode) < 0)
+            return 1;
+        engram_error why;
+        cudaGraphExec_t x = NULL;
+        if (capture_call(c, a, &x, &why) == 0) {
+            if (cudaGraphUpload(x, st) == cudaSuccess) {
+                g->exec = x;
+            } else {
+                (void)cudaGetLastError(); /* its own */
+                if (cudaGraphExecDestroy(x) != cudaSuccess)
+                    (void)cudaGetLastError();
+            }
+        }
+        unrelax(mode);
+        if (!g->exec) {
+            g->failed = 1;
+            return 1;
+        }
+    }
+    cudaError_t e = cudaGraphLaunch(g->exec, st);
+    if (e != cudaSuccess) {
+        int rc = cuda_err(err, e, "cudaGraphLaunch (the call's graph)");
+        int relaxed = relax(&mode) == 0;
+        drop_graph(g);
+        if (relaxed)
+            unrelax(mode);
+        return rc;
+    }
+    return 0;
+}
+
 extern "C" int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a, engram_error *err)
 {
     int rc = check_args(c, a, 1, err);
     if (rc < 0)
         return rc;
     CK(cudaSetDevice(c->device), "cudaSetDevice");
+    if (a->n >= 1 && a->n <= ENGRAM_CUDA_GEMV_MAX && !(a->flags & ENGRAM_CUDA_NO_GRAPH) &&
+        (rc = graph_call(c, a, err)) <= 0)
+        return rc;
     cudaStream_t st = (cudaStream_t)a->stream;
     size_t stride = a->raw_stride ? a->raw_stride : (size_t)ENGRAM_COLUMNS * ROW;
     size_t es = a->resid_dtype == ENGRAM_BF16 ? 2 : 4;
@@ -587,11 +732,11 @@ struct engram_cuda_plan {
     cudaStream_t st;         /* the stream the arguments named              */
 };
 
-/* p->exec: the call a captured on a stream of its own (a capture of its
+/* *exec: the call a captured on a stream of its own (a capture of its
  * own thread's mode: other threads are not restricted by it), then
  * instantiated.  The capture is always ended and the stream destroyed
  * before returning.  0, or a negative errno with err filled. */
-static int plan_capture(engram_cuda_layer *c, const engram_cuda_args *a, engram_cuda_plan *p, engram_error *err)
+static int capture_call(engram_cuda_layer *c, const engram_cuda_args *a, cudaGraphExec_t *exec, engram_error *err)
 {
     CK(cudaSetDevice(c->device), "cudaSetDevice");
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -621,7 +766,7 @@ static int plan_capture(engram_cuda_layer *c, const engram_cuda_args *a, engram_
             (void)cudaGetLastError(); /* the apply's failure is the one reported */
         if (rc == 0 && e == cudaSuccess) {
             what = "cudaGraphInstantiate";
-            e = cudaGraphInstantiate(&p->exec, g, 0);
+            e = cudaGraphInstantiate(exec, g, 0);
         }
         if (g && cudaGraphDestroy(g) != cudaSuccess)
             (void)cudaGetLastError(); /* not reported: the plan is made or not without it */
@@ -633,14 +778,31 @@ static int plan_capture(engram_cuda_layer *c, const engram_cuda_args *a, engram_
     return rc;
 }
 
-/* The plan is allocated before any CUDA call.  The thread's capture mode
- * is relaxed while the plan is made (and restored): instantiating a graph
- * is a call CUDA refuses, invalidating the capture, while another capture
- * of the global mode is under way (this thread's on another stream, or
- * another thread's); relaxed, this thread may make it and that capture
- * goes on.  Every CUDA failure clears the runtime's last error (its own,
+/* *exec: the call a's graph (capture_call), made with the thread's
+ * capture mode relaxed (and restored): instantiating a graph is a call
+ * CUDA refuses, invalidating the capture, while another capture of the
+ * global mode is under way (this thread's on another stream, or another
+ * thread's); relaxed, this thread may make it and that capture goes on.
+ * Every CUDA failure clears the runtime's last error (its own,
  * host_err.cuh), so that no later call of the library (or the caller's)
- * finds it as its own; a refusal that made no CUDA error clears nothing. */
+ * finds it as its own; a refusal that made no CUDA error clears nothing.
+ * A plan's graph (engram_cuda_apply's own: graph_call, the same way). */
+static int make_graph(engram_cuda_layer *c, const engram_cuda_args *a, cudaGraphExec_t *exec, engram_error *err)
+{
+    int rc;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaError_t e = cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess) {
+        rc = cuda_err(err, e, "cudaThreadExchangeStreamCaptureMode");
+    } else {
+        rc = capture_call(c, a, exec, err);
+        if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) /* the thread's own mode back */
+            (void)cudaGetLastError();
+    }
+    return rc;
+}
+
+/* The plan is allocated before any CUDA call. */
 extern "C" int engram_cuda_plan_open(engram_cuda_layer *c, const engram_cuda_args *a, engram_cuda_plan **out,
                                      engram_error *err)
 {
@@ -654,16 +816,7 @@ extern "C" int engram_cuda_plan_open(engram_cuda_layer *c, const engram_cuda_arg
     engram_cuda_plan *p = (engram_cuda_plan *)calloc(1, sizeof *p);
     if (!p)
         return set_err(err, -ENOMEM, "host memory (the plan)");
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaError_t e = cudaThreadExchangeStreamCaptureMode(&mode);
-    if (e != cudaSuccess) {
-        rc = cuda_err(err, e, "cudaThreadExchangeStreamCaptureMode");
-    } else {
-        rc = plan_capture(c, a, p, err);
-        if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) /* the thread's own mode back */
-            (void)cudaGetLastError();
-    }
-    if (rc < 0) {
+    if ((rc = make_graph(c, a, &p->exec, err)) < 0) {
         free(p);
         return rc;
     }

@@ -96,7 +96,12 @@ static struct {
     long launch_at;           /* the k-th kernel launch from 1 fails  */
     long launches;            /* cudaLaunchKernelExC calls counted   */
     long streams, graphs;     /* streams made - destroyed, graphs captured - destroyed */
+    long captures, graph_launches; /* captures begun, graphs launched (successful calls) */
+    int upload;               /* cudaGraphUpload fails                */
 } fail;
+
+/* executable graphs instantiated - destroyed (this thread's), never reset */
+static long live_execs;
 
 static void arm(void)
 {
@@ -207,7 +212,11 @@ cudaError_t __wrap_cudaStreamDestroy(cudaStream_t st)
 
 cudaError_t __wrap_cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode mode)
 {
-    return fail.begin_capture && mine() ? failed(cudaErrorNotSupported) : __real_cudaStreamBeginCapture(st, mode);
+    if (fail.begin_capture && mine())
+        return failed(cudaErrorNotSupported);
+    cudaError_t e = __real_cudaStreamBeginCapture(st, mode);
+    fail.captures += e == cudaSuccess && mine();
+    return e;
 }
 
 cudaError_t __wrap_cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g)
@@ -225,7 +234,26 @@ cudaError_t __wrap_cudaGraphDestroy(cudaGraph_t g)
 
 cudaError_t __wrap_cudaGraphInstantiate(cudaGraphExec_t *ge, cudaGraph_t g, unsigned long long flags)
 {
-    return fail.instantiate && mine() ? failed(cudaErrorMemoryAllocation) : __real_cudaGraphInstantiate(ge, g, flags);
+    if (fail.instantiate && mine())
+        return failed(cudaErrorMemoryAllocation);
+    cudaError_t e = __real_cudaGraphInstantiate(ge, g, flags);
+    live_execs += e == cudaSuccess && mine();
+    return e;
+}
+
+cudaError_t __real_cudaGraphExecDestroy(cudaGraphExec_t ge);
+cudaError_t __real_cudaGraphUpload(cudaGraphExec_t ge, cudaStream_t st);
+
+cudaError_t __wrap_cudaGraphExecDestroy(cudaGraphExec_t ge)
+{
+    cudaError_t e = __real_cudaGraphExecDestroy(ge);
+    live_execs -= e == cudaSuccess && mine();
+    return e;
+}
+
+cudaError_t __wrap_cudaGraphUpload(cudaGraphExec_t ge, cudaStream_t st)
+{
+    return fail.upload && mine() ? failed(cudaErrorMemoryAllocation) : __real_cudaGraphUpload(ge, st);
 }
 
 cudaError_t __real_cudaLaunchKernelExC(const cudaLaunchConfig_t *cfg, const void *fn, void **args);
@@ -243,7 +271,11 @@ cudaError_t __wrap_cudaLaunchKernelExC(const cudaLaunchConfig_t *cfg, const void
 
 cudaError_t __wrap_cudaGraphLaunch(cudaGraphExec_t ge, cudaStream_t st)
 {
-    return fail.graph_launch && mine() ? failed(cudaErrorLaunchOutOfResources) : __real_cudaGraphLaunch(ge, st);
+    if (fail.graph_launch && mine())
+        return failed(cudaErrorLaunchOutOfResources);
+    cudaError_t e = __real_cudaGraphLaunch(ge, st);
+    fail.graph_launches += e == cudaSuccess && mine();
+    return e;
 }
 
 cublasStatus_t __wrap_cublasCreate_v2(cublasHandle_t *h)
@@ -911,7 +943,7 @@ static void invariance_and_graph(fx *f, engram_cuda_layer *c, const char *path)
                fsame ? "yes" : "NO");
         b.flags = 2; /* unknown (was FAST_SUMS) */
         CHECK_ERR(engram_cuda_project(c, &b, d_kvf, &err), err, -EINVAL, "flags");
-        b.flags = 8; /* unknown */
+        b.flags = 16; /* unknown */
         CHECK_ERR(engram_cuda_project(c, &b, d_kvf, &err), err, -EINVAL, "flags");
         b.flags = 0;
         b.raw = d_rf + 4; /* misaligned */
@@ -1650,7 +1682,7 @@ static void plans(fx *f)
         b.resid = NULL;
         CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, -EINVAL, "NULL argument");
         b = a;
-        b.flags = 8;
+        b.flags = 16;
         CHECK_ERR(engram_cuda_plan_open(c, &b, &pl, &err), err, -EINVAL, "unknown flags");
         cudaStream_t st, st2, nb;
         CU(cudaStreamCreate(&st));
@@ -1791,6 +1823,384 @@ static void plans(fx *f)
     free(xp);
 }
 
+/* engram_cuda_apply's graphs of decode calls (engram_cuda.h; W = 64, a
+ * layer of each kind opened for it, so that its graphs start empty), the
+ * calls counted at the runtime (kernel launches, captures begun, graph
+ * launches), every result against the same calls made with
+ * ENGRAM_CUDA_NO_GRAPH, bit for bit:
+ *  - 1, 5, 40, 64, 8, 16 and 6 tokens (F32 and BF16 residuals, a mask,
+ *    the serial gate, a device step index, FMA_ONLY, a raw_stride): the
+ *    first call launches kernel by kernel, the second captures once and
+ *    launches a graph, the third and fourth launch it (on another stream
+ *    than the capture's; with d_step, at another step) and launch no
+ *    kernel; 65 tokens never make a graph;
+ *  - the least recently used arguments forgotten: a fixed sequence over
+ *    five residuals (AABBCCDDAEAB: the last A a graph launch where the
+ *    first remembered would have been forgotten first) gives the graph
+ *    launches and captures written out by hand from engram_cuda.h's rule,
+ *    and the sequence's bits; no more than ENGRAM_CUDA_GRAPHS graphs live,
+ *    none after close (instantiations and destructions counted);
+ *  - the capture refused, the instantiation refused, a kernel's launch
+ *    refused inside the capture, the upload refused: the call still
+ *    succeeds (kernel by kernel, the reference's bits), nothing left
+ *    pending, and those arguments stay launched kernel by kernel;
+ *  - the graph's launch refused: -EIO naming cudaGraphLaunch, nothing left
+ *    pending, the residual untouched; the next call is a first sighting;
+ *  - under the caller's pending error, first, second and third sighting:
+ *    the bits, and the error still pending;
+ *  - on a stream the caller is capturing (the global mode): no graph of
+ *    the layer's made or launched, nothing remembered (the same call
+ *    eagerly afterwards is a first sighting), the caller's graph gives the
+ *    bits; on the legacy stream while a blocking stream is captured: the
+ *    launch's refusal reported, nothing of ours pending;
+ *  - beside this thread's own capture of another stream (the global
+ *    mode): a graph made, launched and destroyed (forgotten), and that
+ *    capture still ends with its graph, the thread's mode given back;
+ *  - closing the layer with its graphs leaves nothing pending. */
+static void graphs(fx *f)
+{
+    engram_error err;
+    const unsigned nmax = 2 * ENGRAM_CUDA_GEMV_MAX;
+    const size_t per = (size_t)f->S * f->W, xb = (size_t)nmax * per * 4;
+    rowset r;
+    rowset_new(&r, f, nmax, 91, 0, NULL);
+    float *x0 = (float *)malloc(xb), *ref = (float *)malloc(xb), *got = (float *)malloc(xb);
+    uint16_t *x0b = (uint16_t *)malloc(xb / 2);
+    resid_values(x0, (size_t)nmax * per, 33);
+    bf16_of(x0, x0b, (size_t)nmax * per);
+    uint8_t hm[2 * ENGRAM_CUDA_GEMV_MAX];
+    for (unsigned t = 0; t < nmax; t++)
+        hm[t] = t % 3 != 1;
+    float *d_x = (float *)dev_buf(xb, x0);
+    uint16_t *d_xb = (uint16_t *)dev_buf(xb / 2, x0b);
+    uint8_t *d_mask = (uint8_t *)dev_buf(nmax, hm);
+    int zero = 0;
+    int *d_step = (int *)dev_buf(sizeof(int), &zero);
+    cudaStream_t st, st2;
+    CU(cudaStreamCreate(&st));
+    CU(cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking));
+    for (int li = 0; li < 2; li++) {
+        engram_cuda_layer *c = NULL;
+        long execs0 = live_execs;
+        arm();
+        fail.no_wgmma = li;
+        int rc = engram_cuda_layer_open(f->L, 0, &c, &err);
+        arm();
+        CHECK_EQ(rc, 0);
+        if (rc < 0)
+            continue;
+        /* the residuals back to x0 (both), the step index set */
+        auto reset = [&](int step) {
+            CU(cudaMemcpy(d_x, x0, xb, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(d_xb, x0b, xb / 2, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(d_step, &step, sizeof step, cudaMemcpyHostToDevice));
+            CU(cudaDeviceSynchronize()); /* landed: st2 is not ordered after the copies */
+        };
+        /* the residual a writes, copied to out */
+        auto result = [&](const engram_cuda_args *a, void *out) {
+            CU(cudaDeviceSynchronize());
+            if (a->resid_dtype == ENGRAM_BF16)
+                CU(cudaMemcpy(out, d_xb, xb / 2, cudaMemcpyDeviceToHost));
+            else
+                CU(cudaMemcpy(out, d_x, xb, cudaMemcpyDeviceToHost));
+        };
+        size_t cmpb = 0; /* bytes compared: the whole residual of its dtype */
+        /* one apply, its kernel launches, captures and graph launches */
+        long kl = 0, cap = 0, gl = 0;
+        auto call = [&](const engram_cuda_args *a) {
+            long k0 = fail.launches, c0 = fail.captures, g0 = fail.graph_launches;
+            int rc2 = engram_cuda_apply(c, a, &err);
+            kl = fail.launches - k0, cap = fail.captures - c0, gl = fail.graph_launches - g0;
+            return rc2;
+        };
+        /* sightings */
+        const struct {
+            unsigned n;
+            int bf, mask, step, serial, fma, stride2;
+        } cfg[7] = {{1, 0, 0, 0, 0, 0, 0},  {5, 1, 1, 0, 0, 0, 0}, {40, 0, 1, 0, 1, 0, 0}, {64, 0, 0, 1, 0, 0, 0},
+                    {8, 1, 0, 1, 1, 0, 0},  {16, 0, 1, 0, 0, 1, 0}, {6, 0, 0, 0, 0, 0, 1}};
+        int sight_ok = 1;
+        for (int q = 0; q < 7; q++) {
+            engram_cuda_args a = args_of(r.d_raw, cfg[q].n, d_x);
+            if (cfg[q].bf) {
+                a.resid = d_xb;
+                a.resid_dtype = ENGRAM_BF16;
+            }
+            a.mask = cfg[q].mask ? d_mask : NULL;
+            a.flags = (cfg[q].serial ? ENGRAM_CUDA_SERIAL_GATE : 0) | (cfg[q].fma ? ENGRAM_CUDA_FMA_ONLY : 0);
+            a.raw_stride = cfg[q].stride2 ? 2 * 24 * 264 : 0; /* every other token's rows */
+            if (cfg[q].step) {
+                a.d_step = d_step;
+                a.raw_step = (size_t)cfg[q].n * 24 * 264;
+                a.resid_step = (size_t)cfg[q].n * per * (cfg[q].bf ? 2 : 4);
+            }
+            a.stream = q % 2 ? (void *)st : NULL;
+            cmpb = cfg[q].bf ? xb / 2 : xb;
+            float *refs = (float *)malloc(2 * xb);
+            for (int s2 = 0; s2 < 2; s2++) {
+                engram_cuda_args b = a;
+                b.flags |= ENGRAM_CUDA_NO_GRAPH;
+                reset(s2);
+                arm();
+                CHECK_EQ(call(&b), 0);
+                CHECK(kl > 0 && cap == 0 && gl == 0);
+                result(&b, (char *)refs + s2 * xb);
+            }
+            int ok = memcmp(refs, refs + xb / 4, cmpb) != 0 || !cfg[q].step; /* the step moved the call */
+            for (int k = 0; k < 4; k++) {
+                int s2 = cfg[q].step ? k % 2 : 0;
+                engram_cuda_args b = a;
+                if (k == 3)
+                    b.stream = st2; /* the graph on another stream */
+                reset(s2);
+                arm();
+                rc = call(&b);
+                CHECK_EQ(rc, 0);
+                int want = k == 0 ? kl > 0 && cap == 0 && gl == 0 : k == 1 ? cap == 1 && gl == 1 : kl == 0 && cap == 0 && gl == 1;
+                result(&b, got);
+                int same = memcmp(got, (char *)refs + s2 * xb, cmpb) == 0;
+                int clear = cudaPeekAtLastError() == cudaSuccess;
+                if (!(rc == 0 && want && same && clear))
+                    fprintf(stderr, "graphs %d n=%u call %d: rc %d, launches %ld captures %ld graph launches %ld, "
+                                    "same %d clear %d\n", li, a.n, k + 1, rc, kl, cap, gl, same, clear);
+                ok &= rc == 0 && want && same && clear;
+            }
+            free(refs);
+            CHECK(ok);
+            sight_ok &= ok;
+        }
+        {
+            /* 65 tokens: the prefill's path, never a graph */
+            engram_cuda_args a = args_of(r.d_raw, ENGRAM_CUDA_GEMV_MAX + 1, d_x);
+            for (int k = 0; k < 2; k++) {
+                CHECK_EQ(call(&a), 0);
+                sight_ok &= kl > 0 && cap == 0 && gl == 0;
+            }
+            CHECK(sight_ok);
+        }
+        /* least recently used: five residuals of one token */
+        const char *seq = "AABBCCDDAEAB";
+        const int want_gl[12] = {0, 1, 0, 1, 0, 1, 0, 1, 1, 0, 1, 0}, want_cap[12] = {0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0};
+        int lru_ok = 1;
+        float *lref = (float *)malloc(xb);
+        const engram_cuda_args f32 = args_of(r.d_raw, 1, d_x);
+        for (int pass = 0; pass < 2; pass++) {
+            reset(0);
+            arm();
+            for (int i = 0; seq[i]; i++) {
+                /* residuals from token 1: none of the sightings' above */
+                engram_cuda_args a = args_of(r.d_raw, 1, d_x + (size_t)(seq[i] - 'A' + 1) * per);
+                a.flags = pass ? 0 : ENGRAM_CUDA_NO_GRAPH;
+                CHECK_EQ(call(&a), 0);
+                if (pass)
+                    lru_ok &= gl == want_gl[i] && cap == want_cap[i] && (gl && !cap ? kl == 0 : kl > 0);
+            }
+            result(&f32, pass ? got : lref);
+        }
+        lru_ok &= memcmp(got, lref, xb) == 0 && cudaPeekAtLastError() == cudaSuccess &&
+                  live_execs - execs0 <= (long)ENGRAM_CUDA_GRAPHS;
+        CHECK(lru_ok);
+        free(lref);
+        /* refusals while the graph is made: the capture, the
+         * instantiation, a kernel's launch inside the capture */
+        int made_ok = 1;
+        for (int k = 0; k < 4; k++) {
+            engram_cuda_args a = args_of(r.d_raw, 5 + k, d_x);
+            engram_cuda_args b = a;
+            b.flags = ENGRAM_CUDA_NO_GRAPH;
+            reset(0);
+            CHECK_EQ(call(&b), 0);
+            result(&b, ref);
+            for (int i = 0; i < 3; i++) {
+                reset(0);
+                arm();
+                if (i == 1) {
+                    if (k == 0)
+                        fail.begin_capture = 1;
+                    else if (k == 1)
+                        fail.instantiate = 1;
+                    else if (k == 2)
+                        fail.launch_at = 1; /* the capture's first launch */
+                    else
+                        fail.upload = 1;
+                }
+                rc = call(&a);
+                int ok = rc == 0 && gl == 0 && kl > 0 && cudaPeekAtLastError() == cudaSuccess && !fail.streams &&
+                         !fail.graphs;
+                arm();
+                result(&a, got);
+                ok &= memcmp(got, ref, xb) == 0;
+                if (!ok)
+                    fprintf(stderr, "graphs %d refusal %d call %d: rc %d launches %ld graph launches %ld\n", li, k,
+                            i + 1, rc, kl, gl);
+                made_ok &= ok;
+            }
+        }
+        CHECK(made_ok);
+        /* the graph's launch refused, then a first sighting again */
+        int launch_ok = 1;
+        {
+            engram_cuda_args a = args_of(r.d_raw, 3, d_x), b = a;
+            b.flags = ENGRAM_CUDA_NO_GRAPH;
+            reset(0);
+            CHECK_EQ(call(&b), 0);
+            result(&b, ref);
+            for (int i = 0; i < 5; i++) {
+                reset(0);
+                arm();
+                fail.graph_launch = i == 2;
+                rc = call(&a);
+                int clear = cudaPeekAtLastError() == cudaSuccess;
+                arm();
+                result(&a, got);
+                if (i == 2) {
+                    CHECK_ERR(rc, err, -EIO, "cudaGraphLaunch");
+                    launch_ok &= rc == -EIO && clear && memcmp(got, x0, xb) == 0;
+                } else {
+                    int want = i < 2 ? (i == 0 ? gl == 0 : gl == 1) : i == 3 ? gl == 0 && cap == 0 : gl == 1 && cap == 1;
+                    launch_ok &= rc == 0 && clear && want && memcmp(got, ref, xb) == 0;
+                }
+            }
+        }
+        CHECK(launch_ok);
+        /* under the caller's pending error */
+        int pend_ok = 1;
+        {
+            engram_cuda_args a = args_of(r.d_raw, 2, d_x), b = a;
+            b.flags = ENGRAM_CUDA_NO_GRAPH;
+            reset(0);
+            CHECK_EQ(call(&b), 0);
+            result(&b, ref);
+            for (int i = 0; i < 3; i++) {
+                reset(0);
+                (void)cudaSetDevice(1 << 20);
+                rc = call(&a);
+                int left = cudaGetLastError() == cudaErrorInvalidDevice;
+                result(&a, got);
+                pend_ok &= rc == 0 && left && memcmp(got, ref, xb) == 0 && (i ? gl == 1 : gl == 0);
+            }
+        }
+        CHECK(pend_ok);
+        /* on a stream the caller captures */
+        int capt_ok = 0;
+        {
+            engram_cuda_args a = args_of(r.d_raw, 4, d_x), b = a;
+            b.flags = ENGRAM_CUDA_NO_GRAPH;
+            reset(0);
+            CHECK_EQ(call(&b), 0);
+            CHECK_EQ(call(&b), 0);
+            result(&b, ref); /* two calls in turn */
+            reset(0);
+            a.stream = st;
+            CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            long c0 = fail.captures, g0 = fail.graph_launches;
+            int rc1 = call(&a), rc2 = call(&a);
+            long ours = fail.captures - c0 + fail.graph_launches - g0;
+            cudaGraph_t g = NULL;
+            CU(cudaStreamEndCapture(st, &g));
+            cudaGraphExec_t ge;
+            CU(cudaGraphInstantiate(&ge, g, 0));
+            CU(cudaGraphLaunch(ge, st));
+            result(&a, got);
+            capt_ok = rc1 == 0 && rc2 == 0 && ours == 0 && memcmp(got, ref, xb) == 0;
+            CU(cudaGraphExecDestroy(ge));
+            CU(cudaGraphDestroy(g));
+            /* nothing remembered: eagerly, a first sighting, then a graph */
+            for (int i = 0; i < 2; i++) {
+                reset(0);
+                CHECK_EQ(call(&a), 0);
+                capt_ok &= i ? cap == 1 && gl == 1 : cap == 0 && gl == 0 && kl > 0;
+            }
+            /* the legacy stream while a blocking stream is captured: the
+             * launch is refused, as without graphs */
+            reset(0);
+            a.stream = NULL;
+            CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            cudaMemsetAsync(d_x, 0, 4, st); /* the capture's node */
+            rc = call(&a);
+            int refused = rc < 0 && gl == 0 && cap == 0 && cudaPeekAtLastError() == cudaSuccess;
+            g = NULL;
+            if (cudaStreamEndCapture(st, &g) != cudaSuccess) /* invalidated by the refused launch */
+                (void)cudaGetLastError();
+            if (g)
+                CU(cudaGraphDestroy(g));
+            if (!refused)
+                fprintf(stderr, "graphs %d legacy stream beside a capture: rc %d (%s), gl %ld cap %ld\n", li, rc,
+                        rc < 0 ? err.msg : "", gl, cap);
+            capt_ok &= refused;
+        }
+        CHECK(capt_ok);
+        /* beside this thread's capture of another stream, global mode: A
+         * three times (remembered, made, launched), then B C D E (E forgets
+         * A, destroying its graph), all on st while st2 is captured */
+        int beside_ok = 0;
+        {
+            const char *seq2 = "AAABCDE";
+            const int wgl[7] = {0, 1, 1, 0, 0, 0, 0}, wcap[7] = {0, 1, 0, 0, 0, 0, 0};
+            float *bref = (float *)malloc(xb);
+            int counts = 1, other = 0;
+            for (int pass = 0; pass < 2; pass++) {
+                reset(0);
+                arm();
+                int *scratch = d_step + 0;
+                if (pass) {
+                    CU(cudaStreamBeginCapture(st2, cudaStreamCaptureModeGlobal));
+                    CU(cudaMemsetAsync(scratch, 0, sizeof(int), st2));
+                }
+                long e0 = live_execs;
+                for (int i = 0; seq2[i]; i++) {
+                    engram_cuda_args a = args_of(r.d_raw, 1, d_x + (size_t)(20 + seq2[i] - 'A') * per);
+                    a.stream = st;
+                    a.flags = pass ? 0 : ENGRAM_CUDA_NO_GRAPH;
+                    CHECK_EQ(call(&a), 0);
+                    if (pass)
+                        counts &= gl == wgl[i] && cap == wcap[i];
+                }
+                if (pass) {
+                    counts &= live_execs - e0 <= 0; /* A's graph made, then destroyed (others maybe too) */
+                    cudaGraph_t g = NULL;
+                    other = cudaStreamEndCapture(st2, &g) == cudaSuccess && g;
+                    if (g)
+                        CU(cudaGraphDestroy(g));
+                    other &= global_mode_back();
+                }
+                engram_cuda_args f1 = args_of(r.d_raw, 1, d_x);
+                result(&f1, pass ? got : bref);
+            }
+            beside_ok = counts && other && memcmp(got, bref, xb) == 0 && cudaPeekAtLastError() == cudaSuccess;
+            if (!beside_ok)
+                fprintf(stderr, "graphs %d beside a capture: counts %d, the other capture %d\n", li, counts, other);
+            free(bref);
+        }
+        CHECK(beside_ok);
+        arm();
+        engram_cuda_layer_close(c);
+        int closed = cudaPeekAtLastError() == cudaSuccess && live_execs == execs0;
+        CHECK(closed);
+        printf("W=%u graphs (%s): first call kernel by kernel, second captured and a graph launched, then the "
+               "graph alone, on another stream, at another step (1, 5, 40, 64, 8 tokens; F32, BF16, mask, "
+               "serial, d_step), the bits of the calls without graphs: %s; least recently used (AABBCCDDEBAA): "
+               "%s; the capture, instantiation or a launch in it refused: launched kernel by kernel, the bits: "
+               "%s; the graph's launch refused: named, nothing ran, then a first sighting: %s; under a pending "
+               "error: %s; inside the caller's capture, none of ours (the legacy stream beside one refused): %s; "
+               "beside this thread's global capture: %s; closed, no graph left: %s\n",
+               f->W, li ? "mmv" : "wsd", sight_ok ? "yes" : "NO", lru_ok ? "yes" : "NO", made_ok ? "yes" : "NO",
+               launch_ok ? "yes" : "NO", pend_ok ? "yes" : "NO", capt_ok ? "yes" : "NO", beside_ok ? "yes" : "NO",
+               closed ? "yes" : "NO");
+    }
+    CU(cudaStreamDestroy(st));
+    CU(cudaStreamDestroy(st2));
+    rowset_free(&r);
+    CU(cudaFree(d_x));
+    CU(cudaFree(d_xb));
+    CU(cudaFree(d_mask));
+    CU(cudaFree(d_step));
+    free(x0);
+    free(x0b);
+    free(ref);
+    free(got);
+}
+
 /* Apply (proj 0) or project (proj 1, into d_kv) of c on a. */
 static int call_of(engram_cuda_layer *c, const engram_cuda_args *a, int proj, float *d_kv, engram_error *err)
 {
@@ -1804,8 +2214,9 @@ static int call_of(engram_cuda_layer *c, const engram_cuda_args *a, int proj, fl
  *  - under an error the caller's own failed call left pending (a
  *    non-sticky one), the call succeeds, with the bits of the same call
  *    made without it, and leaves that error pending (neither reported as
- *    the library's nor consumed);
- *  - each of the call's kernel launches refused in turn (the runtime's
+ *    the library's nor consumed): three times, so that an apply's decode
+ *    call is also made into the layer's graph and launched as one;
+ *  - each of the call's kernel launches (ENGRAM_CUDA_NO_GRAPH) refused in turn (the runtime's
  *    last error recorded, as a real refusal records it): -EIO naming the
  *    kernel and the error, no error left pending, the stream still good
  *    (a sync after it succeeds); after the refusals the call works, with
@@ -1833,37 +2244,56 @@ static void errors(fx *f)
                     engram_cuda_layer *c = cs[li];
                     engram_cuda_args a = args_of(r.d_raw, ns[ni], d_x);
                     a.flags = fma ? ENGRAM_CUDA_FMA_ONLY : 0;
+                    /* launch by launch: the reference (its launches
+                     * counted) and the refusals; the layer's graphs of
+                     * the call (first, second and later sighting) under
+                     * the pending error */
+                    engram_cuda_args an = a;
+                    an.flags |= ENGRAM_CUDA_NO_GRAPH;
                     size_t bytes = proj ? (size_t)a.n * f->N * 4 : a.n * per * 4;
                     const void *out = proj ? (const void *)d_kv : (const void *)d_x;
                     configs++;
                     /* the reference: the same call, nothing pending */
                     CU(cudaMemcpy(d_x, x0, nmax * per * 4, cudaMemcpyHostToDevice));
                     arm();
-                    CHECK_EQ(call_of(c, &a, proj, d_kv, &err), 0);
+                    CHECK_EQ(call_of(c, &an, proj, d_kv, &err), 0);
                     long launches = fail.launches;
                     CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
                     CU(cudaMemcpy(ref, out, bytes, cudaMemcpyDeviceToHost));
                     /* under the caller's pending error */
-                    CU(cudaMemcpy(d_x, x0, nmax * per * 4, cudaMemcpyHostToDevice));
-                    (void)cudaSetDevice(1 << 20);
-                    int set = cudaPeekAtLastError() == cudaErrorInvalidDevice;
-                    int rc = call_of(c, &a, proj, d_kv, &err);
-                    int left = cudaGetLastError() == cudaErrorInvalidDevice;
-                    CHECK_EQ(rc, 0);
-                    if (rc < 0)
-                        fprintf(stderr, "under a pending error: %s\n", err.msg);
-                    CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
-                    CU(cudaMemcpy(got, out, bytes, cudaMemcpyDeviceToHost));
-                    int same = memcmp(got, ref, bytes) == 0;
-                    CHECK(set && left && same);
-                    pending_ok += rc == 0 && set && left && same;
+                    int all = 1, rc = 0;
+                    for (int rep = 0; rep < 3; rep++) {
+                        CU(cudaMemcpy(d_x, x0, nmax * per * 4, cudaMemcpyHostToDevice));
+                        (void)cudaSetDevice(1 << 20);
+                        int set = cudaPeekAtLastError() == cudaErrorInvalidDevice;
+                        long k0 = fail.launches, g0 = fail.graph_launches;
+                        rc = call_of(c, &a, proj, d_kv, &err);
+                        int left = cudaGetLastError() == cudaErrorInvalidDevice;
+                        /* the third: an apply's decode call is its graph alone by now */
+                        if (rep == 2) {
+                            int graph = !proj && a.n <= ENGRAM_CUDA_GEMV_MAX;
+                            int how = graph ? fail.graph_launches - g0 == 1 && fail.launches == k0
+                                            : fail.graph_launches == g0 && fail.launches > k0;
+                            CHECK(how);
+                            all &= how;
+                        }
+                        CHECK_EQ(rc, 0);
+                        if (rc < 0)
+                            fprintf(stderr, "under a pending error: %s\n", err.msg);
+                        CHECK_EQ(engram_cuda_sync(c, NULL, &err), 0);
+                        CU(cudaMemcpy(got, out, bytes, cudaMemcpyDeviceToHost));
+                        int same = memcmp(got, ref, bytes) == 0;
+                        CHECK(set && left && same);
+                        all &= rc == 0 && set && left && same;
+                    }
+                    pending_ok += all;
                     /* each launch refused in turn */
                     int ok = launches >= (proj ? 1 : 2); /* a projection, and the gate */
                     char names[512] = "";
                     for (long k = 1; k <= launches; k++) {
                         arm();
                         fail.launch_at = k;
-                        rc = call_of(c, &a, proj, d_kv, &err);
+                        rc = call_of(c, &an, proj, d_kv, &err);
                         arm();
                         CHECK_ERR(rc, err, -EIO, "cudaErrorLaunchOutOfResources");
                         int named = strstr(err.msg, "kernel") != NULL;
@@ -1982,7 +2412,7 @@ static void faults(fx *f)
         b.raw_step = 12;
         CHECK_ERR(engram_cuda_apply(f->c, &b, &err), err, -EINVAL, "multiples of 8");
         b = a;
-        b.flags = 8;
+        b.flags = 16;
         CHECK_ERR(engram_cuda_apply(f->c, &b, &err), err, -EINVAL, "unknown flags");
         CHECK_EQ(engram_cuda_sync(f->c, NULL, &err), 0); /* nothing was launched */
     }
@@ -2079,6 +2509,7 @@ int main(void)
                 faults(&f);
                 errors(&f);
                 plans(&f);
+                graphs(&f);
                 fma_rounds(&f);
             }
             applies(&f);

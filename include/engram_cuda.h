@@ -50,8 +50,13 @@
  * W = 5120); 445 MB in all at W = 5120.  Where the wgmma GEMM cannot run,
  * cuBLAS writes F32 kv and that part doubles (550 MB in all).  Not
  * counted: the CUDA context and cuBLAS's handle (its own workspace).
+ * Not counted either: up to ENGRAM_CUDA_GRAPHS graphs of decode calls a
+ * layer keeps (engram_cuda_apply below), the driver's memory for one
+ * call's kernels each (no device buffer of ours), freed when replaced and
+ * at close.
  * Calls on one cuda layer are ordered on the stream they are given and must
- * not run concurrently (one workspace); use a layer per stream.
+ * not run concurrently, on the device or on the host (one workspace, and
+ * the layer's graphs are its state too); use a layer per stream.
  */
 #ifndef ENGRAM_CUDA_H
 #define ENGRAM_CUDA_H
@@ -83,6 +88,11 @@ extern "C" {
  * same bits; hides the launches).  For measuring, and for tools that
  * cannot follow such edges. */
 #define ENGRAM_CUDA_SERIAL_GATE 4u
+/* engram_cuda_args.flags: the call launched kernel by kernel, never as a
+ * graph of the layer's (engram_cuda_apply below); the same bits.  Plans
+ * and engram_cuda_project accept it and have nothing to change. */
+#define ENGRAM_CUDA_NO_GRAPH 8u
+#define ENGRAM_CUDA_GRAPHS 4u        /* decode calls' graphs kept per layer */
 
 /* 1 if a CUDA device can be used (err not touched); else 0, and err (if
  * not NULL) holds code -ENODEV, offset ENGRAM_NO_OFFSET, row ENGRAM_NO_ROW
@@ -129,16 +139,36 @@ typedef struct engram_cuda_args {
     size_t raw_step, resid_step;
     void *stream;            /* cudaStream_t; NULL = the default stream          */
     unsigned flags;          /* 0 or ENGRAM_CUDA_FMA_ONLY, or'd with
-                                ENGRAM_CUDA_SERIAL_GATE                             */
+                                ENGRAM_CUDA_SERIAL_GATE and ENGRAM_CUDA_NO_GRAPH    */
 } engram_cuda_args;
 
 /*
- * Projection, gate and update on the stream, asynchronously: nothing is
- * allocated and the host does not wait, so it can be captured into a CUDA
- * graph (with d_step, one graph serves every decode step).  Non-finite values (the policy): a token
- * whose residual input or outputs are not all finite is left untouched and
- * recorded; engram_cuda_sync() reports the first such token (-EDOM).
- * -EINVAL for bad arguments (checked on the host first).
+ * Projection, gate and update on the stream, asynchronously: the host does
+ * not wait, and the call can be captured into a CUDA graph (with d_step,
+ * one graph serves every decode step).  Non-finite values (the policy): a
+ * token whose residual input or outputs are not all finite is left
+ * untouched and recorded; engram_cuda_sync() reports the first such token
+ * (-EDOM).  -EINVAL for bad arguments (checked on the host first).
+ * A decode call (1 <= n <= ENGRAM_CUDA_GEMV_MAX) on a stream not under
+ * capture, without ENGRAM_CUDA_NO_GRAPH, is looked up by its arguments
+ * (all of them but the stream) among the layer's last ENGRAM_CUDA_GRAPHS
+ * distinct ones: the first time, it is launched kernel by kernel and
+ * remembered (the least recently used forgotten, its graph destroyed);
+ * the second time, its launches are captured into a graph, as a plan's
+ * are (below), and the graph uploaded; from then on the call is that
+ * graph's launch on the call's stream: the same kernels and bits, one
+ * submission (BENCHMARKS.md measures both ways).  The thread's capture
+ * mode is relaxed while a graph is made, uploaded or destroyed, so other
+ * captures under way go on.  So a decode loop that passes the same
+ * buffers each step gets a plan's speed without one; the second call of a
+ * set of arguments allocates the graph (driver and host memory) and takes
+ * about a plan's open of the host's time, and no other call allocates.  A
+ * graph that cannot be made is not an error: those arguments are then
+ * launched kernel by kernel until forgotten.  -EIO naming cudaGraphLaunch
+ * if the graph's launch fails (the call not submitted; its arguments
+ * forgotten).  Launches of one graph are ordered among themselves, so
+ * calls with the same arguments on two streams also run one after the
+ * other.
  */
 int engram_cuda_apply(engram_cuda_layer *c, const engram_cuda_args *a, engram_error *err);
 /* The projection alone: kv [n][(S+1)W] F32 on the device. */

@@ -32,11 +32,12 @@ except ImportError as e:  # not built (no nvcc), libcublas or the driver library
     _c = None
     _import_error = e
 
-__all__ = ["available", "why", "Layer", "FMA_ONLY", "SERIAL_GATE", "GEMV_MAX", "BLOCK"]
+__all__ = ["available", "why", "Layer", "FMA_ONLY", "SERIAL_GATE", "NO_GRAPH", "GEMV_MAX", "BLOCK"]
 
 # engram_cuda.h's flags and sizes (the same numbers when the extension is absent)
 FMA_ONLY = 1
 SERIAL_GATE = 4
+NO_GRAPH = 8
 GEMV_MAX = 64
 BLOCK = 2048
 
@@ -69,7 +70,7 @@ def available():
 
 if _c is not None:
     Layer = _c.Layer
-    FMA_ONLY, SERIAL_GATE = _c.FMA_ONLY, _c.SERIAL_GATE
+    FMA_ONLY, SERIAL_GATE, NO_GRAPH = _c.FMA_ONLY, _c.SERIAL_GATE, _c.NO_GRAPH
     GEMV_MAX, BLOCK = _c.GEMV_MAX, _c.BLOCK
 else:
     class Layer:

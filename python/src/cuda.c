@@ -651,8 +651,8 @@ static PyObject *cl_apply(PyObject *o, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_TypeError, "apply: give rows= or tokens= (one of them)");
         return NULL;
     }
-    if (flags & ~(long)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_SERIAL_GATE)) {
-        PyErr_Format(PyExc_ValueError, "flags: %ld; FMA_ONLY (1), SERIAL_GATE (4) or'd", flags);
+    if (flags & ~(long)(ENGRAM_CUDA_FMA_ONLY | ENGRAM_CUDA_SERIAL_GATE | ENGRAM_CUDA_NO_GRAPH)) {
+        PyErr_Format(PyExc_ValueError, "flags: %ld; FMA_ONLY (1), SERIAL_GATE (4), NO_GRAPH (8) or'd", flags);
         return NULL;
     }
     if (hist_o != Py_None) {
@@ -870,7 +870,8 @@ static PyMethodDef cl_methods[] = {
      "history=None) -> residual\n\n"
      "Applies the layer on the GPU to n tokens, updating residual IN PLACE on the stream, "
      "asynchronously (nothing is allocated on the device unless host rows or a host mask need "
-     "the layer's scratch to grow).\n\n"
+     "the layer's scratch to grow, or the call is the second with its arguments: its graph, "
+     "below).\n\n"
      "residual: a CUDA tensor (DLPack: torch, CuPy), float32 or bfloat16 (or BF16 bits as "
      "uint16), shape (n, S, W), C-contiguous, on this layer's device.  It is exported with "
      "__dlpack__(stream=...), so the producer orders its pending work before the stream.\n"
@@ -900,7 +901,9 @@ static PyMethodDef cl_methods[] = {
      "after its replays have finished, and never replay after close.  While a capture of the "
      "global mode (torch's default) is under way, calls that allocate or wait (host rows or "
      "masks, tokens=, sync, close, a new Layer) are CUDA's to refuse, on any thread.\n"
-     "flags: FMA_ONLY, SERIAL_GATE (engram_cuda.h).\n"
+     "flags: FMA_ONLY, SERIAL_GATE, NO_GRAPH (engram_cuda.h).  An eager apply of 1 to GEMV_MAX "
+     "tokens whose arguments (the tensors' addresses, rows, mask, flags) the layer has seen "
+     "before is one launch of a graph the layer made of it, unless NO_GRAPH (engram_cuda.h).\n"
      "sync: wait for the stream and report as sync() does.\n\n"
      "Arguments are checked before anything runs: TypeError / ValueError naming the argument "
      "(a CPU tensor, a wrong dtype, shape or device, not contiguous), ArgumentError for a "
@@ -993,6 +996,7 @@ PyMODINIT_FUNC PyInit__engram_cuda(void)
     }
     if (PyModule_AddIntConstant(m, "FMA_ONLY", ENGRAM_CUDA_FMA_ONLY) < 0 ||
         PyModule_AddIntConstant(m, "SERIAL_GATE", ENGRAM_CUDA_SERIAL_GATE) < 0 ||
+        PyModule_AddIntConstant(m, "NO_GRAPH", ENGRAM_CUDA_NO_GRAPH) < 0 ||
         PyModule_AddIntConstant(m, "GEMV_MAX", ENGRAM_CUDA_GEMV_MAX) < 0 ||
         PyModule_AddIntConstant(m, "BLOCK", ENGRAM_CUDA_BLOCK) < 0)
         goto fail;

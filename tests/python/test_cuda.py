@@ -3,8 +3,9 @@
 Everywhere: the absence contract (engram.cuda imports; available() False,
 why() a non-empty reason, Layer(...) raises RuntimeError naming it) where
 no GPU answers, and where the extension cannot be imported at all; the
-module's flags and sizes (FMA_ONLY, SERIAL_GATE, GEMV_MAX, BLOCK), the
-extension's and the fallback's, are the numbers engram_cuda.h defines.
+module's flags and sizes (FMA_ONLY, SERIAL_GATE, NO_GRAPH, GEMV_MAX,
+BLOCK), the extension's and the fallback's, are the numbers engram_cuda.h
+defines.
 
 On a GPU (skipped elsewhere; needs torch with CUDA): engram.cuda.Layer.apply
 on torch CUDA tensors (float32, bfloat16) of a W = 64 and a W = 5120 model,
@@ -250,7 +251,7 @@ def test_constants_match_header():
     extension's and the fallback's (the extension absent); FAST_SUMS
     (removed, #25) is gone from both."""
     want = header_constants()
-    names = ("FMA_ONLY", "SERIAL_GATE", "GEMV_MAX", "BLOCK")
+    names = ("FMA_ONLY", "SERIAL_GATE", "NO_GRAPH", "GEMV_MAX", "BLOCK")
     assert set(names) <= set(want), want
     assert "FAST_SUMS" not in want, want
     got = {k: getattr(engram.cuda, k) for k in names}
@@ -442,7 +443,7 @@ def test_refusals():
     _raises(ValueError, ["mask"], g.apply, xg, tokens=tokens, mask=torch.ones(n, dtype=torch.float32).cuda())
     _raises(TypeError, ["rows", "uint8"], g.apply, xg, rows=torch.zeros(n, 24, 264, dtype=torch.int32).cuda())
     _raises(ValueError, ["rows", "shape"], g.apply, xg, rows=torch.zeros(n, 24, 256, dtype=torch.uint8).cuda())
-    _raises(ValueError, ["flags"], g.apply, xg, tokens=tokens, flags=8)
+    _raises(ValueError, ["flags"], g.apply, xg, tokens=tokens, flags=16)
     _raises(ValueError, ["flags"], g.apply, xg, tokens=tokens, flags=2)   # was FAST_SUMS (removed, #25)
     _raises(TypeError, ["stream"], g.apply, xg, tokens=tokens, stream="s")
     _raises(engram.ArgumentError, [], g.apply, xg, tokens=[0, 1, 2, m.info["vocab"]])
@@ -534,6 +535,35 @@ def test_graph_capture():
 
 
 # ------------------------------------------------------------------ script mode
+
+def test_eager_graphs():
+    """Eager applies into the same tensors: from the second on, one launch
+    of the layer's graph of the call (engram_cuda.h); each equals the same
+    apply with flags=NO_GRAPH (kernel by kernel), bit for bit, at n = 1, 8
+    and 64 (BF16 and F32 residuals, a mask) and at 300 (never a graph)."""
+    need_gpu()
+    path = model_path("m64")
+    m = engram.Model(path)
+    L = m.layer(1)
+    S, W = L.info["streams"], L.info["width"]
+    rng = np.random.default_rng(43)
+    with engram.cuda.Layer(L) as g:
+        for n, dtype in ((1, torch.bfloat16), (8, torch.float32), (64, torch.bfloat16), (300, torch.float32)):
+            tokens = rng.integers(0, m.info["vocab"], n)
+            raw = torch.from_numpy(raw_rows(path, 1, m.hash(tokens)[:, :24])).cuda()
+            mk = (rng.integers(0, 4, n) != 1).astype(np.uint8)
+            mk[0] = 1
+            mask = torch.from_numpy(mk).cuda()
+            x = inputs(n, S, W, dtype, 7 + n).cuda()
+            xa, xb = x.clone(), x.clone()
+            for k in range(4):
+                xa.copy_(x)
+                g.apply(xa, rows=raw, mask=mask, sync=True)
+                xb.copy_(x)
+                g.apply(xb, rows=raw, mask=mask, flags=engram.cuda.NO_GRAPH, sync=True)
+                assert np.array_equal(bits(xa), bits(xb)), (n, k)
+                assert not np.array_equal(bits(xa), bits(x)), (n, k)  # the apply changed the residual
+
 
 def _main():
     global _SCRIPT
