@@ -2178,8 +2178,9 @@ static void graphs(fx *f)
         int closed = cudaPeekAtLastError() == cudaSuccess && live_execs == execs0;
         CHECK(closed);
         printf("W=%u graphs (%s): first call kernel by kernel, second captured and a graph launched, then the "
-               "graph alone, on another stream, at another step (1, 5, 40, 64, 8 tokens; F32, BF16, mask, "
-               "serial, d_step), the bits of the calls without graphs: %s; least recently used (AABBCCDDEBAA): "
+               "graph alone, on another stream, at another step (1, 5, 40, 64, 8, 16, 6 tokens; F32, BF16, mask, "
+               "serial, d_step, FMA_ONLY, raw_stride; 65 never), the bits of the calls without graphs: %s; least "
+               "recently used (AABBCCDDAEAB): "
                "%s; the capture, instantiation or a launch in it refused: launched kernel by kernel, the bits: "
                "%s; the graph's launch refused: named, nothing ran, then a first sighting: %s; under a pending "
                "error: %s; inside the caller's capture, none of ours (the legacy stream beside one refused): %s; "
