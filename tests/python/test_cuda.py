@@ -514,7 +514,8 @@ def test_graph_capture():
                 # the eager reference on the legacy stream: at k = 0 the layer's
                 # last stream is the warm-up's (side), so this apply waits on
                 # the layer's event (which the binding before session t
-                # recorded in the capture: by CUDA's rules cudaErrorCapturedEvent)
+                # recorded in the capture: on an H200 its wait then failed,
+                # cudaErrorInvalidValue; run 85's probe)
                 _, raw, mask, x = fresh(n, 100 + k)
                 xr = x.clone()
                 g.apply(xr, rows=raw, mask=mask, sync=True)
