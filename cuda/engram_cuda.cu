@@ -123,9 +123,7 @@ extern "C" int engram_cuda_available(engram_error *err)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        if (e != cudaSuccess)
-            (void)cudaGetLastError(); /* this call's own, not left pending */
+    if (!quiet(e) || n == 0) {
         set_err(err, -ENODEV, e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
         return 0;
     }
@@ -135,19 +133,14 @@ extern "C" int engram_cuda_available(engram_error *err)
 static int host_reg(void *ctx, void *p, size_t len)
 {
     (void)ctx;
-    if (cudaHostRegister(p, len, cudaHostRegisterDefault) != cudaSuccess) {
-        cudaGetLastError(); /* not sticky: the buffer is used pageable */
-        return -1;
-    }
-    return 0;
+    return quiet(cudaHostRegister(p, len, cudaHostRegisterDefault)) ? 0 : -1; /* refused: used pageable */
 }
 
 static void host_unreg(void *ctx, void *p, size_t len)
 {
     (void)ctx;
     (void)len;
-    if (cudaHostUnregister(p) != cudaSuccess)
-        cudaGetLastError();
+    (void)quiet(cudaHostUnregister(p));
 }
 
 extern "C" void engram_cuda_host_hooks(engram_host_hooks *h)
@@ -170,16 +163,12 @@ extern "C" void engram_cuda_host_hooks(engram_host_hooks *h)
 static int relax(cudaStreamCaptureMode *mode)
 {
     *mode = cudaStreamCaptureModeRelaxed;
-    if (cudaThreadExchangeStreamCaptureMode(mode) == cudaSuccess)
-        return 0;
-    (void)cudaGetLastError();
-    return -1;
+    return quiet(cudaThreadExchangeStreamCaptureMode(mode)) ? 0 : -1;
 }
 
 static void unrelax(cudaStreamCaptureMode mode)
 {
-    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess)
-        (void)cudaGetLastError();
+    (void)quiet(cudaThreadExchangeStreamCaptureMode(&mode));
 }
 
 static void drop_graph(struct engram_cuda_layer::call_graph *g);
@@ -188,22 +177,19 @@ extern "C" void engram_cuda_layer_close(engram_cuda_layer *c)
 {
     if (!c)
         return;
-    cudaSetDevice(c->device);
+    /* close reports nothing, and leaves nothing pending */
+    (void)quiet(cudaSetDevice(c->device));
     cudaStreamCaptureMode mode;
     int relaxed = relax(&mode) == 0;
     for (unsigned i = 0; i < ENGRAM_CUDA_GRAPHS; i++)
         drop_graph(&c->graphs[i]);
     if (relaxed)
         unrelax(mode);
-    cudaFree(c->w);
-    cudaFree(c->wq);
-    cudaFree(c->kv);
-    cudaFree(c->e16);
-    cudaFree(c->kshift);
-    cudaFree(c->wide);
-    cudaFree(c->status);
+    void *bufs[] = {c->w, c->wq, c->kv, c->e16, c->kshift, c->wide, c->status};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        (void)quiet(cudaFree(bufs[i]));
     if (c->blas)
-        cublasDestroy(c->blas);
+        (void)cublasDestroy(c->blas);
     free(c);
 }
 
@@ -576,8 +562,8 @@ static int same_call(const engram_cuda_args *a, const engram_cuda_args *b)
  * caller); a failure is cleared, not reported. */
 static void drop_graph(struct engram_cuda_layer::call_graph *g)
 {
-    if (g->exec && cudaGraphExecDestroy(g->exec) != cudaSuccess)
-        (void)cudaGetLastError();
+    if (g->exec)
+        (void)quiet(cudaGraphExecDestroy(g->exec));
     memset(g, 0, sizeof *g);
 }
 
@@ -601,10 +587,8 @@ static int graph_call(engram_cuda_layer *c, const engram_cuda_args *a, engram_er
 {
     cudaStream_t st = (cudaStream_t)a->stream;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
-        (void)cudaGetLastError(); /* the query's own; the launches meet its cause */
-        return 1;
-    }
+    if (!quiet(cudaStreamIsCapturing(st, &cs)))
+        return 1; /* the launches meet its cause */
     if (cs != cudaStreamCaptureStatusNone)
         return 1; /* the caller's capture takes the launches */
     engram_cuda_args k = *a;
@@ -637,13 +621,10 @@ static int graph_call(engram_cuda_layer *c, const engram_cuda_args *a, engram_er
         engram_error why;
         cudaGraphExec_t x = NULL;
         if (capture_call(c, a, &x, &why) == 0) {
-            if (cudaGraphUpload(x, st) == cudaSuccess) {
+            if (quiet(cudaGraphUpload(x, st)))
                 g->exec = x;
-            } else {
-                (void)cudaGetLastError(); /* its own */
-                if (cudaGraphExecDestroy(x) != cudaSuccess)
-                    (void)cudaGetLastError();
-            }
+            else
+                (void)quiet(cudaGraphExecDestroy(x));
         }
         unrelax(mode);
         if (!g->exec) {
@@ -762,17 +743,16 @@ static int capture_call(engram_cuda_layer *c, const engram_cuda_args *a, cudaGra
         cudaGraph_t g = NULL;
         what = "cudaStreamEndCapture";
         e = cudaStreamEndCapture(cap, &g); /* always: the stream leaves capture */
-        if (rc < 0 && e != cudaSuccess)
-            (void)cudaGetLastError(); /* the apply's failure is the one reported */
+        if (rc < 0)
+            (void)quiet(e); /* the apply's failure is the one reported */
         if (rc == 0 && e == cudaSuccess) {
             what = "cudaGraphInstantiate";
             e = cudaGraphInstantiate(exec, g, 0);
         }
-        if (g && cudaGraphDestroy(g) != cudaSuccess)
-            (void)cudaGetLastError(); /* not reported: the plan is made or not without it */
+        if (g)
+            (void)quiet(cudaGraphDestroy(g)); /* not reported: the plan is made or not without it */
     }
-    if (cudaStreamDestroy(cap) != cudaSuccess)
-        (void)cudaGetLastError();
+    (void)quiet(cudaStreamDestroy(cap));
     if (rc == 0 && e != cudaSuccess)
         rc = cuda_err(err, e, what);
     return rc;
@@ -796,8 +776,7 @@ static int make_graph(engram_cuda_layer *c, const engram_cuda_args *a, cudaGraph
         rc = cuda_err(err, e, "cudaThreadExchangeStreamCaptureMode");
     } else {
         rc = capture_call(c, a, exec, err);
-        if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) /* the thread's own mode back */
-            (void)cudaGetLastError();
+        (void)quiet(cudaThreadExchangeStreamCaptureMode(&mode)); /* the thread's own mode back */
     }
     return rc;
 }
@@ -845,8 +824,8 @@ extern "C" void engram_cuda_plan_close(engram_cuda_plan *p)
 {
     if (!p)
         return;
-    if (cudaSetDevice(p->device) != cudaSuccess || cudaGraphExecDestroy(p->exec) != cudaSuccess)
-        (void)cudaGetLastError(); /* close reports nothing, and leaves nothing pending */
+    if (quiet(cudaSetDevice(p->device))) /* close reports nothing, and leaves nothing pending */
+        (void)quiet(cudaGraphExecDestroy(p->exec));
     free(p);
 }
 
@@ -876,10 +855,7 @@ extern "C" __attribute__((visibility("default"))) int engram_cuda_stamps(void *s
         return 0;
     }
     if (op == 1) {
-        if (launch(0, dim3(1), dim3(1), 0, st, eg_next_kernel, 1) == cudaSuccess)
-            return 0;
-        (void)cudaGetLastError();
-        return -1;
+        return quiet(launch(0, dim3(1), dim3(1), 0, st, eg_next_kernel, 1)) ? 0 : -1;
     }
     if (cap < sizeof init / sizeof init[0][0][0] || cudaStreamSynchronize(st) != cudaSuccess)
         return -1;

@@ -26,6 +26,17 @@
 
 #include "engram.h"
 
+/* A call whose failure is not reported (a cleanup, a query whose answer
+ * is enough): its own error, if it made one, cleared, so that no later
+ * call finds it as its own.  1 if it succeeded, else 0. */
+static inline int quiet(cudaError_t e)
+{
+    if (e == cudaSuccess)
+        return 1;
+    (void)cudaGetLastError(); /* e's own */
+    return 0;
+}
+
 static int cuda_err(engram_error *err, cudaError_t e, const char *what)
 {
     (void)cudaGetLastError(); /* e's own, set by the call that failed */

@@ -59,20 +59,13 @@ extern "C" void ple_cuda_layer_close(ple_cuda_layer *c)
 {
     if (!c)
         return;
-    cudaSetDevice(c->device);
-    cudaFree(c->w);
-    cudaFree(c->gk);
-    cudaFree(c->gq);
-    cudaFree(c->gc);
-    cudaFree(c->taps);
-    cudaFree(c->kv);
-    cudaFree(c->alpha);
-    cudaFree(c->rn);
-    cudaFree(c->flag);
-    cudaFree(c->status);
-    cudaFree(c->blas_ws);
+    /* close reports nothing, and leaves nothing pending */
+    (void)quiet(cudaSetDevice(c->device));
+    void *bufs[] = {c->w, c->gk, c->gq, c->gc, c->taps, c->kv, c->alpha, c->rn, c->flag, c->status, c->blas_ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        (void)quiet(cudaFree(bufs[i]));
     if (c->blas)
-        cublasDestroy(c->blas);
+        (void)cublasDestroy(c->blas);
     free(c);
 }
 
@@ -96,9 +89,7 @@ static int open_on_device(ple_cuda_layer *c, const struct ple_layer *L, engram_e
 {
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev == 0) {
-        if (e != cudaSuccess)
-            (void)cudaGetLastError(); /* this call's own, not left pending */
+    if (!quiet(e) || ndev == 0) {
         char m[200];
         snprintf(m, sizeof m, "no usable CUDA device: %s",
                  e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");

@@ -119,6 +119,8 @@ typedef struct engram_cuda_layer engram_cuda_layer;
  * -EIO. */
 int engram_cuda_layer_open(const engram_layer *L, int device, engram_cuda_layer **out,
                            engram_error *err);
+/* Frees the layer, its graphs (engram_cuda_apply) too; reports nothing and
+ * leaves no CUDA error of its own pending. */
 void engram_cuda_layer_close(engram_cuda_layer *c);
 uint64_t engram_cuda_layer_bytes(const engram_cuda_layer *c);
 
