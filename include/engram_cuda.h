@@ -163,8 +163,9 @@ typedef struct engram_cuda_args {
  * mode is relaxed while a graph is made, uploaded or destroyed, so other
  * captures under way go on.  So a decode loop that passes the same
  * buffers each step gets a plan's speed without one; the second call of a
- * set of arguments allocates the graph (driver and host memory) and takes
- * about a plan's open of the host's time, and no other call allocates.  A
+ * set of arguments allocates the graph (driver and host memory) and does
+ * a plan's open's work on the host (a capture, an instantiation) and the
+ * upload, and no other call allocates.  A
  * graph that cannot be made is not an error: those arguments are then
  * launched kernel by kernel until forgotten.  -EIO naming cudaGraphLaunch
  * if the graph's launch fails (the call not submitted; its arguments
