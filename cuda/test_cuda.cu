@@ -1913,6 +1913,16 @@ static void graphs(fx *f)
             kl = fail.launches - k0, cap = fail.captures - c0, gl = fail.graph_launches - g0;
             return rc2;
         };
+        /* ref: the residual after `calls` applies of a from x0, each with
+         * ENGRAM_CUDA_NO_GRAPH (kernel by kernel) */
+        auto reference = [&](const engram_cuda_args *a, int calls) {
+            engram_cuda_args b = *a;
+            b.flags |= ENGRAM_CUDA_NO_GRAPH;
+            reset(0);
+            for (int i = 0; i < calls; i++)
+                CHECK_EQ(call(&b), 0);
+            result(&b, ref);
+        };
         /* sightings */
         const struct {
             unsigned n;
@@ -2006,11 +2016,7 @@ static void graphs(fx *f)
         int made_ok = 1;
         for (int k = 0; k < 4; k++) {
             engram_cuda_args a = args_of(r.d_raw, 5 + k, d_x);
-            engram_cuda_args b = a;
-            b.flags = ENGRAM_CUDA_NO_GRAPH;
-            reset(0);
-            CHECK_EQ(call(&b), 0);
-            result(&b, ref);
+            reference(&a, 1);
             for (int i = 0; i < 3; i++) {
                 reset(0);
                 arm();
@@ -2040,11 +2046,8 @@ static void graphs(fx *f)
         /* the graph's launch refused, then a first sighting again */
         int launch_ok = 1;
         {
-            engram_cuda_args a = args_of(r.d_raw, 3, d_x), b = a;
-            b.flags = ENGRAM_CUDA_NO_GRAPH;
-            reset(0);
-            CHECK_EQ(call(&b), 0);
-            result(&b, ref);
+            engram_cuda_args a = args_of(r.d_raw, 3, d_x);
+            reference(&a, 1);
             for (int i = 0; i < 5; i++) {
                 reset(0);
                 arm();
@@ -2066,11 +2069,8 @@ static void graphs(fx *f)
         /* under the caller's pending error */
         int pend_ok = 1;
         {
-            engram_cuda_args a = args_of(r.d_raw, 2, d_x), b = a;
-            b.flags = ENGRAM_CUDA_NO_GRAPH;
-            reset(0);
-            CHECK_EQ(call(&b), 0);
-            result(&b, ref);
+            engram_cuda_args a = args_of(r.d_raw, 2, d_x);
+            reference(&a, 1);
             for (int i = 0; i < 3; i++) {
                 reset(0);
                 (void)cudaSetDevice(1 << 20);
@@ -2084,12 +2084,8 @@ static void graphs(fx *f)
         /* on a stream the caller captures */
         int capt_ok = 0;
         {
-            engram_cuda_args a = args_of(r.d_raw, 4, d_x), b = a;
-            b.flags = ENGRAM_CUDA_NO_GRAPH;
-            reset(0);
-            CHECK_EQ(call(&b), 0);
-            CHECK_EQ(call(&b), 0);
-            result(&b, ref); /* two calls in turn */
+            engram_cuda_args a = args_of(r.d_raw, 4, d_x);
+            reference(&a, 2); /* two calls in turn */
             reset(0);
             a.stream = st;
             CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
