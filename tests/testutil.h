@@ -32,6 +32,19 @@
 #ifndef SANITIZED
 #define SANITIZED 0
 #endif
+/* 1 in a TSan build: parts that run on the caller's thread alone (compute
+ * kernels held to each other or to a reference) are left to the other
+ * builds (gcc, ASan+UBSan, clang), TSan having no second thread to see. */
+#if defined(__SANITIZE_THREAD__)
+#define TSANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TSANITIZED 1
+#endif
+#endif
+#ifndef TSANITIZED
+#define TSANITIZED 0
+#endif
 
 static int tu_failures, tu_checks;
 
