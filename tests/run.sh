@@ -2,10 +2,11 @@
 # run.sh - the whole test suite (make test): dependencies, a -Werror build,
 # every test program, the CLI tests, then the same under ASan+UBSan and
 # under TSan, and a clang -Werror build.  Ends with "N passed, N failed".
-# Two streams: gcc and ASan+UBSan in the foreground; TSan, clang and the
-# short libFuzzer runs beside them on the second core (no test depends on
-# another, none asserts a time; page-cache checks count their own file's
-# pages), that stream's report printed after the first's.
+# Two streams: gcc and ASan+UBSan in the foreground; TSan, clang, the
+# short libFuzzer runs and then the CLI's scripts on the ASan+UBSan build
+# (built by the first stream, waited for) beside them on the second core
+# (no test depends on another, none asserts a time; page-cache checks count
+# their own file's pages), that stream's report printed after the first's.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 sh tools/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
@@ -93,6 +94,25 @@ second_stream() {
                 -max_len=4096 -print_final_stats=1 "$LOG/corpus_ple" tests/fuzz/ple_seeds
         fi
     fi
+    # the CLI's scripts on the ASan+UBSan build, once the first stream has
+    # built it (it writes asan.built or asan.failed after the attempt; $$ is
+    # the suite's shell: its end ends the wait)
+    while [ ! -e "$LOG/asan.built" ] && [ ! -e "$LOG/asan.failed" ] && kill -0 $$ 2>/dev/null; do
+        sleep 5
+    done
+    if [ -e "$LOG/asan.built" ]; then
+        A=build-san-address,undefined
+        run "asan+ubsan: test_cli" sh tests/test_cli.sh $A
+        run "asan+ubsan: test_apply.sh" sh tests/test_apply.sh $A
+        run "asan+ubsan: test_ple_apply.sh" sh tests/test_ple_apply.sh $A
+        run "asan+ubsan: test_ple_build.sh" sh tests/test_ple_build.sh $A
+        run "asan+ubsan: test_ple_cli.sh" sh tests/test_ple_cli.sh $A
+        run "asan+ubsan: test_shard_files.sh" sh tests/test_shard_files.sh $A
+        run "asan+ubsan: test_run.sh" sh tests/test_run.sh $A
+        run "asan+ubsan: test_ple_run.sh" sh tests/test_ple_run.sh $A
+        run "asan+ubsan: test_files.sh" sh tests/test_files.sh $A
+        run "asan+ubsan: test_inputs.sh" sh tests/test_inputs.sh $A
+    fi
     echo "$pass $fail" >"$LOG/second.count"
 }
 second_stream >"$LOG/second.log" 2>&1 &
@@ -154,18 +174,13 @@ build "gcc -O2" && {
     fi
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }
-build "asan+ubsan" SANITIZE=address,undefined && {
+if build "asan+ubsan" SANITIZE=address,undefined; then
+    : >"$LOG/asan.built" # the second stream runs the CLI's scripts on it
+else
+    : >"$LOG/asan.failed"
+fi
+[ -e "$LOG/asan.built" ] && {
     suite "asan+ubsan: " build-san-address,undefined
-    run "asan+ubsan: test_cli" sh tests/test_cli.sh build-san-address,undefined
-    run "asan+ubsan: test_apply.sh" sh tests/test_apply.sh build-san-address,undefined
-    run "asan+ubsan: test_ple_apply.sh" sh tests/test_ple_apply.sh build-san-address,undefined
-    run "asan+ubsan: test_ple_build.sh" sh tests/test_ple_build.sh build-san-address,undefined
-    run "asan+ubsan: test_ple_cli.sh" sh tests/test_ple_cli.sh build-san-address,undefined
-    run "asan+ubsan: test_shard_files.sh" sh tests/test_shard_files.sh build-san-address,undefined
-    run "asan+ubsan: test_run.sh" sh tests/test_run.sh build-san-address,undefined
-    run "asan+ubsan: test_ple_run.sh" sh tests/test_ple_run.sh build-san-address,undefined
-    run "asan+ubsan: test_files.sh" sh tests/test_files.sh build-san-address,undefined
-    run "asan+ubsan: test_inputs.sh" sh tests/test_inputs.sh build-san-address,undefined
     # libengram-mpi's test (not in `all` of sanitizer builds: named here)
     if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
         run "asan+ubsan: build test_mpi_combine, test_mpi_exchange" make -j"$JOBS" WERROR=1 SANITIZE=address,undefined \
