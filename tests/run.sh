@@ -205,7 +205,7 @@ if read -r p2 f2 <"$LOG/second.count"; then
     pass=$((pass + p2))
     fail=$((fail + f2))
 else
-    echo "FAIL the second stream (TSan, clang, libFuzzer) reported nothing"
+    echo "FAIL the second stream (TSan, clang, libFuzzer, the ASan+UBSan scripts) reported nothing"
     fail=$((fail + 1))
 fi
 echo "$pass passed, $fail failed"

@@ -591,7 +591,7 @@ static uint16_t poison_row[ROWV]; /* ROWV POISONs, set by main */
 /* Nonzero when the n values at a and b differ.  The checks below read the
  * watched buffers at every pause point, also where no caller may read them
  * (the scheduler's hand-offs order those reads): plain loads of the test's
- * own static buffers, not seen by TSan or ASan, under which a memcmp is a
+ * own static buffers, not instrumented by TSan or ASan, under which a memcmp is a
  * range check of every byte (under TSan two thirds of this program's
  * time).  The callers' own reads, after a wait, stay memcmp. */
 __attribute__((no_sanitize("address", "thread"))) static int differ(const uint16_t *a, const uint16_t *b, size_t n)
@@ -984,7 +984,7 @@ static void prefill_want(void)
 static void check_ring(const char *where)
 {
     check_contract(where);
-    if (ring_frozen && differ(ring_mem, ring_snap, sizeof ring_mem / 2))
+    if (ring_frozen && differ(ring_mem, ring_snap, sizeof ring_mem / sizeof ring_mem[0]))
         broken("prefill ring memory written after cancel or end returned", where);
 }
 
