@@ -99,6 +99,13 @@ CUDA_TARGETS = $(CUDA_LIB) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/bench_cuda $(BU
                $(BUILD)/engram-cuda.so \
                $(BUILD)/cuda/test_ple_cuda $(BUILD)/cuda/bench_ple_cuda
 CLI_CUDA = -DENGRAM_HAVE_CUDA -I$(CUDA_HOME)/include
+# CUDA_KERNELS=0: the C side of the CUDA path only (the CLI's plugin source
+# compiled to an object with $(CC), libengram-nccl), no nvcc.  nvcc compiles
+# the .cu files with its own host compiler whatever CC is, so a second build
+# with another CC (the suite's clang build) would only repeat them.
+ifeq ($(CUDA_KERNELS),0)
+CUDA_TARGETS = $(BUILD)/obj/cuda_c/device_cuda.o
+endif
 endif
 
 .PHONY: all lib test run bench clean deps fuzz install python
@@ -159,6 +166,11 @@ $(BUILD)/gen/bundled_tokens.c: data/gpl3.tok
 $(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(wildcard include/*.h) $(BUILD)/gen/bundled_tokens.c $(LIBS)
 	$(CC) $(CFLAGS_ALL) $(LDFLAGS) -o $@ $(wildcard programs/*.c) $(BUILD)/gen/bundled_tokens.c \
 	    $(LIBS) $(LDLIBS_ALL) -ldl
+
+# The CLI's CUDA plugin's source alone (CUDA_KERNELS=0, above)
+$(BUILD)/obj/cuda_c/device_cuda.o: programs/cuda/device_cuda.c programs/device_plugin.h include/engram_cuda.h Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(CLI_CUDA) -c $< -o $@
 
 # The CLI's CUDA plugin, loaded by `engram ... --device cuda` (programs/device.c)
 $(BUILD)/engram-cuda.so: programs/cuda/device_cuda.c programs/device_plugin.h $(CUDA_LIB) $(LIBS)

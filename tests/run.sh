@@ -71,8 +71,10 @@ second_stream() {
     if command -v clang >/dev/null 2>&1; then
         # clang: the compute kernels and parsers it compiles differently; the I/O
         # and threading tests (reader, sessions, faults, page cache) are
-        # compiler-independent logic, run above under gcc, ASan and TSan
-        build "clang" CC=clang BUILD=build-clang && suite "clang: " build-clang test_reader test_session \
+        # compiler-independent logic, run above under gcc, ASan and TSan.  No
+        # nvcc (CUDA_KERNELS=0): it compiles the .cu files with its own host
+        # compiler whatever CC is, as the gcc build did; the C side is clang's
+        build "clang" CC=clang BUILD=build-clang CUDA_KERNELS=0 && suite "clang: " build-clang test_reader test_session \
             test_faults_reader test_faults_files test_faults_pools test_pagecache test_threads test_interleave
         # libFuzzer on the model reader and the tokenizer reader for a fixed
         # time; any crash fails.
