@@ -39,6 +39,8 @@ int main(void)
         {"buffered (posix_fadvise)", ENGRAM_IO_BUFFERED, "fadvise"},
     };
     for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
+        if (tsan_dup_engine(modes[k].e))
+            continue; /* under TSan: the thread pool's run covers it (testutil.h) */
         if (modes[k].drop)
             setenv("ENGRAM_IO_DROP", modes[k].drop, 1);
         else
