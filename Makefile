@@ -291,14 +291,19 @@ $(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.h $(LIB
 
 # ... and as a libFuzzer target (clang with compiler-rt): make fuzz
 FUZZ_FLAGS = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+# (the library first, instrumented, by a make of its own; then the five
+# targets, each its own rule, in parallel under `make -jN fuzz`)
+FUZZ_BINS = $(patsubst %,build-fuzz/fuzz_%,model tokmap cli residual ple)
+FUZZ_LIBS = build-fuzz/libengram-tools.a build-fuzz/libengram.a
 fuzz:
 	$(MAKE) CC=clang BUILD=build-fuzz CFLAGS="-fsanitize=fuzzer-no-link,address,undefined" \
-	    LDFLAGS="-fsanitize=address,undefined" build-fuzz/libengram.a build-fuzz/libengram-tools.a
-	for t in model tokmap cli residual ple; do \
-	    clang $(filter-out -fvisibility=hidden,$(CFLAGS_ALL)) $(FUZZ_FLAGS) -o build-fuzz/fuzz_$$t \
-	        tests/fuzz/fuzz_$$t.c $$( [ $$t = cli ] && echo programs/cli.c ) \
-	        build-fuzz/libengram-tools.a build-fuzz/libengram.a $(LDLIBS_ALL) || exit 1; \
-	done
+	    LDFLAGS="-fsanitize=address,undefined" $(FUZZ_LIBS)
+	$(MAKE) $(FUZZ_BINS)
+build-fuzz/fuzz_cli: programs/cli.c programs/cli.h
+$(FUZZ_BINS): build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.h tests/testutil.h \
+    $(wildcard include/*.h) $(SRC_H) $(FUZZ_LIBS)
+	clang $(filter-out -fvisibility=hidden,$(CFLAGS_ALL)) $(FUZZ_FLAGS) -o $@ \
+	    $< $(filter %.c,$(filter-out $<,$^)) $(FUZZ_LIBS) $(LDLIBS_ALL)
 
 $(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(dir $@)
