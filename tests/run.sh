@@ -13,6 +13,12 @@ sh tools/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
 JOBS=$(nproc 2>/dev/null || echo 2)
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/engram-suite-XXXXXX")
 trap 'rm -rf "$LOG"' EXIT
+# Interrupted (Ctrl-C, or TERM from whatever runs the suite): the whole
+# suite ends, the second stream and the test it is running included.  A
+# job put in the background by a non-interactive shell ignores SIGINT, so
+# the suite's process group is sent TERM (this shell ignoring it), and this
+# shell then exits through its EXIT trap.
+trap 'trap "" TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM
 pass=0
 fail=0
 STREAM=1 # names this stream's scratch output file
@@ -78,7 +84,7 @@ second_stream() {
             test_faults_reader test_faults_files test_faults_pools test_pagecache test_threads test_interleave
         # libFuzzer on the model reader and the tokenizer reader for a fixed
         # time; any crash fails.
-        if run "build: libFuzzer targets" make fuzz; then
+        if run "build: libFuzzer targets" make -j"$JOBS" fuzz; then
             mkdir -p "$LOG/corpus" "$LOG/corpus_tokmap"
             run "libFuzzer: fuzz_model, ${FUZZ_SECONDS:-15} s" build-fuzz/fuzz_model \
                 -max_total_time="${FUZZ_SECONDS:-15}" -print_final_stats=1 "$LOG/corpus" \
