@@ -3,8 +3,9 @@
 # every test program, the CLI tests, then the same under ASan+UBSan and
 # under TSan, and a clang -Werror build.  Ends with "N passed, N failed".
 # Two streams: gcc and ASan+UBSan in the foreground; TSan, clang, the
-# short libFuzzer runs and then the CLI's scripts on the ASan+UBSan build
-# (built by the first stream, waited for) beside them on the second core
+# short libFuzzer runs, then test_run_mpi.sh on the gcc build and the CLI's
+# scripts on the ASan+UBSan build (built by the first stream, waited for)
+# beside them on the second core
 # (no test depends on another, none asserts a time; page-cache checks count
 # their own file's pages), that stream's report printed after the first's.
 set -u
@@ -59,6 +60,16 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export TSAN_OPTIONS=halt_on_error=1
 
+# built NAME: wait for the first stream's build NAME (it writes NAME.built
+# or NAME.failed after the attempt; $$ is the suite's shell: its end ends
+# the wait), then true if it was built
+built() {
+    while [ ! -e "$LOG/$1.built" ] && [ ! -e "$LOG/$1.failed" ] && kill -0 $$ 2>/dev/null; do
+        sleep 5
+    done
+    [ -e "$LOG/$1.built" ]
+}
+
 second_stream() {
     pass=0
     fail=0
@@ -102,13 +113,13 @@ second_stream() {
                 -max_len=4096 -print_final_stats=1 "$LOG/corpus_ple" tests/fuzz/ple_seeds
         fi
     fi
-    # the CLI's scripts on the ASan+UBSan build, once the first stream has
-    # built it (it writes asan.built or asan.failed after the attempt; $$ is
-    # the suite's shell: its end ends the wait)
-    while [ ! -e "$LOG/asan.built" ] && [ ! -e "$LOG/asan.failed" ] && kill -0 $$ 2>/dev/null; do
-        sleep 5
-    done
-    if [ -e "$LOG/asan.built" ]; then
+    # test_run_mpi.sh on the gcc build, here to even the streams' times,
+    # then the CLI's scripts on the ASan+UBSan build: each once the first
+    # stream has built it (built NAME, below)
+    if built gcc && command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+        run "test_run_mpi.sh (engram run --shard, TP and DP, -np 2 and 4)" sh tests/test_run_mpi.sh build
+    fi
+    if built asan; then
         A=build-san-address,undefined
         run "asan+ubsan: test_cli" sh tests/test_cli.sh $A
         run "asan+ubsan: test_apply.sh" sh tests/test_apply.sh $A
@@ -127,7 +138,12 @@ second_stream >"$LOG/second.log" 2>&1 &
 second_pid=$!
 
 SEEDS="$LOG/seeds"
-build "gcc -O2" && {
+if build "gcc -O2"; then
+    : >"$LOG/gcc.built" # the second stream runs test_run_mpi.sh on it
+else
+    : >"$LOG/gcc.failed"
+fi
+[ -e "$LOG/gcc.built" ] && {
     suite "" build
     run "test_cli" sh tests/test_cli.sh build
     run "test_install (make install, pkg-config, library split)" sh tests/test_install.sh build
@@ -177,7 +193,6 @@ build "gcc -O2" && {
     # libengram-mpi (built where mpicc is found; deps.sh installs Open MPI)
     if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
         run "test_mpi.sh (mpirun -np 2 and 4)" sh tests/test_mpi.sh build
-        run "test_run_mpi.sh (engram run --shard, TP and DP, -np 2 and 4)" sh tests/test_run_mpi.sh build
         run "test_run_mpi_faults.sh (a rank killed or stopped mid-decode)" sh tests/test_run_mpi_faults.sh build
     fi
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
