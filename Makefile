@@ -168,7 +168,8 @@ $(BUILD)/engram: $(wildcard programs/*.c) $(wildcard programs/*.h) $(wildcard in
 	    $(LIBS) $(LDLIBS_ALL) -ldl
 
 # The CLI's CUDA plugin's source alone (CUDA_KERNELS=0, above)
-$(BUILD)/obj/cuda_c/device_cuda.o: programs/cuda/device_cuda.c programs/device_plugin.h include/engram_cuda.h Makefile
+$(BUILD)/obj/cuda_c/device_cuda.o: programs/cuda/device_cuda.c programs/device_plugin.h include/engram_cuda.h \
+    include/engram.h Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(CLI_CUDA) -c $< -o $@
 
@@ -292,7 +293,8 @@ $(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.h $(LIB
 # ... and as a libFuzzer target (clang with compiler-rt): make fuzz
 FUZZ_FLAGS = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 # (the library first, instrumented, by a make of its own; then the five
-# targets, each its own rule, in parallel under `make -jN fuzz`)
+# targets, each its own rule, in parallel under `make -jN fuzz`; a target
+# alone, `make build-fuzz/fuzz_model`, needs the library made by `make fuzz`)
 FUZZ_BINS = $(patsubst %,build-fuzz/fuzz_%,model tokmap cli residual ple)
 FUZZ_LIBS = build-fuzz/libengram-tools.a build-fuzz/libengram.a
 fuzz:

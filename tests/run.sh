@@ -14,12 +14,28 @@ sh tools/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
 JOBS=$(nproc 2>/dev/null || echo 2)
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/engram-suite-XXXXXX")
 trap 'rm -rf "$LOG"' EXIT
-# Interrupted (Ctrl-C, or TERM from whatever runs the suite): the whole
-# suite ends, the second stream and the test it is running included.  A
-# job put in the background by a non-interactive shell ignores SIGINT, so
-# the suite's process group is sent TERM (this shell ignoring it), and this
-# shell then exits through its EXIT trap.
-trap 'trap "" TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM
+# Interrupted (Ctrl-C, or TERM), the whole suite ends: every process below
+# this shell gets TERM (end_tree), the second stream and the test it is
+# running included (a job put in the background by a non-interactive shell
+# ignores SIGINT; `timeout` puts its command in a group of its own), and
+# this shell exits through its EXIT trap once the second stream has ended.
+# Only the suite's own processes: not make, nor what called it.  A TERM sent
+# to this shell alone acts once its running command (a build, a test) ends.
+end_tree() { # end_tree PID: PID and every process below it stopped top-down
+    # (none can start another meanwhile), then sent TERM and continued
+    kill -STOP "$1" 2>/dev/null || return 0
+    for c in $(pgrep -P "$1"); do end_tree "$c"; done
+    kill -TERM "$1" 2>/dev/null
+    kill -CONT "$1" 2>/dev/null
+}
+interrupted() { # interrupted STATUS
+    trap '' INT TERM
+    for c in $(pgrep -P $$); do end_tree "$c"; done
+    [ -n "${second_pid:-}" ] && wait "$second_pid" 2>/dev/null
+    exit "$1"
+}
+trap 'interrupted 130' INT
+trap 'interrupted 143' TERM
 pass=0
 fail=0
 STREAM=1 # names this stream's scratch output file
@@ -116,7 +132,7 @@ second_stream() {
     # test_run_mpi.sh on the gcc build, here to even the streams' times,
     # then the CLI's scripts on the ASan+UBSan build: each once the first
     # stream has built it (built NAME, below)
-    if built gcc && command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+    if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1 && built gcc; then
         run "test_run_mpi.sh (engram run --shard, TP and DP, -np 2 and 4)" sh tests/test_run_mpi.sh build
     fi
     if built asan; then

@@ -37,6 +37,7 @@ dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need="$need libclang-rt-14-dev"
 want fio fio   # the device's limit in engram bench io
 # OpenBLAS: the comparator of the projection (tests/test_blas.c, bench_apply; loaded at run time)
 dpkg -s libopenblas-dev >/dev/null 2>&1 || need="$need libopenblas-dev"
+want pgrep procps # run.sh's interrupt, test_run_mpi_faults.sh
 # Open MPI: libengram-mpi (built when mpicc is found) and its test under mpirun
 want mpicc libopenmpi-dev
 want mpirun openmpi-bin
