@@ -67,14 +67,6 @@ static int sink(void *ctx, size_t first, size_t n, const void *window)
     return 0;
 }
 
-/* Under TSan the loops over engines run the thread pool alone, as
- * test_reader's: io_uring reads on the caller's thread, and the buffered
- * fallback is the pool's code over another descriptor (tsan_dup_engine). */
-static int tsan_skips(engram_io_engine e)
-{
-    return TSANITIZED && (e == ENGRAM_IO_URING || tsan_dup_engine(e));
-}
-
 static void engines(engram_model *m, const uint32_t *rows)
 {
     engram_error err;
@@ -93,7 +85,7 @@ static void engines(engram_model *m, const uint32_t *rows)
 
     engram_io_engine eng[3] = {ENGRAM_IO_URING, ENGRAM_IO_THREADS, ENGRAM_IO_BUFFERED};
     for (int e = 0; e < 3; e++)
-        for (int cached = 0; cached < 2 && !tsan_skips(eng[e]); cached++) {
+        for (int cached = 0; cached < 2 && !tsan_reader_skips(eng[e]); cached++) {
             engram_reader_opts o = {.engine = eng[e], .depth = 32,
                                     .cache_bytes = cached ? 1u << 20 : 0};
             engram_reader *r;
@@ -204,7 +196,7 @@ static void page_cache(engram_model *m, const char *path, const uint32_t *rows)
     uint16_t *out = malloc((size_t)N * RPT * VALUES * 2);
     engram_io_engine eng[3] = {ENGRAM_IO_URING, ENGRAM_IO_THREADS, ENGRAM_IO_BUFFERED};
     for (int e = 0; e < 3; e++) {
-        if (tsan_skips(eng[e]))
+        if (tsan_reader_skips(eng[e]))
             continue;
         tu_evict(path);
         uint64_t before = tu_resident(path, lo, hi);

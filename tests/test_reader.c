@@ -1,8 +1,9 @@
 /*
  * test_reader.c - the uncached reader, every engine forced in turn (io_uring,
- * thread pool, buffered fallback; the thread pool alone under TSan, tsan_skips): batches with duplicates and decode steps
- * must equal the exact single-row path bit for bit; errors name the row; the
- * reader's memory stays within ENGRAM_READER_MAX_BYTES on a 1,000,000-token
+ * thread pool, buffered fallback; the thread pool alone under TSan,
+ * tsan_skips): batches with duplicates and decode steps must equal the
+ * exact single-row path bit for bit; errors name the row; the reader's
+ * memory stays within ENGRAM_READER_MAX_BYTES on a 1,000,000-token
  * batch.  Real io_uring on a real file.
  */
 #include <time.h>
@@ -16,13 +17,11 @@
 static const engram_io_engine engines[] = {ENGRAM_IO_URING, ENGRAM_IO_THREADS, ENGRAM_IO_BUFFERED};
 static const char *const engine_names[] = {"io_uring", "threads", "buffered"};
 
-/* Under TSan the loops over engines run the thread pool alone: io_uring
- * reads on the caller's thread (the kernel's writes are not TSan's to see),
- * and the buffered fallback is the pool's own code over another descriptor
- * (tsan_dup_engine, testutil.h); both are the other builds' part. */
+/* Under TSan the loops over engines run the thread pool alone
+ * (tsan_reader_skips, testutil.h); e counts engines[] round */
 static int tsan_skips(int e)
 {
-    return TSANITIZED && (engines[e % 3] == ENGRAM_IO_URING || tsan_dup_engine(engines[e % 3]));
+    return tsan_reader_skips(engines[e % 3]);
 }
 
 /* Distinct rows per 2048-token chunk, counted here by sorting. */

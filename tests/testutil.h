@@ -56,6 +56,15 @@ static inline int tsan_dup_engine(engram_io_engine e)
     return TSANITIZED && e == ENGRAM_IO_BUFFERED;
 }
 
+/* Under TSan the readers' own tests (test_reader, test_ple_reader) run the
+ * thread pool alone: io_uring reads on the caller's thread (the kernel's
+ * writes are not TSan's to see), and the buffered fallback is the pool's
+ * code (above); both are the other builds' part. */
+static inline int tsan_reader_skips(engram_io_engine e)
+{
+    return TSANITIZED && (e == ENGRAM_IO_URING || tsan_dup_engine(e));
+}
+
 static int tu_failures, tu_checks;
 
 #define CHECK(cond)                                                                  \
