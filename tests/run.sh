@@ -5,9 +5,9 @@
 # Two streams: gcc and ASan+UBSan in the foreground; TSan, clang, the
 # short libFuzzer runs, then test_run_mpi.sh on the gcc build and the CLI's
 # scripts on the ASan+UBSan build (built by the first stream, waited for)
-# beside them on the second core
-# (no test depends on another, none asserts a time; page-cache checks count
-# their own file's pages), that stream's report printed after the first's.
+# beside them on the second core (no test depends on another, none asserts
+# a time; page-cache checks count their own file's pages), that stream's
+# report printed after the first's.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 sh tools/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
@@ -63,6 +63,12 @@ build() { # build NAME MAKE-ARGS...
     run "build: $name" make -j"$JOBS" WERROR=1 "$@" all
 }
 
+marked_build() { # marked_build MARK NAME MAKE-ARGS...: build, then MARK.built or
+    # MARK.failed in $LOG for the second stream's wait (built MARK)
+    mark=$1; shift
+    if build "$@"; then : >"$LOG/$mark.built"; else : >"$LOG/$mark.failed"; return 1; fi
+}
+
 suite() { # suite PREFIX BUILD_DIR [SKIP...]: every test program but the skipped
     prefix=$1; dir=$2; shift 2
     for t in "$dir"/tests/test_*; do
@@ -75,6 +81,12 @@ suite() { # suite PREFIX BUILD_DIR [SKIP...]: every test program but the skipped
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export TSAN_OPTIONS=halt_on_error=1
+
+# have_mpi: Open MPI's mpicc and mpirun are here (libengram-mpi is built
+# where mpicc is found; deps.sh installs Open MPI)
+have_mpi() {
+    command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1
+}
 
 # built NAME: wait for the first stream's build NAME (it writes NAME.built
 # or NAME.failed after the attempt; $$ is the suite's shell: its end ends
@@ -95,7 +107,7 @@ second_stream() {
         suite "tsan: " build-san-thread test_blas
         run "tsan: stress_sessions (16 threads, 3 s)" build-san-thread/tests/stress_sessions --threads 16 --seconds 3
         # libengram-mpi's test (not in `all` of sanitizer builds: named here)
-        if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+        if have_mpi; then
             run "tsan: build test_mpi_combine, test_mpi_exchange" make -j"$JOBS" WERROR=1 SANITIZE=thread \
                 build-san-thread/tests/mpi/test_mpi_combine build-san-thread/tests/mpi/test_mpi_exchange
             run "tsan: test_mpi.sh (mpirun -np 2)" sh tests/test_mpi.sh build-san-thread 2
@@ -132,7 +144,7 @@ second_stream() {
     # test_run_mpi.sh on the gcc build, here to even the streams' times,
     # then the CLI's scripts on the ASan+UBSan build: each once the first
     # stream has built it (built NAME, below)
-    if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1 && built gcc; then
+    if have_mpi && built gcc; then
         run "test_run_mpi.sh (engram run --shard, TP and DP, -np 2 and 4)" sh tests/test_run_mpi.sh build
     fi
     if built asan; then
@@ -154,12 +166,8 @@ second_stream >"$LOG/second.log" 2>&1 &
 second_pid=$!
 
 SEEDS="$LOG/seeds"
-if build "gcc -O2"; then
-    : >"$LOG/gcc.built" # the second stream runs test_run_mpi.sh on it
-else
-    : >"$LOG/gcc.failed"
-fi
-[ -e "$LOG/gcc.built" ] && {
+# (the second stream runs test_run_mpi.sh on this build: marked gcc)
+marked_build gcc "gcc -O2" && {
     suite "" build
     run "test_cli" sh tests/test_cli.sh build
     run "test_install (make install, pkg-config, library split)" sh tests/test_install.sh build
@@ -207,21 +215,17 @@ fi
     fi
     run "test_pip.sh (pip install ./python: one abi3 wheel, static)" sh tests/test_pip.sh
     # libengram-mpi (built where mpicc is found; deps.sh installs Open MPI)
-    if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+    if have_mpi; then
         run "test_mpi.sh (mpirun -np 2 and 4)" sh tests/test_mpi.sh build
         run "test_run_mpi_faults.sh (a rank killed or stopped mid-decode)" sh tests/test_run_mpi_faults.sh build
     fi
     sh tests/fuzz/make_seeds.sh "$SEEDS" build/engram
 }
-if build "asan+ubsan" SANITIZE=address,undefined; then
-    : >"$LOG/asan.built" # the second stream runs the CLI's scripts on it
-else
-    : >"$LOG/asan.failed"
-fi
-[ -e "$LOG/asan.built" ] && {
+# (the second stream runs the CLI's scripts on this build: marked asan)
+marked_build asan "asan+ubsan" SANITIZE=address,undefined && {
     suite "asan+ubsan: " build-san-address,undefined
     # libengram-mpi's test (not in `all` of sanitizer builds: named here)
-    if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+    if have_mpi; then
         run "asan+ubsan: build test_mpi_combine, test_mpi_exchange" make -j"$JOBS" WERROR=1 SANITIZE=address,undefined \
             build-san-address,undefined/tests/mpi/test_mpi_combine build-san-address,undefined/tests/mpi/test_mpi_exchange
         run "asan+ubsan: test_mpi.sh (mpirun -np 2)" sh tests/test_mpi.sh build-san-address,undefined 2
