@@ -48,7 +48,7 @@ static int fixture_open(struct fixture *f, const char *name, uint32_t width)
     static uint32_t map[3000];
     engram_layout l;
     memset(f, 0, sizeof *f);
-    if (tu_layout(&l, map, 3000, 2000, 20000) < 0 ||
+    if (tu_layout(&l, map, 3000, 2000, 2000) < 0 ||
         tu_build(name, &l, ENGRAM_FILL_NORMAL, width, f->path, sizeof f->path) < 0)
         return -1;
     engram_error err;
@@ -639,7 +639,7 @@ static void weights(void)
 {
     static uint32_t map[3000];
     engram_layout l;
-    CHECK_EQ(tu_layout(&l, map, 3000, 2000, 20000), 0);
+    CHECK_EQ(tu_layout(&l, map, 3000, 2000, 2000), 0);
     char path[512];
     CHECK_EQ(tu_build("noweights.gguf", &l, ENGRAM_FILL_NORMAL, 0, path, sizeof path), 0);
     engram_model *m = NULL;

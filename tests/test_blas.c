@@ -44,7 +44,7 @@ static void one(uint32_t width, sgemm_fn sgemm, threads_fn set_threads)
     engram_layout l;
     char path[512], name[64];
     snprintf(name, sizeof name, "blas%u.gguf", width);
-    CHECK_EQ(tu_layout(&l, map, 3000, 2000, 20000), 0);
+    CHECK_EQ(tu_layout(&l, map, 3000, 2000, 2000), 0);
     if (tu_build(name, &l, ENGRAM_FILL_NORMAL, width, path, sizeof path) < 0) {
         CHECK(0);
         return;
