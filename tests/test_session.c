@@ -415,14 +415,15 @@ static int ring_chunk_ok(engram_prefill *pf, int t, size_t c, const uint16_t *wa
 
 static void host_hooks(int e)
 {
-    const size_t n = 900;
+    /* five chunks (the last partial) through a ring of two: it wraps twice */
+    const size_t n = 300;
     uint32_t *tok = random_tokens(n, 17, 400);
     engram_history h0;
     engram_history_reset(&h0);
     uint16_t *want = expected_rows(tok, NULL, n, h0);
-    engram_prefill_opts o = {.chunk_tokens = 256, .ring_chunks = 2, .dtype = ENGRAM_BF16};
+    engram_prefill_opts o = {.chunk_tokens = 64, .ring_chunks = 2, .dtype = ENGRAM_BF16};
     /* the size is the header's formula: 2 tables x ring x chunk x 24 rows x 512 B */
-    const size_t ring = (size_t)2 * 2 * 256 * 24 * 512;
+    const size_t ring = (size_t)2 * 2 * 64 * 24 * 512;
     CHECK_EQ(engram_prefill_ring_bytes(&o), ring);
     engram_prefill_opts d = {0};
     CHECK_EQ(engram_prefill_ring_bytes(&d), (size_t)2 * 2 * 2048 * 24 * 512);
@@ -616,10 +617,10 @@ static void threads(int e)
     engram_session *ps;
     engram_error err;
     CHECK_EQ(engram_session_open(p, &ps, &err), 0);
-    uint32_t *ptok = random_tokens(3000, 99, 1000);
+    uint32_t *ptok = random_tokens(1200, 99, 1000);
     engram_prefill *pf;
-    engram_prefill_opts o = {.chunk_tokens = 1000, .dtype = ENGRAM_BF16};
-    CHECK_EQ(engram_prefill_begin(ps, ptok, NULL, 3000, &o, &pf, &err), 0);
+    engram_prefill_opts o = {.chunk_tokens = 400, .dtype = ENGRAM_BF16};
+    CHECK_EQ(engram_prefill_begin(ps, ptok, NULL, 1200, &o, &pf, &err), 0);
     for (int i = 0; i < THREADS; i++) {
         jobs[i] = (struct tjob){p, i, random_tokens(PER * TSTEPS, 100 + (uint64_t)i, 200),
                                 malloc((size_t)PER * TSTEPS * TOKB), 0};
@@ -647,7 +648,7 @@ static void threads(int e)
     CHECK_EQ(bad, 0);
     engram_pool_stats st;
     engram_pool_get_stats(p, &st);
-    printf("threads %-8s: %d threads x %d sessions x %d steps + a 3000-token prefill: %llu rounds, "
+    printf("threads %-8s: %d threads x %d sessions x %d steps + a 1200-token prefill: %llu rounds, "
            "%llu step rows requested, %llu read\n", engine_names[e], THREADS, PER, TSTEPS,
            (unsigned long long)st.rounds, (unsigned long long)st.step_rows_requested,
            (unsigned long long)st.step_rows_read);
