@@ -143,7 +143,7 @@ static inline long fails_in_turn(const struct op *op, struct fail_plan *plan, in
  * map: 3000 entries): its path into path; 0 or -errno. */
 static inline int faults_model(engram_layout *l, uint32_t *map, char *path, size_t n)
 {
-    CHECK_EQ(tu_layout(l, map, 3000, 2000, 30000), 0);
+    CHECK_EQ(tu_layout(l, map, 3000, 2000, 3000), 0);
     int rc = tu_build("faults.gguf", l, ENGRAM_FILL_RANDOM, 0, path, n);
     CHECK_EQ(rc, 0);
     return rc;
