@@ -6,7 +6,6 @@ bits as Layer.apply(tokens, copy) from an independently kept History.
 """
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -21,14 +20,12 @@ ENGRAM = os.path.join(ROOT, "build", "engram")
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def model(v41_path):
+    # the example's own model (base 20000, W = 64, normal fill, seed 5) is
+    # conftest's v41, built once a session
     if not os.access(ENGRAM, os.X_OK):
         pytest.skip("build/engram is missing (make build/engram)")
-    path = str(tmp_path_factory.mktemp("example") / "m64.gguf")
-    subprocess.run([ENGRAM, "build", path, "--base", "20000", "--width", "64", "--fill", "normal",
-                    "--seed", "5"], check=True, stdout=subprocess.DEVNULL)
-    yield path
-    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    return v41_path
 
 
 def run_example(*args):

@@ -13,7 +13,6 @@ import errno
 import gc
 import os
 import pathlib
-import subprocess
 import sys
 import threading
 
@@ -35,16 +34,11 @@ def _engram_bin():
 
 
 @pytest.fixture(scope="session")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    exe = _engram_bin()
-    v4 = str(d / "v4.gguf")
-    ple = str(d / "ple.gguf")
-    subprocess.run([exe, "build", v4, "--base", "20000", "--width", "64", "--fill", "normal", "--seed", "5"],
-                   check=True, stdout=subprocess.DEVNULL)
-    subprocess.run([exe, "build", ple, "--arch", "qwen4exp", "--base", "20011", "--width", "64", "--fill",
-                    "normal", "--seed", "3"], check=True, stdout=subprocess.DEVNULL)
-    return {"v4": v4, "ple": ple}
+def models(v41_path, ple_path):
+    # conftest's session models (V4.1 W = 64 base 20000 seed 5; PLE W = 64
+    # base 20011 seed 3), built once for every test file that uses them
+    _engram_bin()
+    return {"v4": v41_path, "ple": ple_path}
 
 
 @pytest.fixture(scope="session")
