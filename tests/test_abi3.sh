@@ -11,7 +11,7 @@ set -u
 . "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 tmpdir abi3
-"$BUILD/engram" build "$T/m.gguf" --base 20000 --width 64 --fill normal --seed 5 >/dev/null || bad "build"
+"$BUILD/engram" build "$T/m.gguf" --base 2000 --width 64 --fill normal --seed 5 >/dev/null || bad "build"
 probe() { PYTHONPATH="$BUILD/python" "$1" tests/abi3_probe.py "$T/m.gguf" 2>&1; }
 want=$(probe /usr/bin/python3)
 case "$want" in *" "*" "*) ok ;; *) bad "/usr/bin/python3: $want" ;; esac

@@ -37,7 +37,7 @@ run_ref() {
 }
 
 M64="$T/m64.gguf"
-check "build W=64" "$ENGRAM" build "$M64" --base 20000 --width 64 --fill normal --seed 5
+check "build W=64" "$ENGRAM" build "$M64" --base 2000 --width 64 --fill normal --seed 5
 run_ref w64-layer1 "$M64" 1 400 1 1
 run_ref w64-layer14 "$M64" 14 400 2 3
 # threads change nothing (same inputs as w64-layer1)
@@ -122,7 +122,7 @@ printf '1 0\n' > "$T/mask2"
 # shellcheck disable=SC2086
 expect_rc 1 "2 entries" "mask of the wrong length" "$ENGRAM" apply "$M64" --layer 1 $args --residual-in "$d/resid.f32" --mask "$T/mask2"
 absent "mask" "$O"
-check "build without weights" "$ENGRAM" build "$T/now.gguf" --base 20000 --fill normal
+check "build without weights" "$ENGRAM" build "$T/now.gguf" --base 2000 --fill normal
 expect_rc 1 "no projection weights" "layer without weights" "$ENGRAM" apply "$T/now.gguf" --layer 14 \
     --tokens "$T/badtok" --residual-in seed:1 --residual-out "$O"
 absent "no weights" "$O"

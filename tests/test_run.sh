@@ -16,7 +16,7 @@ PY=/usr/bin/python3
 tmpdir run
 
 M="$T/m.gguf"
-"$ENGRAM" build "$M" --base 20000 --width 64 --fill normal --seed 3 >/dev/null || bad "build"
+"$ENGRAM" build "$M" --base 2000 --width 64 --fill normal --seed 3 >/dev/null || bad "build"
 head -c 9000 data/gpl3.tok | tr -s ' \n' '\n\n' | grep -v '^$' > "$T/tok"
 N=$(wc -l < "$T/tok")
 
@@ -174,7 +174,7 @@ fi
 if [ $? -eq 1 ] && grep -q "fewer than --decode" "$T/err"; then ok; else bad "too short a stream"; fi
 "$ENGRAM" run "$M" --layers 10 >/dev/null 2>&1
 if [ $? -eq 2 ]; then ok; else bad "--layers 10"; fi
-"$ENGRAM" build "$T/now.gguf" --base 20000 --fill normal >/dev/null
+"$ENGRAM" build "$T/now.gguf" --base 2000 --fill normal >/dev/null
 "$ENGRAM" run "$T/now.gguf" --tokens "$T/tok" --decode 2 >/dev/null 2>"$T/err"
 if [ $? -eq 1 ] && grep -q "no projection weights" "$T/err"; then ok; else bad "model without weights"; fi
 # devices: an unknown one is refused; cuda either runs (a GPU) or says why not
