@@ -139,8 +139,9 @@ static inline long fails_in_turn(const struct op *op, struct fail_plan *plan, in
 
 /* ------------------------------------------------ the scenarios' model and runner */
 
-/* The model the scenarios run on (random fill, tables of ~30,000 rows,
- * map: 3000 entries): its path into path; 0 or -errno. */
+/* The model the scenarios run on (random fill, layout primes from 3000:
+ * about 72,000 rows a table, 38 MB; map: 3000 entries): its path into
+ * path; 0 or -errno. */
 static inline int faults_model(engram_layout *l, uint32_t *map, char *path, size_t n)
 {
     CHECK_EQ(tu_layout(l, map, 3000, 2000, 3000), 0);

@@ -344,9 +344,9 @@ static void batch_invariance(struct fixture *f)
         if (!mask[t])
             masked_same &= memcmp(want + t * per, x0 + t * per, per * 4) == 0;
     CHECK(masked_same);
-    printf("W=%u: batch invariance: %d of %d trials over %zu tokens (random calls of 1..2048 tokens, "
+    printf("W=%u: batch invariance: %d of %d trials over %zu tokens (random calls of 1..%zu tokens, "
            "1-4 threads, own pool or a caller's hook, blocks of 1..300) equal to token-by-token\n", f->W,
-           same, trials, n);
+           same, trials, n, n < ENGRAM_BATCH_TOKENS ? n : (size_t)ENGRAM_BATCH_TOKENS);
     free(rows);
     free(x0);
     free(want);

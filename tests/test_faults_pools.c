@@ -220,7 +220,7 @@ static int prefill_run(engram_session *s, const uint32_t *tok, size_t n, const u
 
 static void prefill_faults(engram_model *m)
 {
-    const size_t n = 120; /* 3 chunks of 40 tokens: 5,760 reads */
+    const size_t n = 120; /* 3 chunks of 40 tokens: 5,760 rows, a few dozen of them read once for two */
     uint32_t *tok = malloc(n * sizeof *tok), *ids = malloc(n * 48 * sizeof *ids);
     uint64_t seed = 78;
     for (size_t i = 0; i < n; i++)
