@@ -387,8 +387,6 @@ static void reads(const engram_layout *l)
     engram_model_close(NULL);
 }
 
-/* A full-size V4.1 model (SPEC.md sections 2 and 5): sparse, 2 x ~101 GB
- * apparent.  Rows are written at the far ends, past 4 GiB and past 100 GB. */
 /* The sparse fill (engram_tools.h: holes, every 4096th row random), read
  * back through the exact path: each row r with r % 4096 == 0 is nonzero,
  * decodes and differs from the previous such row; its neighbours r - 1 and
@@ -404,11 +402,11 @@ static void sparse_fill(const engram_layout *l)
         return;
     engram_error err;
     unsigned filled = 0, want_filled = 0, bad = 0, holes = 0;
-    for (int t = 0; t < 2; t++) {
-        static uint8_t prev[264];
+    uint8_t prev[264];
+    for (int t = 0; t < 2; t++)
         for (uint32_t r = 0; r < l->rows[t]; r += 4096) {
             uint8_t raw[264];
-            static float v[256];
+            float v[256];
             want_filled++;
             int nonzero = 0;
             CHECK_EQ(engram_model_read_raw(m, t, &r, 1, raw, &err), 0);
@@ -430,7 +428,6 @@ static void sparse_fill(const engram_layout *l)
                 holes++;
             }
         }
-    }
     CHECK(want_filled >= 2 * 10); /* enough rows at this layout to mean something */
     CHECK_EQ(filled, want_filled);
     CHECK_EQ(bad, 0);
@@ -439,6 +436,8 @@ static void sparse_fill(const engram_layout *l)
     engram_model_close(m);
 }
 
+/* A full-size V4.1 model (SPEC.md sections 2 and 5): sparse, 2 x ~101 GB
+ * apparent.  Rows are written at the far ends, past 4 GiB and past 100 GB. */
 static void full_size(void)
 {
     static uint32_t map[129280];
