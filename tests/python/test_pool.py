@@ -11,8 +11,6 @@ directory) into a temporary directory once per run.
 """
 import errno
 import gc
-import os
-import pathlib
 import sys
 import threading
 
@@ -21,23 +19,12 @@ import pytest
 
 import engram
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _engram_bin():
-    b = pathlib.Path(os.environ.get("ENGRAM_BUILD", "build"))
-    for base in (pathlib.Path.cwd(), ROOT):
-        p = (b if b.is_absolute() else base / b) / "engram"
-        if p.exists():
-            return str(p)
-    pytest.skip("no engram binary (make build/engram; ENGRAM_BUILD=dir)")
-
 
 @pytest.fixture(scope="session")
 def models(v41_path, ple_path):
     # conftest's session models (V4.1 W = 64 base 20000 seed 5; PLE W = 64
     # base 20011 seed 3), built once for every test file that uses them
-    _engram_bin()
+    # (conftest skips where there is no engram binary)
     return {"v4": v41_path, "ple": ple_path}
 
 
