@@ -716,9 +716,18 @@ typedef enum engram_io_engine {
  * are capped at 512 KiB / (2 x DIO alignment)), the engine's rings and
  * bookkeeping, and a batch's rows between their arrival and their delivery
  * (up to 64 rows with their records, 24 KiB; fewer where the rest leaves
- * less of this bound).  The thread-pool engines also start one thread per slot of
- * depth (<= 256), each with a 64 KiB stack. */
+ * less of this bound).  The thread-pool engines also start
+ * ENGRAM_READER_THREADS(depth) threads (<= 256), each with a 64 KiB stack. */
 #define ENGRAM_READER_MAX_BYTES (1u << 20)
+/* The threads a thread-pool reader (ENGRAM_IO_THREADS, ENGRAM_IO_BUFFERED,
+ * or AUTO where io_uring is refused) runs for `depth` slots: one per two.
+ * Each blocks in one read at a time, so the device sees this many at once;
+ * the other slots' reads wait queued and go to the first thread free, which
+ * then needs no wake-up from the reader (measured on 2 cores: more reads/s,
+ * and shorter decode steps, than a thread per slot at the same depth and at
+ * twice it; BENCHMARKS.md).  Where more reads at the device pay, a larger
+ * depth gives more threads. */
+#define ENGRAM_READER_THREADS(depth) (((depth) + 1u) / 2u)
 
 /*
  * Host-memory hooks, for callers that move rows on to an accelerator: reg
@@ -741,7 +750,9 @@ typedef struct engram_host_hooks {
 
 typedef struct engram_reader_opts {
     engram_io_engine engine;  /* AUTO honours ENGRAM_IO=uring|threads|buffered */
-    unsigned depth;           /* reads in flight (queue depth / threads); 0 = 64 */
+    unsigned depth;           /* reads in flight (io_uring's queue depth; a
+                                 thread pool's slots, ENGRAM_READER_THREADS
+                                 of them at the device at once); 0 = 64 */
     /* Row cache: 0 = none (the default).  Otherwise the reader keeps up to
      * cache_bytes of raw rows it has read and validated (about 273 bytes a
      * row, whole cache included) and serves repeats from memory: rows that
@@ -760,7 +771,7 @@ typedef struct engram_io_stats {
     int direct;               /* 1 if reads bypass the page cache (O_DIRECT)   */
     const char *drop;         /* buffered: "RWF_DONTCACHE" or "fadvise", else "" */
     uint32_t align;           /* read alignment in bytes (1 when buffered)     */
-    unsigned depth;           /* effective reads in flight                     */
+    unsigned depth;           /* effective depth (opts.depth within the buffers' budget) */
     uint64_t reserved_bytes;  /* memory the reader holds (<= READER_MAX_BYTES) */
     uint64_t rows_requested;  /* rows asked for (with duplicates)              */
     uint64_t rows_read;       /* distinct rows actually read                   */

@@ -134,6 +134,18 @@ static void info_json(const engram_model_info *in, const engram_layout *l, const
     printf("}}\n");
 }
 
+/* The reader's engine, as `engram info` reports it (a thread pool's
+ * threads: ENGRAM_READER_THREADS of its depth). */
+static void print_reads(const engram_io_stats *io)
+{
+    char threads[32] = "";
+    if (!strcmp(io->engine, "threads") || !strcmp(io->engine, "buffered"))
+        snprintf(threads, sizeof threads, " (%u threads)", ENGRAM_READER_THREADS(io->depth));
+    printf("table reads:     %s, %s, alignment %u, depth %u%s%s%s%s%s\n", io->engine,
+           io->direct ? "O_DIRECT (no page cache)" : "buffered", io->align, io->depth, threads,
+           io->drop[0] ? ", drop-behind " : "", io->drop, io->note[0] ? "; " : "", io->note);
+}
+
 /* A PLE model's summary (text or one JSON object): the family's numbers,
  * the table and its placement, and (text) how table reads will be done
  * here. */
@@ -171,9 +183,7 @@ static void info_ple(const engram_model_info *in, const engram_io_stats *io, int
            in->streams, f->state_floats);
     printf("placement:       table last: %s; page-aligned: %s\n", in->tables_last ? "yes" : "no",
            in->table0_page_aligned ? "yes" : "no");
-    printf("table reads:     %s, %s, alignment %u, depth %u%s%s%s%s\n", io->engine,
-           io->direct ? "O_DIRECT (no page cache)" : "buffered", io->align, io->depth,
-           io->drop[0] ? ", drop-behind " : "", io->drop, io->note[0] ? "; " : "", io->note);
+    print_reads(io);
 }
 
 /* The model's summary for people. */
@@ -225,9 +235,7 @@ static void info_text(const engram_model_info *in, const engram_layout *l, const
            placement ? "meets the reference engine's rule"
                      : "does NOT meet the reference engine's rule");
     printf("row decoder:     %s\n", engram_simd_name(engram_simd_selected()));
-    printf("table reads:     %s, %s, alignment %u, depth %u%s%s%s%s\n", io->engine,
-           io->direct ? "O_DIRECT (no page cache)" : "buffered", io->align, io->depth,
-           io->drop[0] ? ", drop-behind " : "", io->drop, io->note[0] ? "; " : "", io->note);
+    print_reads(io);
 }
 
 static int cmd_info(int argc, char **argv)

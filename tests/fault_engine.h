@@ -451,13 +451,16 @@ int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena
     return rc;
 }
 
-int __real_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out);
-int __wrap_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out);
-int __wrap_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out)
+int __real_io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
+                                 struct io_engine **out);
+int __wrap_io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
+                                 struct io_engine **out);
+int __wrap_io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
+                                 struct io_engine **out)
 {
     if (fe.setup_threads)
         return fe.setup_threads;
-    int rc = __real_io_threads_engine_new(fd, threads, drop, out);
+    int rc = __real_io_threads_engine_new(fd, threads, queue, drop, out);
     if (rc == 0 && fg.armed)
         *out = fg_wrap_engine(fd, *out);
     else if (rc == 0 && fe.wrap)

@@ -69,14 +69,15 @@ if [ "$normal" = "io_uring" ]; then ok; else
 
 # io_uring refused by seccomp
 outputs seccomp "$M" "$SR"
-expect_info seccomp "^table reads: +threads, O_DIRECT.*io_uring refused \(Operation not permitted\)"
+# (the default depth 64: ENGRAM_READER_THREADS(64) = 32 threads, engram.h)
+expect_info seccomp "^table reads: +threads, O_DIRECT.*depth 64 \(32 threads\).*io_uring refused \(Operation not permitted\)"
 expect_run seccomp threads "io_uring refused \(Operation not permitted\)"
 same_as_ref seccomp
 
 # O_DIRECT refused
 export ENGRAM_FAIL_ODIRECT=1 ENGRAM_ENVFAIL_LOG="$T/nodirect.log"
 outputs nodirect "$M" env LD_PRELOAD="$ND"
-expect_info nodirect "^table reads: +buffered, buffered.*O_DIRECT refused \(Invalid argument\); buffered fallback"
+expect_info nodirect "^table reads: +buffered, buffered.*depth 64 \(32 threads\).*O_DIRECT refused \(Invalid argument\); buffered fallback"
 expect_run nodirect buffered "O_DIRECT refused"
 same_as_ref nodirect
 if [ -s "$T/nodirect.log" ]; then ok; else bad "the O_DIRECT shim never refused an open"; fi

@@ -590,8 +590,11 @@ static int reap_all(struct io_engine *e, struct io_cqe *cq, int want)
 /* The engines at their limits, driven directly (not through a reader). */
 static void engine_limits(void)
 {
-    /* the thread engine holds as many reads as it has workers: one more is
-     * refused with -EBUSY (transient), and those it took arrive */
+    /* the thread engine holds as many reads as its queue: one more is
+     * refused with -EBUSY (transient), and those it took arrive; here one
+     * worker with a queue of two (the second read waits queued, then goes to
+     * the same worker), reaped by one reap that waits for both; a queue
+     * shorter than the workers, or no worker, is refused */
     char path[512];
     tu_path(path, sizeof path, "eng.bin");
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -600,14 +603,18 @@ static void engine_limits(void)
         data[i] = (unsigned char)(i * 7 + 1);
     CHECK(fd >= 0 && write(fd, data, sizeof data) == (ssize_t)sizeof data);
     struct io_engine *e = NULL;
-    CHECK_EQ(__real_io_threads_engine_new(fd, 2, DROP_NONE, &e), 0);
+    CHECK_EQ(__real_io_threads_engine_new(fd, 2, 1, DROP_NONE, &e), -EINVAL);
+    CHECK_EQ(__real_io_threads_engine_new(fd, 0, 2, DROP_NONE, &e), -EINVAL);
+    CHECK(e == NULL);
+    CHECK_EQ(__real_io_threads_engine_new(fd, 1, 2, DROP_NONE, &e), 0);
     if (e) {
         CHECK_EQ(e->ops->queue(e, 0, got[0], 4096, 0), 0);
         CHECK_EQ(e->ops->queue(e, 1, got[1], 4096, 4096), 0);
         CHECK_EQ(e->ops->queue(e, 2, got[2], 4096, 8192), -EBUSY);
         CHECK_EQ(e->ops->submit(e), 0);
         struct io_cqe cq[2];
-        int n = reap_all(e, cq, 2);
+        int n = e->ops->reap(e, cq, 2, 2);
+        CHECK_EQ(n, 2);
         for (int i = 0; i < n; i++)
             CHECK(cq[i].slot < 2 && cq[i].res == 4096);
         CHECK(memcmp(got[0], data, 4096) == 0 && memcmp(got[1], data + 4096, 4096) == 0);
@@ -620,7 +627,8 @@ static void engine_limits(void)
     for (int k = 0; k < 3; k++) {
         struct fail_plan *pl = calls[k].dontcache ? &preadv2s : &preads;
         e = NULL;
-        CHECK_EQ(__real_io_threads_engine_new(fd, 2, calls[k].dontcache ? DROP_DONTCACHE : DROP_NONE, &e), 0);
+        CHECK_EQ(__real_io_threads_engine_new(fd, 2, 2, calls[k].dontcache ? DROP_DONTCACHE : DROP_NONE, &e),
+                 0);
         if (!e)
             continue;
         memset(got, 0, sizeof got);
@@ -672,8 +680,9 @@ static void engine_limits(void)
             CHECK(memcmp(ubuf[i], data + (i < 4 ? (i % 3) : 1) * 4096, 4096) == 0);
         e->ops->destroy(e);
     }
-    printf("thread engine: a read past its 2 workers -EBUSY, the 2 taken delivered; its pread and "
-           "preadv2 failing with EIO: -EIO, with EINTR: retried, exact; io_uring, "
+    printf("thread engine: a queue shorter than its workers, or no worker, -EINVAL; a read past "
+           "its queue of 2 -EBUSY, the 2 taken by its one worker and delivered by one reap; its "
+           "pread and preadv2 failing with EIO: -EIO, with EINTR: retried, exact; io_uring, "
            "its 4-entry ring full: a refused (-EAGAIN) or empty submit fails the 5th read and a "
            "cancel transiently, then all 5 delivered\n");
     close(fd);
@@ -765,15 +774,24 @@ static void setup_faults(engram_model *m, const uint32_t *rows, const uint16_t *
         CHECK_EQ(batch_eq(r, 0, rows, 4, w0, &err), 0);
         engram_reader_close(r);
     }
-    /* A thread that cannot be started, at every position of the pool. */
+    /* A thread that cannot be started, at every position of the pool
+     * (ENGRAM_READER_THREADS(16) = 8 threads: a 9th start is never asked
+     * for, and the open succeeds). */
     for (int e = 1; e < 3; e++) {
-        for (long k = 1; k <= 16; k++) {
+        for (long k = 1; k <= 9; k++) {
             setup.thread_fail_at = k;
             setup.thread_calls = 0;
             engram_reader_opts o = {.engine = engines[e], .depth = 16};
             int rc = engram_reader_open(m, &o, &r, &err);
             setup.thread_fail_at = 0;
-            CHECK_ERR(rc, err, -EAGAIN, "threads");
+            if (k <= (long)ENGRAM_READER_THREADS(16u)) {
+                CHECK_ERR(rc, err, -EAGAIN, "threads");
+                continue;
+            }
+            CHECK_EQ(rc, 0);
+            CHECK_EQ(setup.thread_calls, 8);
+            if (rc == 0)
+                engram_reader_close(r);
         }
     }
     CHECK_EQ(open_fds(), fds0);

@@ -523,10 +523,12 @@ int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena
     return sim_new(out);
 }
 
-int __wrap_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out);
-int __wrap_io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out)
+int __wrap_io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
+                                 struct io_engine **out);
+int __wrap_io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
+                                 struct io_engine **out)
 {
-    (void)fd, (void)threads, (void)drop;
+    (void)fd, (void)threads, (void)queue, (void)drop;
     return sim_new(out);
 }
 

@@ -6,6 +6,7 @@
  * memory stays within ENGRAM_READER_MAX_BYTES on a 1,000,000-token
  * batch.  Real io_uring on a real file.
  */
+#include <dirent.h>
 #include <math.h>
 #include <time.h>
 
@@ -121,6 +122,60 @@ static void reserved_counts(engram_model *m)
            (unsigned long long)rings, (unsigned long long)ps.io.reserved_bytes);
     engram_pool_close(p);
     CHECK_EQ(host_reg_bytes, 0);
+}
+
+/* This process's threads (/proc/self/task's entries). */
+static int task_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* A thread-pool reader runs ENGRAM_READER_THREADS(depth) threads, one per
+ * two slots (engram.h), counted here: its open adds that many to the
+ * process, its close takes them away; at the deepest depth, and at the
+ * smallest ones, odd and even.  Its batches are the exact path's rows at
+ * each of these depths (batches() reads at 32 and the deepest). */
+static void pool_threads(engram_model *m)
+{
+    const size_t n = 40;
+    uint32_t *rows = tu_hashed(m, n, 5, 41);
+    uint16_t *want = tu_expected(m, 0, rows, n, ENGRAM_BF16);
+    uint16_t *got = malloc(n * 24 * 256 * 2);
+    const unsigned depths[] = {1, 2, 3, 15, ENGRAM_READER_MAX_DEPTH};
+    for (int e = 1; e < 3; e++)
+        for (size_t k = 0; k < sizeof depths / sizeof *depths && !tsan_skips(e); k++) {
+            engram_reader_opts o = {.engine = engines[e], .depth = depths[k]};
+            engram_reader *r;
+            engram_error err;
+            int before = task_count();
+            CHECK(before > 0);
+            if (engram_reader_open(m, &o, &r, &err) < 0) {
+                CHECK(0);
+                fprintf(stderr, "%s: %s\n", engine_names[e], err.msg);
+                continue;
+            }
+            engram_io_stats st;
+            engram_reader_get_stats(r, &st);
+            /* the I/O buffers' budget leaves every depth at alignments up to 512 */
+            CHECK(st.depth == depths[k] || (st.align > 512 && st.depth < depths[k]));
+            CHECK_EQ(task_count() - before, (int)ENGRAM_READER_THREADS(st.depth));
+            memset(got, 0xee, n * 24 * 256 * 2);
+            CHECK_EQ(engram_reader_batch(r, 0, rows, n, ENGRAM_BF16, got, &err), 0);
+            CHECK(memcmp(got, want, n * 24 * 256 * 2) == 0);
+            engram_reader_close(r);
+            CHECK_EQ(task_count(), before);
+        }
+    CHECK_EQ(ENGRAM_READER_THREADS(1u), 1u);
+    CHECK_EQ(ENGRAM_READER_THREADS(ENGRAM_READER_MAX_DEPTH), 256u);
+    free(got);
+    free(want);
+    free(rows);
 }
 
 static void batches(engram_model *m)
@@ -729,6 +784,7 @@ int main(void)
     } while (0)
     LAP(reserved_counts(m));
     LAP(batches(m));
+    LAP(pool_threads(m));
     LAP(arguments(m));
     LAP(steps(m));
     LAP(cached(m));

@@ -70,8 +70,11 @@ struct io_engine {
 int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, int wakeable,
                         struct io_engine **out, char *note, size_t note_len);
 
-/* `threads` pread workers on fd; drop says how reads leave the page cache on
- * a buffered descriptor. */
-int io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out);
+/* `threads` pread workers on fd taking reads from a queue of `queue`
+ * (>= threads, else -EINVAL) entries: the reads the caller may have in
+ * flight, those past `threads` waiting queued for the next free worker; drop
+ * says how reads leave the page cache on a buffered descriptor. */
+int io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
+                          struct io_engine **out);
 
 #endif

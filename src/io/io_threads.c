@@ -2,8 +2,17 @@
  * io_threads.c - the portable engine: a fixed pool of threads, created once
  * per reader (not per batch), each doing blocking positional reads.  Reads
  * are queued into a ring and completions come back through another; both
- * rings hold at most `threads` entries because the reader never has more in
- * flight than that.
+ * rings hold `queue` entries (the reader's slots: it never has more in
+ * flight).  With more slots than threads (the reader gives a thread per two
+ * slots, ENGRAM_READER_THREADS), reads wait queued, and a thread that
+ * finishes one takes the next without going to sleep and being woken by the
+ * reader's next submission.  With a thread per slot (before 2026-12-07) that
+ * hand-off cost 2.5-3 context switches and 30-35 us of CPU a read on the
+ * development VM's 2 cores (perf stat), and the pool ran at ~0.7x fio's
+ * psync engine with as many jobs; queued ahead, 0.92-1.10x, 1.3-1.8x the
+ * reads/s at the same depth (BENCHMARKS.md, 2026-12-07 session y).  A
+ * blocked reap is woken when the count it waits for is there, not by every
+ * completion.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -31,7 +40,7 @@ struct thread_engine {
     struct io_engine base;
     int fd;
     enum io_drop drop;
-    unsigned n_threads, cap;
+    unsigned n_threads, cap;     /* threads started; ring entries (queue) */
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t work, done;
@@ -42,6 +51,7 @@ struct thread_engine {
     unsigned c_head, c_count;
     int stop;
     int woken;                   /* wake() since the last reap */
+    unsigned want;               /* completions a blocked reap waits for; 0: none waits */
 };
 
 /* One read to completion: retries EINTR/EAGAIN, continues partial reads,
@@ -90,7 +100,8 @@ static void *worker(void *arg)
         pthread_mutex_lock(&t->mu);
         t->cqes[(t->c_head + t->c_count) % t->cap] = (struct io_cqe){j.slot, res};
         t->c_count++;
-        pthread_cond_signal(&t->done);
+        if (t->want && t->c_count >= t->want)
+            pthread_cond_signal(&t->done);
     }
     pthread_mutex_unlock(&t->mu);
     return NULL;
@@ -131,8 +142,11 @@ static int t_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigne
     struct thread_engine *t = (struct thread_engine *)e;
     t_submit(e);
     pthread_mutex_lock(&t->mu);
-    while (t->c_count < min && !t->woken)
+    while (t->c_count < min && !t->woken) {
+        t->want = min;
         pthread_cond_wait(&t->done, &t->mu);
+    }
+    t->want = 0;
     t->woken = 0;
     unsigned n = t->c_count < max ? t->c_count : max;
     for (unsigned i = 0; i < n; i++)
@@ -191,17 +205,20 @@ static void t_destroy(struct io_engine *e)
 
 static const struct io_engine_ops thread_ops = {t_queue, t_submit, t_reap, t_cancel, t_wake, t_destroy};
 
-int io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io_engine **out)
+int io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
+                          struct io_engine **out)
 {
+    if (threads == 0 || queue < threads)
+        return -EINVAL;
     struct thread_engine *t = calloc(1, sizeof *t);
     if (!t)
         return -ENOMEM;
     t->fd = fd;
     t->drop = drop;
-    t->cap = threads;
+    t->cap = queue;
     t->threads = calloc(threads, sizeof *t->threads);
-    t->jobs = calloc(threads, sizeof *t->jobs);
-    t->cqes = calloc(threads, sizeof *t->cqes);
+    t->jobs = calloc(queue, sizeof *t->jobs);
+    t->cqes = calloc(queue, sizeof *t->cqes);
     if (!t->threads || !t->jobs || !t->cqes) {
         free(t->threads);
         free(t->jobs);
@@ -214,7 +231,8 @@ int io_threads_engine_new(int fd, unsigned threads, enum io_drop drop, struct io
     pthread_cond_init(&t->done, NULL);
     t->base.ops = &thread_ops;
     t->base.name = drop == DROP_NONE ? "threads" : "buffered";
-    t->base.bytes = sizeof *t + (size_t)threads * (sizeof *t->threads + sizeof *t->jobs + sizeof *t->cqes);
+    t->base.bytes = sizeof *t + (size_t)threads * sizeof *t->threads +
+                    (size_t)queue * (sizeof *t->jobs + sizeof *t->cqes);
     for (unsigned i = 0; i < threads; i++) {
         int rc = util_thread_start(&t->threads[i], 64 * 1024, worker, t); /* workers only read */
         if (rc < 0) {

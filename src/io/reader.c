@@ -42,7 +42,7 @@
 #include "common/util.h"
 
 #define DEFAULT_DEPTH 64u
-#define MAX_THREADS 256u
+_Static_assert(ENGRAM_READER_THREADS(ENGRAM_READER_MAX_DEPTH) <= 256, "the thread pool's bound (engram.h)");
 /* A read is resubmitted at most this often (short results, -EAGAIN). */
 #define MAX_TRIES 8
 /* Transient engine refusals retried in a row before giving up (~0.1 s). */
@@ -215,8 +215,6 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
     unsigned cap = IO_BUFFER_BUDGET / r->slot_size; /* >= MIN_DIRECT_DEPTH (try_direct) */
     r->depth = depth < cap ? depth : cap;
     int try_uring = r->direct && (want == ENGRAM_IO_AUTO || want == ENGRAM_IO_URING);
-    if (!try_uring && r->depth > MAX_THREADS)
-        r->depth = MAX_THREADS;
 
     size_t arena = (size_t)r->depth * r->slot_size;
     size_t arena_align = r->align > 4096 ? r->align : 4096;
@@ -255,16 +253,13 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
                 return err_set(err, rc, ENGRAM_NO_OFFSET, "io_uring refused: %s", strerror(-rc));
             }
             snprintf(r->note, sizeof r->note, "io_uring refused (%s); thread pool", strerror(-rc));
-            if (r->depth > MAX_THREADS) { /* fewer slots in use than allocated */
-                r->depth = MAX_THREADS;
-                for (unsigned i = 0; i < r->depth; i++)
-                    r->free_slots[i] = r->depth - 1 - i;
-                r->n_free = r->depth;
-            }
         }
     }
     if (!r->eng) {
-        rc = io_threads_engine_new(r->fd, r->depth, r->direct ? DROP_NONE : r->drop, &r->eng);
+        /* a thread per two slots: the other reads wait queued, taken by the
+         * first thread free (io_threads.c) */
+        rc = io_threads_engine_new(r->fd, ENGRAM_READER_THREADS(r->depth), r->depth,
+                                   r->direct ? DROP_NONE : r->drop, &r->eng);
         if (rc < 0) {
             r->eng = NULL;
             reader_free(r);
