@@ -66,6 +66,8 @@ enum fio_mode {
                          buffers                                              */
     FIO_STEPS,        /* a step's reads (48, PLE 16) submitted and completed
                          together                                             */
+    FIO_MIX_PSYNC,    /* the mix from `depth` jobs of blocking reads (psync):
+                         the thread pool's way, with as many threads          */
     FIO_BS1,          /* bs = alignment only (rows inside one block)          */
     FIO_BS2           /* bs = 2 x alignment only (rows that straddle two)     */
 };
@@ -87,7 +89,7 @@ static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode 
     if (mode == FIO_STEPS) /* steps read every table: the same span of the file */
         size = (b->in.table[b->tables - 1].offset + b->in.table[b->tables - 1].bytes - off) /
                b->align * b->align;
-    if (mode == FIO_MIX || mode == FIO_MIX_BATCHED || mode == FIO_STEPS)
+    if (mode == FIO_MIX || mode == FIO_MIX_BATCHED || mode == FIO_STEPS || mode == FIO_MIX_PSYNC)
         snprintf(bs, sizeof bs, "--bssplit=%u/%u:%u/%u --blockalign=%u", b->align,
                  100 - b->cross_pct, 2 * b->align, b->cross_pct, b->align);
     else if (mode == FIO_BS2)
@@ -101,11 +103,16 @@ static struct fio_result run_fio(struct bench *b, unsigned depth, enum fio_mode 
     else if (mode == FIO_STEPS)
         snprintf(extra, sizeof extra, "--iodepth_batch_submit=%u --iodepth_batch_complete_min=%u",
                  depth, depth);
+    char engine[64];
+    if (mode == FIO_MIX_PSYNC) /* one read at a time per job; the jobs' sum */
+        snprintf(engine, sizeof engine, "--ioengine=psync --numjobs=%u --group_reporting", depth);
+    else
+        snprintf(engine, sizeof engine, "--ioengine=io_uring --iodepth=%u", depth);
     snprintf(cmd, sizeof cmd,
              "fio --name=engram --filename='%s' --readonly --direct=1 --rw=randread %s "
-             "--ioengine=io_uring --iodepth=%u %s --offset=%" PRIu64 " --size=%" PRIu64
+             "%s %s --offset=%" PRIu64 " --size=%" PRIu64
              " --runtime=%.0fms --time_based --norandommap --randrepeat=0 --output-format=json 2>/dev/null",
-             b->path, bs, depth, extra, off, size, fio_secs(secs) * 1000);
+             b->path, bs, engine, extra, off, size, fio_secs(secs) * 1000);
     FILE *p = popen(cmd, "r");
     if (!p)
         return r;
@@ -213,7 +220,9 @@ static int section_depths(struct bench *b, struct depth_point *pts)
            "    submission + registered file/buffers.  IOPS: each tool's median of %d rounds (they\n"
            "    take turns, %.2f s each).  ratio: the median over the rounds of engram / the better\n"
            "    same-size fio of the same round, [its lowest, highest]; of medians: engram's median\n"
-           "    / the better same-size fio median (this column's figure before 2026-12-05).\n",
+           "    / the better same-size fio median (this column's figure before 2026-12-05).\n"
+           "    The thread pool (engine threads, ENGRAM_READER_THREADS(depth) threads) is also set\n"
+           "    against fio's psync engine with as many jobs, same sizes, a fifth run each round.\n",
            b->align, b->cross_pct, b->align, 100 - b->cross_pct, 2 * b->align, b->cross_pct,
            b->rounds, b->seconds / b->rounds);
     printf("    %5s %12s %10s %12s %12s %7s %13s %7s %6s %10s %9s\n", "depth", "engram IOPS",
@@ -245,18 +254,21 @@ static int section_depths(struct bench *b, struct depth_point *pts)
          * reported too. */
         const int nr = b->rounds;
         double ours_r[MAX_ROUNDS], plain_r[MAX_ROUNDS], mix_r[MAX_ROUNDS], batched_r[MAX_ROUNDS],
-            cores_r[MAX_ROUNDS], ratio_r[MAX_ROUNDS];
-        int nv = 0;
+            psync_r[MAX_ROUNDS], cores_r[MAX_ROUNDS], ratio_r[MAX_ROUNDS], pratio_r[MAX_ROUNDS];
+        int nv = 0, np = 0;
         double slice = b->seconds / nr;
         engram_io_stats st;
         engram_reader_get_stats(r, &st);
         unsigned r_depth = st.depth;
+        /* the thread pool: fio's psync engine with as many jobs as threads */
+        unsigned pool = !strcmp(st.engine, "threads") ? ENGRAM_READER_THREADS(r_depth) : 0;
+        const int runs = pool ? 5 : 4;
         for (int round = 0; round < nr; round++) {
-            /* The four runs rotate their order every round, so no tool
-             * always follows the same one (burst credits of cloud disks). */
-            plain_r[round] = mix_r[round] = batched_r[round] = 0;
-            for (int k = 0; k < 4; k++) {
-                int which = (k + round) % 4;
+            /* The runs rotate their order every round, so no tool always
+             * follows the same one (burst credits of cloud disks). */
+            plain_r[round] = mix_r[round] = batched_r[round] = psync_r[round] = 0;
+            for (int k = 0; k < runs; k++) {
+                int which = (k + round) % runs;
                 if (which > 0 && !b->use_fio)
                     continue;
                 if (which == 1)
@@ -265,6 +277,8 @@ static int section_depths(struct bench *b, struct depth_point *pts)
                     mix_r[round] = run_fio(b, r_depth, FIO_MIX, slice).iops;
                 else if (which == 3)
                     batched_r[round] = run_fio(b, r_depth, FIO_MIX_BATCHED, slice).iops;
+                else if (which == 4)
+                    psync_r[round] = run_fio(b, pool, FIO_MIX_PSYNC, slice).iops;
                 if (which != 0)
                     continue;
                 engram_reader_reset_stats(r);
@@ -287,9 +301,13 @@ static int section_depths(struct bench *b, struct depth_point *pts)
             double fio_best = mix_r[round] > batched_r[round] ? mix_r[round] : batched_r[round];
             if (fio_best > 0)
                 ratio_r[nv++] = ours_r[round] / fio_best;
+            if (psync_r[round] > 0)
+                pratio_r[np++] = ours_r[round] / psync_r[round];
             bench_csv_row(b, "round", "engram_iops", st.depth, ours_r[round], "reads/s");
             bench_csv_row(b, "round", "fio_same_size_iops", st.depth, mix_r[round], "reads/s");
             bench_csv_row(b, "round", "fio_batched_iops", st.depth, batched_r[round], "reads/s");
+            if (pool)
+                bench_csv_row(b, "round", "fio_psync_iops", st.depth, psync_r[round], "reads/s");
         }
         engram_reader_close(r);
         double lo = 0, hi = 0, ratio = 0;
@@ -316,6 +334,17 @@ static int section_depths(struct bench *b, struct depth_point *pts)
             bench_csv_row(b, "depth", "ratio_rounds_median", st.depth, ratio, "x");
             bench_csv_row(b, "depth", "ratio_rounds_min", st.depth, lo, "x");
             bench_csv_row(b, "depth", "ratio_rounds_max", st.depth, hi, "x");
+        }
+        if (np > 0) {
+            double plo, phi, psync = median(psync_r, nr), pratio = median(pratio_r, np);
+            range_of(pratio_r, np, &plo, &phi);
+            printf("    %5s thread pool of %u: fio psync, %u jobs, same sizes %.0f reads/s; ratio %.2f "
+                   "[%.2f, %.2f] (rounds' median, lowest, highest)\n",
+                   "", pool, pool, psync, pratio, plo, phi);
+            bench_csv_row(b, "depth", "fio_psync_iops", st.depth, psync, "reads/s");
+            bench_csv_row(b, "depth", "ratio_psync_median", st.depth, pratio, "x");
+            bench_csv_row(b, "depth", "ratio_psync_min", st.depth, plo, "x");
+            bench_csv_row(b, "depth", "ratio_psync_max", st.depth, phi, "x");
         }
         fflush(stdout);
     }

@@ -250,6 +250,39 @@ if PATH="$T/fakefio2:$PATH" "$ENGRAM" bench io "$T/bench0.gguf" --seconds 1 --ro
 else
     bad "bench io's per-round ratio"; cat "$T/b2.csv" "$T/b2.txt" >&2
 fi
+# the thread pool's ratio to fio's psync engine: a fake fio answers k x 100
+# on its k-th psync run (one a round) and 1500 otherwise; ENGRAM_IO=threads
+# at depth 6 runs ENGRAM_READER_THREADS(6) = 3 threads, so the psync runs
+# must ask for 3 jobs; the CSV's rounds carry k x 100, and the median ratio
+# is engram's rounds over them (recomputed here)
+mkdir -p "$T/fakefio3"
+cat > "$T/fakefio3/fio" <<'FIO'
+#!/bin/sh
+case "$*" in
+*--version*) echo fio-3.33 ;;
+*--ioengine=psync*) case "$*" in *--numjobs=3\ *) ;; *) exit 1 ;; esac
+                    n=$(cat "$0.n" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "$0.n"
+                    echo "{\"jobs\":[{\"read\":{\"iops\":${n}00.0}}]}" ;;
+*) echo '{"jobs":[{"read":{"iops":1500.0}}]}' ;;
+esac
+FIO
+chmod +x "$T/fakefio3/fio"
+if PATH="$T/fakefio3:$PATH" ENGRAM_IO=threads "$ENGRAM" bench io "$T/bench0.gguf" --seconds 1 --rounds 3 --depths 6 \
+       --sections a --csv "$T/b3.csv" > "$T/b3.txt" 2>&1 \
+   && awk -F, 'function near(x, y) { return y > 0 && x / y > 1 - 1e-4 && x / y < 1 + 1e-4 }
+        $1 == "round" && $2 == "engram_iops" { e[ne++] = $4 }
+        $1 == "round" && $2 == "fio_psync_iops" { p[np++] = $4 }
+        $1 == "depth" && $3 == 6 { v[$2] = $4 }
+        END { if (ne != 3 || np != 3) exit 1
+              for (i = 0; i < 3; i++) { if (p[i] != 100 * (i + 1)) exit 1; r[i] = e[i] / p[i] }
+              for (i = 0; i < 3; i++) for (j = i + 1; j < 3; j++) if (r[j] < r[i]) { x = r[i]; r[i] = r[j]; r[j] = x }
+              exit !(v["fio_psync_iops"] == 200 && near(v["ratio_psync_median"], r[1]) \
+                     && near(v["ratio_psync_min"], r[0]) && near(v["ratio_psync_max"], r[2])) }' "$T/b3.csv" \
+   && grep -q "thread pool of 3: fio psync, 3 jobs" "$T/b3.txt"; then
+    ok
+else
+    bad "bench io's thread pool against fio psync"; cat "$T/b3.csv" "$T/b3.txt" >&2
+fi
 expect_rc 2 "rounds takes 1 to 32" "bench io --rounds 0" "$ENGRAM" bench io "$T/bench0.gguf" --rounds 0
 expect_rc 2 "rounds takes 1 to 32" "bench io --rounds 33" "$ENGRAM" bench io "$T/bench0.gguf" --rounds 33
 # bench io: a short run of every section on the small model, fio included
