@@ -593,7 +593,7 @@ static void engine_limits(void)
     /* the thread engine holds as many reads as its queue: one more is
      * refused with -EBUSY (transient), and those it took arrive; here one
      * worker with a queue of two (the second read waits queued, then goes to
-     * the same worker), reaped by one reap that waits for both; a queue
+     * the same worker), reaped by one reap that asks for both; a queue
      * shorter than the workers, or no worker, is refused */
     char path[512];
     tu_path(path, sizeof path, "eng.bin");
@@ -618,6 +618,23 @@ static void engine_limits(void)
         for (int i = 0; i < n; i++)
             CHECK(cq[i].slot < 2 && cq[i].res == 4096);
         CHECK(memcmp(got[0], data, 4096) == 0 && memcmp(got[1], data + 4096, 4096) == 0);
+        /* a read being read or completed and not reaped still holds its
+         * place: with the first of two reaped (the one worker takes the
+         * second as it posts the first), one more is taken and a fourth
+         * refused, so the completions never outgrow their ring */
+        memset(got, 0, sizeof got);
+        CHECK_EQ(e->ops->queue(e, 0, got[0], 4096, 0), 0);
+        CHECK_EQ(e->ops->queue(e, 1, got[1], 4096, 4096), 0);
+        CHECK_EQ(e->ops->submit(e), 0);
+        CHECK_EQ(e->ops->reap(e, cq, 1, 1), 1);
+        CHECK_EQ(cq[0].slot, 0u);
+        CHECK_EQ(e->ops->queue(e, 2, got[2], 4096, 8192), 0);
+        CHECK_EQ(e->ops->queue(e, 0, got[0], 4096, 0), -EBUSY);
+        n = reap_all(e, cq, 2);
+        CHECK_EQ(n, 2);
+        for (int i = 0; i < n; i++)
+            CHECK(cq[i].slot == (unsigned)i + 1 && cq[i].res == 4096);
+        CHECK(memcmp(got[1], data + 4096, 4096) == 0 && memcmp(got[2], data + 8192, 4096) == 0);
         e->ops->destroy(e);
     }
     /* the thread engine's read system call failing: EIO completes the read
@@ -681,8 +698,8 @@ static void engine_limits(void)
         e->ops->destroy(e);
     }
     printf("thread engine: a queue shorter than its workers, or no worker, -EINVAL; a read past "
-           "its queue of 2 -EBUSY, the 2 taken by its one worker and delivered by one reap; its "
-           "pread and preadv2 failing with EIO: -EIO, with EINTR: retried, exact; io_uring, "
+           "its queue of 2 -EBUSY (also with one of the 2 unreaped), the 2 taken by its one "
+           "worker and delivered by one reap; its pread and preadv2 failing with EIO: -EIO, with EINTR: retried, exact; io_uring, "
            "its 4-entry ring full: a refused (-EAGAIN) or empty submit fails the 5th read and a "
            "cancel transiently, then all 5 delivered\n");
     close(fd);

@@ -47,6 +47,7 @@ struct thread_engine {
     struct job *jobs;            /* ring of queued jobs      */
     unsigned j_head, j_count;
     unsigned staged;             /* queued but not submitted */
+    unsigned outstanding;        /* queued, being read, or completed and not reaped: <= cap */
     struct io_cqe *cqes;         /* ring of completions      */
     unsigned c_head, c_count;
     int stop;
@@ -112,12 +113,13 @@ static int t_queue(struct io_engine *e, unsigned slot, void *buf, uint32_t len, 
     struct thread_engine *t = (struct thread_engine *)e;
     pthread_mutex_lock(&t->mu);
     int rc = 0;
-    if (t->j_count == t->cap) {
+    if (t->outstanding == t->cap) { /* the completion ring must hold every read taken */
         rc = -EBUSY;
     } else {
         t->jobs[(t->j_head + t->j_count) % t->cap] = (struct job){slot, buf, len, off};
         t->j_count++;
         t->staged++;
+        t->outstanding++;
     }
     pthread_mutex_unlock(&t->mu);
     return rc;
@@ -153,6 +155,7 @@ static int t_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigne
         out[i] = t->cqes[(t->c_head + i) % t->cap];
     t->c_head = (t->c_head + n) % t->cap;
     t->c_count -= n;
+    t->outstanding -= n;
     pthread_mutex_unlock(&t->mu);
     return (int)n;
 }
