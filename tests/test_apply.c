@@ -22,7 +22,6 @@
  * The numpy float64 reference of the whole path (hash, read, decode,
  * project, gate) is tests/apply_ref.py, run by test_cli.sh.
  */
-#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -722,31 +721,6 @@ static void memory(struct fixture *f)
 
 /* ------------------------------------------------ default threads */
 
-/* Threads of this process: the entries of /proc/self/task. */
-static long task_count(void)
-{
-    DIR *d = opendir("/proc/self/task");
-    if (!d)
-        return -1;
-    long n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
-/* task_count() once it equals want, or its value after a second (a joined
- * thread can linger in /proc for a moment after pthread_join returns). */
-static long task_count_settled(long want)
-{
-    long n = task_count();
-    for (int i = 0; i < 1000 && n != want; i++) {
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
-        n = task_count();
-    }
-    return n;
-}
-
 /* An applier made with threads 0 (or no options) has one worker per CPU
  * this process may run on, the caller included: it starts that many
  * threads less one, counted in /proc/self/task against the affinity mask
@@ -760,7 +734,7 @@ static void default_threads(struct fixture *f)
     long cpus = CPU_COUNT(&all);
     if (cpus > (long)ENGRAM_APPLY_MAX_THREADS)
         cpus = ENGRAM_APPLY_MAX_THREADS; /* the default's cap */
-    long base = task_count();
+    long base = tu_task_count();
     CHECK(cpus >= 1 && base >= 1);
     const size_t n = 7;
     uint16_t *rows = model_rows(f, n, 21);
@@ -795,13 +769,13 @@ static void default_threads(struct fixture *f)
             CHECK_EQ(engram_applier_new(f->L, with_opts ? &o : NULL, &a, &err), 0);
             if (!a)
                 continue;
-            long started = task_count() - base;
+            long started = tu_task_count() - base;
             CHECK_EQ(started, counts[k] - 1);
             memcpy(xd, x0, nx * 4);
             CHECK_EQ(engram_apply(a, rows, ENGRAM_BF16, xd, ENGRAM_F32, NULL, n, &err), 0);
             CHECK(memcmp(xd, x1, nx * 4) == 0);
             engram_applier_free(a);
-            CHECK_EQ(task_count_settled(base), base);
+            CHECK_EQ(tu_task_count_settled(base), base);
             if (with_opts)
                 printf("W=%u: %ld CPU(s) in the affinity mask: threads 0 and no options each start "
                        "%ld thread(s) beside the caller; the results are 1 thread's bits\n",

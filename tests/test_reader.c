@@ -6,7 +6,6 @@
  * memory stays within ENGRAM_READER_MAX_BYTES on a 1,000,000-token
  * batch.  Real io_uring on a real file.
  */
-#include <dirent.h>
 #include <math.h>
 #include <time.h>
 
@@ -124,21 +123,10 @@ static void reserved_counts(engram_model *m)
     CHECK_EQ(host_reg_bytes, 0);
 }
 
-/* This process's threads (/proc/self/task's entries). */
-static int task_count(void)
-{
-    DIR *d = opendir("/proc/self/task");
-    int n = 0;
-    for (struct dirent *e; d && (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    if (d)
-        closedir(d);
-    return n;
-}
-
 /* A thread-pool reader runs ENGRAM_READER_THREADS(depth) threads, one per
  * two slots (engram.h), counted here: its open adds that many to the
- * process, its close takes them away; at the deepest depth, and at the
+ * process, its close takes them away (counted once the threads joined
+ * have left /proc, tu_task_count_settled); at the deepest depth, and at the
  * smallest ones, odd and even.  Its batches are the exact path's rows at
  * each of these depths (batches() reads at 32 and the deepest). */
 static void pool_threads(engram_model *m)
@@ -148,13 +136,13 @@ static void pool_threads(engram_model *m)
     uint16_t *want = tu_expected(m, 0, rows, n, ENGRAM_BF16);
     uint16_t *got = malloc(n * 24 * 256 * 2);
     const unsigned depths[] = {1, 2, 3, 15, ENGRAM_READER_MAX_DEPTH};
+    const long before = tu_task_count_quiet(); /* earlier readers' threads gone */
+    CHECK(before > 0);
     for (int e = 1; e < 3; e++)
         for (size_t k = 0; k < sizeof depths / sizeof *depths && !tsan_skips(e); k++) {
             engram_reader_opts o = {.engine = engines[e], .depth = depths[k]};
             engram_reader *r;
             engram_error err;
-            int before = task_count();
-            CHECK(before > 0);
             if (engram_reader_open(m, &o, &r, &err) < 0) {
                 CHECK(0);
                 fprintf(stderr, "%s: %s\n", engine_names[e], err.msg);
@@ -164,12 +152,13 @@ static void pool_threads(engram_model *m)
             engram_reader_get_stats(r, &st);
             /* the I/O buffers' budget leaves every depth at alignments up to 512 */
             CHECK(st.depth == depths[k] || (st.align > 512 && st.depth < depths[k]));
-            CHECK_EQ(task_count() - before, (int)ENGRAM_READER_THREADS(st.depth));
+            long open_count = before + (long)ENGRAM_READER_THREADS(st.depth);
+            CHECK_EQ(tu_task_count_settled(open_count), open_count);
             memset(got, 0xee, n * 24 * 256 * 2);
             CHECK_EQ(engram_reader_batch(r, 0, rows, n, ENGRAM_BF16, got, &err), 0);
             CHECK(memcmp(got, want, n * 24 * 256 * 2) == 0);
             engram_reader_close(r);
-            CHECK_EQ(task_count(), before);
+            CHECK_EQ(tu_task_count_settled(before), before);
         }
     CHECK_EQ(ENGRAM_READER_THREADS(1u), 1u);
     CHECK_EQ(ENGRAM_READER_THREADS(ENGRAM_READER_MAX_DEPTH), 256u);

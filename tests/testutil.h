@@ -6,6 +6,7 @@
 #ifndef ENGRAM_TESTUTIL_H
 #define ENGRAM_TESTUTIL_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -193,6 +194,47 @@ static inline void tu_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+/* Threads of this process: the entries of /proc/self/task (-1 where it
+ * cannot be read). */
+static inline long tu_task_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    long n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* tu_task_count() once it equals want, or its value after a second (a
+ * joined thread can linger in /proc for a moment after pthread_join
+ * returns). */
+static inline long tu_task_count_settled(long want)
+{
+    long n = tu_task_count();
+    for (int i = 0; i < 1000 && n != want; i++) {
+        tu_sleep_ms(1);
+        n = tu_task_count();
+    }
+    return n;
+}
+
+/* tu_task_count() once 20 samples 1 ms apart agree (at most a second): a
+ * baseline with no joined thread still leaving /proc. */
+static inline long tu_task_count_quiet(void)
+{
+    long n = tu_task_count();
+    for (int i = 0, same = 0; i < 1000 && same < 20; i++) {
+        tu_sleep_ms(1);
+        long k = tu_task_count();
+        same = k == n ? same + 1 : 0;
+        n = k;
+    }
+    return n;
 }
 
 /* SPEC.md section 5 known answers: V4.1 multipliers for V' = 99092. */
