@@ -254,7 +254,8 @@ static int section_depths(struct bench *b, struct depth_point *pts)
          * reported too. */
         const int nr = b->rounds;
         double ours_r[MAX_ROUNDS], plain_r[MAX_ROUNDS], mix_r[MAX_ROUNDS], batched_r[MAX_ROUNDS],
-            psync_r[MAX_ROUNDS], cores_r[MAX_ROUNDS], ratio_r[MAX_ROUNDS], pratio_r[MAX_ROUNDS];
+            psync_r[MAX_ROUNDS], psync_v[MAX_ROUNDS], cores_r[MAX_ROUNDS], ratio_r[MAX_ROUNDS],
+            pratio_r[MAX_ROUNDS];
         int nv = 0, np = 0;
         double slice = b->seconds / nr;
         engram_io_stats st;
@@ -301,8 +302,10 @@ static int section_depths(struct bench *b, struct depth_point *pts)
             double fio_best = mix_r[round] > batched_r[round] ? mix_r[round] : batched_r[round];
             if (fio_best > 0)
                 ratio_r[nv++] = ours_r[round] / fio_best;
-            if (psync_r[round] > 0)
+            if (psync_r[round] > 0) { /* the rounds where psync gave a figure */
+                psync_v[np] = psync_r[round];
                 pratio_r[np++] = ours_r[round] / psync_r[round];
+            }
             bench_csv_row(b, "round", "engram_iops", st.depth, ours_r[round], "reads/s");
             bench_csv_row(b, "round", "fio_same_size_iops", st.depth, mix_r[round], "reads/s");
             bench_csv_row(b, "round", "fio_batched_iops", st.depth, batched_r[round], "reads/s");
@@ -336,7 +339,7 @@ static int section_depths(struct bench *b, struct depth_point *pts)
             bench_csv_row(b, "depth", "ratio_rounds_max", st.depth, hi, "x");
         }
         if (np > 0) {
-            double plo, phi, psync = median(psync_r, nr), pratio = median(pratio_r, np);
+            double plo, phi, psync = median(psync_v, np), pratio = median(pratio_r, np);
             range_of(pratio_r, np, &plo, &phi);
             printf("    %5s thread pool of %u: fio psync, %u jobs, same sizes %.0f reads/s; ratio %.2f "
                    "[%.2f, %.2f] (rounds' median, lowest, highest)\n",

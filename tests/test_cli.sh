@@ -253,14 +253,16 @@ fi
 # the thread pool's ratio to fio's psync engine: a fake fio answers k x 100
 # on its k-th psync run (one a round) and 1500 otherwise; ENGRAM_IO=threads
 # at depth 6 runs ENGRAM_READER_THREADS(6) = 3 threads, so the psync runs
-# must ask for 3 jobs; the CSV's rounds carry k x 100, and the median ratio
+# must ask for 3 jobs, reported as one (--group_reporting: the JSON's one
+# job is their sum), with engram's read sizes (--bssplit); the CSV's rounds
+# carry k x 100, and the median ratio
 # is engram's rounds over them (recomputed here)
 mkdir -p "$T/fakefio3"
 cat > "$T/fakefio3/fio" <<'FIO'
 #!/bin/sh
 case "$*" in
 *--version*) echo fio-3.33 ;;
-*--ioengine=psync*) case "$*" in *--numjobs=3\ *) ;; *) exit 1 ;; esac
+*--ioengine=psync*) case "$*" in *--bssplit=*--numjobs=3\ --group_reporting\ *) ;; *) exit 1 ;; esac
                     n=$(cat "$0.n" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "$0.n"
                     echo "{\"jobs\":[{\"read\":{\"iops\":${n}00.0}}]}" ;;
 *) echo '{"jobs":[{"read":{"iops":1500.0}}]}' ;;
