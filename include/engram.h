@@ -723,9 +723,9 @@ typedef enum engram_io_engine {
  * or AUTO where io_uring is refused) runs for `depth` slots: one per two.
  * Each blocks in one read at a time, so the device sees this many at once;
  * the other slots' reads wait queued and go to the first thread free, which
- * then needs no wake-up from the reader (measured on 2 cores: more reads/s,
- * and shorter decode steps, than a thread per slot at the same depth and at
- * twice it; BENCHMARKS.md).  Where more reads at the device pay, a larger
+ * then needs no wake-up from the reader (measured on 2 cores: more reads/s
+ * than a thread per slot at depths 32, 64 and 128, and shorter decode steps
+ * at 64; BENCHMARKS.md).  Where more reads at the device pay, a larger
  * depth gives more threads. */
 #define ENGRAM_READER_THREADS(depth) (((depth) + 1u) / 2u)
 

@@ -79,8 +79,6 @@ struct engram_reader {
     enum io_drop drop;
     uint32_t align, slot_size;
     unsigned depth;
-    unsigned slots_alloc;          /* slots allocated (the thread pool may
-                                      use fewer: depth)                    */
     struct io_engine *eng;
     char note[192];
 
@@ -143,7 +141,7 @@ static engram_io_engine env_engine(void)
 static uint64_t reserved_base(const engram_reader *r)
 {
     return sizeof *r + r->arena_bytes +
-           (uint64_t)r->slots_alloc * (sizeof *r->slots + sizeof *r->free_slots +
+           (uint64_t)r->depth * (sizeof *r->slots + sizeof *r->free_slots +
                                        sizeof *r->pending + sizeof *r->cqes) +
            (uint64_t)READER_CHUNK_REQS * sizeof *r->users.batch.reqs + (r->eng ? r->eng->bytes : 0);
 }
@@ -231,7 +229,6 @@ static int reader_open(const engram_model *m, const engram_reader_opts *opts, in
         return err_set(err, -ENOMEM, ENGRAM_NO_OFFSET, "out of memory");
     }
     r->arena_bytes = arena;
-    r->slots_alloc = r->depth;
     if (opts && opts->host.reg && opts->host.unreg) {
         /* before the engine sees the buffers (io_uring registers them too) */
         r->host = opts->host;
