@@ -7,12 +7,12 @@
  * slots, ENGRAM_READER_THREADS), reads wait queued, and a thread that
  * finishes one takes the next without going to sleep and being woken by the
  * reader's next submission.  With a thread per slot (before 2026-12-07) that
- * hand-off cost 2.5-3 context switches and 30-35 us of CPU a read on the
- * development VM's 2 cores (perf stat), and the pool ran at ~0.7x fio's
- * psync engine with as many jobs; queued ahead, 0.92-1.10x, 1.23-1.84x the
- * reads/s at the same depth (BENCHMARKS.md, 2026-12-07 session y).  A
- * blocked reap is woken when the count it waits for is there, not by every
- * completion.
+ * hand-off made 3.5 context switches and ~40 us of CPU a read at depth 32
+ * on the development VM's 2 cores (perf stat; now 1.5 and 23-26 us), and
+ * the pool ran at ~0.7x fio's psync engine with as many jobs; queued ahead,
+ * 0.92-1.10x, and 1.23-1.84x the reads/s at the same depth (BENCHMARKS.md,
+ * 2026-12-07 session y).  A blocked reap is woken when the count it waits
+ * for is there, not by every completion.
  */
 #include <errno.h>
 #include <fcntl.h>
