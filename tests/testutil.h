@@ -196,8 +196,30 @@ static inline void tu_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* Threads of this process: the entries of /proc/self/task (-1 where it
- * cannot be read). */
+/* 1 if thread tid of this process is exiting: its stat's flags (the 7th
+ * field after the command's closing parenthesis) hold PF_EXITING (0x4), set
+ * when the thread begins to exit, before pthread_join can return for it,
+ * though it stays in /proc a moment longer; or it is a zombie, or gone. */
+static inline int tu_task_exiting(const char *tid)
+{
+    char path[320], buf[512]; /* tid: a d_name, at most 255 bytes */
+    snprintf(path, sizeof path, "/proc/self/task/%s/stat", tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    char state = 0;
+    unsigned long flags = 0;
+    if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %lu", &state, &flags) != 2)
+        return 1;
+    return state == 'Z' || state == 'X' || (flags & 0x4) != 0;
+}
+
+/* Threads of this process that are not exiting (tu_task_exiting): the
+ * entries of /proc/self/task (-1 where it cannot be read). */
 static inline long tu_task_count(void)
 {
     DIR *d = opendir("/proc/self/task");
@@ -205,14 +227,13 @@ static inline long tu_task_count(void)
         return -1;
     long n = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += e->d_name[0] != '.';
+        n += e->d_name[0] != '.' && !tu_task_exiting(e->d_name);
     closedir(d);
     return n;
 }
 
 /* tu_task_count() once it equals want, or its value after a second (a
- * joined thread can linger in /proc for a moment after pthread_join
- * returns). */
+ * thread just created or just joined may take a moment to be seen so). */
 static inline long tu_task_count_settled(long want)
 {
     long n = tu_task_count();

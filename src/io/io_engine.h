@@ -72,8 +72,10 @@ int io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena_len, i
 
 /* `threads` pread workers on fd taking reads from a queue of `queue`
  * (>= threads, else -EINVAL) entries: the reads the caller may have in
- * flight, those past `threads` waiting queued for the next free worker; drop
- * says how reads leave the page cache on a buffered descriptor. */
+ * flight, those past `threads` waiting queued for the next free worker
+ * (queue() returns -EBUSY while `queue` reads are queued, being read, or
+ * completed and not reaped); drop says how reads leave the page cache on a
+ * buffered descriptor. */
 int io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
                           struct io_engine **out);
 
