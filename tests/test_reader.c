@@ -125,10 +125,11 @@ static void reserved_counts(engram_model *m)
 
 /* A thread-pool reader runs ENGRAM_READER_THREADS(depth) threads, one per
  * two slots (engram.h), counted here: its open adds that many to the
- * process, its close takes them away (counted once the threads joined
- * have left /proc, tu_task_count_settled); at the deepest depth, and at the
- * smallest ones, odd and even.  Its batches are the exact path's rows at
- * each of these depths (batches() reads at 32 and the deepest). */
+ * process, its close takes them away (tu_task_count leaves out the threads
+ * already exiting; tu_task_count_settled allows a second); at the deepest
+ * depth, and at the smallest ones, odd and even.  Its batches are the exact
+ * path's rows at each of these depths (batches() reads at 32 and the
+ * deepest). */
 static void pool_threads(engram_model *m)
 {
     const size_t n = 40;
@@ -136,7 +137,7 @@ static void pool_threads(engram_model *m)
     uint16_t *want = tu_expected(m, 0, rows, n, ENGRAM_BF16);
     uint16_t *got = malloc(n * 24 * 256 * 2);
     const unsigned depths[] = {1, 2, 3, 15, ENGRAM_READER_MAX_DEPTH};
-    const long before = tu_task_count_quiet(); /* earlier readers' threads gone */
+    const long before = tu_task_count(); /* earlier readers' joined threads not counted */
     CHECK(before > 0);
     for (int e = 1; e < 3; e++)
         for (size_t k = 0; k < sizeof depths / sizeof *depths && !tsan_skips(e); k++) {

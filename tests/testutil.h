@@ -244,20 +244,6 @@ static inline long tu_task_count_settled(long want)
     return n;
 }
 
-/* tu_task_count() once 20 samples 1 ms apart agree (at most a second): a
- * baseline with no joined thread still leaving /proc. */
-static inline long tu_task_count_quiet(void)
-{
-    long n = tu_task_count();
-    for (int i = 0, same = 0; i < 1000 && same < 20; i++) {
-        tu_sleep_ms(1);
-        long k = tu_task_count();
-        same = k == n ? same + 1 : 0;
-        n = k;
-    }
-    return n;
-}
-
 /* SPEC.md section 5 known answers: V4.1 multipliers for V' = 99092. */
 static const uint64_t tu_v41_mult[2][4] = {
     {76632096046245ull, 4839876093313ull, 35959672319349ull, 73987337458391ull},

@@ -8,10 +8,10 @@
  * finishes one takes the next without going to sleep and being woken by the
  * reader's next submission.  With a thread per slot (before 2026-12-07) that
  * hand-off made 3.5-3.6 context switches and ~40 us of CPU a read at depth
- * 32 on the development VM's 2 cores (perf stat; now 1.5-1.6 and 23-26 us), and
- * the pool ran at ~0.7x fio's psync engine with as many jobs; queued ahead,
- * 0.92-1.10x, and 1.23-1.84x the reads/s at the same depth (BENCHMARKS.md,
- * 2026-12-07 session y).  A blocked reap is woken when the count it waits
+ * 32 on the development VM's 2 cores (perf stat; now 1.5-1.6 and 23-26
+ * us), and the pool ran at ~0.7x fio's psync engine with as many jobs;
+ * queued ahead, 0.92-1.10x, and 1.23-1.84x the reads/s at the same depth
+ * (BENCHMARKS.md, 2026-12-07 session y).  A blocked reap is woken when the count it waits
  * for is there, not by every completion.
  */
 #include <errno.h>
