@@ -122,9 +122,9 @@ $(BUILD)/obj/%.o: src/%.c include/engram.h include/engram_tools.h $(SRC_H) Makef
 	$(CC) $(CFLAGS_ALL) -DENGRAM_BUILDING -c $< -o $@
 
 # The library once more with the pause points of src/serve/sched_points.h live
-# (-DENGRAM_SCHED) in the files that have them, for tests/test_interleave.c
-# only: never installed.
-SCHED_SRC = $(wildcard src/serve/*.c)
+# (-DENGRAM_SCHED) in the files that have them (the pool's and the thread
+# engine's), for tests/test_interleave.c only: never installed.
+SCHED_SRC = $(wildcard src/serve/*.c) src/io/io_threads.c
 SCHED_OBJ = $(filter-out $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SCHED_SRC)),$(CORE_OBJ)) \
             $(patsubst src/%.c,$(BUILD)/obj-sched/%.o,$(SCHED_SRC))
 $(BUILD)/obj-sched/%.o: src/%.c include/engram.h $(SRC_H) Makefile

@@ -862,6 +862,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_sessions: engram_pool_open: %s: %s\n", engram_strerror(rc), e.msg);
         goto done;
     }
+    { /* what the library chose (the header line says what was asked) */
+        engram_pool_stats ps;
+        engram_pool_get_stats(pool, &ps);
+        printf("reader  %s%s%s%s, %s, depth %u\n", ps.io.engine, ps.io.note[0] ? " (" : "", ps.io.note,
+               ps.io.note[0] ? ")" : "", ps.io.direct ? "O_DIRECT" : "buffered", ps.io.depth);
+        fflush(stdout);
+    }
     uint64_t seed = o.seed;
     for (unsigned i = 0; i < o.sessions; i++) {
         d[i].sh = &sh;

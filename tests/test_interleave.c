@@ -16,8 +16,12 @@
  * a run is a function of the choices made, and every ordering can be
  * replayed.  That engine never blocks in a reap (it always has a read to
  * complete when asked for one), so the pool's thread never sleeps inside
- * the reader: the wake-up of a blocked reap (reader_wake) is not explored
- * here, only the pool's own waits.
+ * the reader there.  Two more kinds of scenario run the real thread-pool
+ * engine (src/io/io_threads.c, whose workers, queue, reaps, cancel and
+ * wake have pause points too, a signal waking any one waiter): the engine
+ * alone under its contract (io_engine.h), and the pool reading through it
+ * (one worker, two reads in flight: the I/O thread blocked inside the
+ * engine's reap, woken by the sessions' reader_wake), on real preads.
  *
  * Each scenario is explored depth-first over those choices, up to a bound
  * on deviations from the default order (the running thread goes on until
@@ -235,6 +239,22 @@ void engram_sched_wake(pthread_cond_t *cv)
     for (int i = 0; i < S.n; i++)
         if (S.t[i].state == T_CV && S.t[i].cv == cv)
             S.t[i].woken = 1;
+}
+
+/* pthread_cond_signal: one of the threads then waiting on cv (not already
+ * woken) is woken, the first by default, another one a deviation; with
+ * nobody waiting the signal is lost. */
+void engram_sched_signal(pthread_cond_t *cv)
+{
+    pthread_cond_signal(cv);
+    if (!S.on || self < 0)
+        return;
+    int w[MAXT], n = 0;
+    for (int i = 0; i < S.n; i++)
+        if (S.t[i].state == T_CV && S.t[i].cv == cv && !S.t[i].woken)
+            w[n++] = i;
+    if (n > 0)
+        S.t[w[choose(n)]].woken = 1;
 }
 
 void engram_sched_thread_begin(const char *name)
@@ -523,12 +543,19 @@ int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena
     return sim_new(out);
 }
 
+/* The real thread engine (src/io/io_threads.c, with its pause points):
+ * the engine's own scenarios below, and the pool's on it (real_engine). */
+int __real_io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
+                                 struct io_engine **out);
+static int real_engine; /* the scenario's pool reads through the real thread engine */
+
 int __wrap_io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
                                  struct io_engine **out);
 int __wrap_io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
                                  struct io_engine **out)
 {
-    (void)fd, (void)threads, (void)queue, (void)drop;
+    if (real_engine)
+        return __real_io_threads_engine_new(fd, threads, queue, drop, out);
     return sim_new(out);
 }
 
@@ -729,6 +756,8 @@ static void open_pool(void)
 {
     engram_pool_opts o = {.reader = {.engine = ENGRAM_IO_URING, .depth = 64},
                           .shard_rank = shard_rank, .shard_world = shard_world};
+    if (real_engine) /* one worker, two reads in flight */
+        o.reader = (engram_reader_opts){.engine = ENGRAM_IO_THREADS, .depth = 2};
     engram_error err;
     if (engram_pool_open(model, &o, &pool, &err) < 0)
         sched_fatal(err.msg);
@@ -1125,6 +1154,234 @@ static void sc_three(void)
     run_actors(3, a, 3);
 }
 
+/* ------------------------------------------------------------ the thread engine */
+
+/* The real thread-pool engine (src/io/io_threads.c, built with its pause
+ * points; the pool's scenarios above use the deterministic one instead):
+ * its workers, a caller queueing, submitting, reaping and cancelling, and
+ * a second thread's wake(), under every ordering within the bound, a
+ * signal waking any one of the threads waiting on it.  The contract
+ * (io_engine.h), checked at every reap and pause point:
+ *  - every read queued completes through reap exactly once, with the file's
+ *    bytes, or with -ECANCELED only after a cancel and only when no worker
+ *    took it (its buffer never written);
+ *  - a reap returns at most what is in flight, and fewer than its min only
+ *    after a wake(): at most one such early return a wake;
+ *  - a reaped buffer never changes again until it is queued again;
+ *  - no ordering deadlocks: a reap that waits for a completion nobody
+ *    signals is a state where no thread can run.
+ * Reads are plain preads of the model file (a buffered descriptor). */
+
+#define ESLOTS 4
+#define ELEN 264
+#define EPOISON 0xA5
+
+static int eng_fd = -1;
+static struct io_engine *eng;
+static struct {
+    uint8_t buf[ELEN], snap[ELEN];
+    uint64_t off;
+    int in_flight, reaped;       /* reaped: snap holds what reap left */
+} E[ESLOTS];
+static unsigned e_in_flight;
+static int e_cancelled;          /* cancel() was called                 */
+static int e_wakes, e_early;     /* wake() calls; reaps short of min   */
+static unsigned long e_early_all; /* reaps short of min, every ordering */
+
+/* Pause-point check: a reaped buffer stays as reap left it. */
+static void check_engine(const char *where)
+{
+    for (int i = 0; i < ESLOTS; i++)
+        if (E[i].reaped && !E[i].in_flight) {
+            checks_done++;
+            if (memcmp(E[i].buf, E[i].snap, ELEN) != 0)
+                broken("a reaped buffer changed", where);
+        }
+}
+
+static void eng_open(unsigned threads, unsigned queue)
+{
+    memset(E, 0, sizeof E);
+    e_in_flight = 0;
+    e_cancelled = e_wakes = e_early = 0;
+    if (__real_io_threads_engine_new(eng_fd, threads, queue, DROP_NONE, &eng) < 0)
+        sched_fatal("io_threads_engine_new failed");
+}
+
+/* Queues slot's read; the offsets are distinct and none is slot-aligned. */
+static void eng_queue(unsigned slot)
+{
+    memset(E[slot].buf, EPOISON, ELEN);
+    E[slot].off = image_len / 8 * (slot + 2) + 7 * slot + 3;
+    E[slot].reaped = 0;
+    checks_done++;
+    if (eng->ops->queue(eng, slot, E[slot].buf, ELEN, E[slot].off) != 0) {
+        broken("a read within the queue's bound refused", "queue");
+        return;
+    }
+    E[slot].in_flight = 1;
+    e_in_flight++;
+}
+
+/* One reap(min); checks each completion.  Returns how many. */
+static unsigned eng_reap(unsigned min)
+{
+    struct io_cqe out[ESLOTS];
+    int n = eng->ops->reap(eng, out, ESLOTS, min);
+    checks_done++;
+    if (n < 0 || (unsigned)n > e_in_flight) {
+        broken("reap returned an error or more reads than in flight", "reap");
+        return 0;
+    }
+    if ((unsigned)n < min) {
+        e_early_all++;
+        if (++e_early > e_wakes)
+            broken("a reap returned short of its min without a wake", "reap");
+    }
+    for (int k = 0; k < n; k++) {
+        unsigned slot = out[k].slot;
+        checks_done++;
+        if (slot >= ESLOTS || !E[slot].in_flight) {
+            broken("a completion for a read not in flight", "reap");
+            continue;
+        }
+        int poison = 1;
+        for (int b = 0; b < ELEN; b++)
+            poison &= E[slot].buf[b] == EPOISON;
+        if (out[k].res == ELEN) {
+            if (memcmp(E[slot].buf, image + E[slot].off, ELEN) != 0)
+                broken("a read's bytes are not the file's", "reap");
+        } else if (out[k].res == -ECANCELED) {
+            if (!e_cancelled || !poison)
+                broken("-ECANCELED without a cancel, or for a read a worker wrote", "reap");
+        } else {
+            broken("a read's result is neither its length nor -ECANCELED", "reap");
+        }
+        E[slot].in_flight = 0;
+        E[slot].reaped = 1;
+        memcpy(E[slot].snap, E[slot].buf, ELEN);
+        e_in_flight--;
+    }
+    return (unsigned)n;
+}
+
+static void eng_drain(void)
+{
+    while (e_in_flight > 0)
+        eng_reap(e_in_flight);
+}
+
+static void eng_close(void)
+{
+    eng->ops->destroy(eng);
+    eng = NULL;
+}
+
+/* 10. One worker, a queue of two: a reap that wants both is woken only at
+ * the second completion; then the ring wraps. */
+static void sc_eng_want(void)
+{
+    eng_open(1, 2);
+    eng_queue(0);
+    eng_queue(1);
+    eng_reap(2);
+    YIELD();
+    eng_queue(0);
+    eng_reap(1);
+    eng_close();
+}
+
+/* 11. Two workers, a queue of three: reads taken in any order, completions
+ * reaped one or more at a time, a reaped slot queued again while the
+ * others are in flight. */
+static void sc_eng_two(void)
+{
+    eng_open(2, 3);
+    eng_queue(0);
+    eng_queue(1);
+    eng_queue(2);
+    CHECK_EQ(eng->ops->submit(eng), 0);
+    eng_reap(1);
+    for (unsigned i = 0; i < 3; i++)
+        if (!E[i].in_flight) {
+            eng_queue(i);
+            break;
+        }
+    eng_drain();
+    eng_close();
+}
+
+static void a_eng_wake(int id)
+{
+    (void)id;
+    e_wakes++; /* before the call: no pause point between the two */
+    eng->ops->wake(eng);
+}
+
+/* 12. A second thread's wake() against reaps that want every read in
+ * flight: the reap it meets (blocked, or the next one, also after the
+ * drain) may return short, once; and in some ordering it does (after_wake:
+ * a wake() that never ends a reap early is no wake). */
+static void after_wake(void)
+{
+    CHECK(e_early_all > 0);
+}
+
+static void sc_eng_wake(void)
+{
+    eng_open(1, 2);
+    struct actor a = {a_eng_wake, 0, 0};
+    spawn(&a);
+    eng_queue(0);
+    eng_queue(1);
+    eng_drain();
+    engram_sched_join(a.pt);
+    eng_queue(0);
+    eng_drain();
+    eng_close();
+}
+
+/* 13. cancel() with reads queued and being read by two workers; then the
+ * engine made and destroyed with no read at all (workers still starting). */
+static void sc_eng_cancel(void)
+{
+    eng_open(2, 4);
+    for (unsigned i = 0; i < 4; i++)
+        eng_queue(i);
+    CHECK_EQ(eng->ops->submit(eng), 0);
+    YIELD();
+    e_cancelled = 1;
+    CHECK_EQ(eng->ops->cancel(eng), 0);
+    eng_drain();
+    eng_close();
+    eng_open(2, 2);
+    eng_close();
+}
+
+/* The pool on the real thread engine: its I/O thread blocks inside the
+ * engine's reap and is woken by the sessions (reader_wake), which the
+ * deterministic engine never makes it do. */
+static void sc_abort_begin_threads(void)
+{
+    real_engine = 1;
+    sc_abort_begin();
+    real_engine = 0;
+}
+
+static void sc_pool_close_threads(void)
+{
+    real_engine = 1;
+    sc_pool_close();
+    real_engine = 0;
+}
+
+static void sc_prefill_threads(void)
+{
+    real_engine = 1;
+    sc_prefill();
+    real_engine = 0;
+}
+
 /* ------------------------------------------------------------ main */
 
 struct scenario {
@@ -1134,6 +1391,7 @@ struct scenario {
     int bound;
     unsigned long max_runs, samples;
     unsigned rank, world;        /* the pool's shard (0 0: unsharded)       */
+    void (*after)(void);         /* checks over all the orderings run, or NULL */
 };
 
 static void run_scenario(const struct scenario *sc, uint64_t seed)
@@ -1182,6 +1440,8 @@ static void run_scenario(const struct scenario *sc, uint64_t seed)
         printf("%-26s", sc->name);
     if (samples)
         printf("%s%lu random orderings (seed %" PRIu64 ")", sc->bound >= 0 ? " + " : " ", samples, seed);
+    if (sc->after)
+        sc->after();
     printf("; %llu contract checks%s\n", checks_done - c0, tu_failures > before ? ", FAILED" : "");
     CHECK(complete || sc->bound < 0 || getenv("ENGRAM_INTERLEAVE_CAP"));
 }
@@ -1205,6 +1465,15 @@ int main(int argc, char **argv)
     image = malloc(image_len);
     CHECK(image && fread(image, 1, image_len, f) == image_len);
     fclose(f);
+    eng_fd = open(model_path, O_RDONLY | O_CLOEXEC);
+    CHECK(eng_fd >= 0);
+    for (unsigned i = 0; i < ESLOTS; i++) { /* the engine's reads are told from untouched buffers */
+        uint64_t off = image_len / 8 * (i + 2) + 7 * i + 3;
+        int all_poison = 1;
+        for (int b = 0; b < ELEN; b++)
+            all_poison &= image[off + b] == EPOISON;
+        CHECK(off + ELEN <= image_len && !all_poison);
+    }
     engram_model_info mi;
     engram_model_get_info(model, &mi);
     table_rows[0] = mi.table[0].rows;
@@ -1224,20 +1493,28 @@ int main(int argc, char **argv)
     const char *seed_s = getenv("ENGRAM_INTERLEAVE_SEED");
     uint64_t seed = seed_s ? strtoull(seed_s, NULL, 10) : (uint64_t)time(NULL);
     const struct scenario all[] = {
-        {"abort/begin (1 session)", sc_abort_begin, check_contract, deep ? 5 : 3, 2000000, 0, 0, 0},
-        {"shared rows (2 sessions)", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 200, 0, 0},
-        {"timeout, close (1)", sc_timeout_close, check_contract, deep ? 4 : 2, 2000000, 0, 0, 0},
-        {"pool close under a step", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0, 0, 0},
-        {"two pipeline stages", sc_two_stages, check_contract, deep ? 3 : 2, 2000000, 200, 0, 0},
-        {"prefill + step", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 200, 0, 0},
-        {"prefill cancelled", sc_prefill_cancel, check_ring, deep ? 3 : 2, 2000000, 0, 0, 0},
-        {"close under a prefill", sc_close_under_prefill, check_ring, deep ? 5 : 4, 2000000, 0, 0, 0},
-        {"three sessions", sc_three, check_contract, deep ? 2 : 1, 2000000, deep ? 5000 : 300, 0, 0},
+        {"abort/begin (1 session)", sc_abort_begin, check_contract, deep ? 5 : 3, 2000000, 0, 0, 0, NULL},
+        {"shared rows (2 sessions)", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 200, 0, 0, NULL},
+        {"timeout, close (1)", sc_timeout_close, check_contract, deep ? 4 : 2, 2000000, 0, 0, 0, NULL},
+        {"pool close under a step", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0, 0, 0, NULL},
+        {"two pipeline stages", sc_two_stages, check_contract, deep ? 3 : 2, 2000000, 200, 0, 0, NULL},
+        {"prefill + step", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 200, 0, 0, NULL},
+        {"prefill cancelled", sc_prefill_cancel, check_ring, deep ? 3 : 2, 2000000, 0, 0, 0, NULL},
+        {"close under a prefill", sc_close_under_prefill, check_ring, deep ? 5 : 4, 2000000, 0, 0, 0, NULL},
+        {"three sessions", sc_three, check_contract, deep ? 2 : 1, 2000000, deep ? 5000 : 300, 0, 0, NULL},
         /* sharded pools (issue #24): both ranks of 2, one rank of 3 */
-        {"shared rows, rank 0 of 2", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 0, 0, 2},
-        {"shared rows, rank 1 of 2", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 0, 1, 2},
-        {"prefill + step, rank 2 of 3", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 0, 2, 3},
-        {"pool close, rank 1 of 3", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0, 1, 3},
+        {"shared rows, rank 0 of 2", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 0, 0, 2, NULL},
+        {"shared rows, rank 1 of 2", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 0, 1, 2, NULL},
+        {"prefill + step, rank 2 of 3", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 0, 2, 3, NULL},
+        {"pool close, rank 1 of 3", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0, 1, 3, NULL},
+        /* the thread engine itself */
+        {"thread engine: want", sc_eng_want, check_engine, deep ? 6 : 5, 2000000, 0, 0, 0, NULL},
+        {"thread engine: two workers", sc_eng_two, check_engine, deep ? 5 : 4, 2000000, 0, 0, 0, NULL},
+        {"thread engine: wake", sc_eng_wake, check_engine, deep ? 6 : 5, 2000000, 0, 0, 0, after_wake},
+        {"thread engine: cancel", sc_eng_cancel, check_engine, deep ? 5 : 4, 2000000, 0, 0, 0, NULL},
+        {"abort/begin, thread engine", sc_abort_begin_threads, check_contract, deep ? 3 : 1, 2000000, deep ? 2000 : 120, 0, 0, NULL},
+        {"pool close, thread engine", sc_pool_close_threads, check_contract, deep ? 4 : 3, 2000000, deep ? 2000 : 120, 0, 0, NULL},
+        {"prefill + step, thread engine", sc_prefill_threads, check_ring, deep ? 3 : quick ? 0 : 1, 2000000, deep ? 2000 : 120, 0, 0, NULL},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (argc > 1 && !strstr(all[i].name, argv[1]))
@@ -1252,6 +1529,7 @@ int main(int argc, char **argv)
     if (contract_broken)
         tu_failures++;
     engram_model_close(model);
+    close(eng_fd);
     free(image);
     tu_cleanup();
     return tu_finish("test_interleave");

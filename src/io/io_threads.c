@@ -13,6 +13,12 @@
  * queued ahead, 0.92-1.10x, and 1.23-1.84x the reads/s at the same depth
  * (BENCHMARKS.md, 2026-12-07 session y).  A blocked reap is woken when the count it waits
  * for is there, not by every completion.
+ *
+ * The SCHED_ macros (serve/sched_points.h) are the plain pthread calls, or
+ * nothing, except in the library's build for tests/test_interleave.c, which
+ * runs this engine's workers and callers one at a time through every
+ * ordering of a few scenarios (a pause point after each lock release that
+ * ends a change of the shared state).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +30,7 @@
 
 #include "io_engine.h"
 #include "common/util.h"
+#include "serve/sched_points.h"
 
 #ifndef RWF_DONTCACHE
 #define RWF_DONTCACHE 0x00000080
@@ -87,24 +94,27 @@ static int32_t do_read(struct thread_engine *t, const struct job *j)
 static void *worker(void *arg)
 {
     struct thread_engine *t = arg;
+    SCHED_THREAD_BEGIN("io worker");
     pthread_mutex_lock(&t->mu);
     for (;;) {
         while (!t->stop && t->j_count - t->staged == 0)
-            pthread_cond_wait(&t->work, &t->mu);
+            SCHED_WAIT(&t->work, &t->mu);
         if (t->stop)
             break;
         struct job j = t->jobs[t->j_head];
         t->j_head = (t->j_head + 1) % t->cap;
         t->j_count--;
         pthread_mutex_unlock(&t->mu);
+        SCHED_POINT("threads: read taken");
         int32_t res = do_read(t, &j);
         pthread_mutex_lock(&t->mu);
         t->cqes[(t->c_head + t->c_count) % t->cap] = (struct io_cqe){j.slot, res};
         t->c_count++;
         if (t->want && t->c_count >= t->want)
-            pthread_cond_signal(&t->done);
+            SCHED_SIGNAL(&t->done);
     }
     pthread_mutex_unlock(&t->mu);
+    SCHED_THREAD_END();
     return NULL;
 }
 
@@ -122,6 +132,7 @@ static int t_queue(struct io_engine *e, unsigned slot, void *buf, uint32_t len, 
         t->outstanding++;
     }
     pthread_mutex_unlock(&t->mu);
+    SCHED_POINT("threads: queued");
     return rc;
 }
 
@@ -132,10 +143,11 @@ static int t_submit(struct io_engine *e)
     unsigned n = t->staged;
     t->staged = 0;
     if (n == 1)
-        pthread_cond_signal(&t->work);
+        SCHED_SIGNAL(&t->work);
     else if (n > 1)
-        pthread_cond_broadcast(&t->work);
+        SCHED_WAKE(&t->work);
     pthread_mutex_unlock(&t->mu);
+    SCHED_POINT("threads: submitted");
     return 0;
 }
 
@@ -146,7 +158,7 @@ static int t_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigne
     pthread_mutex_lock(&t->mu);
     while (t->c_count < min && !t->woken) {
         t->want = min;
-        pthread_cond_wait(&t->done, &t->mu);
+        SCHED_WAIT(&t->done, &t->mu);
     }
     t->want = 0;
     t->woken = 0;
@@ -157,6 +169,7 @@ static int t_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigne
     t->c_count -= n;
     t->outstanding -= n;
     pthread_mutex_unlock(&t->mu);
+    SCHED_POINT("threads: reaped");
     return (int)n;
 }
 
@@ -174,8 +187,9 @@ static int t_cancel(struct io_engine *e)
         t->c_count++;
     }
     t->staged = 0;
-    pthread_cond_broadcast(&t->done);
+    SCHED_WAKE(&t->done);
     pthread_mutex_unlock(&t->mu);
+    SCHED_POINT("threads: cancelled");
     return 0;
 }
 
@@ -184,8 +198,9 @@ static void t_wake(struct io_engine *e)
     struct thread_engine *t = (struct thread_engine *)e;
     pthread_mutex_lock(&t->mu);
     t->woken = 1;
-    pthread_cond_broadcast(&t->done);
+    SCHED_WAKE(&t->done);
     pthread_mutex_unlock(&t->mu);
+    /* no pause point: the pool calls this holding its own lock */
 }
 
 static void t_destroy(struct io_engine *e)
@@ -193,10 +208,11 @@ static void t_destroy(struct io_engine *e)
     struct thread_engine *t = (struct thread_engine *)e;
     pthread_mutex_lock(&t->mu);
     t->stop = 1;
-    pthread_cond_broadcast(&t->work);
+    SCHED_WAKE(&t->work);
     pthread_mutex_unlock(&t->mu);
+    SCHED_POINT("threads: stop");
     for (unsigned i = 0; i < t->n_threads; i++)
-        pthread_join(t->threads[i], NULL);
+        SCHED_JOIN(t->threads[i]);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->work);
     pthread_cond_destroy(&t->done);
@@ -243,6 +259,7 @@ int io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop
             t_destroy(&t->base);
             return rc;
         }
+        SCHED_SPAWNED();
         t->n_threads = i + 1;
     }
     *out = &t->base;

@@ -1,7 +1,8 @@
 /*
  * sched_points.h - named pause points of the pool's shared state machine (the
- * I/O thread, sessions, steps, prefills), for the deterministic
- * interleaving test (tests/test_interleave.c).
+ * I/O thread, sessions, steps, prefills) and of the thread-pool I/O engine
+ * (src/io/io_threads.c: its workers, queue, reap and wake), for the
+ * deterministic interleaving test (tests/test_interleave.c).
  *
  * In the library every macro below is the plain pthread call, or nothing.
  * In the test's own build of the library (-DENGRAM_SCHED) they call the
@@ -18,10 +19,15 @@
  *    its own.
  *  - SCHED_WAIT / SCHED_TIMEDWAIT: condition waits (a blocked thread does
  *    not run until it is woken; a timed wait may also time out whenever
- *    the scheduler chooses); SCHED_WAKE: pthread_cond_broadcast (the
- *    library never uses signal, so every waiter of a condition re-checks).
- *  - SCHED_THREAD_BEGIN/END, SCHED_SPAWNED, SCHED_JOIN: the I/O thread's
- *    life, so that its start and end are scheduling decisions too.
+ *    the scheduler chooses); SCHED_WAKE: pthread_cond_broadcast (every
+ *    waiter of the condition is woken); SCHED_SIGNAL: pthread_cond_signal,
+ *    used only by the thread engine (io_threads.c), where it wakes exactly
+ *    one of the threads then waiting on the condition, which one being the
+ *    scheduler's choice (a signal with nobody waiting is lost, as POSIX
+ *    allows).
+ *  - SCHED_THREAD_BEGIN/END, SCHED_SPAWNED, SCHED_JOIN: the life of the I/O
+ *    thread and of the engine's workers, so that their starts and ends are
+ *    scheduling decisions too.
  */
 #ifndef ENGRAM_SCHED_POINTS_H
 #define ENGRAM_SCHED_POINTS_H
@@ -33,6 +39,7 @@
 void engram_sched_point(const char *name);
 int engram_sched_wait(pthread_cond_t *cv, pthread_mutex_t *mu, const struct timespec *abs_mono);
 void engram_sched_wake(pthread_cond_t *cv);
+void engram_sched_signal(pthread_cond_t *cv);
 void engram_sched_thread_begin(const char *name);
 void engram_sched_thread_end(void);
 void engram_sched_spawned(void);
@@ -41,6 +48,7 @@ void engram_sched_join(pthread_t t);
 #define SCHED_WAIT(cv, mu) engram_sched_wait(cv, mu, NULL)
 #define SCHED_TIMEDWAIT(cv, mu, ts) engram_sched_wait(cv, mu, ts)
 #define SCHED_WAKE(cv) engram_sched_wake(cv)
+#define SCHED_SIGNAL(cv) engram_sched_signal(cv)
 #define SCHED_THREAD_BEGIN(name) engram_sched_thread_begin(name)
 #define SCHED_THREAD_END() engram_sched_thread_end()
 #define SCHED_SPAWNED() engram_sched_spawned()
@@ -50,6 +58,7 @@ void engram_sched_join(pthread_t t);
 #define SCHED_WAIT(cv, mu) pthread_cond_wait(cv, mu)
 #define SCHED_TIMEDWAIT(cv, mu, ts) pthread_cond_timedwait(cv, mu, ts)
 #define SCHED_WAKE(cv) pthread_cond_broadcast(cv)
+#define SCHED_SIGNAL(cv) pthread_cond_signal(cv)
 #define SCHED_THREAD_BEGIN(name) ((void)0)
 #define SCHED_THREAD_END() ((void)0)
 #define SCHED_SPAWNED() ((void)0)
