@@ -18,7 +18,8 @@
  * nothing, except in the library's build for tests/test_interleave.c, which
  * runs this engine's workers and callers one at a time through every
  * ordering of a few scenarios (a pause point after each lock release that
- * ends a change of the shared state).
+ * ends a change of the shared state, but for wake's, which the pool calls
+ * under its own lock; waits that may also end spuriously).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -98,7 +99,7 @@ static void *worker(void *arg)
     pthread_mutex_lock(&t->mu);
     for (;;) {
         while (!t->stop && t->j_count - t->staged == 0)
-            SCHED_WAIT(&t->work, &t->mu);
+            SCHED_WAIT_SPURIOUS(&t->work, &t->mu);
         if (t->stop)
             break;
         struct job j = t->jobs[t->j_head];
@@ -158,7 +159,7 @@ static int t_reap(struct io_engine *e, struct io_cqe *out, unsigned max, unsigne
     pthread_mutex_lock(&t->mu);
     while (t->c_count < min && !t->woken) {
         t->want = min;
-        SCHED_WAIT(&t->done, &t->mu);
+        SCHED_WAIT_SPURIOUS(&t->done, &t->mu);
     }
     t->want = 0;
     t->woken = 0;

@@ -19,8 +19,12 @@
  *    its own.
  *  - SCHED_WAIT / SCHED_TIMEDWAIT: condition waits (a blocked thread does
  *    not run until it is woken; a timed wait may also time out whenever
- *    the scheduler chooses); SCHED_WAKE: pthread_cond_broadcast (every
- *    waiter of the condition is woken); SCHED_SIGNAL: pthread_cond_signal,
+ *    the scheduler chooses); SCHED_WAIT_SPURIOUS: a condition wait that
+ *    the scheduler may also end unwoken, as POSIX allows pthread_cond_wait
+ *    to (the thread engine's waits: its loops must re-check; the pool's
+ *    waits are explored without spurious wake-ups); SCHED_WAKE:
+ *    pthread_cond_broadcast (every waiter of the condition is woken);
+ *    SCHED_SIGNAL: pthread_cond_signal,
  *    used only by the thread engine (io_threads.c), where it wakes exactly
  *    one of the threads then waiting on the condition, which one being the
  *    scheduler's choice (a signal with nobody waiting is lost, as POSIX
@@ -38,6 +42,7 @@
 #ifdef ENGRAM_SCHED
 void engram_sched_point(const char *name);
 int engram_sched_wait(pthread_cond_t *cv, pthread_mutex_t *mu, const struct timespec *abs_mono);
+int engram_sched_wait_spurious(pthread_cond_t *cv, pthread_mutex_t *mu);
 void engram_sched_wake(pthread_cond_t *cv);
 void engram_sched_signal(pthread_cond_t *cv);
 void engram_sched_thread_begin(const char *name);
@@ -46,6 +51,7 @@ void engram_sched_spawned(void);
 void engram_sched_join(pthread_t t);
 #define SCHED_POINT(name) engram_sched_point(name)
 #define SCHED_WAIT(cv, mu) engram_sched_wait(cv, mu, NULL)
+#define SCHED_WAIT_SPURIOUS(cv, mu) engram_sched_wait_spurious(cv, mu)
 #define SCHED_TIMEDWAIT(cv, mu, ts) engram_sched_wait(cv, mu, ts)
 #define SCHED_WAKE(cv) engram_sched_wake(cv)
 #define SCHED_SIGNAL(cv) engram_sched_signal(cv)
@@ -56,6 +62,7 @@ void engram_sched_join(pthread_t t);
 #else
 #define SCHED_POINT(name) ((void)0)
 #define SCHED_WAIT(cv, mu) pthread_cond_wait(cv, mu)
+#define SCHED_WAIT_SPURIOUS(cv, mu) pthread_cond_wait(cv, mu)
 #define SCHED_TIMEDWAIT(cv, mu, ts) pthread_cond_timedwait(cv, mu, ts)
 #define SCHED_WAKE(cv) pthread_cond_broadcast(cv)
 #define SCHED_SIGNAL(cv) pthread_cond_signal(cv)
