@@ -244,10 +244,16 @@ static int sched_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int may_end_unwok
     return rc;
 }
 
+static int all_spurious; /* ENGRAM_INTERLEAVE_SPURIOUS=1: the pool's waits too (a campaign) */
+
 int engram_sched_wait(pthread_cond_t *cv, pthread_mutex_t *mu, const struct timespec *abs_mono)
 {
     if (!S.on || self < 0)
         return abs_mono ? pthread_cond_timedwait(cv, mu, abs_mono) : pthread_cond_wait(cv, mu);
+    if (!abs_mono && all_spurious) {
+        sched_wait(cv, mu, 1, 1);
+        return 0;
+    }
     return sched_wait(cv, mu, abs_mono != NULL, 0);
 }
 
@@ -1519,8 +1525,10 @@ int main(int argc, char **argv)
     /* the suite's bounds; one less (and a quarter of the samples) under the
      * sanitizers, which run every ordering several times slower, or with
      * ENGRAM_INTERLEAVE_QUICK=1 (mutation runs); ENGRAM_INTERLEAVE_DEEP=1
-     * for a campaign */
+     * for a campaign; ENGRAM_INTERLEAVE_SPURIOUS=1 lets the pool's untimed
+     * waits end spuriously too (a campaign: every ordering count grows) */
     int deep = getenv("ENGRAM_INTERLEAVE_DEEP") != NULL;
+    all_spurious = getenv("ENGRAM_INTERLEAVE_SPURIOUS") != NULL;
     int quick = SANITIZED || getenv("ENGRAM_INTERLEAVE_QUICK") != NULL;
     const char *seed_s = getenv("ENGRAM_INTERLEAVE_SEED");
     uint64_t seed = seed_s ? strtoull(seed_s, NULL, 10) : (uint64_t)time(NULL);
