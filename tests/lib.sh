@@ -2,7 +2,10 @@
 #   . "$(dirname "$0")/lib.sh"
 #   tmpdir NAME          T: a private directory ($TMPDIR/engram-NAME-...),
 #                        removed at exit with ALSO_REMOVE (one more path,
-#                        test_fallback's copy on tmpfs) if set
+#                        test_fallback's copy on tmpfs) if set, also when
+#                        the test is ended by TERM, INT or HUP (run.sh's
+#                        interruption sends TERM): once the command running
+#                        then has ended
 #   ok / bad MESSAGE     a check passed / failed (FAIL: MESSAGE on stderr)
 #   expect_rc RC NEEDLE DESCRIPTION COMMAND...
 #                        COMMAND exits RC and says NEEDLE (stdout in
@@ -20,6 +23,9 @@ ALSO_REMOVE=""
 tmpdir() {
     T=$(mktemp -d "${TMPDIR:-/tmp}/engram-$1-XXXXXX") || { echo "FAIL: mktemp" >&2; exit 1; }
     trap 'rm -rf "$T" ${ALSO_REMOVE:+"$ALSO_REMOVE"}' EXIT
+    trap 'exit 143' TERM
+    trap 'exit 130' INT
+    trap 'exit 129' HUP
 }
 
 ok() { pass=$((pass + 1)); }

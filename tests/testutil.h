@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,8 +109,36 @@ static inline int tu_finish(const char *name)
     return tu_failures ? 1 : 0;
 }
 
-/* A private directory under $TMPDIR (or /tmp), removed by tu_cleanup. */
+/* A private directory under $TMPDIR (or /tmp), removed by tu_cleanup, and
+ * also, by the process that made it only (forked scenario children leave
+ * through exit() too), at exit() on a path that never reached tu_cleanup
+ * (a fatal error) and on TERM, INT or HUP (an interrupted suite: run.sh
+ * sends TERM).  The signal's handler does only async-signal-safe work: it
+ * execs a shell that removes the directory and then sends itself the same
+ * signal, so the test still ends killed by it. */
 static char tu_dir[256];
+static pid_t tu_dir_owner;
+static char tu_dir_rm[3][400]; /* the shell commands for TERM, INT, HUP */
+
+static inline void tu_cleanup(void);
+
+static inline void tu_cleanup_at_exit(void)
+{
+    if (tu_dir[0] && getpid() == tu_dir_owner)
+        tu_cleanup();
+}
+
+static inline void tu_cleanup_on_signal(int sig)
+{
+    int k = sig == SIGTERM ? 0 : sig == SIGINT ? 1 : 2;
+    if (tu_dir[0] && getpid() == tu_dir_owner && tu_dir_rm[k][0]) {
+        static char sh[] = "sh", c[] = "-c";
+        char *const argv[] = {sh, c, tu_dir_rm[k], NULL};
+        execv("/bin/sh", argv);
+    }
+    signal(sig, SIG_DFL); /* the exec failed, or not ours: die of it */
+    raise(sig);
+}
 
 static inline const char *tu_tmpdir(void)
 {
@@ -119,6 +148,25 @@ static inline const char *tu_tmpdir(void)
         if (!mkdtemp(tu_dir)) {
             perror("mkdtemp");
             exit(2);
+        }
+        static int hooked;
+        tu_dir_owner = getpid();
+        static const int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
+        static const char *names[3] = {"TERM", "INT", "HUP"};
+        for (int k = 0; k < 3; k++) /* the directory's name holds no quote */
+            snprintf(tu_dir_rm[k], sizeof tu_dir_rm[k], "rm -rf '%s'; kill -s %s $$", tu_dir, names[k]);
+        if (!hooked) {
+            hooked = 1;
+            atexit(tu_cleanup_at_exit);
+            for (int k = 0; k < 3; k++) {
+                struct sigaction old, sa;
+                memset(&sa, 0, sizeof sa);
+                sa.sa_handler = tu_cleanup_on_signal;
+                sigemptyset(&sa.sa_mask);
+                /* a disposition the test or its caller chose (ignored) stays */
+                if (sigaction(sigs[k], NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+                    sigaction(sigs[k], &sa, NULL);
+            }
         }
     }
     return tu_dir;
@@ -136,6 +184,7 @@ static inline void tu_cleanup(void)
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", tu_dir);
         if (system(cmd) != 0)
             fprintf(stderr, "cleanup of %s failed\n", tu_dir);
+        tu_dir[0] = 0; /* gone: a later tu_tmpdir makes another */
     }
 }
 
