@@ -1,0 +1,118 @@
+/*
+ * test_harness.c - the harness's own promise about its private directory
+ * (testutil.h, tu_tmpdir): the process that made it removes it when it
+ * leaves through exit() without tu_cleanup (a fatal path) or is ended by
+ * TERM, INT or HUP (an interrupted suite), and still ends by that signal;
+ * a forked child's exit() leaves its parent's directory alone.  Each case
+ * runs in a child of its own with its own directory, whose name comes back
+ * through a pipe; the parent then looks for it with stat().
+ */
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "testutil.h"
+
+enum { BY_EXIT, BY_TERM, BY_INT, BY_HUP, CHILD_EXITS };
+
+/* In the child: a directory of its own, a file in it, its name to fd. */
+static void child_dir(int fd)
+{
+    tu_dir[0] = 0; /* not the parent's */
+    char f[512];
+    tu_path(f, sizeof f, "inside");
+    FILE *fp = fopen(f, "w");
+    if (fp)
+        fclose(fp);
+    size_t n = strlen(tu_dir) + 1;
+    if (write(fd, tu_dir, n) != (ssize_t)n)
+        _exit(90);
+    close(fd);
+}
+
+static int exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static void one(int how)
+{
+    static const char *names[] = {"exit(3)", "SIGTERM", "SIGINT", "SIGHUP", "a child's exit"};
+    int fd[2];
+    CHECK_EQ(pipe(fd), 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        close(fd[0]);
+        /* a disposition inherited as ignored would be kept: default here */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        child_dir(fd[1]);
+        switch (how) {
+        case BY_EXIT:
+            exit(3);
+        case BY_TERM:
+            raise(SIGTERM);
+            break;
+        case BY_INT:
+            raise(SIGINT);
+            break;
+        case BY_HUP:
+            raise(SIGHUP);
+            break;
+        case CHILD_EXITS: {
+            pid_t g = fork();
+            if (g == 0)
+                exit(0); /* runs the atexit handlers: not its directory */
+            int st;
+            waitpid(g, &st, 0);
+            exit(exists(tu_dir) ? 4 : 5); /* then this exit removes it */
+        }
+        }
+        _exit(91); /* the signal did not end it */
+    }
+    close(fd[1]);
+    char dir[512] = "";
+    ssize_t got = read(fd[0], dir, sizeof dir - 1);
+    close(fd[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(got > 1 && dir[got - 1] == 0);
+    switch (how) {
+    case BY_EXIT:
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 3);
+        break;
+    case BY_TERM:
+        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
+        break;
+    case BY_INT:
+        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT);
+        break;
+    case BY_HUP:
+        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGHUP);
+        break;
+    case CHILD_EXITS:
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 4); /* kept through the grandchild's exit */
+        break;
+    }
+    int left = got > 1 && exists(dir);
+    CHECK(!left);
+    printf("%-16s %s, directory %s\n", names[how],
+           WIFSIGNALED(st) ? "killed by it" : "exited", left ? "LEFT" : "removed");
+    if (left) { /* do not leak it */
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cleanup of %s failed\n", dir);
+    }
+}
+
+int main(void)
+{
+    for (int how = BY_EXIT; how <= CHILD_EXITS; how++)
+        one(how);
+    tu_cleanup();
+    return tu_finish("test_harness");
+}
