@@ -106,6 +106,10 @@ second_stream() {
         # test_blas checks bounds against OpenBLAS on the calling thread: nothing for TSan
         suite "tsan: " build-san-thread test_blas
         run "tsan: stress_sessions (16 threads, 3 s)" build-san-thread/tests/stress_sessions --threads 16 --seconds 3
+        # the same load through the thread-pool engine (io_uring refused or
+        # not used: containers' seccomp filters, buffered descriptors)
+        run "tsan: stress_sessions, thread engine (16 threads, 3 s)" env ENGRAM_IO=threads \
+            build-san-thread/tests/stress_sessions --threads 16 --seconds 3
         # libengram-mpi's test (not in `all` of sanitizer builds: named here)
         if have_mpi; then
             run "tsan: build test_mpi_combine, test_mpi_exchange" make -j"$JOBS" WERROR=1 SANITIZE=thread \
