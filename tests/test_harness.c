@@ -2,17 +2,19 @@
  * test_harness.c - the harness's own promise about its private directory
  * (testutil.h, tu_tmpdir): the process that made it removes it when it
  * leaves through exit() without tu_cleanup (a fatal path) or is ended by
- * TERM, INT or HUP (an interrupted suite), and still ends by that signal;
- * a forked child's exit() leaves its parent's directory alone.  Each case
- * runs in a child of its own with its own directory, whose name comes back
- * through a pipe; the parent then looks for it with stat().
+ * TERM, INT, HUP (an interrupted suite) or ALRM (an alarm() limit), and
+ * still ends by that signal; a forked child's exit(), or its death by such
+ * a signal, leaves its parent's directory alone; a signal the process
+ * ignored stays ignored.  Each case runs in a child of its own with its own
+ * directory, whose name comes back through a pipe; the parent then looks
+ * for it with stat().
  */
 #include <signal.h>
 #include <sys/wait.h>
 
 #include "testutil.h"
 
-enum { BY_EXIT, BY_TERM, BY_INT, BY_HUP, CHILD_EXITS };
+enum { BY_EXIT, BY_TERM, BY_INT, BY_HUP, BY_ALRM, CHILD_EXITS, CHILD_KILLED, HUP_IGNORED, CASES };
 
 /* In the child: a directory of its own, a file in it, its name to fd. */
 static void child_dir(int fd)
@@ -37,7 +39,9 @@ static int exists(const char *p)
 
 static void one(int how)
 {
-    static const char *names[] = {"exit(3)", "SIGTERM", "SIGINT", "SIGHUP", "a child's exit"};
+    static const char *names[CASES] = {"exit(3)",        "SIGTERM",         "SIGINT",
+                                       "SIGHUP",         "SIGALRM",         "a child's exit",
+                                       "a child killed", "SIGHUP ignored"};
     int fd[2];
     CHECK_EQ(pipe(fd), 0);
     fflush(stdout);
@@ -47,8 +51,9 @@ static void one(int how)
         close(fd[0]);
         /* a disposition inherited as ignored would be kept: default here */
         signal(SIGINT, SIG_DFL);
-        signal(SIGHUP, SIG_DFL);
+        signal(SIGHUP, how == HUP_IGNORED ? SIG_IGN : SIG_DFL);
         signal(SIGTERM, SIG_DFL);
+        signal(SIGALRM, SIG_DFL);
         child_dir(fd[1]);
         switch (how) {
         case BY_EXIT:
@@ -62,14 +67,27 @@ static void one(int how)
         case BY_HUP:
             raise(SIGHUP);
             break;
-        case CHILD_EXITS: {
+        case BY_ALRM:
+            alarm(1);
+            pause();
+            break;
+        case CHILD_EXITS:
+        case CHILD_KILLED: {
             pid_t g = fork();
-            if (g == 0)
-                exit(0); /* runs the atexit handlers: not its directory */
+            if (g == 0) {
+                if (how == CHILD_KILLED)
+                    raise(SIGTERM); /* its handler: not its directory */
+                exit(0);            /* the atexit handlers: not its directory */
+            }
             int st;
             waitpid(g, &st, 0);
-            exit(exists(tu_dir) ? 4 : 5); /* then this exit removes it */
+            int died = how == CHILD_KILLED ? WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM
+                                           : WIFEXITED(st) && WEXITSTATUS(st) == 0;
+            exit(!died ? 6 : exists(tu_dir) ? 4 : 5); /* then this exit removes it */
         }
+        case HUP_IGNORED:
+            raise(SIGHUP);
+            exit(7); /* still here, then exit removes it */
         }
         _exit(91); /* the signal did not end it */
     }
@@ -93,8 +111,15 @@ static void one(int how)
     case BY_HUP:
         CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGHUP);
         break;
+    case BY_ALRM:
+        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM);
+        break;
     case CHILD_EXITS:
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 4); /* kept through the grandchild's exit */
+    case CHILD_KILLED:
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 4); /* kept through the grandchild's end */
+        break;
+    case HUP_IGNORED:
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 7);
         break;
     }
     int left = got > 1 && exists(dir);
@@ -111,7 +136,7 @@ static void one(int how)
 
 int main(void)
 {
-    for (int how = BY_EXIT; how <= CHILD_EXITS; how++)
+    for (int how = BY_EXIT; how < CASES; how++)
         one(how);
     tu_cleanup();
     return tu_finish("test_harness");

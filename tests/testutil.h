@@ -112,13 +112,18 @@ static inline int tu_finish(const char *name)
 /* A private directory under $TMPDIR (or /tmp), removed by tu_cleanup, and
  * also, by the process that made it only (forked scenario children leave
  * through exit() too), at exit() on a path that never reached tu_cleanup
- * (a fatal error) and on TERM, INT or HUP (an interrupted suite: run.sh
- * sends TERM).  The signal's handler does only async-signal-safe work: it
- * execs a shell that removes the directory and then sends itself the same
- * signal, so the test still ends killed by it. */
+ * (a fatal error) and on TERM, INT, HUP (an interrupted suite: run.sh
+ * sends TERM) or ALRM (a test's alarm() limit), where the disposition was
+ * the default.  The signal's handler does only async-signal-safe work: it
+ * unblocks the signal (an exec keeps the mask, and not every shell clears
+ * it) and execs a shell that removes the directory and then sends itself
+ * the same signal, so the test still ends killed by it.  Still left
+ * behind: a directory after _exit(), abort() or a sanitizer's report. */
+#define TU_SIGS 4
+static const int tu_sigs[TU_SIGS] = {SIGTERM, SIGINT, SIGHUP, SIGALRM};
 static char tu_dir[256];
 static pid_t tu_dir_owner;
-static char tu_dir_rm[3][400]; /* the shell commands for TERM, INT, HUP */
+static char tu_dir_rm[TU_SIGS][400]; /* the shell commands, one a signal */
 
 static inline void tu_cleanup(void);
 
@@ -130,13 +135,20 @@ static inline void tu_cleanup_at_exit(void)
 
 static inline void tu_cleanup_on_signal(int sig)
 {
-    int k = sig == SIGTERM ? 0 : sig == SIGINT ? 1 : 2;
+    int k = 0;
+    while (k < TU_SIGS - 1 && tu_sigs[k] != sig)
+        k++;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
     if (tu_dir[0] && getpid() == tu_dir_owner && tu_dir_rm[k][0]) {
         static char sh[] = "sh", c[] = "-c";
         char *const argv[] = {sh, c, tu_dir_rm[k], NULL};
+        sigprocmask(SIG_UNBLOCK, &set, NULL); /* the exec resets the handler */
         execv("/bin/sh", argv);
     }
     signal(sig, SIG_DFL); /* the exec failed, or not ours: die of it */
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
     raise(sig);
 }
 
@@ -151,21 +163,21 @@ static inline const char *tu_tmpdir(void)
         }
         static int hooked;
         tu_dir_owner = getpid();
-        static const int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
-        static const char *names[3] = {"TERM", "INT", "HUP"};
-        for (int k = 0; k < 3; k++) /* the directory's name holds no quote */
+        static const char *names[TU_SIGS] = {"TERM", "INT", "HUP", "ALRM"};
+        for (int k = 0; k < TU_SIGS; k++) /* the directory's name holds no quote */
             snprintf(tu_dir_rm[k], sizeof tu_dir_rm[k], "rm -rf '%s'; kill -s %s $$", tu_dir, names[k]);
         if (!hooked) {
             hooked = 1;
             atexit(tu_cleanup_at_exit);
-            for (int k = 0; k < 3; k++) {
+            for (int k = 0; k < TU_SIGS; k++) {
                 struct sigaction old, sa;
                 memset(&sa, 0, sizeof sa);
                 sa.sa_handler = tu_cleanup_on_signal;
                 sigemptyset(&sa.sa_mask);
-                /* a disposition the test or its caller chose (ignored) stays */
-                if (sigaction(sigs[k], NULL, &old) == 0 && old.sa_handler == SIG_DFL)
-                    sigaction(sigs[k], &sa, NULL);
+                /* a disposition the test or its caller chose (ignored, a
+                 * handler of its own) stays */
+                if (sigaction(tu_sigs[k], NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+                    sigaction(tu_sigs[k], &sa, NULL);
             }
         }
     }
