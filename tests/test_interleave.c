@@ -369,6 +369,7 @@ static void *watchdog(void *arg)
         if (still >= 60) {
             fprintf(stderr, "test_interleave: %s: no scheduling decision for 60 s: a thread is blocked "
                             "outside the scheduler\n", scenario_name);
+            tu_cleanup_at_exit(); /* the model's directory; _exit runs no atexit handler */
             _exit(1);
         }
     }
