@@ -16,6 +16,21 @@
 
 enum { BY_EXIT, BY_TERM, BY_INT, BY_HUP, BY_ALRM, CHILD_EXITS, CHILD_KILLED, HUP_IGNORED, CASES };
 
+/* Each case's end: killed by sig, or (sig 0) exited with code. */
+static const struct {
+    const char *name;
+    int sig, code;
+} cases[CASES] = {
+    [BY_EXIT] = {"exit(3)", 0, 3},
+    [BY_TERM] = {"SIGTERM", SIGTERM, 0},
+    [BY_INT] = {"SIGINT", SIGINT, 0},
+    [BY_HUP] = {"SIGHUP", SIGHUP, 0},
+    [BY_ALRM] = {"SIGALRM", SIGALRM, 0},
+    [CHILD_EXITS] = {"a child's exit", 0, 4},  /* 4: kept through the grandchild's end */
+    [CHILD_KILLED] = {"a child killed", 0, 4},
+    [HUP_IGNORED] = {"SIGHUP ignored", 0, 7},
+};
+
 /* In the child: a directory of its own, a file in it, its name to fd. */
 static void child_dir(int fd)
 {
@@ -39,9 +54,6 @@ static int exists(const char *p)
 
 static void one(int how)
 {
-    static const char *names[CASES] = {"exit(3)",        "SIGTERM",         "SIGINT",
-                                       "SIGHUP",         "SIGALRM",         "a child's exit",
-                                       "a child killed", "SIGHUP ignored"};
     int fd[2];
     CHECK_EQ(pipe(fd), 0);
     fflush(stdout);
@@ -58,18 +70,14 @@ static void one(int how)
         switch (how) {
         case BY_EXIT:
             exit(3);
-        case BY_TERM:
-            raise(SIGTERM);
-            break;
-        case BY_INT:
-            raise(SIGINT);
-            break;
-        case BY_HUP:
-            raise(SIGHUP);
-            break;
         case BY_ALRM:
             alarm(1);
             pause();
+            break;
+        case BY_TERM:
+        case BY_INT:
+        case BY_HUP:
+            raise(cases[how].sig);
             break;
         case CHILD_EXITS:
         case CHILD_KILLED: {
@@ -98,33 +106,13 @@ static void one(int how)
     int st = 0;
     waitpid(pid, &st, 0);
     CHECK(got > 1 && dir[got - 1] == 0);
-    switch (how) {
-    case BY_EXIT:
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 3);
-        break;
-    case BY_TERM:
-        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
-        break;
-    case BY_INT:
-        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT);
-        break;
-    case BY_HUP:
-        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGHUP);
-        break;
-    case BY_ALRM:
-        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM);
-        break;
-    case CHILD_EXITS:
-    case CHILD_KILLED:
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 4); /* kept through the grandchild's end */
-        break;
-    case HUP_IGNORED:
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 7);
-        break;
-    }
+    if (cases[how].sig)
+        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == cases[how].sig);
+    else
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == cases[how].code);
     int left = got > 1 && exists(dir);
     CHECK(!left);
-    printf("%-16s %s, directory %s\n", names[how],
+    printf("%-16s %s, directory %s\n", cases[how].name,
            WIFSIGNALED(st) ? "killed by it" : "exited", left ? "LEFT" : "removed");
     if (left) { /* do not leak it */
         char cmd[600];

@@ -583,7 +583,7 @@ int __wrap_io_uring_engine_new(int fd, unsigned depth, void *arena, size_t arena
  * the engine's own scenarios below, and the pool's on it (real_engine). */
 int __real_io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
                                  struct io_engine **out);
-static int real_engine; /* the scenario's pool reads through the real thread engine */
+static int real_engine; /* the scenario's pool reads through it (struct scenario) */
 
 int __wrap_io_threads_engine_new(int fd, unsigned threads, unsigned queue, enum io_drop drop,
                                  struct io_engine **out);
@@ -1396,30 +1396,6 @@ static void sc_eng_cancel(void)
     eng_close();
 }
 
-/* The pool on the real thread engine: its I/O thread blocks inside the
- * engine's reap and is woken by the sessions (reader_wake), which the
- * deterministic engine never makes it do. */
-static void sc_abort_begin_threads(void)
-{
-    real_engine = 1;
-    sc_abort_begin();
-    real_engine = 0;
-}
-
-static void sc_pool_close_threads(void)
-{
-    real_engine = 1;
-    sc_pool_close();
-    real_engine = 0;
-}
-
-static void sc_prefill_threads(void)
-{
-    real_engine = 1;
-    sc_prefill();
-    real_engine = 0;
-}
-
 /* ------------------------------------------------------------ main */
 
 struct scenario {
@@ -1429,6 +1405,11 @@ struct scenario {
     int bound;
     unsigned long max_runs, samples;
     unsigned rank, world;        /* the pool's shard (0 0: unsharded)       */
+    int real_engine;             /* the pool reads through the real thread
+                                    engine: its I/O thread blocks inside the
+                                    engine's reap, woken by the sessions'
+                                    reader_wake, which the deterministic
+                                    engine never makes it do */
     void (*after)(void);         /* checks over all the orderings run, or NULL */
 };
 
@@ -1436,6 +1417,7 @@ static void run_scenario(const struct scenario *sc, uint64_t seed)
 {
     shard_rank = sc->rank;
     shard_world = sc->world;
+    real_engine = sc->real_engine;
     prefill_want(); /* the prompt's rows as this pool delivers them */
     const char *replay = getenv("ENGRAM_INTERLEAVE_REPLAY");
     if (replay) { /* one ordering, as printed by a failure */
@@ -1534,32 +1516,32 @@ int main(int argc, char **argv)
     const char *seed_s = getenv("ENGRAM_INTERLEAVE_SEED");
     uint64_t seed = seed_s ? strtoull(seed_s, NULL, 10) : (uint64_t)time(NULL);
     const struct scenario all[] = {
-        {"abort/begin (1 session)", sc_abort_begin, check_contract, deep ? 5 : 3, 2000000, 0, 0, 0, NULL},
-        {"shared rows (2 sessions)", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 200, 0, 0, NULL},
-        {"timeout, close (1)", sc_timeout_close, check_contract, deep ? 4 : 2, 2000000, 0, 0, 0, NULL},
-        {"pool close under a step", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0, 0, 0, NULL},
-        {"two pipeline stages", sc_two_stages, check_contract, deep ? 3 : 2, 2000000, 200, 0, 0, NULL},
-        {"prefill + step", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 200, 0, 0, NULL},
-        {"prefill cancelled", sc_prefill_cancel, check_ring, deep ? 3 : 2, 2000000, 0, 0, 0, NULL},
-        {"close under a prefill", sc_close_under_prefill, check_ring, deep ? 5 : 4, 2000000, 0, 0, 0, NULL},
-        {"three sessions", sc_three, check_contract, deep ? 2 : 1, 2000000, deep ? 5000 : 300, 0, 0, NULL},
+        {"abort/begin (1 session)", sc_abort_begin, check_contract, deep ? 5 : 3, 2000000, 0, 0, 0, 0, NULL},
+        {"shared rows (2 sessions)", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 200, 0, 0, 0, NULL},
+        {"timeout, close (1)", sc_timeout_close, check_contract, deep ? 4 : 2, 2000000, 0, 0, 0, 0, NULL},
+        {"pool close under a step", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0, 0, 0, 0, NULL},
+        {"two pipeline stages", sc_two_stages, check_contract, deep ? 3 : 2, 2000000, 200, 0, 0, 0, NULL},
+        {"prefill + step", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 200, 0, 0, 0, NULL},
+        {"prefill cancelled", sc_prefill_cancel, check_ring, deep ? 3 : 2, 2000000, 0, 0, 0, 0, NULL},
+        {"close under a prefill", sc_close_under_prefill, check_ring, deep ? 5 : 4, 2000000, 0, 0, 0, 0, NULL},
+        {"three sessions", sc_three, check_contract, deep ? 2 : 1, 2000000, deep ? 5000 : 300, 0, 0, 0, NULL},
         /* sharded pools (issue #24): both ranks of 2, one rank of 3 */
-        {"shared rows, rank 0 of 2", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 0, 0, 2, NULL},
-        {"shared rows, rank 1 of 2", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 0, 1, 2, NULL},
-        {"prefill + step, rank 2 of 3", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 0, 2, 3, NULL},
-        {"pool close, rank 1 of 3", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0, 1, 3, NULL},
+        {"shared rows, rank 0 of 2", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 0, 0, 2, 0, NULL},
+        {"shared rows, rank 1 of 2", sc_shared_rows, check_contract, deep ? 3 : 2, 2000000, 0, 1, 2, 0, NULL},
+        {"prefill + step, rank 2 of 3", sc_prefill, check_ring, deep ? 3 : 2, 2000000, 0, 2, 3, 0, NULL},
+        {"pool close, rank 1 of 3", sc_pool_close, check_contract, deep ? 5 : 4, 2000000, 0, 1, 3, 0, NULL},
         /* the thread engine itself */
-        {"thread engine: want", sc_eng_want, check_engine, deep ? 5 : 4, 2000000, 0, 0, 0, NULL},
-        {"thread engine: two workers", sc_eng_two, check_engine, deep ? 4 : 3, 2000000, 0, 0, 0, NULL},
-        {"thread engine: wake", sc_eng_wake, check_engine, deep ? 5 : 4, 2000000, 0, 0, 0, after_wake},
-        {"thread engine: cancel", sc_eng_cancel, check_engine, deep ? 4 : 3, 2000000, 0, 0, 0, NULL},
+        {"thread engine: want", sc_eng_want, check_engine, deep ? 5 : 4, 2000000, 0, 0, 0, 0, NULL},
+        {"thread engine: two workers", sc_eng_two, check_engine, deep ? 4 : 3, 2000000, 0, 0, 0, 0, NULL},
+        {"thread engine: wake", sc_eng_wake, check_engine, deep ? 5 : 4, 2000000, 0, 0, 0, 0, after_wake},
+        {"thread engine: cancel", sc_eng_cancel, check_engine, deep ? 4 : 3, 2000000, 0, 0, 0, 0, NULL},
         /* the pool on it (one worker; random orderings besides) */
-        {"abort/begin, thread engine", sc_abort_begin_threads, check_contract, deep ? 3 : 1, 2000000,
-         deep ? 2000 : 120, 0, 0, NULL},
-        {"pool close, thread engine", sc_pool_close_threads, check_contract, deep ? 3 : 2, 2000000,
-         deep ? 2000 : 120, 0, 0, NULL},
-        {"prefill + step, thread engine", sc_prefill_threads, check_ring, deep ? 2 : 0, 2000000,
-         deep ? 2000 : 200, 0, 0, NULL},
+        {"abort/begin, thread engine", sc_abort_begin, check_contract, deep ? 3 : 1, 2000000,
+         deep ? 2000 : 120, 0, 0, 1, NULL},
+        {"pool close, thread engine", sc_pool_close, check_contract, deep ? 3 : 2, 2000000,
+         deep ? 2000 : 120, 0, 0, 1, NULL},
+        {"prefill + step, thread engine", sc_prefill, check_ring, deep ? 2 : 0, 2000000,
+         deep ? 2000 : 200, 0, 0, 1, NULL},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (argc > 1 && !strstr(all[i].name, argv[1]))
