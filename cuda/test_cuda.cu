@@ -2356,6 +2356,27 @@ static void faults(fx *f)
     }
     printf("W=%u layer open: each of its %ld cudaMallocs failed in turn: -EIO, no layer\n", f->W, k - 1);
     CHECK(k - 1 >= 7);
+    /* a caller's pending error through an open (the wgmma probe, its
+     * kernels' set-up and maps included) and a close: not reported, not
+     * cleared, the layer the one opened without it */
+    {
+        engram_cuda_layer *p = NULL;
+        (void)cudaSetDevice(1 << 20);
+        int rc = engram_cuda_layer_open(f->L, 0, &p, &err);
+        int kept_open = cudaGetLastError() == cudaErrorInvalidDevice, kept_close = 0;
+        CHECK_EQ(rc, 0);
+        CHECK(kept_open);
+        if (rc == 0) {
+            CHECK_EQ(engram_cuda_layer_bytes(p), engram_cuda_layer_bytes(f->c));
+            (void)cudaSetDevice(1 << 20);
+            engram_cuda_layer_close(p);
+            kept_close = cudaGetLastError() == cudaErrorInvalidDevice;
+            CHECK(kept_close);
+        }
+        printf("W=%u layer open and close under the caller's pending error: opened %s, the error kept through "
+               "the open %s, through the close %s\n", f->W, rc == 0 ? "yes" : "NO", kept_open ? "yes" : "NO",
+               kept_close ? "yes" : "NO");
+    }
     arm();
     fail.malloc_size = (size_t)f->N * K * 2;
     CHECK_ERR(engram_cuda_layer_open(f->L, 0, &c, &err), err, -ENOMEM, "host memory");
