@@ -55,6 +55,7 @@
 #include <string.h>
 
 #include "common.cuh"
+#include "host_err.cuh" /* quiet(): the set-up's failed calls clear their own errors, never a caller's */
 #include "gemv.cuh" /* gemv_rows: wsd_kernel's wide tokens */
 
 #define WS_BM 128
@@ -913,18 +914,6 @@ typedef CUresult (*ws_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
                                  CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
                                  CUtensorMapFloatOOBfill);
 
-/* A set-up call's result, true where it succeeded; where it failed, its
- * own error (the runtime's last error, which the failure set) is cleared.
- * Never a bare cudaGetLastError(): after calls that succeeded it would
- * clear an error the caller's own call left pending (host_err.cuh). */
-static inline bool ws_quiet(cudaError_t e)
-{
-    if (e == cudaSuccess)
-        return true;
-    (void)cudaGetLastError(); /* e's own */
-    return false;
-}
-
 /* The copy engine's view of `rows` rows of `cols` F16 values at p (a row
  * every cols x 2 bytes), in boxes of box_rows x 64, laid out in shared
  * memory with the 128-byte swizzle (swz) or as they lie.  0, or -1 when
@@ -933,7 +922,7 @@ static int ws_map2(CUtensorMap *m, const void *p, unsigned rows, unsigned cols, 
 {
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q;
-    if (!ws_quiet(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q)) ||
+    if (!quiet(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q)) ||
         q != cudaDriverEntryPointSuccess || !fn)
         return -1;
     cuuint64_t dims[2] = {(cuuint64_t)cols, rows}, strides[1] = {(cuuint64_t)cols * 2};
@@ -1023,18 +1012,18 @@ __global__ void ws_probe_kernel(int *out)
  * 128 outputs fit (a hint: refused, it costs speed, not the path) */
 template <int NB> static bool wsd_setup()
 {
-    (void)ws_quiet(cudaFuncSetAttribute(wsd_kernel<NB>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    (void)quiet(cudaFuncSetAttribute(wsd_kernel<NB>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
-    return ws_quiet(
+    return quiet(
         cudaFuncSetAttribute(wsd_kernel<NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, wsd_shape<NB>::smem));
 }
 
 /* Raises the kernels' shared-memory limit: 0, or -1. */
 static int ws_setup(void)
 {
-    bool ok = ws_quiet(cudaFuncSetAttribute(ws_gemm_kernel<WS_F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    bool ok = quiet(cudaFuncSetAttribute(ws_gemm_kernel<WS_F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             WS_SMEM)) &&
-              ws_quiet(cudaFuncSetAttribute(ws_gemm_kernel<WS_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+              quiet(cudaFuncSetAttribute(ws_gemm_kernel<WS_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             WS_SMEM)) &&
               wsd_setup<8>() && wsd_setup<16>() && wsd_setup<32>() && wsd_setup<64>();
     return ok ? 0 : -1;
@@ -1068,7 +1057,7 @@ static void ws_fit(int fit[2])
         cudaLaunchAttribute at[1];
         cudaLaunchConfig_t cfg = ws_cfg(cl, cl, 0, at);
         int k = 0;
-        if (!ws_quiet(cudaOccupancyMaxActiveClusters(&k, (void *)ws_gemm_kernel<WS_BF16>, &cfg)) || k < 0)
+        if (!quiet(cudaOccupancyMaxActiveClusters(&k, (void *)ws_gemm_kernel<WS_BF16>, &cfg)) || k < 0)
             k = 0;
         fit[cl - 1] = k;
     }
@@ -1106,8 +1095,8 @@ static int ws_probe(int *d, int fit[2])
 {
     int h = 0;
     void *args[] = {&d};
-    int ok = ws_quiet(cudaLaunchKernel((const void *)ws_probe_kernel, dim3(1), dim3(1), args, 0, 0)) &&
-             ws_quiet(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost)) && h == 1 && ws_setup() == 0;
+    int ok = quiet(cudaLaunchKernel((const void *)ws_probe_kernel, dim3(1), dim3(1), args, 0, 0)) &&
+             quiet(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost)) && h == 1 && ws_setup() == 0;
     fit[0] = fit[1] = 0;
     if (ok)
         ws_fit(fit);
