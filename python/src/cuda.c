@@ -240,6 +240,10 @@ static void release(cu_layer *s)
         cudaFree(s->d_mask);
         if (s->have_ev)
             cudaEventDestroy(s->ev);
+        /* the clean-up's own errors; a caller's (torch's) are not here:
+         * this module links the CUDA runtime statically and hides its
+         * symbols (-Wl,--exclude-libs,ALL), so it is a runtime instance of
+         * its own, whose last error only this module's calls set */
         cudaGetLastError();
         dev_leave(prev);
     }

@@ -409,6 +409,64 @@ def test_nonfinite_recorded():
     L.close()
 
 
+def _torch_cudart():
+    """torch's own CUDA runtime (the libcudart.so its process mapped), through
+    ctypes: the same library handle, so the same per-thread last error."""
+    import ctypes
+    torch.zeros(1, device="cuda")  # torch's runtime loaded and its context made
+    with open("/proc/self/maps") as f:
+        paths = sorted({ln.split()[-1] for ln in f if "libcudart.so" in ln and ln.split()[-1].startswith("/")})
+    if not paths:
+        skip("torch's CUDA runtime is not a shared library mapped here")
+    lib = ctypes.CDLL(paths[0])
+    for name in ("cudaSetDevice", "cudaPeekAtLastError", "cudaGetLastError"):
+        getattr(lib, name).restype = ctypes.c_int
+    return lib, paths[0]
+
+
+def test_torch_error_kept():
+    """A CUDA error torch's runtime holds pending (cudaSetDevice of a device
+    that does not exist, made through torch's own libcudart) is still
+    pending after a Layer's open, an apply and the close: engram.cuda links
+    its own runtime statically and hides it (-Wl,--exclude-libs,ALL), so its
+    clean-ups clear only its own errors.  Then a torch kernel launch reports
+    that error (torch's launch check), which proves the ctypes handle was
+    torch's runtime, and clears it."""
+    need_gpu()
+    path = model_path("m64")
+    m = engram.Model(path)
+    L = m.layer(1)
+    S, W = L.info["streams"], L.info["width"]
+    n = 8
+    tokens = np.arange(n) * 41 + 3
+    raw = torch.from_numpy(raw_rows(path, 1, m.hash(tokens)[:, :24])).cuda()
+    x = inputs(n, S, W, torch.float32, 5).cuda()
+    x0 = x.clone()
+    lib, where = _torch_cudart()
+    torch.cuda.synchronize()
+    assert lib.cudaGetLastError() == 0, "an error was pending before the test"
+    invalid = lib.cudaSetDevice(1 << 20)
+    assert invalid != 0 and lib.cudaPeekAtLastError() == invalid, (invalid, where)
+    g = engram.cuda.Layer(L)
+    assert lib.cudaPeekAtLastError() == invalid, "the open cleared torch's pending error"
+    g.apply(x, rows=raw, sync=True)
+    assert lib.cudaPeekAtLastError() == invalid, "the apply cleared torch's pending error"
+    g.close()
+    assert lib.cudaPeekAtLastError() == invalid, "the close cleared torch's pending error"
+    try:
+        torch.ones(4, device="cuda").add_(1)
+        reported = None
+    except RuntimeError as e:
+        reported = str(e)
+    assert reported is not None and "invalid device ordinal" in reported.lower(), \
+        "torch's next launch did not report the error set through %s: %r" % (where, reported)
+    assert lib.cudaGetLastError() == 0
+    assert not np.array_equal(bits(x), bits(x0))  # the apply ran
+    FIGURES.append("torch's pending error (%d, set through %s) kept through engram.cuda's open, apply and close"
+                   % (invalid, where))
+    L.close()
+
+
 def _raises(exc, words, f, *a, **kw):
     try:
         f(*a, **kw)
