@@ -145,12 +145,20 @@ void *__wrap_malloc(size_t size)
     return __real_malloc(size);
 }
 
+/* A failure as the runtime makes one: its error recorded as the thread's
+ * last error (a call on a device that does not exist), then returned. */
+static cudaError_t failed(cudaError_t e)
+{
+    (void)cudaSetDevice(1 << 20);
+    return e;
+}
+
 cudaError_t __wrap_cudaMalloc(void **p, size_t size)
 {
     if (!mine())
         return __real_cudaMalloc(p, size);
     if (++fail.cuda_mallocs == fail.cuda_malloc_at)
-        return cudaErrorMemoryAllocation;
+        return failed(cudaErrorMemoryAllocation);
     fail.cuda_bytes += size;
     return __real_cudaMalloc(p, size);
 }
@@ -174,7 +182,7 @@ cudaError_t __wrap_cudaFuncSetAttribute(const void *fn, cudaFuncAttribute attr, 
 {
     if (fail.no_wgmma && mine() && attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
         value > 8 * ENGRAM_K * 2)
-        return cudaErrorInvalidValue;
+        return failed(cudaErrorInvalidValue);
     return __real_cudaFuncSetAttribute(fn, attr, value);
 }
 
@@ -186,14 +194,6 @@ cudaError_t __real_cudaGraphLaunch(cudaGraphExec_t ge, cudaStream_t st);
 cudaError_t __real_cudaStreamDestroy(cudaStream_t st);
 cudaError_t __real_cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g);
 cudaError_t __real_cudaGraphDestroy(cudaGraph_t g);
-
-/* A failure as the runtime makes one: its error recorded as the thread's
- * last error (a call on a device that does not exist), then returned. */
-static cudaError_t failed(cudaError_t e)
-{
-    (void)cudaSetDevice(1 << 20);
-    return e;
-}
 
 cudaError_t __wrap_cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags)
 {
@@ -1887,6 +1887,8 @@ static void graphs(fx *f)
         int rc = engram_cuda_layer_open(f->L, 0, &c, &err);
         arm();
         CHECK_EQ(rc, 0);
+        CHECK(cudaPeekAtLastError() == cudaSuccess); /* li: the refused attribute's error cleared by the open */
+        (void)cudaGetLastError();
         if (rc < 0)
             continue;
         /* the residuals back to x0 (both), the step index set */
@@ -2353,8 +2355,13 @@ static void faults(fx *f)
         }
         CHECK_ERR(rc, err, -EIO, "cudaMalloc");
         CHECK(c == (engram_cuda_layer *)0x1);
+        /* the wrapper records its failure as the runtime would: the open
+         * clears it (reported through err, not left for a later call) */
+        CHECK(cudaPeekAtLastError() == cudaSuccess);
+        (void)cudaGetLastError();
     }
-    printf("W=%u layer open: each of its %ld cudaMallocs failed in turn: -EIO, no layer\n", f->W, k - 1);
+    printf("W=%u layer open: each of its %ld cudaMallocs failed in turn: -EIO, no layer, no error left "
+           "pending\n", f->W, k - 1);
     CHECK(k - 1 >= 7);
     /* a caller's pending error through an open (the wgmma probe, its
      * kernels' set-up and maps included) and a close: not reported, not
