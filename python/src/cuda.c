@@ -243,7 +243,9 @@ static void release(cu_layer *s)
         /* the clean-up's own errors; a caller's (torch's) are not here:
          * this module links the CUDA runtime statically and hides its
          * symbols (-Wl,--exclude-libs,ALL), so it is a runtime instance of
-         * its own, whose last error only this module's calls set */
+         * its own, whose last error only this module's calls set (a sticky
+         * error, one that spoils the context, is the context's: every
+         * instance sees it, and no clear removes it) */
         cudaGetLastError();
         dev_leave(prev);
     }

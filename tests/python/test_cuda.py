@@ -445,26 +445,34 @@ def test_torch_error_kept():
     lib, where = _torch_cudart()
     torch.cuda.synchronize()
     assert lib.cudaGetLastError() == 0, "an error was pending before the test"
-    invalid = lib.cudaSetDevice(1 << 20)
-    assert invalid != 0 and lib.cudaPeekAtLastError() == invalid, (invalid, where)
-    g = engram.cuda.Layer(L)
-    assert lib.cudaPeekAtLastError() == invalid, "the open cleared torch's pending error"
-    g.apply(x, rows=raw, sync=True)
-    assert lib.cudaPeekAtLastError() == invalid, "the apply cleared torch's pending error"
-    g.close()
-    assert lib.cudaPeekAtLastError() == invalid, "the close cleared torch's pending error"
+    g = None
     try:
-        torch.ones(4, device="cuda").add_(1)
-        reported = None
-    except RuntimeError as e:
-        reported = str(e)
-    assert reported is not None and "invalid device ordinal" in reported.lower(), \
-        "torch's next launch did not report the error set through %s: %r" % (where, reported)
-    assert lib.cudaGetLastError() == 0
+        invalid = lib.cudaSetDevice(1 << 20)
+        assert invalid != 0 and lib.cudaPeekAtLastError() == invalid, (invalid, where)
+        g = engram.cuda.Layer(L)
+        assert lib.cudaPeekAtLastError() == invalid, "the open cleared torch's pending error"
+        g.apply(x, rows=raw, sync=True)
+        assert lib.cudaPeekAtLastError() == invalid, "the apply cleared torch's pending error"
+        g.close()
+        assert lib.cudaPeekAtLastError() == invalid, "the close cleared torch's pending error"
+        try:
+            torch.ones(4, device="cuda").add_(1)
+            reported = None
+        except RuntimeError as e:
+            reported = str(e)
+        assert reported is not None and "invalid device ordinal" in reported.lower(), \
+            "torch's next launch did not report the error set through %s: %r" % (where, reported)
+        assert lib.cudaGetLastError() == 0
+    finally:
+        # whatever failed above, no error of this test's is left for the next
+        # test's torch calls, and the layers are closed
+        lib.cudaGetLastError()
+        if g is not None:
+            g.close()
+        L.close()
     assert not np.array_equal(bits(x), bits(x0))  # the apply ran
     FIGURES.append("torch's pending error (%d, set through %s) kept through engram.cuda's open, apply and close"
                    % (invalid, where))
-    L.close()
 
 
 def _raises(exc, words, f, *a, **kw):
