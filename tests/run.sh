@@ -14,6 +14,12 @@ sh tools/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
 JOBS=$(nproc 2>/dev/null || echo 2)
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/engram-suite-XXXXXX")
 trap 'rm -rf "$LOG"' EXIT
+# Every test's private directories (testutil.h's tu_dir, lib.sh's tmpdir,
+# Python's tempfile) under the suite's own: removed with it, also those of a
+# test that died by abort() or a sanitizer's _exit(), which skip the tests'
+# own clean-up (before, such directories stayed in /tmp).
+mkdir "$LOG/tmp" || { echo "0 passed, 1 failed"; exit 1; }
+export TMPDIR="$LOG/tmp"
 # Interrupted (Ctrl-C, or TERM), the whole suite ends: every process below
 # this shell gets TERM (end_tree), the second stream and the test it is
 # running included (a job put in the background by a non-interactive shell
