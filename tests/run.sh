@@ -13,13 +13,16 @@ cd "$(dirname "$0")/.." || exit 1
 sh tools/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
 JOBS=$(nproc 2>/dev/null || echo 2)
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/engram-suite-XXXXXX")
-trap 'rm -rf "$LOG"' EXIT
 # Every test's private directories (testutil.h's tu_dir, lib.sh's tmpdir,
-# Python's tempfile) under the suite's own: removed with it, also those of a
-# test that died by abort() or a sanitizer's _exit(), which skip the tests'
-# own clean-up (before, such directories stayed in /tmp).
-mkdir "$LOG/tmp" || { echo "0 passed, 1 failed"; exit 1; }
-export TMPDIR="$LOG/tmp"
+# Python's tempfile) in one folder of the suite's: removed with it, also
+# those of a test that died by abort() or a sanitizer's _exit(), which skip
+# the tests' own clean-up (before, such directories stayed in /tmp).  Mode
+# 1777 as /tmp's: a test that runs a command as another user (test_files.sh
+# as nobody) opens its own directory to it, and the way there must be open.
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/engram-suite-tmp-XXXXXX") && chmod 1777 "$TMP" ||
+    { rm -rf "$LOG"; echo "0 passed, 1 failed"; exit 1; }
+trap 'rm -rf "$LOG" "$TMP"' EXIT
+export TMPDIR="$TMP"
 # Interrupted (Ctrl-C, or TERM), the whole suite ends: every process below
 # this shell gets TERM (end_tree), the second stream and the test it is
 # running included (a job put in the background by a non-interactive shell
