@@ -318,6 +318,22 @@ def _case(m, L, g, path, dtype, n, seed):
     assert (bits(xh) == ref).all(), "rows= (host) differs from tokens="
 
 
+def _m64(layer):
+    """The m64 model (W = 64) and one of its layers: (path, model, layer,
+    streams, width)."""
+    path = model_path("m64")
+    m = engram.Model(path)
+    L = m.layer(layer)
+    return path, m, L, L.info["streams"], L.info["width"]
+
+
+def _dev_rows(path, m, L, tokens):
+    """The raw rows of tokens for L's table, read from the file and put on
+    the device: (n, 24, 264) uint8."""
+    t = L.info["table"]
+    return torch.from_numpy(raw_rows(path, L.info["layer"], m.hash(tokens)[:, 24 * t:24 * t + 24])).cuda()
+
+
 def test_apply_vs_cpu():
     need_gpu()
     for name in ("m64", "m5120"):
@@ -339,14 +355,11 @@ def test_stream_honoured():
     """apply(stream=s) queues on s: its input, written on s after a delay,
     is what it reads (on another stream it would race and read zeros)."""
     need_gpu()
-    path = model_path("m64")
-    m = engram.Model(path)
-    L = m.layer(1)
-    S, W = L.info["streams"], L.info["width"]
+    path, m, L, S, W = _m64(1)
     n = 64
     tokens = np.arange(n) * 37 + 11
     mask = np.ones(n, np.uint8)
-    raw = torch.from_numpy(raw_rows(path, 1, m.hash(tokens)[:, :24])).cuda()
+    raw = _dev_rows(path, m, L, tokens)
     x0 = inputs(n, S, W, torch.float32, 3)
     with engram.cuda.Layer(L) as g:
         ref = x0.cuda()
@@ -377,10 +390,7 @@ def test_stream_honoured():
 def test_nonfinite_recorded():
     """A token whose residual is not finite is left untouched; sync() names it."""
     need_gpu()
-    path = model_path("m64")
-    m = engram.Model(path)
-    L = m.layer(1)
-    S, W = L.info["streams"], L.info["width"]
+    path, m, L, S, W = _m64(1)
     n = 12
     tokens = np.arange(n) + 100
     x0 = inputs(n, S, W, torch.float32, 9)
@@ -433,13 +443,10 @@ def test_torch_error_kept():
     that error (torch's launch check), which proves the ctypes handle was
     torch's runtime, and clears it."""
     need_gpu()
-    path = model_path("m64")
-    m = engram.Model(path)
-    L = m.layer(1)
-    S, W = L.info["streams"], L.info["width"]
+    path, m, L, S, W = _m64(1)
     n = 8
     tokens = np.arange(n) * 41 + 3
-    raw = torch.from_numpy(raw_rows(path, 1, m.hash(tokens)[:, :24])).cuda()
+    raw = _dev_rows(path, m, L, tokens)
     x = inputs(n, S, W, torch.float32, 5).cuda()
     x0 = x.clone()
     lib, where = _torch_cudart()
@@ -487,10 +494,7 @@ def _raises(exc, words, f, *a, **kw):
 
 def test_refusals():
     need_gpu()
-    path = model_path("m64")
-    m = engram.Model(path)
-    L = m.layer(1)
-    S, W = L.info["streams"], L.info["width"]
+    path, m, L, S, W = _m64(1)
     n = 4
     tokens = np.arange(n)
     g = engram.cuda.Layer(L)
@@ -539,16 +543,13 @@ def test_graph_capture():
     anything, and the capture goes on; the eager applies after it (on
     another stream than the warm-up's) work."""
     need_gpu()
-    path = model_path("m64")
-    m = engram.Model(path)
-    L = m.layer(1)
-    S, W = L.info["streams"], L.info["width"]
+    path, m, L, S, W = _m64(1)
     vocab = m.info["vocab"]
     rng = np.random.default_rng(41)
 
     def fresh(n, seed):
         tokens = rng.integers(0, vocab, n)
-        raw = torch.from_numpy(raw_rows(path, 1, m.hash(tokens)[:, :24])).cuda()
+        raw = _dev_rows(path, m, L, tokens)
         mk = (rng.integers(0, 4, n) != 1).astype(np.uint8)
         mk[0] = 1  # a token the apply changes, whatever n
         return tokens, raw, torch.from_numpy(mk).cuda(), inputs(n, S, W, torch.bfloat16, seed).cuda()
@@ -609,15 +610,12 @@ def test_eager_graphs():
     apply with flags=NO_GRAPH (kernel by kernel), bit for bit, at n = 1, 8
     and 64 (BF16 and F32 residuals, a mask) and at 300 (never a graph)."""
     need_gpu()
-    path = model_path("m64")
-    m = engram.Model(path)
-    L = m.layer(1)
-    S, W = L.info["streams"], L.info["width"]
+    path, m, L, S, W = _m64(1)
     rng = np.random.default_rng(43)
     with engram.cuda.Layer(L) as g:
         for n, dtype in ((1, torch.bfloat16), (8, torch.float32), (64, torch.bfloat16), (300, torch.float32)):
             tokens = rng.integers(0, m.info["vocab"], n)
-            raw = torch.from_numpy(raw_rows(path, 1, m.hash(tokens)[:, :24])).cuda()
+            raw = _dev_rows(path, m, L, tokens)
             mk = (rng.integers(0, 4, n) != 1).astype(np.uint8)
             mk[0] = 1
             mask = torch.from_numpy(mk).cuda()
@@ -666,10 +664,7 @@ def test_pool_raw_steps():
     a session decoding a stream (history carried by the session and by a
     History beside it)."""
     need_gpu()
-    path = model_path("m64")
-    m = engram.Model(path)
-    L = m.layer(14)
-    S, W = L.info["streams"], L.info["width"]
+    path, m, L, S, W = _m64(14)
     rng = np.random.default_rng(11)
     tokens = rng.integers(0, m.info["vocab"], 40).astype(np.int64)
     h = m.history()
