@@ -2364,15 +2364,18 @@ static void faults(fx *f)
            "pending\n", f->W, k - 1);
     CHECK(k - 1 >= 7);
     /* a caller's pending error through an open (the wgmma probe, its
-     * kernels' set-up and maps included) and a close: not reported, not
-     * cleared, the layer the one opened without it */
+     * kernels' set-up and maps included) and a close: not reported, the
+     * layer the one opened without it, not cleared by the close.  Whether
+     * the open keeps it is printed, not checked: engram_cuda.h says an open
+     * may clear it, and on run 92's H100 it did (with the library before
+     * d98e60b and after it alike; which call loses it is run 93's question,
+     * bench/results/2026-12-04-cuda-dec/run93) */
     {
         engram_cuda_layer *p = NULL;
         (void)cudaSetDevice(1 << 20);
         int rc = engram_cuda_layer_open(f->L, 0, &p, &err);
         int kept_open = cudaGetLastError() == cudaErrorInvalidDevice, kept_close = 0;
         CHECK_EQ(rc, 0);
-        CHECK(kept_open);
         if (rc == 0) {
             CHECK_EQ(engram_cuda_layer_bytes(p), engram_cuda_layer_bytes(f->c));
             (void)cudaSetDevice(1 << 20);
@@ -2381,8 +2384,8 @@ static void faults(fx *f)
             CHECK(kept_close);
         }
         printf("W=%u layer open and close under the caller's pending error: opened %s, the error kept through "
-               "the open %s, through the close %s\n", f->W, rc == 0 ? "yes" : "NO", kept_open ? "yes" : "NO",
-               kept_close ? "yes" : "NO");
+               "the open %s (not checked), through the close %s\n", f->W, rc == 0 ? "yes" : "NO",
+               kept_open ? "yes" : "no", kept_close ? "yes" : "NO");
     }
     arm();
     fail.malloc_size = (size_t)f->N * K * 2;
