@@ -17,17 +17,28 @@ print("samples %d over %d instructions" % (total, len(rows)))
 for r in sorted(rows, key=lambda r: -int(r[S] or 0))[:25]:
     print("%7s %5.1f%%  executed %-8s %s" % (r[S], 100.0 * int(r[S]) / total, r[X], r[A].strip()[:70]))
 groups, others = {}, []
-waitp, since = None, 99  # the predicate of the last try_wait, instructions since
+addr = [int(r[hdr.index("Address")], 16) for r in rows]
+at = {a: i for i, a in enumerate(addr)}
+
+
+def to_wait(src):
+    """a branch whose target begins a try_wait retry (a TRYWAIT or a
+    sleeping SYNCS within its first four instructions)"""
+    m = re.search(r"BRA .*?(0x[0-9a-f]+)", src)
+    if not m or int(m.group(1), 16) not in at:
+        return False
+    i = at[int(m.group(1), 16)]
+    return any("TRYWAIT" in rows[j][A] or "NANOSLEEP.SYNCS" in rows[j][A] for j in range(i, min(i + 4, len(rows))))
+
+
 for r in rows:
     src = r[A].strip()
-    since += 1
-    m = re.search(r"TRYWAIT (P\d)", src)
-    if m:
-        waitp, since = m.group(1), 0
     if "CGABAR_WAIT" in src or "CGAERRBAR" in src:
         g = "cluster barrier wait (kernel start or end)"
-    elif waitp and since <= 8 and re.match(r"@!%s\s+BRA" % waitp, src):
-        g = "branch on an mbarrier try_wait (data or free stage not there)"
+    elif "BRA" in src and to_wait(src):
+        g = "branch to an mbarrier try_wait retry (data or free stage not there)"
+    elif "NANOSLEEP.SYNCS" in src:
+        g = "sleep in an mbarrier retry"
     elif "TRYWAIT" in src:
         g = "mbarrier try_wait"
     elif "DEPBAR" in src or "WARPGROUP.ARRIVE" in src:

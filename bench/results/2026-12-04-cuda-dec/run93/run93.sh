@@ -21,13 +21,15 @@ R=/tmp/r93; mkdir -p $R
 lib=$(dirname "$(find / \( -path /proc -o -path /sys \) -prune -o -name 'libcublas.so.13*' -print 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="${lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 { date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv; } > $R/machine.txt 2>&1; cat $R/machine.txt
-timeout 60 $B/pending_probe > $R/probe_lazy.txt 2>&1; echo "probe rc=$?"; cat $R/probe_lazy.txt
-CUDA_MODULE_LOADING=EAGER timeout 60 $B/pending_probe > $R/probe_eager.txt 2>&1; echo "probe eager rc=$?"; grep -E "CLEARED|cleared|MODULE" $R/probe_eager.txt
+step() { [ $(left) -gt $1 ] || { echo "skipped ($2): $(left) s left"; return 1; }; }  # step T NAME: T s left?
+step 25 probe && { timeout 20 $B/pending_probe > $R/probe_lazy.txt 2>&1; echo "probe rc=$?"; cat $R/probe_lazy.txt; }
+step 25 "probe eager" && CUDA_MODULE_LOADING=EAGER timeout 20 $B/pending_probe > $R/probe_eager.txt 2>&1; echo "probe eager rc=$?"; grep -E "CLEARED|cleared|MODULE" $R/probe_eager.txt
 tar czf $OUT/r93.tgz -C /tmp r93
-GV_NS=2048,1024 timeout 90 $B/ws_cl4 > $R/ws_cl4.txt 2>&1; echo "ws_cl4 rc=$? $(( $(date +%s) - t0 ))s"; cat $R/ws_cl4.txt
-for v in gv gv4; do GV_NS=2048 timeout 60 $B/$v > $R/$v.txt 2>&1; echo "$v rc=$? $(( $(date +%s) - t0 ))s"; cut -c1-330 $R/$v.txt; done
+step 70 ws_cl4 && { GV_NS=2048,1024 timeout 60 $B/ws_cl4 > $R/ws_cl4.txt 2>&1; echo "ws_cl4 rc=$? $(( $(date +%s) - t0 ))s"; cat $R/ws_cl4.txt; }
+for v in gv gv4; do step 40 $v || continue; GV_NS=2048 timeout 30 $B/$v > $R/$v.txt 2>&1; echo "$v rc=$? $(( $(date +%s) - t0 ))s"; cut -c1-330 $R/$v.txt; done
 tar czf $OUT/r93.tgz -C /tmp r93
-ENGRAM_TEST_CUDA_QUICK=1 timeout 100 $B/test_cuda_traced > $R/traced.txt 2>&1; echo "traced rc=$? $(( $(date +%s) - t0 ))s"
+# stdout line-buffered, so that the TRACE lines (stderr) fall beside the output they belong to
+step 60 traced && { ENGRAM_TEST_CUDA_QUICK=1 timeout 55 stdbuf -oL -eL $B/test_cuda_traced > $R/traced.txt 2>&1; echo "traced rc=$? $(( $(date +%s) - t0 ))s"; }
 grep -n -B4 -A1 "under the caller's pending error" $R/traced.txt | cut -c1-250; grep -c TRACE $R/traced.txt; grep TRACE $R/traced.txt | sort | uniq -c | sort -rn | head -12; tail -1 $R/traced.txt
 tar czf $OUT/r93.tgz -C /tmp r93
 if [ $(left) -gt 150 ]; then
