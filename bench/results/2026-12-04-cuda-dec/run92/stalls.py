@@ -9,16 +9,14 @@ start = [i for i, l in enumerate(lines) if l.startswith('"Address"')][0]
 print(lines[0][:160])
 rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
 hdr = rows[0]
-A, S, N, X = (hdr.index(k) for k in ("Source", "Warp Stall Sampling (All Samples)",
-                                       "Warp Stall Sampling (Not-issued Samples)", "Instructions Executed"))
+A, S, X = (hdr.index(k) for k in ("Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"))
 rows = [r for r in rows[1:] if len(r) > X]
 total = sum(int(r[S] or 0) for r in rows)
 print("samples %d over %d instructions" % (total, len(rows)))
 for r in sorted(rows, key=lambda r: -int(r[S] or 0))[:25]:
     print("%7s %5.1f%%  executed %-8s %s" % (r[S], 100.0 * int(r[S]) / total, r[X], r[A].strip()[:70]))
 groups, others = {}, []
-addr = [int(r[hdr.index("Address")], 16) for r in rows]
-at = {a: i for i, a in enumerate(addr)}
+at = {int(r[hdr.index("Address")], 16): i for i, r in enumerate(rows)}  # address -> row
 
 
 def to_wait(src):
@@ -47,7 +45,7 @@ for r in rows:
         g = "wgmma issue (HGMMA)"
     elif src.startswith("FADD") or " FADD" in src:
         g = "FADD (promotion or epilogue)"
-    elif src.startswith("ST") or " STG" in src or src.startswith("@") and "STG" in src:
+    elif src.startswith("ST") or "STG" in src:
         g = "global stores"
     else:
         g = "other"
