@@ -8,7 +8,7 @@
 #      (branch wip-cl4: the library's ws_gemm_kernel with clusters of 4 where the token tiles pair) at n = 2048;
 #  (3) test_cuda_traced (quick): test_cuda linked with a copy of engram_cuda.o built with trace_pending.h
 #      force-included (CK and quiet() print the call after which the pending error is gone);
-#  (4) test_cuda_cl4 (quick) and bench_cuda paired prefill rows, main (bench_cuda) and wip-cl4 (bench_cuda_cl4)
+#  (4) test_cuda_cl4 (quick; every fixture where gv4's ratio to cuBLAS is 0.02 below gv's) and bench_cuda paired prefill rows, main (bench_cuda) and wip-cl4 (bench_cuda_cl4)
 #      in turn, twice;
 #  (5) ncu of ws4 beside ws_gemm_kernel (speed of light, memory, warp state); test_cuda quick under EAGER loading.
 # carry [".gpubin/f1"]
@@ -32,7 +32,14 @@ tar czf $OUT/r93.tgz -C /tmp r93
 step 60 traced && { ENGRAM_TEST_CUDA_QUICK=1 timeout 55 stdbuf -oL -eL $B/test_cuda_traced > $R/traced.txt 2>&1; echo "traced rc=$? $(( $(date +%s) - t0 ))s"; }
 grep -n -B4 -A1 "under the caller's pending error" $R/traced.txt | cut -c1-250; grep -c TRACE $R/traced.txt; grep TRACE $R/traced.txt | sort | uniq -c | sort -rn | head -12; tail -1 $R/traced.txt
 tar czf $OUT/r93.tgz -C /tmp r93
-if [ $(left) -gt 150 ]; then
+# gv4 at least 0.02 below gv (ws / cuBLAS at 2048 x 25600): the branch may land, so test_cuda_cl4 over every fixture
+r() { awk '/N= 25600/ { for (i = 1; i <= NF; i++) if ($i == "ws") { sub(/x,?$/, "", $(i + 6)); print $(i + 6); exit } }' $R/$1.txt 2>/dev/null; }
+FULL=$(awk -v a="$(r gv)" -v b="$(r gv4)" 'BEGIN { print (a != "" && b != "" && b + 0.02 <= a + 0) ? 1 : 0 }')
+echo "gv $(r gv) gv4 $(r gv4): every fixture = $FULL"
+if [ "$FULL" = 1 ] && [ $(left) -gt 280 ]; then
+  timeout 190 $B/test_cuda_cl4 > $R/test_cuda_cl4.txt 2>&1; echo "test_cuda_cl4 (every fixture) rc=$? $(( $(date +%s) - t0 ))s"
+  grep -E "CHECK failed|DIFFER" $R/test_cuda_cl4.txt | head -5; tail -1 $R/test_cuda_cl4.txt
+elif [ $(left) -gt 150 ]; then
   ENGRAM_TEST_CUDA_QUICK=1 timeout 100 $B/test_cuda_cl4 > $R/test_cuda_cl4.txt 2>&1; echo "test_cuda_cl4 quick rc=$? $(( $(date +%s) - t0 ))s"
   grep -E "CHECK failed|DIFFER" $R/test_cuda_cl4.txt | head -5; tail -1 $R/test_cuda_cl4.txt
 fi
