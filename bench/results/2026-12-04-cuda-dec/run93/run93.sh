@@ -3,6 +3,8 @@
 #  (1) pending_probe: run 92 found test_cuda's "kept_open" failing with the library at HEAD as with the one before
 #      d98e60b.  The open's runtime calls in its order, each with an error pending before it (lazy module loading
 #      as by default, then CUDA_MODULE_LOADING=EAGER): which one loses it;
+#  (1b) test_cuda_thr (quick): test_cuda at the branch wip-open-thread (a layer's open does its CUDA work on a thread
+#      of its own; the caller's pending error checked to survive it);
 #  (2) ws_cl4: the promoted GEMM in clusters of 2 x 2 CTAs (tokens and weights each shared by two CTAs) against
 #      the kernel (pairs sharing the weights) and cuBLAS at n = 2048, 1024; the same bits asked of every output; gv (main) and gv4
 #      (branch wip-cl4: the library's ws_gemm_kernel with clusters of 4 where the token tiles pair) at n = 2048;
@@ -24,6 +26,9 @@ export LD_LIBRARY_PATH="${lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 step() { [ $(left) -gt $1 ] || { echo "skipped ($2): $(left) s left"; return 1; }; }  # step T NAME: T s left?
 step 25 probe && { timeout 20 $B/pending_probe > $R/probe_lazy.txt 2>&1; echo "probe rc=$?"; cat $R/probe_lazy.txt; }
 step 25 "probe eager" && CUDA_MODULE_LOADING=EAGER timeout 20 $B/pending_probe > $R/probe_eager.txt 2>&1; echo "probe eager rc=$?"; grep -E "CLEARED|cleared|MODULE" $R/probe_eager.txt
+# (1b) the fix: test_cuda_thr (branch wip-open-thread), the open's CUDA work on a thread of its own, kept_open checked
+step 70 thr && { ENGRAM_TEST_CUDA_QUICK=1 timeout 60 $B/test_cuda_thr > $R/thr.txt 2>&1; echo "thr rc=$? $(( $(date +%s) - t0 ))s"; }
+grep -E "pending error|CHECK failed|:[0-9]+: " $R/thr.txt | head -8 | cut -c1-250; tail -1 $R/thr.txt
 tar czf $OUT/r93.tgz -C /tmp r93
 step 70 ws_cl4 && { GV_NS=2048,1024 timeout 60 $B/ws_cl4 > $R/ws_cl4.txt 2>&1; echo "ws_cl4 rc=$? $(( $(date +%s) - t0 ))s"; cat $R/ws_cl4.txt; }
 for v in gv gv4; do step 40 $v || continue; GV_NS=2048 timeout 30 $B/$v > $R/$v.txt 2>&1; echo "$v rc=$? $(( $(date +%s) - t0 ))s"; cut -c1-330 $R/$v.txt; done
