@@ -8,7 +8,7 @@
 #  (2) ws_cl4: the promoted GEMM in clusters of 2 x 2 CTAs (tokens and weights each shared by two CTAs) against
 #      the kernel (pairs sharing the weights) and cuBLAS at n = 2048, 1024; the same bits asked of every output; gv (main) and gv4
 #      (branch wip-cl4: the library's ws_gemm_kernel with clusters of 4 where the token tiles pair) at n = 2048;
-#  (3) test_cuda_traced (quick): test_cuda linked with a copy of engram_cuda.o built with trace_pending.h
+#  (3, after 4; only where 1b's open did not keep the error) test_cuda_traced (quick): test_cuda linked with a copy of engram_cuda.o built with trace_pending.h
 #      force-included (CK and quiet() print the call after which the pending error is gone);
 #  (4) test_cuda_cl4 (quick; every fixture where gv4's ratio to cuBLAS is 0.02 below gv's) and bench_cuda paired prefill rows, main (bench_cuda) and wip-cl4 (bench_cuda_cl4)
 #      in turn, twice;
@@ -33,10 +33,6 @@ tar czf $OUT/r93.tgz -C /tmp r93
 step 70 ws_cl4 && { GV_NS=2048,1024 timeout 60 $B/ws_cl4 > $R/ws_cl4.txt 2>&1; echo "ws_cl4 rc=$? $(( $(date +%s) - t0 ))s"; cat $R/ws_cl4.txt; }
 for v in gv gv4; do step 40 $v || continue; GV_NS=2048 timeout 30 $B/$v > $R/$v.txt 2>&1; echo "$v rc=$? $(( $(date +%s) - t0 ))s"; cut -c1-330 $R/$v.txt; done
 tar czf $OUT/r93.tgz -C /tmp r93
-# stdout line-buffered, so that the TRACE lines (stderr) fall beside the output they belong to
-step 60 traced && { ENGRAM_TEST_CUDA_QUICK=1 timeout 55 stdbuf -oL -eL $B/test_cuda_traced > $R/traced.txt 2>&1; echo "traced rc=$? $(( $(date +%s) - t0 ))s"; }
-grep -n -B4 -A1 "under the caller's pending error" $R/traced.txt | cut -c1-250; grep -c TRACE $R/traced.txt; grep TRACE $R/traced.txt | sort | uniq -c | sort -rn | head -12; tail -1 $R/traced.txt
-tar czf $OUT/r93.tgz -C /tmp r93
 # gv4 at least 0.02 below gv (ws / cuBLAS at 2048 x 25600): the branch may land, so test_cuda_cl4 over every fixture
 r() { awk '/N= 25600/ { for (i = 1; i <= NF; i++) if ($i == "ws") { sub(/x,?$/, "", $(i + 6)); print $(i + 6); exit } }' $R/$1.txt 2>/dev/null; }
 FULL=$(awk -v a="$(r gv)" -v b="$(r gv4)" 'BEGIN { print (a != "" && b != "" && b + 0.02 <= a + 0) ? 1 : 0 }')
@@ -54,6 +50,15 @@ for i in 1 2; do for b in bench_cuda bench_cuda_cl4; do
   echo "paired $b $i rc=$? $(( $(date +%s) - t0 ))s"; grep -E "paired|engram apply \(|projection" $f | cut -c1-200
 done; done
 tar czf $OUT/r93.tgz -C /tmp r93
+# (3) only where the open's thread did not keep the error (step 1b); stdout line-buffered, so that the TRACE lines
+# (stderr) fall beside the output they belong to
+if grep -q "pending error: opened yes, the error kept through the open yes" $R/thr.txt 2>/dev/null; then
+  echo "traced skipped: the open's thread kept the error"
+elif step 60 traced; then
+  ENGRAM_TEST_CUDA_QUICK=1 timeout 55 stdbuf -oL -eL $B/test_cuda_traced > $R/traced.txt 2>&1; echo "traced rc=$? $(( $(date +%s) - t0 ))s"
+  grep -n -B4 -A1 "under the caller's pending error" $R/traced.txt | cut -c1-250; grep -c TRACE $R/traced.txt; grep TRACE $R/traced.txt | sort | uniq -c | sort -rn | head -12; tail -1 $R/traced.txt
+  tar czf $OUT/r93.tgz -C /tmp r93
+fi
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if [ $(left) -gt 70 ]; then
   GV_NS=2048 GV_ROUNDS=1 timeout $(( $(left) - 30 )) $NCU --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
