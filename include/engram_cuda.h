@@ -13,10 +13,12 @@
  * that breaks the context, a sticky error, stays: every later call
  * reports it).  A call that fails part-way
  * has launched part of its work: the residual's contents are then
- * unspecified for the call's tokens.  Each call on a layer or a plan (the
- * open and the close included) makes the layer's device the calling
- * thread's current device (cudaSetDevice) and leaves it so: a caller
- * working on other devices sets its own back.  This header needs no CUDA
+ * unspecified for the call's tokens.  Each call that reaches the device
+ * (a layer's open and close, project, apply, sync, a plan's open, run and
+ * close; not engram_cuda_layer_bytes, nor a call refused for its
+ * arguments) makes the layer's device the calling thread's current device
+ * (cudaSetDevice) and leaves it so: a caller working on other devices
+ * sets its own back.  This header needs no CUDA
  * header (a stream is a void *).  How it is done, and what it measured on an
  * H200: cuda/README.md in the source tree.
  *
