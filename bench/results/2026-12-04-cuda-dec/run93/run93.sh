@@ -35,8 +35,9 @@ for v in gv gv4; do step 40 $v || continue; GV_NS=2048 timeout 30 $B/$v > $R/$v.
 tar czf $OUT/r93.tgz -C /tmp r93
 # gv4 at least 0.02 below gv (ws / cuBLAS at 2048 x 25600): the branch may land, so test_cuda_cl4 over every fixture
 r() { awk '/N= 25600/ { for (i = 1; i <= NF; i++) if ($i == "ws") { sub(/x,?$/, "", $(i + 6)); print $(i + 6); exit } }' $R/$1.txt 2>/dev/null; }
-FULL=$(awk -v a="$(r gv)" -v b="$(r gv4)" 'BEGIN { print (a != "" && b != "" && b + 0.02 <= a + 0) ? 1 : 0 }')
-echo "gv $(r gv) gv4 $(r gv4): every fixture = $FULL"
+g=$(r gv); g4=$(r gv4)
+FULL=$(awk -v a="$g" -v b="$g4" 'BEGIN { print (a != "" && b != "" && b + 0.02 <= a + 0) ? 1 : 0 }')
+echo "gv $g gv4 $g4: every fixture = $FULL"
 if [ "$FULL" = 1 ] && [ $(left) -gt 280 ]; then
   timeout 190 $B/test_cuda_cl4 > $R/test_cuda_cl4.txt 2>&1; echo "test_cuda_cl4 (every fixture) rc=$? $(( $(date +%s) - t0 ))s"
   grep -E "CHECK failed|DIFFER" $R/test_cuda_cl4.txt | head -5; tail -1 $R/test_cuda_cl4.txt
